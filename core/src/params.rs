@@ -1,0 +1,318 @@
+//! Typed queue-pair knobs shared by every provider: path MTU, timers and retry counts.
+//!
+//! The InfiniBand specification encodes these as small integers with tables behind them;
+//! here each is a type that can only hold a valid code and says what it means.
+
+use core::fmt;
+use core::time::Duration;
+
+/// Path MTU: the largest payload of one packet on the path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[repr(u8)]
+pub enum Mtu {
+    /// 256 bytes.
+    B256 = 1,
+    /// 512 bytes.
+    B512 = 2,
+    /// 1024 bytes.
+    B1024 = 3,
+    /// 2048 bytes.
+    B2048 = 4,
+    /// 4096 bytes.
+    B4096 = 5,
+}
+
+impl Mtu {
+    /// The verbs code (1..=5).
+    #[inline]
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The MTU for a verbs code, or `None` for an invalid code.
+    #[inline]
+    pub const fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Self::B256,
+            2 => Self::B512,
+            3 => Self::B1024,
+            4 => Self::B2048,
+            5 => Self::B4096,
+            _ => return None,
+        })
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+}
+
+/// Local ACK timeout: `4.096 us * 2^code`, code 0 meaning "wait forever" (1..=31).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct AckTimeout(u8);
+
+impl AckTimeout {
+    /// Never time out (not recommended: a dead peer then hangs the sender).
+    pub const INFINITE: Self = Self(0);
+
+    /// The timeout for a code, or `None` if `code > 31`.
+    #[inline]
+    pub const fn from_code(code: u8) -> Option<Self> {
+        if code <= 31 {
+            Some(Self(code))
+        } else {
+            None
+        }
+    }
+
+    /// The smallest code whose timeout is at least `d` (saturating at code 31).
+    pub fn at_least(d: Duration) -> Self {
+        let ns = d.as_nanos();
+        let mut code = 1u8;
+        while code < 31 && 4096u128 << code < ns {
+            code += 1;
+        }
+        Self(code)
+    }
+
+    /// The verbs code.
+    #[inline]
+    pub const fn code(self) -> u8 {
+        self.0
+    }
+
+    /// The timeout, or `None` for infinite.
+    pub const fn duration(self) -> Option<Duration> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some(Duration::from_nanos(4096u64 << self.0))
+        }
+    }
+}
+
+impl Default for AckTimeout {
+    /// About 67 ms (code 14), long enough for a congested fabric, short enough to notice a
+    /// dead peer in well under a second with the default retry count.
+    fn default() -> Self {
+        Self(14)
+    }
+}
+
+/// A retry count for transport errors (0..=7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RetryCount(u8);
+
+impl RetryCount {
+    /// The count, or `None` if `n > 7`.
+    #[inline]
+    pub const fn new(n: u8) -> Option<Self> {
+        if n <= 7 {
+            Some(Self(n))
+        } else {
+            None
+        }
+    }
+
+    /// The count.
+    #[inline]
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for RetryCount {
+    fn default() -> Self {
+        Self(7)
+    }
+}
+
+/// How often the sender retries after a receiver-not-ready NAK: 0..=6 times, or forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum RnrRetry {
+    /// Retry this many times (0..=6), then fail the work request.
+    Times(u8),
+    /// Retry until the receiver posts a buffer.
+    Infinite,
+}
+
+impl RnrRetry {
+    /// The verbs code (7 means infinite).
+    #[inline]
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::Times(n) if n < 7 => n,
+            Self::Times(_) => 6,
+            Self::Infinite => 7,
+        }
+    }
+}
+
+impl Default for RnrRetry {
+    fn default() -> Self {
+        Self::Times(6)
+    }
+}
+
+/// Minimum RNR NAK timer: how long a sender waits before retrying after an RNR NAK.
+///
+/// The 5-bit code indexes a non-linear table (IBA vol. 1, table 45); this type holds the code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RnrTimer(u8);
+
+/// The delay of each RNR timer code, in units of 10 microseconds.
+const RNR_TABLE_10US: [u32; 32] = [
+    65_536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+];
+
+impl RnrTimer {
+    /// The timer for a code, or `None` if `code > 31`.
+    #[inline]
+    pub const fn from_code(code: u8) -> Option<Self> {
+        if code <= 31 {
+            Some(Self(code))
+        } else {
+            None
+        }
+    }
+
+    /// The code.
+    #[inline]
+    pub const fn code(self) -> u8 {
+        self.0
+    }
+
+    /// The smallest code whose delay is at least `d`.
+    pub fn at_least(d: Duration) -> Self {
+        let want = d.as_micros();
+        let mut best = 0u8; // 655.36 ms, the largest delay
+        let mut best_val = u128::MAX;
+        for (code, &v) in RNR_TABLE_10US.iter().enumerate() {
+            let v = u128::from(v) * 10;
+            if v >= want && v < best_val {
+                best_val = v;
+                best = code as u8;
+            }
+        }
+        Self(best)
+    }
+
+    /// The delay this code stands for.
+    pub fn duration(self) -> Duration {
+        Duration::from_nanos(u64::from(RNR_TABLE_10US[usize::from(self.0 & 31)]) * 10_000)
+    }
+}
+
+impl Default for RnrTimer {
+    /// 0.64 ms (code 12): short enough that a receiver that is a little late costs little.
+    fn default() -> Self {
+        Self(12)
+    }
+}
+
+/// A 24-bit packet sequence number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Psn(u32);
+
+impl Psn {
+    /// The PSN, or `None` if it does not fit in 24 bits.
+    #[inline]
+    pub const fn new(v: u32) -> Option<Self> {
+        if v < (1 << 24) {
+            Some(Self(v))
+        } else {
+            None
+        }
+    }
+
+    /// The PSN taken modulo 2^24.
+    #[inline]
+    pub const fn wrapping(v: u32) -> Self {
+        Self(v & 0x00ff_ffff)
+    }
+
+    /// The value.
+    #[inline]
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Psn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#08x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_codes_round_trip() {
+        for code in 1..=5 {
+            let m = Mtu::from_code(code).unwrap();
+            assert_eq!(m.code(), code);
+        }
+        assert_eq!(Mtu::B4096.bytes(), 4096);
+        assert_eq!(Mtu::B256.bytes(), 256);
+        assert!(Mtu::from_code(0).is_none());
+        assert!(Mtu::from_code(6).is_none());
+    }
+
+    #[test]
+    fn ack_timeout_table() {
+        assert_eq!(
+            AckTimeout::from_code(14).unwrap().duration(),
+            Some(Duration::from_nanos(4096 << 14))
+        );
+        assert_eq!(AckTimeout::INFINITE.duration(), None);
+        assert!(AckTimeout::from_code(32).is_none());
+        let t = AckTimeout::at_least(Duration::from_millis(1));
+        assert!(t.duration().unwrap() >= Duration::from_millis(1));
+        assert!(
+            AckTimeout::from_code(t.code() - 1)
+                .unwrap()
+                .duration()
+                .unwrap()
+                < Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn rnr_timer_table() {
+        assert_eq!(
+            RnrTimer::from_code(0).unwrap().duration(),
+            Duration::from_micros(655_360)
+        );
+        assert_eq!(
+            RnrTimer::from_code(1).unwrap().duration(),
+            Duration::from_nanos(10_000)
+        );
+        let t = RnrTimer::at_least(Duration::from_micros(100));
+        assert!(t.duration() >= Duration::from_micros(100));
+        assert_eq!(t.code(), 13);
+    }
+
+    #[test]
+    fn psn_is_24_bits() {
+        assert!(Psn::new(1 << 24).is_none());
+        assert_eq!(Psn::wrapping(0x1ff_ffff).get(), 0xff_ffff);
+    }
+
+    #[test]
+    fn rnr_retry_codes() {
+        assert_eq!(RnrRetry::Infinite.code(), 7);
+        assert_eq!(RnrRetry::Times(3).code(), 3);
+        assert_eq!(RnrRetry::Times(9).code(), 6);
+    }
+}

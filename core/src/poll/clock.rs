@@ -1,0 +1,114 @@
+//! Caller-supplied time.
+//!
+//! `rverbs-core` never asks the operating system for the time: a `no_std` engine has no
+//! clock, and a pinned trading thread usually wants to choose its own (TSC, `CLOCK_MONOTONIC`,
+//! a simulated clock in tests). Anything that waits with a deadline takes a [`Clock`].
+//! `rverbs-std-shim` provides one backed by `std::time::Instant`.
+
+use core::ops::Add;
+use core::time::Duration;
+
+/// A point in time, in nanoseconds since an epoch chosen by the [`Clock`] that made it.
+///
+/// Instants from different clocks must not be compared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// An instant `nanos` nanoseconds after the clock's epoch.
+    #[inline]
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+
+    /// Nanoseconds since the clock's epoch.
+    #[inline]
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Time elapsed from `earlier` to `self`, or zero if `earlier` is later.
+    #[inline]
+    pub const fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+
+    /// Saturates at the end of time instead of overflowing: a deadline of "never" is fine.
+    #[inline]
+    fn add(self, rhs: Duration) -> Instant {
+        let nanos = u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX);
+        Instant(self.0.saturating_add(nanos))
+    }
+}
+
+/// A source of monotonic time.
+pub trait Clock {
+    /// The current time. Must never go backwards.
+    fn now(&self) -> Instant;
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    #[inline]
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+}
+
+/// A deadline measured on a [`Clock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    at: Instant,
+}
+
+impl Deadline {
+    /// The deadline `timeout` after `clock.now()`.
+    #[inline]
+    pub fn after<C: Clock + ?Sized>(clock: &C, timeout: Duration) -> Self {
+        Self {
+            at: clock.now() + timeout,
+        }
+    }
+
+    /// A deadline that never passes.
+    #[inline]
+    pub const fn never() -> Self {
+        Self {
+            at: Instant(u64::MAX),
+        }
+    }
+
+    /// The instant at which the deadline passes.
+    #[inline]
+    pub const fn instant(self) -> Instant {
+        self.at
+    }
+
+    /// Whether the deadline has passed.
+    #[inline]
+    pub fn passed<C: Clock + ?Sized>(self, clock: &C) -> bool {
+        self.at != Instant(u64::MAX) && clock.now() >= self.at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_saturates() {
+        let t = Instant::from_nanos(u64::MAX - 1) + Duration::from_secs(1);
+        assert_eq!(t.as_nanos(), u64::MAX);
+    }
+
+    #[test]
+    fn duration_since_saturates() {
+        let a = Instant::from_nanos(10);
+        let b = Instant::from_nanos(25);
+        assert_eq!(b.saturating_duration_since(a), Duration::from_nanos(15));
+        assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+    }
+}

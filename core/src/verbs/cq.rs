@@ -1,0 +1,142 @@
+//! Completion queues and work completions.
+
+use alloc::sync::Arc;
+use core::fmt;
+use core::ptr::NonNull;
+
+use super::device::Context;
+use super::error::{Result, Verb, VerbsError};
+use super::ffi::{self, errno, sys};
+use crate::completion::{Completion, CompletionKind, WcStatus};
+
+pub(crate) struct CqInner {
+    pub(crate) raw: NonNull<sys::ibv_cq>,
+    _ctx: Context,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an Arc to it, so none is alive now.
+        unsafe {
+            sys::ibv_destroy_cq(self.raw.as_ptr());
+        }
+    }
+}
+
+// SAFETY: libibverbs CQs may be polled from any thread (serialised by the provider's lock or
+// by our &mut discipline in the engine); the pointer is owned.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+/// A completion queue. Cheap to clone (clones share the queue).
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+    capacity: u32,
+}
+
+impl fmt::Debug for Cq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cq")
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl Context {
+    /// Creates a completion queue with room for at least `min_entries` completions.
+    pub fn create_cq(&self, min_entries: u32) -> Result<Cq> {
+        let n = core::ffi::c_int::try_from(min_entries.max(1)).map_err(|_| {
+            VerbsError::InvalidArgument {
+                what: "completion queue size",
+            }
+        })?;
+        // SAFETY: the context is open; no completion channel, no CQ context.
+        let raw = unsafe {
+            sys::ibv_create_cq(
+                self.as_raw(),
+                n,
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                0,
+            )
+        };
+        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+            verb: Verb::CreateCq,
+            errno: errno(),
+        })?;
+        // SAFETY: raw is a live CQ; cqe holds the granted size.
+        let capacity = u32::try_from(unsafe { (*raw.as_ptr()).cqe }).unwrap_or(min_entries);
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                raw,
+                _ctx: self.clone(),
+            }),
+            capacity,
+        })
+    }
+}
+
+/// Most completions taken from the device in one `ibv_poll_cq` call.
+pub const POLL_BATCH: usize = 32;
+
+impl Cq {
+    /// The raw `ibv_cq`.
+    pub fn as_raw(&self) -> *mut sys::ibv_cq {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Entries the device granted (at least what was asked for).
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions into `out` and returns how
+    /// many. Does not allocate.
+    #[inline]
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut wc = [sys::ibv_wc::default(); POLL_BATCH];
+        let want = out.len().min(POLL_BATCH);
+        // SAFETY: the CQ is live and wc has room for `want` entries.
+        let n = unsafe { ffi::poll_cq(self.as_raw(), want as core::ffi::c_int, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::Call {
+                verb: Verb::PollCq,
+                errno: -n,
+            });
+        }
+        let n = n as usize;
+        for (dst, src) in out.iter_mut().zip(&wc[..n]) {
+            *dst = convert(src);
+        }
+        Ok(n)
+    }
+}
+
+#[inline]
+fn convert(wc: &sys::ibv_wc) -> Completion {
+    let (status, vendor_err) = match wc.error() {
+        None => (WcStatus::Success, 0),
+        Some((s, v)) => (WcStatus::from_code(s), v),
+    };
+    use sys::ibv_wc_opcode as op;
+    let kind = match wc.opcode() {
+        op::IBV_WC_SEND => CompletionKind::Send,
+        op::IBV_WC_RDMA_WRITE => CompletionKind::Write,
+        op::IBV_WC_RDMA_READ => CompletionKind::Read,
+        op::IBV_WC_COMP_SWAP | op::IBV_WC_FETCH_ADD => CompletionKind::Atomic,
+        op::IBV_WC_RECV => CompletionKind::Recv,
+        op::IBV_WC_RECV_RDMA_WITH_IMM => CompletionKind::RecvWriteImm,
+        _ => CompletionKind::Other,
+    };
+    Completion {
+        wr_id: wc.wr_id(),
+        status,
+        vendor_err,
+        kind,
+        byte_len: wc.len() as u32,
+        imm: wc.imm_data().map(u32::from_be),
+        qp_num: wc.qp_num,
+    }
+}

@@ -1,0 +1,89 @@
+//! The one module that touches `ibverbs-sys`.
+//!
+//! `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` are `static inline` in `verbs.h`, so
+//! bindgen cannot bind them: they are calls through the context's `ops` table, done here.
+//! Every other verb is an exported libibverbs symbol.
+#![allow(unsafe_code)]
+
+pub use ibverbs_sys as sys;
+
+use core::ffi::c_int;
+
+extern "C" {
+    /// glibc and musl both expose the thread's errno slot through this symbol.
+    fn __errno_location() -> *mut c_int;
+}
+
+/// The calling thread's `errno`, read right after a verb returned NULL or -1.
+#[inline]
+pub(crate) fn errno() -> i32 {
+    // SAFETY: __errno_location returns a valid pointer to the calling thread's errno for the
+    // lifetime of the thread; reading an int through it is always sound.
+    let e = unsafe { *__errno_location() };
+    if e == 0 {
+        // Some providers return NULL without setting errno; EIO is the honest fallback.
+        5
+    } else {
+        e
+    }
+}
+
+/// Posts a chain of send work requests with one doorbell.
+///
+/// Returns 0 or the errno, and sets `bad` to the first request that was not posted.
+///
+/// # Safety
+/// `qp` must be a live QP; `wr` must head a valid, null-terminated chain whose buffers obey
+/// the posting contract (see [`crate::channel`]).
+#[inline]
+pub(crate) unsafe fn post_send(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad: &mut *mut sys::ibv_send_wr,
+) -> i32 {
+    // SAFETY: the caller guarantees qp is live, so its context and ops table are valid. Every
+    // provider sets post_send; a missing one is a broken libibverbs install, reported as ENOSYS.
+    unsafe {
+        let ctx = (*qp).context;
+        match (*ctx).ops.post_send {
+            Some(f) => f(qp, wr, bad),
+            None => 38,
+        }
+    }
+}
+
+/// Posts a chain of receive work requests.
+///
+/// # Safety
+/// As for [`post_send`].
+#[inline]
+pub(crate) unsafe fn post_recv(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_recv_wr,
+    bad: &mut *mut sys::ibv_recv_wr,
+) -> i32 {
+    // SAFETY: as in post_send.
+    unsafe {
+        let ctx = (*qp).context;
+        match (*ctx).ops.post_recv {
+            Some(f) => f(qp, wr, bad),
+            None => 38,
+        }
+    }
+}
+
+/// Polls up to `n` completions into `wc`. Returns the count, or a negative value on error.
+///
+/// # Safety
+/// `cq` must be a live CQ and `wc` must point to `n` writable `ibv_wc`.
+#[inline]
+pub(crate) unsafe fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_wc) -> c_int {
+    // SAFETY: the caller guarantees cq is live and wc has room for n entries.
+    unsafe {
+        let ctx = (*cq).context;
+        match (*ctx).ops.poll_cq {
+            Some(f) => f(cq, n, wc),
+            None => -38,
+        }
+    }
+}

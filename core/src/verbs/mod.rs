@@ -1,0 +1,30 @@
+//! The device layer: safe wrappers over `ibverbs-sys` (feature `verbs`).
+//!
+//! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
+//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; RC queue pairs
+//! and posting in [`qp`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
+//! does not wrap, and [`ffi`] re-exports the bindings.
+
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod ffi;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+
+pub use cq::{Cq, POLL_BATCH};
+pub use device::{
+    open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
+    LinkLayer, PortAttr, Route,
+};
+pub use error::{Verb, VerbsError};
+pub use mr::{AccessFlags, MemoryRegion, SharedRegion};
+pub use pd::Pd;
+pub use qp::{PreparedQp, Qp, QpCaps, QpConfig, MAX_BATCH};
+
+static_assertions::assert_eq_size!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
+static_assertions::assert_eq_align!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
+static_assertions::const_assert_eq!(core::mem::offset_of!(ffi::sys::ibv_sge, addr), 0);
+static_assertions::const_assert_eq!(core::mem::offset_of!(ffi::sys::ibv_sge, length), 8);
+static_assertions::const_assert_eq!(core::mem::offset_of!(ffi::sys::ibv_sge, lkey), 12);

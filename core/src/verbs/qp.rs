@@ -1,0 +1,573 @@
+//! Reliable-connected queue pairs: creation, bring-up (INIT, RTR, RTS) and posting.
+
+use core::fmt;
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+
+use super::cq::Cq;
+use super::device::{LinkLayer, Route};
+use super::error::{Result, Verb, VerbsError};
+use super::ffi::{self, errno, sys};
+use super::mr::AccessFlags;
+use super::pd::Pd;
+use crate::params::{AckTimeout, Mtu, Psn, RetryCount, RnrRetry, RnrTimer};
+use crate::wire::Endpoint;
+use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
+
+/// Most work requests one [`Qp::post_send`] or [`Qp::post_recv`] rings one doorbell for.
+pub const MAX_BATCH: usize = 64;
+
+/// Typed queue-pair knobs. `Default` suits a low-latency RC link on one fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QpConfig {
+    /// Port number (from 1).
+    pub port: u8,
+    /// Source GID index; `None` picks [`super::Context::default_route`].
+    pub gid_index: Option<u8>,
+    /// Path MTU; `None` uses the smaller of both ports' active MTUs.
+    pub mtu: Option<Mtu>,
+    /// Local ACK timeout.
+    pub ack_timeout: AckTimeout,
+    /// Transport retries.
+    pub retry_count: RetryCount,
+    /// Receiver-not-ready retries.
+    pub rnr_retry: RnrRetry,
+    /// Minimum RNR NAK timer we ask senders to wait.
+    pub rnr_timer: RnrTimer,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive request.
+    pub max_recv_sge: u32,
+    /// Largest inline payload (the device may grant more).
+    pub max_inline_data: u32,
+    /// Outstanding RDMA reads/atomics, as initiator and as responder.
+    pub max_rd_atomic: u8,
+    /// Traffic class (RoCE DSCP/ECN bits; IB GRH traffic class).
+    pub traffic_class: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// Hop limit for routed (GRH) traffic.
+    pub hop_limit: u8,
+    /// First PSN we send; `None` derives one from the QP number.
+    pub send_psn: Option<Psn>,
+    /// Remote access this QP accepts.
+    pub access: AccessFlags,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        Self {
+            port: 1,
+            gid_index: None,
+            mtu: None,
+            ack_timeout: AckTimeout::default(),
+            retry_count: RetryCount::default(),
+            rnr_retry: RnrRetry::default(),
+            rnr_timer: RnrTimer::default(),
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+            max_rd_atomic: 16,
+            traffic_class: 0,
+            service_level: 0,
+            hop_limit: 64,
+            send_psn: None,
+            access: AccessFlags::LOCAL_WRITE
+                .union(AccessFlags::REMOTE_WRITE)
+                .union(AccessFlags::REMOTE_READ),
+        }
+    }
+}
+
+/// What the device granted a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send.
+    pub max_send_sge: u32,
+    /// SGEs per receive.
+    pub max_recv_sge: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+}
+
+struct QpHandle {
+    raw: NonNull<sys::ibv_qp>,
+}
+
+impl Drop for QpHandle {
+    fn drop(&mut self) {
+        // SAFETY: the QP came from ibv_create_qp and is destroyed once; the owning struct
+        // keeps its PD and CQs alive until after this runs (field order).
+        unsafe {
+            sys::ibv_destroy_qp(self.raw.as_ptr());
+        }
+    }
+}
+
+/// A queue pair in the INIT state, waiting for its peer's [`Endpoint`].
+pub struct PreparedQp {
+    handle: QpHandle,
+    cfg: QpConfig,
+    route: Route,
+    link_layer: LinkLayer,
+    lid: u16,
+    port_mtu: Mtu,
+    psn: Psn,
+    caps: QpCaps,
+    send_cq: Cq,
+    recv_cq: Cq,
+    pd: Pd,
+}
+
+// SAFETY: a QP may be used from any thread; PreparedQp owns its handle exclusively.
+unsafe impl Send for PreparedQp {}
+
+impl fmt::Debug for PreparedQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedQp")
+            .field("qpn", &self.qp_num())
+            .field("route", &self.route)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+fn modify(
+    qp: NonNull<sys::ibv_qp>,
+    attr: &mut sys::ibv_qp_attr,
+    mask: u32,
+    verb: Verb,
+) -> Result<()> {
+    // SAFETY: qp is live; attr is a fully initialised attribute struct.
+    let rc = unsafe { sys::ibv_modify_qp(qp.as_ptr(), attr, mask as core::ffi::c_int) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(VerbsError::Call { verb, errno: rc })
+    }
+}
+
+fn zeroed_attr() -> sys::ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is plain C data for which all-zero is valid.
+    unsafe { MaybeUninit::zeroed().assume_init() }
+}
+
+impl Pd {
+    /// Creates an RC queue pair on `cfg.port` and moves it to INIT.
+    pub fn create_rc_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<PreparedQp> {
+        let ctx = self.context();
+        let port = ctx.query_port(cfg.port)?;
+        if !port.active {
+            return Err(VerbsError::PortNotActive {
+                port: cfg.port,
+                state: port.state,
+            });
+        }
+        let route = match cfg.gid_index {
+            None => ctx.default_route(cfg.port)?,
+            Some(i) => {
+                let e =
+                    ctx.gid_entry(cfg.port, u32::from(i))?
+                        .ok_or(VerbsError::InvalidArgument {
+                            what: "the chosen GID index is empty",
+                        })?;
+                Route {
+                    gid_index: i,
+                    gid: e.gid,
+                    global: true,
+                }
+            }
+        };
+        let mut init = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.as_raw(),
+            recv_cq: recv_cq.as_raw(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: cfg.max_send_wr,
+                max_recv_wr: cfg.max_recv_wr,
+                max_send_sge: cfg.max_send_sge,
+                max_recv_sge: cfg.max_recv_sge,
+                max_inline_data: cfg.max_inline_data,
+            },
+            qp_type: sys::ibv_qp_type::IBV_QPT_RC,
+            // Selective signaling: only requests flagged SIGNALED complete.
+            sq_sig_all: 0,
+        };
+        // SAFETY: the PD and both CQs are live (we hold them); init is fully initialised.
+        let raw = unsafe { sys::ibv_create_qp(self.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+            verb: Verb::CreateQp,
+            errno: errno(),
+        })?;
+        let handle = QpHandle { raw };
+        let caps = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = cfg.port;
+        attr.qp_access_flags = cfg.access.bits();
+        use sys::ibv_qp_attr_mask as m;
+        modify(
+            raw,
+            &mut attr,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
+            Verb::ModifyQpInit,
+        )?;
+        // SAFETY: raw is live; qp_num is set at creation.
+        let qpn = unsafe { (*raw.as_ptr()).qp_num };
+        let psn = cfg
+            .send_psn
+            .unwrap_or_else(|| Psn::wrapping(qpn.wrapping_mul(0x9e37_79b1) >> 8));
+        Ok(PreparedQp {
+            handle,
+            cfg: *cfg,
+            route,
+            link_layer: port.link_layer,
+            lid: port.lid,
+            port_mtu: port.active_mtu,
+            psn,
+            caps,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            pd: self.clone(),
+        })
+    }
+}
+
+impl PreparedQp {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is live.
+        unsafe { (*self.handle.raw.as_ptr()).qp_num }
+    }
+
+    /// What the device granted.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The route this side uses.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// What the peer needs to connect to this QP.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            qpn: self.qp_num(),
+            psn: self.psn,
+            lid: self.lid,
+            gid: self.route.gid.0,
+            global: self.route.global,
+            mtu: self.cfg.mtu.unwrap_or(self.port_mtu),
+        }
+    }
+
+    /// Connects to `remote`: RTR then RTS. On failure the QP is dropped (destroyed).
+    pub fn handshake(self, remote: &Endpoint) -> Result<Qp> {
+        let raw = self.handle.raw;
+        let cfg = &self.cfg;
+        let global = self.link_layer == LinkLayer::Ethernet || remote.global || self.route.global;
+        if global && remote.gid == [0; 16] {
+            return Err(VerbsError::InvalidArgument {
+                what: "the peer's endpoint has no GID, but this port routes by GID (RoCE)",
+            });
+        }
+        let mtu = cfg.mtu.unwrap_or(self.port_mtu).min(remote.mtu);
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = sys::ibv_mtu::from(mtu.code());
+        attr.dest_qp_num = remote.qpn;
+        attr.rq_psn = remote.psn.get();
+        attr.max_dest_rd_atomic = cfg.max_rd_atomic;
+        attr.min_rnr_timer = cfg.rnr_timer.code();
+        attr.ah_attr.dlid = remote.lid;
+        attr.ah_attr.sl = cfg.service_level;
+        attr.ah_attr.port_num = cfg.port;
+        if global {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = remote.gid;
+            attr.ah_attr.grh.sgid_index = self.route.gid_index;
+            attr.ah_attr.grh.hop_limit = cfg.hop_limit;
+            attr.ah_attr.grh.traffic_class = cfg.traffic_class;
+        }
+        use sys::ibv_qp_attr_mask as m;
+        modify(
+            raw,
+            &mut attr,
+            (m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER)
+                .0,
+            Verb::ModifyQpRtr,
+        )?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = self.psn.get();
+        attr.timeout = cfg.ack_timeout.code();
+        attr.retry_cnt = cfg.retry_count.get();
+        attr.rnr_retry = cfg.rnr_retry.code();
+        attr.max_rd_atomic = cfg.max_rd_atomic;
+        modify(
+            raw,
+            &mut attr,
+            (m::IBV_QP_STATE
+                | m::IBV_QP_SQ_PSN
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_MAX_QP_RD_ATOMIC)
+                .0,
+            Verb::ModifyQpRts,
+        )?;
+        Ok(Qp {
+            qpn: self.qp_num(),
+            caps: self.caps,
+            path_mtu: mtu,
+            remote: *remote,
+            handle: self.handle,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            _pd: self.pd,
+        })
+    }
+}
+
+/// A connected RC queue pair (RTS).
+pub struct Qp {
+    qpn: u32,
+    caps: QpCaps,
+    path_mtu: Mtu,
+    remote: Endpoint,
+    // Field order is drop order: the QP goes before its CQs and PD.
+    handle: QpHandle,
+    send_cq: Cq,
+    recv_cq: Cq,
+    _pd: Pd,
+}
+
+// SAFETY: a QP may be posted to from any thread; Qp owns its handle and posting needs &mut.
+unsafe impl Send for Qp {}
+
+impl fmt::Debug for Qp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("remote_qpn", &self.remote.qpn)
+            .field("path_mtu", &self.path_mtu)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+#[inline]
+fn send_opcode(op: Opcode) -> (sys::ibv_wr_opcode::Type, u32) {
+    use sys::ibv_wr_opcode as o;
+    match op {
+        Opcode::Send => (o::IBV_WR_SEND, 0),
+        Opcode::SendImm(i) => (o::IBV_WR_SEND_WITH_IMM, i),
+        Opcode::Write => (o::IBV_WR_RDMA_WRITE, 0),
+        Opcode::WriteImm(i) => (o::IBV_WR_RDMA_WRITE_WITH_IMM, i),
+        Opcode::Read => (o::IBV_WR_RDMA_READ, 0),
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    #[inline]
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// What the device granted.
+    #[inline]
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The negotiated path MTU.
+    #[inline]
+    pub fn path_mtu(&self) -> Mtu {
+        self.path_mtu
+    }
+
+    /// The peer's endpoint.
+    #[inline]
+    pub fn remote(&self) -> &Endpoint {
+        &self.remote
+    }
+
+    /// The send completion queue.
+    #[inline]
+    pub fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
+
+    /// The receive completion queue.
+    #[inline]
+    pub fn recv_cq(&self) -> &Cq {
+        &self.recv_cq
+    }
+
+    /// The raw `ibv_qp`.
+    #[inline]
+    pub fn as_raw(&self) -> *mut sys::ibv_qp {
+        self.handle.raw.as_ptr()
+    }
+
+    /// Moves the QP to the error state: outstanding requests complete as flushed.
+    pub fn set_error(&mut self) -> Result<()> {
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        modify(
+            self.handle.raw,
+            &mut attr,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
+            Verb::ModifyQpErr,
+        )
+    }
+
+    /// Posts up to [`MAX_BATCH`] send-queue requests as one chain: one doorbell.
+    /// Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): every buffer the requests name
+    /// stays valid, and is neither read (for reads) nor written by the CPU, until the
+    /// completion of that request (or of a later signaled one) has been polled.
+    #[inline]
+    pub unsafe fn post_send(
+        &mut self,
+        wrs: &[WorkRequest<'_>],
+    ) -> core::result::Result<(), PostFailure> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > MAX_BATCH {
+            return Err(PostFailure {
+                posted: 0,
+                errno: 22,
+            });
+        }
+        let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
+            [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        for (i, w) in wrs.iter().enumerate() {
+            let (opcode, imm) = send_opcode(w.opcode);
+            // SAFETY: ibv_send_wr is plain C data for which zero is valid.
+            let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+            wr.wr_id = w.wr_id;
+            wr.next = if i + 1 < wrs.len() {
+                // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
+                unsafe { base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+            wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+            wr.num_sge = w.sges.len() as core::ffi::c_int;
+            wr.opcode = opcode;
+            wr.send_flags = w.flags.bits();
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+            if w.opcode.is_rdma() {
+                wr.wr.rdma.remote_addr = w.remote.addr;
+                wr.wr.rdma.rkey = w.remote.rkey;
+            }
+            chain[i].write(wr);
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds
+        // the posting contract for the buffers they name.
+        let rc = unsafe { ffi::post_send(self.as_raw(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let posted = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: bad points into our chain array.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        Err(PostFailure { posted, errno: rc })
+    }
+
+    /// Posts up to [`MAX_BATCH`] receives as one chain. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`]: the scatter buffers are the device's until their receive
+    /// completions are polled.
+    #[inline]
+    pub unsafe fn post_recv(
+        &mut self,
+        wrs: &[RecvRequest<'_>],
+    ) -> core::result::Result<(), PostFailure> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > MAX_BATCH {
+            return Err(PostFailure {
+                posted: 0,
+                errno: 22,
+            });
+        }
+        let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
+            [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
+        for (i, w) in wrs.iter().enumerate() {
+            let next = if i + 1 < wrs.len() {
+                // SAFETY: inside the array.
+                unsafe { base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            chain[i].write(sys::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next,
+                sg_list: w.sges.as_ptr().cast_mut().cast(),
+                num_sge: w.sges.len() as core::ffi::c_int,
+            });
+        }
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: as in post_send.
+        let rc = unsafe { ffi::post_recv(self.as_raw(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let posted = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: bad points into our chain array.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        Err(PostFailure { posted, errno: rc })
+    }
+}
+
+/// Flags as the device sees them; checked against the header's values at compile time.
+const _: () = {
+    assert!(SendFlags::FENCE.bits() == sys::ibv_send_flags::IBV_SEND_FENCE.0);
+    assert!(SendFlags::SIGNALED.bits() == sys::ibv_send_flags::IBV_SEND_SIGNALED.0);
+    assert!(SendFlags::SOLICITED.bits() == sys::ibv_send_flags::IBV_SEND_SOLICITED.0);
+    assert!(SendFlags::INLINE.bits() == sys::ibv_send_flags::IBV_SEND_INLINE.0);
+};

@@ -1,0 +1,60 @@
+//! Shared plumbing for tests that need a real RDMA device.
+//!
+//! The device comes from `RVERBS_TEST_DEVICE` (for example `rxe0` inside the SoftRoCE VM, or
+//! `mlx5_0` on real hardware). Without it a test is skipped with a message, except under
+//! `CI=true`, where a missing device fails the run: CI must never pass device tests that did
+//! not run.
+#![allow(dead_code, unreachable_pub, clippy::std_instead_of_core)]
+
+use std::time::{Duration, Instant};
+
+use rverbs_core::completion::Completion;
+use rverbs_core::verbs::{open_device, Context, Cq};
+
+/// The device to test on, or `None` (after saying so) when the test should be skipped.
+pub fn test_device(test: &str) -> Option<String> {
+    match std::env::var("RVERBS_TEST_DEVICE") {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "{test}: RVERBS_TEST_DEVICE is not set and CI=true; device tests must run \
+                     on a device in CI (tools/test-all runs them inside the SoftRoCE VM)"
+                );
+            }
+            eprintln!(
+                "{test}: SKIPPED: RVERBS_TEST_DEVICE is not set (e.g. RVERBS_TEST_DEVICE=rxe0)"
+            );
+            None
+        }
+    }
+}
+
+/// Opens the test device; a named device that cannot be opened fails the test.
+pub fn open(test: &str) -> Option<Context> {
+    let name = test_device(test)?;
+    match open_device(&name) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => panic!("{test}: cannot open RVERBS_TEST_DEVICE={name}: {e}"),
+    }
+}
+
+/// Polls `cq` until `n` completions arrived or `timeout` passed; returns them.
+pub fn poll_n(cq: &Cq, n: usize, timeout: Duration) -> Vec<Completion> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::with_capacity(n);
+    let mut buf = [Completion::EMPTY; 16];
+    while out.len() < n {
+        let got = cq.poll(&mut buf).expect("ibv_poll_cq failed");
+        out.extend_from_slice(&buf[..got]);
+        if got == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} with {} of {n} completions: {out:?}",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}

@@ -1,0 +1,1 @@
+//! Runnable rverbs programs live in `src/bin`.
