@@ -20,9 +20,11 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+pub mod channel;
 pub mod completion;
 pub mod params;
 pub mod poll;
+pub mod provider;
 pub mod sge;
 #[cfg(feature = "verbs")]
 pub mod verbs;

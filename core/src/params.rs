@@ -253,6 +253,21 @@ impl fmt::Display for Psn {
     }
 }
 
+/// What the device granted a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send.
+    pub max_send_sge: u32,
+    /// SGEs per receive.
+    pub max_recv_sge: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,9 @@ use bitflags::bitflags;
 
 use crate::sge::{RemoteMemory, Sge};
 
+/// Most work requests one post rings one doorbell for.
+pub const MAX_BATCH: usize = 64;
+
 bitflags! {
     /// Per-work-request flags.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -13,6 +13,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 
+pub use crate::params::QpCaps;
 pub use cq::{Cq, POLL_BATCH};
 pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
@@ -21,7 +22,7 @@ pub use device::{
 pub use error::{Verb, VerbsError};
 pub use mr::{AccessFlags, MemoryRegion, SharedRegion};
 pub use pd::Pd;
-pub use qp::{PreparedQp, Qp, QpCaps, QpConfig, MAX_BATCH};
+pub use qp::{PreparedQp, Qp, QpConfig};
 
 static_assertions::assert_eq_size!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
 static_assertions::assert_eq_align!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);

@@ -10,12 +10,9 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
-use crate::params::{AckTimeout, Mtu, Psn, RetryCount, RnrRetry, RnrTimer};
+use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
-use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
-
-/// Most work requests one [`Qp::post_send`] or [`Qp::post_recv`] rings one doorbell for.
-pub const MAX_BATCH: usize = 64;
+use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 /// Typed queue-pair knobs. `Default` suits a low-latency RC link on one fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,21 +81,6 @@ impl Default for QpConfig {
                 .union(AccessFlags::REMOTE_READ),
         }
     }
-}
-
-/// What the device granted a queue pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpCaps {
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
-    /// SGEs per send.
-    pub max_send_sge: u32,
-    /// SGEs per receive.
-    pub max_recv_sge: u32,
-    /// Largest inline payload.
-    pub max_inline_data: u32,
 }
 
 struct QpHandle {

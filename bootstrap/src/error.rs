@@ -1,0 +1,385 @@
+//! The one error type of this crate.
+
+use core::fmt;
+use core::time::Duration;
+use std::io;
+use std::path::PathBuf;
+
+use crate::launcher::LaunchSource;
+use crate::wire::WireError;
+
+/// Result alias with [`BootstrapError`] as the default error.
+pub type Result<T, E = BootstrapError> = core::result::Result<T, E>;
+
+/// Everything that can go wrong while reading the cluster configuration,
+/// resolving the launch environment or exchanging endpoint blobs.
+///
+/// Each variant names what it is about: the file, the rank (`rank` is always the
+/// rank that reports the error, `peer` the remote one), the address, the field
+/// or the environment variable; I/O failures carry the `io::Error` as
+/// [`source`](core::error::Error::source).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// The configuration file could not be read.
+    ConfigRead {
+        /// Path of the file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The configuration is not valid JSON or does not fit the schema
+    /// (unknown field, wrong type, missing field).
+    ConfigParse {
+        /// File (or origin name) of the configuration.
+        file: String,
+        /// Line of the problem, 1-based.
+        line: usize,
+        /// Column of the problem, 1-based.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// The configuration parses but breaks a rule.
+    ConfigInvalid {
+        /// File (or origin name) of the configuration.
+        file: String,
+        /// Index of the offending entry in the rank list, when one is to blame.
+        entry: Option<usize>,
+        /// Rank concerned, when known.
+        rank: Option<u32>,
+        /// Field concerned, spelled as in the file.
+        field: Option<&'static str>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A rank's device is not among the devices present.
+    DeviceNotFound {
+        /// File (or origin name) of the configuration.
+        file: String,
+        /// The rank whose device is missing.
+        rank: u32,
+        /// The configured device name.
+        device: String,
+        /// The devices that are present.
+        available: Vec<String>,
+    },
+    /// The launcher's world size disagrees with the configuration.
+    WorldSizeMismatch {
+        /// File (or origin name) of the configuration.
+        file: String,
+        /// Ranks listed in the configuration.
+        configured: u32,
+        /// World size the launcher reported.
+        launched: u32,
+        /// Where the launcher's value came from.
+        source_kind: LaunchSource,
+    },
+    /// Only one of a rank / world-size pair is set.
+    LaunchIncomplete {
+        /// The variable (or flag) that is set.
+        set: &'static str,
+        /// Its partner that is missing.
+        missing: &'static str,
+    },
+    /// A launch variable is not a non-negative integer.
+    LaunchNotNumeric {
+        /// The variable (or flag).
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The rank is not below the world size.
+    LaunchRankOutOfRange {
+        /// The rank variable.
+        variable: &'static str,
+        /// The rank.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// The world size is zero.
+    LaunchZeroWorld {
+        /// The world-size variable.
+        variable: &'static str,
+    },
+    /// No source gave a rank and world size.
+    LaunchUnset,
+    /// A call received a rank that is not below the world size.
+    RankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// A blob is larger than the configured limit.
+    BlobTooLarge {
+        /// The rank whose blob it is.
+        rank: u32,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The arguments of an exchange do not fit together.
+    InvalidArgument {
+        /// The calling rank.
+        rank: u32,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Rank 0 could not listen on its address.
+    Bind {
+        /// The address.
+        addr: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A rank could not reach rank 0 before the deadline.
+    Connect {
+        /// The calling rank.
+        rank: u32,
+        /// Rank 0's address.
+        addr: String,
+        /// How long it tried.
+        waited: Duration,
+        /// The last connection error.
+        source: io::Error,
+    },
+    /// A socket operation failed.
+    Io {
+        /// The calling rank.
+        rank: u32,
+        /// The remote rank, when known.
+        peer: Option<u32>,
+        /// The remote (or listening) address.
+        addr: String,
+        /// The operation that failed.
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The remote side sent bytes that are not a valid frame.
+    Protocol {
+        /// The calling rank.
+        rank: u32,
+        /// The remote rank, when known.
+        peer: Option<u32>,
+        /// The remote address.
+        addr: String,
+        /// What the decoder found.
+        source: WireError,
+    },
+    /// A well-formed frame that makes no sense here (wrong kind, wrong job,
+    /// a table that does not echo our blob, ...).
+    Unexpected {
+        /// The calling rank.
+        rank: u32,
+        /// The remote rank, when known.
+        peer: Option<u32>,
+        /// The remote address.
+        addr: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Rank 0 refused this rank or aborted the round.
+    Rejected {
+        /// The calling rank.
+        rank: u32,
+        /// Rank 0's address.
+        addr: String,
+        /// Rank 0's reason.
+        reason: String,
+    },
+    /// The remote side closed the connection mid-exchange.
+    Disconnected {
+        /// The calling rank.
+        rank: u32,
+        /// The remote rank, when known.
+        peer: Option<u32>,
+        /// The remote address.
+        addr: String,
+    },
+    /// The deadline passed before every rank was heard from.
+    Timeout {
+        /// The calling rank.
+        rank: u32,
+        /// Ranks never heard from (for a rank other than 0: rank 0).
+        missing: Vec<u32>,
+        /// How long the rank waited.
+        waited: Duration,
+        /// Extra context, such as connections that were rejected meanwhile.
+        detail: String,
+    },
+    /// An earlier round of this session failed; the session cannot be used.
+    Poisoned {
+        /// The calling rank.
+        rank: u32,
+    },
+}
+
+fn opt_peer(peer: Option<u32>) -> String {
+    peer.map_or_else(|| "peer".to_owned(), |peer| format!("rank {peer}"))
+}
+
+impl fmt::Display for BootstrapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ConfigRead { path, source } => {
+                write!(f, "cannot read cluster config {}: {source}", path.display())
+            }
+            Self::ConfigParse {
+                file,
+                line,
+                column,
+                message,
+            } => write!(f, "{file}:{line}:{column}: {message}"),
+            Self::ConfigInvalid {
+                file,
+                entry,
+                rank,
+                field,
+                reason,
+            } => {
+                write!(f, "{file}")?;
+                if let Some(entry) = entry {
+                    write!(f, ": entry {entry}")?;
+                }
+                if let Some(rank) = rank {
+                    write!(f, ": rank {rank}")?;
+                }
+                if let Some(field) = field {
+                    write!(f, ": field `{field}`")?;
+                }
+                write!(f, ": {reason}")
+            }
+            Self::DeviceNotFound {
+                file,
+                rank,
+                device,
+                available,
+            } => write!(
+                f,
+                "{file}: rank {rank}: field `device`: device {device:?} not found (present: {available:?})"
+            ),
+            Self::WorldSizeMismatch {
+                file,
+                configured,
+                launched,
+                source_kind,
+            } => write!(
+                f,
+                "{file} lists {configured} ranks but the launcher ({source_kind}) reports a world of {launched}"
+            ),
+            Self::LaunchIncomplete { set, missing } => {
+                write!(f, "{set} is set but {missing} is not")
+            }
+            Self::LaunchNotNumeric { variable, value } => {
+                write!(f, "{variable}={value:?} is not a non-negative integer")
+            }
+            Self::LaunchRankOutOfRange {
+                variable,
+                rank,
+                world_size,
+            } => write!(
+                f,
+                "{variable}={rank} is out of range for a world of {world_size} ranks"
+            ),
+            Self::LaunchZeroWorld { variable } => write!(f, "{variable} is 0"),
+            Self::LaunchUnset => write!(
+                f,
+                "no rank given: pass an explicit rank and world size or set \
+                 RVERBS_RANK/RVERBS_WORLD_SIZE (or run under Slurm, Open MPI or a PMI launcher)"
+            ),
+            Self::RankOutOfRange { rank, world_size } => {
+                write!(f, "rank {rank} is out of range for a world of {world_size}")
+            }
+            Self::BlobTooLarge { rank, len, limit } => write!(
+                f,
+                "rank {rank}: blob of {len} bytes exceeds the limit of {limit} bytes"
+            ),
+            Self::InvalidArgument { rank, reason } => write!(f, "rank {rank}: {reason}"),
+            Self::Bind { addr, source } => write!(f, "rank 0 cannot listen on {addr}: {source}"),
+            Self::Connect {
+                rank,
+                addr,
+                waited,
+                source,
+            } => write!(
+                f,
+                "rank {rank} could not connect to rank 0 at {addr} within {waited:.1?}: {source}"
+            ),
+            Self::Io {
+                rank,
+                peer,
+                addr,
+                op,
+                source,
+            } => write!(
+                f,
+                "rank {rank}: {op} with {} at {addr} failed: {source}",
+                opt_peer(*peer)
+            ),
+            Self::Protocol {
+                rank,
+                peer,
+                addr,
+                source,
+            } => write!(
+                f,
+                "rank {rank}: invalid frame from {} at {addr}: {source}",
+                opt_peer(*peer)
+            ),
+            Self::Unexpected {
+                rank,
+                peer,
+                addr,
+                reason,
+            } => write!(
+                f,
+                "rank {rank}: unexpected frame from {} at {addr}: {reason}",
+                opt_peer(*peer)
+            ),
+            Self::Rejected { rank, addr, reason } => {
+                write!(f, "rank {rank} was rejected by rank 0 at {addr}: {reason}")
+            }
+            Self::Disconnected { rank, peer, addr } => write!(
+                f,
+                "rank {rank}: {} at {addr} closed the connection mid-exchange",
+                opt_peer(*peer)
+            ),
+            Self::Timeout {
+                rank,
+                missing,
+                waited,
+                detail,
+            } => {
+                write!(
+                    f,
+                    "rank {rank} timed out after {waited:.1?} waiting for ranks {missing:?}"
+                )?;
+                if !detail.is_empty() {
+                    write!(f, " ({detail})")?;
+                }
+                Ok(())
+            }
+            Self::Poisoned { rank } => write!(
+                f,
+                "rank {rank}: an earlier round of this bootstrap session failed"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for BootstrapError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::ConfigRead { source, .. }
+            | Self::Bind { source, .. }
+            | Self::Connect { source, .. }
+            | Self::Io { source, .. } => Some(source),
+            Self::Protocol { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Bootstrap for rverbs: cluster configuration, rank discovery, and the TCP
+//! exchange of endpoint blobs that must happen before RDMA connections exist.
+//!
+//! ```no_run
+//! use rverbs_bootstrap::{exchange, launcher, ClusterConfig, ExchangeOptions};
+//!
+//! # fn main() -> Result<(), rverbs_bootstrap::BootstrapError> {
+//! let config = ClusterConfig::from_file("cluster.json")?;
+//! // Flags first, then RVERBS_RANK/RVERBS_WORLD_SIZE, Slurm, Open MPI, PMI.
+//! let me = launcher::resolve(None, None)?;
+//! config.check_launch(&me)?;
+//!
+//! // The bytes rverbs-core produced for this rank (QP numbers, GIDs, rkeys).
+//! let endpoint: Vec<u8> = vec![0; 22];
+//! let options = ExchangeOptions {
+//!     job_id: config.job_id(),
+//!     ..ExchangeOptions::default()
+//! };
+//! let (mut session, endpoints) = exchange(&config, me.rank, &endpoint, &options)?;
+//! assert_eq!(endpoints.len() as u32, config.world_size());
+//!
+//! // ... connect queue pairs with `endpoints[peer]` ...
+//!
+//! // Out-of-band barrier: nobody posts work before everybody is connected.
+//! session.allgather(b"ready")?;
+//! session.close()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
+//! layouts), [`launcher`] finds rank and world size, [`exchange`](mod@exchange)
+//! runs the rendezvous, [`wire`] defines and decodes the frames.
+//!
+//! # Cargo features
+//!
+//! None. The crate needs `std` (sockets, threads, files) and is the only
+//! rverbs crate that does.
+//!
+//! # Thread safety
+//!
+//! Every type is `Send` and `Sync` where its fields allow; a [`Session`] is
+//! used through `&mut self`, so one thread drives a round at a time. Rank 0
+//! starts short-lived threads of its own while it waits: one per accepted
+//! connection during the exchange, one per peer during an all-gather round.
+//! Each ends by the round's deadline at the latest.
+//!
+//! # Resource cleanup
+//!
+//! Rank 0's listener is closed when the exchange returns. A [`Session`] keeps
+//! one TCP connection per peer (rank 0) or one to rank 0 (other ranks) until
+//! it is dropped or [`Session::close`]d. Nothing outlives the session except
+//! hello-reader threads rank 0 left on stalled clients, which end by their
+//! own deadline and close those sockets.
+
+pub mod config;
+pub mod error;
+pub mod exchange;
+pub mod launcher;
+pub mod wire;
+
+pub use config::{ClusterConfig, ConfigLayout, RankConfig};
+pub use error::{BootstrapError, Result};
+pub use exchange::{exchange, exchange_at, ExchangeOptions, Rendezvous, Session};
+pub use launcher::{LaunchInfo, LaunchSource};
+pub use wire::WireError;

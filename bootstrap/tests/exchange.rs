@@ -1,0 +1,645 @@
+//! Endpoint exchange on 127.0.0.1, each rank on its own thread, plus fake peers
+//! and fake rendezvous that misbehave on purpose.
+
+use core::time::Duration;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::Instant;
+
+use rverbs_bootstrap::wire::{self, FrameKind, Header, HEADER_LEN};
+use rverbs_bootstrap::{
+    exchange, exchange_at, BootstrapError, ClusterConfig, ExchangeOptions, RankConfig, Rendezvous,
+    Session, WireError,
+};
+
+type Outcome = Result<(Session, Vec<Vec<u8>>), BootstrapError>;
+
+fn quick() -> ExchangeOptions {
+    ExchangeOptions {
+        job_id: 0x5eed,
+        timeout: Duration::from_secs(2),
+        io_timeout: Duration::from_secs(1),
+        retry_interval: Duration::from_millis(20),
+        progress: false,
+        ..ExchangeOptions::default()
+    }
+}
+
+/// Distinct bytes per rank, with varying length (rank 1 has none).
+fn blob_of(rank: u32) -> Vec<u8> {
+    if rank == 1 {
+        return Vec::new();
+    }
+    (0..(rank as usize * 7 + 3))
+        .map(|i| (i as u32 ^ rank.wrapping_mul(0x9e37)) as u8)
+        .collect()
+}
+
+fn listener() -> (TcpListener, u16) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+fn at(port: u16) -> Rendezvous {
+    Rendezvous::Address {
+        host: "127.0.0.1".to_owned(),
+        port,
+    }
+}
+
+/// Runs rank 0 on `listener` and ranks `1..n` (except those in `skip`) on threads.
+fn run_ranks(
+    n: u32,
+    skip: &[u32],
+    options: &ExchangeOptions,
+    blob: fn(u32) -> Vec<u8>,
+) -> Vec<Option<Outcome>> {
+    let (listener, port) = listener();
+    let mut handles = Vec::new();
+    for rank in 0..n {
+        if skip.contains(&rank) {
+            handles.push(None);
+            continue;
+        }
+        let options = options.clone();
+        let rendezvous = if rank == 0 {
+            Rendezvous::Listener(listener.try_clone().unwrap())
+        } else {
+            at(port)
+        };
+        handles.push(Some(thread::spawn(move || {
+            exchange_at(rendezvous, rank, n, &blob(rank), &options)
+        })));
+    }
+    drop(listener);
+    handles
+        .into_iter()
+        .map(|handle| handle.map(|handle| handle.join().unwrap()))
+        .collect()
+}
+
+fn assert_full_exchange(n: u32) -> Vec<Session> {
+    let outcomes = run_ranks(n, &[], &quick_long(), blob_of);
+    let expected: Vec<Vec<u8>> = (0..n).map(blob_of).collect();
+    let mut sessions = Vec::new();
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let (session, blobs) = outcome.unwrap().unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(session.rank(), rank as u32);
+        assert_eq!(session.world_size(), n);
+        assert_eq!(blobs, expected, "rank {rank}");
+        sessions.push(session);
+    }
+    sessions
+}
+
+/// Generous deadline for the success cases on a loaded 2-core machine.
+fn quick_long() -> ExchangeOptions {
+    ExchangeOptions {
+        timeout: Duration::from_secs(20),
+        io_timeout: Duration::from_secs(10),
+        ..quick()
+    }
+}
+
+#[test]
+fn world_of_one_needs_no_socket() {
+    let (listener, _) = listener();
+    let (mut session, blobs) = exchange_at(
+        Rendezvous::Listener(listener),
+        0,
+        1,
+        b"solo",
+        &ExchangeOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(blobs, vec![b"solo".to_vec()]);
+    assert_eq!(session.allgather(b"x").unwrap(), vec![b"x".to_vec()]);
+    session.close().unwrap();
+}
+
+#[test]
+fn two_ranks() {
+    assert_full_exchange(2);
+}
+
+#[test]
+fn three_ranks_then_allgather_rounds_and_close() {
+    let sessions = assert_full_exchange(3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut session| {
+            thread::spawn(move || {
+                let rank = session.rank();
+                for round in 0..3u8 {
+                    let mine = vec![round, rank as u8];
+                    let all = session.allgather(&mine).unwrap();
+                    let expected: Vec<Vec<u8>> = (0..3u8).map(|r| vec![round, r]).collect();
+                    assert_eq!(all, expected);
+                }
+                session.close().unwrap();
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
+#[test]
+fn eight_ranks() {
+    assert_full_exchange(8);
+}
+
+#[test]
+fn sixty_four_ranks() {
+    let start = Instant::now();
+    assert_full_exchange(64);
+    eprintln!("64-rank exchange on 127.0.0.1 took {:?}", start.elapsed());
+}
+
+#[test]
+fn largest_allowed_blobs() {
+    fn big(rank: u32) -> Vec<u8> {
+        vec![rank as u8 + 1; 64 * 1024]
+    }
+    let outcomes = run_ranks(3, &[], &quick_long(), big);
+    for outcome in outcomes {
+        let (_, blobs) = outcome.unwrap().unwrap();
+        assert_eq!(blobs, vec![big(0), big(1), big(2)]);
+    }
+    let (listener, _) = listener();
+    let err = exchange_at(
+        Rendezvous::Listener(listener),
+        0,
+        2,
+        &[0; 64 * 1024 + 1],
+        &quick(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, BootstrapError::BlobTooLarge { rank: 0, .. }));
+}
+
+#[test]
+fn config_driven_exchange() {
+    // Find a free port, then let rank 0 bind it by itself.
+    let port = listener().1;
+    let entry = |rank| RankConfig {
+        rank,
+        host: "127.0.0.1".to_owned(),
+        port,
+        device: "rxe0".to_owned(),
+        ib_port: 1,
+        gid_index: Some(1),
+        comment: None,
+    };
+    let config =
+        ClusterConfig::new("test", Some("job-a".to_owned()), vec![entry(0), entry(1)]).unwrap();
+    let options = ExchangeOptions {
+        job_id: config.job_id(),
+        ..quick_long()
+    };
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let config = config.clone();
+            let options = options.clone();
+            thread::spawn(move || exchange(&config, rank, &blob_of(rank + 2), &options))
+        })
+        .collect();
+    for handle in handles {
+        let (_, blobs) = handle.join().unwrap().unwrap();
+        assert_eq!(blobs, vec![blob_of(2), blob_of(3)]);
+    }
+}
+
+#[test]
+fn argument_errors() {
+    let err = exchange_at(at(1), 2, 2, b"", &quick()).unwrap_err();
+    assert!(matches!(
+        err,
+        BootstrapError::RankOutOfRange {
+            rank: 2,
+            world_size: 2
+        }
+    ));
+    let (listener, _) = listener();
+    let err = exchange_at(Rendezvous::Listener(listener), 1, 2, b"", &quick()).unwrap_err();
+    assert!(matches!(
+        err,
+        BootstrapError::InvalidArgument { rank: 1, .. }
+    ));
+}
+
+// ---- misbehaving peers against a real rank 0 ----
+
+fn frame(kind: FrameKind, job_id: u64, sender: u32, world: u32, payload: &[u8]) -> Vec<u8> {
+    wire::encode_frame(kind, job_id, sender, world, payload).unwrap()
+}
+
+/// Reads one frame, or `None` if the connection ends first.
+fn read_frame(stream: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut head = [0u8; HEADER_LEN];
+    stream.read_exact(&mut head).ok()?;
+    let header = wire::decode_header(&head).unwrap();
+    let mut payload = vec![0; header.payload_len as usize];
+    stream.read_exact(&mut payload).ok()?;
+    Some((header, payload))
+}
+
+fn reject_reason(stream: &mut TcpStream) -> String {
+    let (header, payload) = read_frame(stream).expect("a Reject frame");
+    assert_eq!(header.kind, FrameKind::Reject);
+    String::from_utf8(payload).unwrap()
+}
+
+/// Starts rank 0 of a world of `n` on a thread; returns its port and handle.
+fn root(n: u32, options: ExchangeOptions) -> (u16, thread::JoinHandle<(Outcome, Duration)>) {
+    let (listener, port) = listener();
+    let handle = thread::spawn(move || {
+        let start = Instant::now();
+        let outcome = exchange_at(Rendezvous::Listener(listener), 0, n, b"root", &options);
+        (outcome, start.elapsed())
+    });
+    (port, handle)
+}
+
+/// Rank 0's outcome must be a timeout naming `missing`, within the deadline.
+fn expect_root_timeout(handle: thread::JoinHandle<(Outcome, Duration)>, missing: &[u32]) -> String {
+    let (outcome, took) = handle.join().unwrap();
+    let err = outcome.unwrap_err();
+    match &err {
+        BootstrapError::Timeout {
+            rank: 0,
+            missing: got,
+            ..
+        } => assert_eq!(got, missing, "{err}"),
+        other => panic!("expected a rank-0 timeout, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    err.to_string()
+}
+
+fn expect_refused(bytes: &[u8], needle: &str) {
+    let options = ExchangeOptions {
+        timeout: Duration::from_secs(1),
+        io_timeout: Duration::from_millis(500),
+        ..quick()
+    };
+    let (port, handle) = root(2, options);
+    let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    fake.write_all(bytes).unwrap();
+    let reason = reject_reason(&mut fake);
+    assert!(reason.contains(needle), "{reason}");
+    let shown = expect_root_timeout(handle, &[1]);
+    assert!(shown.contains(needle), "{shown}");
+}
+
+#[test]
+fn foreign_bytes_are_refused() {
+    expect_refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad magic");
+}
+
+#[test]
+fn wrong_version_is_refused() {
+    let mut bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
+    bytes[4] = 9;
+    expect_refused(&bytes, "version 9");
+}
+
+#[test]
+fn oversized_length_prefix_is_refused_without_allocating() {
+    let mut bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"");
+    bytes[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    expect_refused(&bytes, "exceeds the limit");
+    let mut bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"");
+    bytes[24..28].copy_from_slice(&(64 * 1024 + 1u32).to_le_bytes());
+    expect_refused(&bytes, "65537");
+}
+
+#[test]
+fn malformed_frames_are_refused() {
+    let mut reserved = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
+    reserved[7] = 1;
+    let mut kind = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
+    kind[6] = 77;
+    let cases = [
+        (reserved, "reserved"),
+        (kind, "unknown frame kind 77"),
+        (
+            frame(FrameKind::Table, 0x5eed, 1, 2, b""),
+            "expected a Hello",
+        ),
+        (frame(FrameKind::Hello, 0x5eed, 2, 2, b""), "out of range"),
+        (frame(FrameKind::Hello, 0x5eed, 1, 3, b""), "world size 3"),
+    ];
+    let handles: Vec<_> = cases
+        .into_iter()
+        .map(|(bytes, needle)| thread::spawn(move || expect_refused(&bytes, needle)))
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Session>();
+    check::<BootstrapError>();
+    check::<ClusterConfig>();
+    check::<ExchangeOptions>();
+}
+
+#[test]
+fn wrong_job_id_is_rejected_and_root_keeps_waiting() {
+    let (port, handle) = root(2, quick());
+    let stale = ExchangeOptions {
+        job_id: 0xdead,
+        ..quick()
+    };
+    let err = exchange_at(at(port), 1, 2, b"stale", &stale).unwrap_err();
+    match &err {
+        BootstrapError::Rejected {
+            rank: 1, reason, ..
+        } => {
+            assert!(reason.contains("job id 0xdead"), "{reason}")
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    let shown = expect_root_timeout(handle, &[1]);
+    assert!(shown.contains("job id"), "{shown}");
+}
+
+#[test]
+fn stalled_peer_times_out_naming_missing_ranks() {
+    let (port, handle) = root(4, quick());
+    // Rank 2 is real; a silent client takes a socket; ranks 1 and 3 never come.
+    let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // The real rank waits longer than rank 0, so it hears rank 0's verdict.
+    let real = thread::spawn(move || exchange_at(at(port), 2, 4, b"two", &quick_long()));
+    let shown = expect_root_timeout(handle, &[1, 3]);
+    assert!(shown.contains("[1, 3]"), "{shown}");
+    // Rank 0 tells the rank that did join why the exchange failed.
+    let err = real.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::Rejected { reason, .. } if reason.contains("[1, 3]")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn stalled_socket_does_not_block_real_peers() {
+    let (port, handle) = root(2, quick_long());
+    let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut half = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    half.write_all(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"x")[..10])
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    let (_, blobs) = exchange_at(at(port), 1, 2, b"one", &quick_long()).unwrap();
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    let (outcome, took) = handle.join().unwrap();
+    outcome.unwrap();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn peer_disconnecting_mid_frame_is_refused() {
+    let (port, handle) = root(2, quick());
+    {
+        let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"payload");
+        fake.write_all(&bytes[..HEADER_LEN + 2]).unwrap();
+    }
+    let shown = expect_root_timeout(handle, &[1]);
+    assert!(shown.contains("closed the connection"), "{shown}");
+}
+
+#[test]
+fn peer_disconnecting_after_hello_becomes_missing_again() {
+    let (port, handle) = root(3, quick());
+    {
+        let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        fake.write_all(&frame(FrameKind::Hello, 0x5eed, 2, 3, b"two"))
+            .unwrap();
+        thread::sleep(Duration::from_millis(100));
+    }
+    // Give rank 0 time to notice before the last real rank arrives.
+    thread::sleep(Duration::from_millis(400));
+    let real = thread::spawn(move || exchange_at(at(port), 1, 3, b"one", &quick_long()));
+    let shown = expect_root_timeout(handle, &[2]);
+    assert!(shown.contains("lost rank 2"), "{shown}");
+    let err = real.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::Rejected { reason, .. } if reason.contains("[2]")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn duplicate_rank_is_rejected_and_first_claim_kept() {
+    let (port, handle) = root(3, quick_long());
+    let hello = frame(FrameKind::Hello, 0x5eed, 1, 3, b"first");
+    let mut first = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    first.write_all(&hello).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    let mut second = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    second
+        .write_all(&frame(FrameKind::Hello, 0x5eed, 1, 3, b"second"))
+        .unwrap();
+    let reason = reject_reason(&mut second);
+    assert!(reason.contains("already joined"), "{reason}");
+    let (_, blobs) = exchange_at(at(port), 2, 3, b"two", &quick_long()).unwrap();
+    assert_eq!(blobs[1], b"first");
+    let (header, payload) = read_frame(&mut first).unwrap();
+    assert_eq!(header.kind, FrameKind::Table);
+    assert_eq!(
+        wire::decode_table(&payload, 64).unwrap(),
+        vec![b"root".to_vec(), b"first".to_vec(), b"two".to_vec()]
+    );
+    handle.join().unwrap().0.unwrap();
+}
+
+#[test]
+fn allgather_times_out_naming_the_silent_rank() {
+    let sessions = assert_full_exchange(3);
+    let mut sessions = sessions.into_iter();
+    let mut zero = sessions.next().unwrap();
+    let mut one = sessions.next().unwrap();
+    let _silent_two = sessions.next().unwrap();
+    zero.set_timeout(Duration::from_secs(2));
+    // Rank 1 outwaits rank 0, so it hears rank 0's verdict.
+    one.set_timeout(Duration::from_secs(6));
+    assert_eq!(zero.options().timeout, Duration::from_secs(2));
+    let peer = thread::spawn(move || one.allgather(b"ready"));
+    let start = Instant::now();
+    let err = zero.allgather(b"ready").unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::Timeout { rank: 0, missing, .. } if missing == &vec![2]),
+        "{err:?}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(matches!(
+        zero.allgather(b"again").unwrap_err(),
+        BootstrapError::Poisoned { rank: 0 }
+    ));
+    let err = peer.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::Rejected { rank: 1, .. }),
+        "{err:?}"
+    );
+}
+
+// ---- a misbehaving rank 0 against a real peer ----
+
+/// A fake rank 0 that reads the hello and then runs `act` on the connection.
+fn fake_root(
+    act: impl FnOnce(&mut TcpStream, Header) + Send + 'static,
+) -> (u16, thread::JoinHandle<()>) {
+    let (listener, port) = listener();
+    let handle = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let (header, _) = read_frame(&mut stream).unwrap();
+        assert_eq!(header.kind, FrameKind::Hello);
+        act(&mut stream, header);
+    });
+    (port, handle)
+}
+
+fn peer_error(port: u16) -> (BootstrapError, Duration) {
+    let start = Instant::now();
+    let err = exchange_at(at(port), 1, 2, b"one", &quick()).unwrap_err();
+    (err, start.elapsed())
+}
+
+#[test]
+fn root_disconnecting_mid_exchange() {
+    let (port, fake) = fake_root(|_, _| {});
+    let (err, took) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Disconnected {
+                rank: 1,
+                peer: Some(0),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+#[test]
+fn root_sending_garbage() {
+    let (port, fake) = fake_root(|stream, _| {
+        stream.write_all(&[0xab; 64]).unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Protocol {
+                source: WireError::BadMagic { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn root_announcing_a_huge_table() {
+    let (port, fake) = fake_root(|stream, header| {
+        let mut head = wire::Header {
+            kind: FrameKind::Table,
+            payload_len: u32::MAX,
+            sender: 0,
+            ..header
+        }
+        .encode();
+        head[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        stream.write_all(&head).unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Protocol {
+                source: WireError::PayloadTooLarge { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn root_not_echoing_our_blob() {
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[b"root".as_slice(), b"forged"]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("echo")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn root_with_wrong_table_size_or_job() {
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[b"root".as_slice()]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("1 entries")),
+        "{err:?}"
+    );
+    let (port, fake) = fake_root(|stream, _| {
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, 1, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(matches!(&err, BootstrapError::Unexpected { .. }), "{err:?}");
+}
+
+#[test]
+fn root_that_never_answers() {
+    let (port, fake) = fake_root(|_, _| thread::sleep(Duration::from_secs(3)));
+    let (err, took) = peer_error(port);
+    assert!(
+        matches!(&err, BootstrapError::Timeout { rank: 1, missing, .. } if missing == &vec![0]),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    fake.join().unwrap();
+}
+
+#[test]
+fn no_rendezvous_at_all() {
+    let port = listener().1;
+    let (err, took) = peer_error(port);
+    assert!(
+        matches!(&err, BootstrapError::Connect { rank: 1, addr, .. } if addr == &format!("127.0.0.1:{port}")),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}

@@ -1,0 +1,226 @@
+//! Doorbell batches: many work requests, one post.
+
+use core::fmt;
+
+use super::{as_gather, Channel, ChannelError};
+use crate::poll::Backoff;
+use crate::provider::Provider;
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
+
+/// Names the requests of one post, to wait for them with [`Channel::wait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "wait for the ticket before reusing the buffers"]
+pub struct Ticket {
+    pub(super) first_seq: u64,
+    pub(super) last_seq: u64,
+}
+
+impl Ticket {
+    /// Number of requests in the post.
+    pub fn len(&self) -> u64 {
+        self.last_seq - self.first_seq + 1
+    }
+
+    /// Always false: an empty post has no ticket.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Work requests collected for one post (one doorbell). Nothing is posted until
+/// [`Batch::submit_and_wait`] or [`Batch::submit`]; dropping the batch discards it.
+///
+/// The batch borrows the channel mutably, so no other post can slip in between, and it
+/// cannot outlive that borrow:
+///
+/// ```compile_fail
+/// # use rverbs_core::channel::Channel;
+/// # use rverbs_core::provider::soft::SoftEnd;
+/// fn f(chan: &mut Channel<SoftEnd<'_>>) {
+///     let batch = chan.batch();
+///     chan.poll().unwrap(); // error: `chan` is still borrowed by `batch`
+///     batch.submit_and_wait().unwrap();
+/// }
+/// ```
+#[must_use = "a batch posts nothing until it is submitted"]
+pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
+    chan: &'c mut Channel<P, B, R>,
+    wrs: heapless::Vec<WorkRequest<'b>, MAX_BATCH>,
+}
+
+impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch").field("wrs", &self.wrs).finish()
+    }
+}
+
+impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
+    pub(super) fn new(chan: &'c mut Channel<P, B, R>) -> Self {
+        Self {
+            chan,
+            wrs: heapless::Vec::new(),
+        }
+    }
+
+    fn push(
+        &mut self,
+        opcode: Opcode,
+        flags: SendFlags,
+        sges: &'b [Sge<'b>],
+        remote: RemoteMemory,
+    ) -> Result<&mut Self, ChannelError> {
+        self.chan
+            .check_sges(sges.len(), self.chan.caps.max_send_sge)?;
+        if self.wrs.len() >= self.chan.max_post {
+            return Err(ChannelError::BatchFull {
+                max: self.chan.max_post,
+            });
+        }
+        let wr = WorkRequest {
+            wr_id: 0,
+            opcode,
+            flags,
+            sges,
+            remote,
+        };
+        self.wrs
+            .push(wr)
+            .map_err(|_| ChannelError::BatchFull { max: MAX_BATCH })?;
+        Ok(self)
+    }
+
+    /// Adds a send.
+    pub fn send(&mut self, sges: &'b [Sge<'b>]) -> Result<&mut Self, ChannelError> {
+        self.push(
+            Opcode::Send,
+            SendFlags::empty(),
+            sges,
+            RemoteMemory::default(),
+        )
+    }
+
+    /// Adds a send with immediate.
+    pub fn send_imm(&mut self, sges: &'b [Sge<'b>], imm: u32) -> Result<&mut Self, ChannelError> {
+        self.push(
+            Opcode::SendImm(imm),
+            SendFlags::empty(),
+            sges,
+            RemoteMemory::default(),
+        )
+    }
+
+    /// Adds an RDMA write.
+    pub fn write(
+        &mut self,
+        sges: &'b [Sge<'b>],
+        remote: RemoteMemory,
+    ) -> Result<&mut Self, ChannelError> {
+        self.push(Opcode::Write, SendFlags::empty(), sges, remote)
+    }
+
+    /// Adds an RDMA write with immediate.
+    pub fn write_imm(
+        &mut self,
+        sges: &'b [Sge<'b>],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<&mut Self, ChannelError> {
+        self.push(Opcode::WriteImm(imm), SendFlags::empty(), sges, remote)
+    }
+
+    /// Adds an RDMA read into `sges`.
+    pub fn read(
+        &mut self,
+        sges: &'b mut [SgeMut<'b>],
+        remote: RemoteMemory,
+    ) -> Result<&mut Self, ChannelError> {
+        self.push(Opcode::Read, SendFlags::empty(), as_gather(sges), remote)
+    }
+
+    /// Adds an inline send of `data` (its single entry lives in `slot`, which must outlive
+    /// the batch: inline entries carry no lkey).
+    pub fn send_inline(
+        &mut self,
+        slot: &'b mut [Sge<'b>; 1],
+        data: &'b [u8],
+    ) -> Result<&mut Self, ChannelError> {
+        slot[0] = self.chan.inline_sge(data)?;
+        self.push(
+            Opcode::Send,
+            SendFlags::INLINE,
+            &slot[..],
+            RemoteMemory::default(),
+        )
+    }
+
+    /// Adds an inline RDMA write of `data`.
+    pub fn write_inline(
+        &mut self,
+        slot: &'b mut [Sge<'b>; 1],
+        data: &'b [u8],
+        remote: RemoteMemory,
+    ) -> Result<&mut Self, ChannelError> {
+        slot[0] = self.chan.inline_sge(data)?;
+        self.push(Opcode::Write, SendFlags::INLINE, &slot[..], remote)
+    }
+
+    fn last_flags(&mut self, f: SendFlags) -> &mut Self {
+        if let Some(w) = self.wrs.last_mut() {
+            w.flags |= f;
+        }
+        self
+    }
+
+    /// Fences the last added request: it starts only after earlier reads on the QP finished.
+    pub fn fence(&mut self) -> &mut Self {
+        self.last_flags(SendFlags::FENCE)
+    }
+
+    /// Marks the last added request solicited.
+    pub fn solicited(&mut self) -> &mut Self {
+        self.last_flags(SendFlags::SOLICITED)
+    }
+
+    /// Asks for a completion of the last added request even if it is not a k-th one.
+    pub fn signaled(&mut self) -> &mut Self {
+        self.last_flags(SendFlags::SIGNALED)
+    }
+
+    /// Requests collected so far.
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// Posts the batch with one doorbell and waits until all of it completed.
+    /// Does not allocate.
+    pub fn submit_and_wait(mut self) -> Result<(), ChannelError> {
+        if self.wrs.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait
+        // for the batch (or its flush) before returning.
+        let t = unsafe { self.chan.post_send_wrs(&mut self.wrs) }?;
+        self.chan.wait(t)
+    }
+
+    /// Posts the batch with one doorbell and returns without waiting. `None` for an empty
+    /// batch. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the buffers must stay valid and
+    /// untouched until [`Channel::wait`] returned for the ticket (or a later one), even though
+    /// the borrow checker forgets them when this call returns.
+    pub unsafe fn submit(mut self) -> Result<Option<Ticket>, ChannelError> {
+        if self.wrs.is_empty() {
+            return Ok(None);
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { self.chan.post_send_wrs(&mut self.wrs) }.map(Some)
+    }
+}

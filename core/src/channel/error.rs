@@ -1,0 +1,101 @@
+//! Errors of channel operations.
+
+use core::fmt;
+
+use crate::completion::WcStatus;
+use crate::provider::ProviderError;
+
+/// A work request that completed with an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WrFailure {
+    /// The request's id (its sequence number on the channel; receives have the top bit set).
+    pub wr_id: u64,
+    /// The completion status.
+    pub status: WcStatus,
+    /// The vendor error syndrome.
+    pub vendor_err: u32,
+}
+
+impl fmt::Display for WrFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "work request {:#x} failed: {} (vendor error {:#x})",
+            self.wr_id, self.status, self.vendor_err
+        )
+    }
+}
+
+/// Why a channel operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChannelError {
+    /// A work request of this operation completed with an error; the channel is now broken.
+    Failed(WrFailure),
+    /// The channel broke earlier (this is the first failure); reconnect to recover.
+    Broken(WrFailure),
+    /// The device refused a post (`errno`; ENOMEM means a queue was full).
+    Post {
+        /// The errno.
+        errno: i32,
+    },
+    /// Polling a completion queue failed.
+    Provider(ProviderError),
+    /// More scatter/gather entries than the queue pair allows.
+    TooManySges {
+        /// The limit.
+        max: u32,
+        /// Entries given.
+        got: usize,
+    },
+    /// An inline payload larger than the queue pair allows.
+    InlineTooLarge {
+        /// The limit in bytes.
+        max: u32,
+        /// Bytes given.
+        got: usize,
+    },
+    /// The batch already holds as many requests as one post allows.
+    BatchFull {
+        /// The limit.
+        max: usize,
+    },
+    /// More receives outstanding than the receive queue (or slot table) holds.
+    RecvQueueFull,
+    /// A wait passed its deadline. Outstanding requests were flushed and the channel is broken.
+    TimedOut,
+}
+
+impl fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed(w) => write!(f, "{w}"),
+            Self::Broken(w) => write!(f, "channel is broken by an earlier failure: {w}"),
+            Self::Post { errno } => write!(f, "the device refused the post (errno {errno})"),
+            Self::Provider(e) => write!(f, "{e}"),
+            Self::TooManySges { max, got } => {
+                write!(
+                    f,
+                    "{got} scatter/gather entries, the queue pair allows {max}"
+                )
+            }
+            Self::InlineTooLarge { max, got } => {
+                write!(
+                    f,
+                    "inline payload of {got} bytes, the queue pair allows {max}"
+                )
+            }
+            Self::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
+            Self::RecvQueueFull => f.write_str("the receive queue is full"),
+            Self::TimedOut => f.write_str("timed out; outstanding work was flushed"),
+        }
+    }
+}
+
+impl core::error::Error for ChannelError {}
+
+impl From<ProviderError> for ChannelError {
+    fn from(e: ProviderError) -> Self {
+        Self::Provider(e)
+    }
+}

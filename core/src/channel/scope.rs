@@ -1,0 +1,202 @@
+//! Scoped posting: post now, wait later, and never hand a buffer back early.
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use super::{as_gather, Batch, Channel, ChannelError, RecvInfo, Ticket};
+use crate::poll::Backoff;
+use crate::provider::Provider;
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+use crate::wr::{Opcode, SendFlags};
+
+/// Send requests posted in a [`Scope`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending(Ticket);
+
+/// A receive posted in a [`Scope`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingRecv(u64);
+
+/// Posting inside [`Channel::scope`]. Buffers are borrowed for `'env`, which outlives the
+/// scope, so they stay untouchable until the scope has polled everything it posted:
+///
+/// ```compile_fail
+/// # use rverbs_core::channel::Channel;
+/// # use rverbs_core::provider::soft::SoftEnd;
+/// # use rverbs_core::sge::{RemoteMemory, Sge};
+/// fn f(chan: &mut Channel<SoftEnd<'_>>, buf: &mut [u8], sges: &[Sge<'_>], remote: RemoteMemory) {
+///     chan.scope(|s| {
+///         let p = s.write(sges, remote).unwrap();
+///         buf[0] = 1;
+///         s.wait(p).unwrap();
+///     }).unwrap();
+/// }
+/// ```
+///
+/// (That one fails for a simpler reason too; the real guarantee is that `sges` borrows the
+/// memory region for `'env`, so `mr.as_mut_slice()` cannot be called inside the scope.)
+pub struct Scope<'s, 'env, P: Provider, B: Backoff, const R: usize> {
+    chan: &'s mut Channel<P, B, R>,
+    _env: PhantomData<&'s mut &'env ()>,
+}
+
+impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Scope<'_, '_, P, B, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("outstanding_sends", &self.chan.outstanding_sends())
+            .field("outstanding_recvs", &self.chan.outstanding_recvs())
+            .finish()
+    }
+}
+
+/// Drains the channel when the scope ends, also when the closure panics.
+struct DrainOnDrop<'a, P: Provider, B: Backoff, const R: usize>(&'a mut Channel<P, B, R>);
+
+impl<P: Provider, B: Backoff, const R: usize> Drop for DrainOnDrop<'_, P, B, R> {
+    fn drop(&mut self) {
+        let c = &mut *self.0;
+        while !c.all_done() {
+            if c.poll().is_err() {
+                // The CQ itself failed: flush the QP so nothing touches the buffers later,
+                // then stop (there is no completion left to wait for that we could see).
+                let _ = c.p.set_error();
+                break;
+            }
+            c.backoff.snooze();
+        }
+    }
+}
+
+impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
+    /// Runs `f` with a [`Scope`] for posting requests whose buffers live at least as long as
+    /// the call, then polls until everything posted in it completed (also if `f` panics).
+    /// Returns `f`'s result, or the first failure of the scope's requests. Does not allocate.
+    ///
+    /// A scope waits for every receive it posted: post receives in a scope only when the
+    /// peer will send.
+    pub fn scope<'env, T, F>(&mut self, f: F) -> Result<T, ChannelError>
+    where
+        F: for<'s> FnOnce(&mut Scope<'s, 'env, P, B, R>) -> T,
+    {
+        let already_broken = self.broken;
+        let guard = DrainOnDrop(self);
+        let mut scope = Scope {
+            chan: &mut *guard.0,
+            _env: PhantomData,
+        };
+        let out = f(&mut scope);
+        let chan = &mut *guard.0;
+        let r = chan.wait_until(Channel::all_done, None);
+        drop(guard);
+        r?;
+        let chan_broken = self.broken;
+        match chan_broken {
+            Some(_) if chan_broken != already_broken => {
+                Err(self.failure().unwrap_or(ChannelError::TimedOut))
+            }
+            _ => Ok(out),
+        }
+    }
+}
+
+impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
+    fn one(
+        &mut self,
+        opcode: Opcode,
+        sges: &'env [Sge<'env>],
+        remote: RemoteMemory,
+    ) -> Result<Pending, ChannelError> {
+        self.chan
+            .check_sges(sges.len(), self.chan.caps.max_send_sge)?;
+        let mut wr = [crate::wr::WorkRequest {
+            wr_id: 0,
+            opcode,
+            flags: SendFlags::empty(),
+            sges,
+            remote,
+        }];
+        // SAFETY: the buffers are borrowed for 'env, which outlives the scope, and the scope
+        // polls this request to completion before it returns.
+        unsafe { self.chan.post_send_wrs(&mut wr) }.map(Pending)
+    }
+
+    /// Posts a send.
+    pub fn send(&mut self, sges: &'env [Sge<'env>]) -> Result<Pending, ChannelError> {
+        self.one(Opcode::Send, sges, RemoteMemory::default())
+    }
+
+    /// Posts a send with immediate.
+    pub fn send_imm(&mut self, sges: &'env [Sge<'env>], imm: u32) -> Result<Pending, ChannelError> {
+        self.one(Opcode::SendImm(imm), sges, RemoteMemory::default())
+    }
+
+    /// Posts an RDMA write.
+    pub fn write(
+        &mut self,
+        sges: &'env [Sge<'env>],
+        remote: RemoteMemory,
+    ) -> Result<Pending, ChannelError> {
+        self.one(Opcode::Write, sges, remote)
+    }
+
+    /// Posts an RDMA write with immediate.
+    pub fn write_imm(
+        &mut self,
+        sges: &'env [Sge<'env>],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<Pending, ChannelError> {
+        self.one(Opcode::WriteImm(imm), sges, remote)
+    }
+
+    /// Posts an RDMA read.
+    pub fn read(
+        &mut self,
+        sges: &'env mut [SgeMut<'env>],
+        remote: RemoteMemory,
+    ) -> Result<Pending, ChannelError> {
+        self.one(Opcode::Read, as_gather(sges), remote)
+    }
+
+    /// Posts a receive.
+    pub fn recv(&mut self, sges: &'env mut [SgeMut<'env>]) -> Result<PendingRecv, ChannelError> {
+        // SAFETY: as in `one`: 'env outlives the scope, which polls the receive.
+        unsafe { self.chan.post_recv_sges(as_gather(sges)) }.map(PendingRecv)
+    }
+
+    /// Posts a batch built by `build` with one doorbell.
+    pub fn batch<E>(
+        &mut self,
+        build: impl FnOnce(&mut Batch<'_, 'env, P, B, R>) -> Result<(), E>,
+    ) -> Result<Option<Pending>, E>
+    where
+        E: From<ChannelError>,
+    {
+        let mut b = Batch::new(self.chan);
+        build(&mut b)?;
+        // SAFETY: the batch's buffers are borrowed for 'env, and the scope polls them.
+        let t = unsafe { b.submit() }?;
+        Ok(t.map(Pending))
+    }
+
+    /// Waits for `p`. Does not allocate.
+    pub fn wait(&mut self, p: Pending) -> Result<(), ChannelError> {
+        self.chan.wait(p.0)
+    }
+
+    /// Waits for a receive and returns what it delivered. Does not allocate.
+    pub fn wait_recv(&mut self, p: PendingRecv) -> Result<RecvInfo, ChannelError> {
+        self.chan.wait_recv_seq(p.0, None)
+    }
+
+    /// Whether `p` completed (polls once).
+    pub fn is_done(&mut self, p: Pending) -> Result<bool, ChannelError> {
+        self.chan.poll()?;
+        Ok(self.chan.done_seq > p.0.last_seq)
+    }
+
+    /// Polls once.
+    pub fn poll(&mut self) -> Result<usize, ChannelError> {
+        self.chan.poll()
+    }
+}

@@ -1,0 +1,66 @@
+//! The provider seam: the few verbs the engine needs, behind one trait.
+//!
+//! [`crate::channel::Channel`] and everything above it are written against [`Provider`], not
+//! against libibverbs. Two implementations exist:
+//! - [`verbs`] (feature `verbs`): a real RC queue pair with its own send and receive CQs;
+//! - [`soft`]: a deterministic in-memory model of an RC connection, so the engine builds
+//!   and is tested without a device, under `no_std`, Miri and fuzzers. It never stands in for
+//!   a device in a test that claims to test the data path.
+
+use core::fmt;
+
+use crate::completion::Completion;
+use crate::params::QpCaps;
+use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+
+pub mod soft;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
+/// A failure of a provider call other than a post (polling, state changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderError {
+    /// The operation that failed (`"ibv_poll_cq"`, ...).
+    pub op: &'static str,
+    /// Its errno.
+    pub errno: i32,
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed with errno {}", self.op, self.errno)
+    }
+}
+
+impl core::error::Error for ProviderError {}
+
+/// One connected RC queue pair with a send and a receive completion queue.
+///
+/// Completions must be reported in posting order per queue (RC guarantees it), and a send
+/// error must move the queue pair to the error state, flushing everything after it.
+pub trait Provider {
+    /// What the queue pair can hold.
+    fn caps(&self) -> QpCaps;
+
+    /// Posts the requests as one chain (one doorbell). At most
+    /// [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract).
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure>;
+
+    /// Posts receives as one chain. At most [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract).
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure>;
+
+    /// Polls send completions into `out`; returns how many.
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
+
+    /// Polls receive completions into `out`; returns how many.
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
+
+    /// Moves the queue pair to the error state: every outstanding request completes, flushed.
+    fn set_error(&mut self) -> Result<(), ProviderError>;
+}

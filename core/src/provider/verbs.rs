@@ -1,0 +1,104 @@
+//! The real provider: an RC [`Qp`] with its own send and receive completion queues.
+
+use crate::completion::Completion;
+use crate::params::QpCaps;
+use crate::provider::{Provider, ProviderError};
+use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, VerbsError};
+use crate::wire::Endpoint;
+use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+
+/// A queue pair of a [`VerbsProvider`] waiting for its peer's endpoint.
+#[derive(Debug)]
+pub struct PreparedVerbs {
+    qp: PreparedQp,
+}
+
+impl PreparedVerbs {
+    /// Creates a queue pair with a send CQ and a receive CQ sized to its queues.
+    pub fn new(ctx: &Context, pd: &Pd, cfg: &QpConfig) -> Result<Self, VerbsError> {
+        let send_cq = ctx.create_cq(cfg.max_send_wr)?;
+        let recv_cq = ctx.create_cq(cfg.max_recv_wr)?;
+        Ok(Self {
+            qp: pd.create_rc_qp(&send_cq, &recv_cq, cfg)?,
+        })
+    }
+
+    /// What the peer needs.
+    pub fn endpoint(&self) -> Endpoint {
+        self.qp.endpoint()
+    }
+
+    /// Connects to the peer.
+    pub fn handshake(self, remote: &Endpoint) -> Result<VerbsProvider, VerbsError> {
+        Ok(VerbsProvider {
+            qp: self.qp.handshake(remote)?,
+        })
+    }
+}
+
+/// A connected RC queue pair as a [`Provider`].
+#[derive(Debug)]
+pub struct VerbsProvider {
+    qp: Qp,
+}
+
+impl VerbsProvider {
+    /// Wraps a connected queue pair. Its send and receive CQs must not be shared with other
+    /// queue pairs (the engine routes completions by queue, not by QP number).
+    pub fn from_qp(qp: Qp) -> Self {
+        Self { qp }
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &Qp {
+        &self.qp
+    }
+
+    /// The completion queue polled for sends.
+    pub fn send_cq(&self) -> &Cq {
+        self.qp.send_cq()
+    }
+}
+
+fn poll_err(e: VerbsError) -> ProviderError {
+    ProviderError {
+        op: "ibv_poll_cq",
+        errno: e.errno().unwrap_or(5),
+    }
+}
+
+impl Provider for VerbsProvider {
+    #[inline]
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
+    }
+
+    #[inline]
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the caller upholds the posting contract.
+        unsafe { self.qp.post_send(wrs) }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the caller upholds the posting contract.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+
+    #[inline]
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.qp.send_cq().poll(out).map_err(poll_err)
+    }
+
+    #[inline]
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.qp.recv_cq().poll(out).map_err(poll_err)
+    }
+
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp.set_error().map_err(|e| ProviderError {
+            op: "ibv_modify_qp(ERR)",
+            errno: e.errno().unwrap_or(5),
+        })
+    }
+}
