@@ -58,3 +58,32 @@ pub fn poll_n(cq: &Cq, n: usize, timeout: Duration) -> Vec<Completion> {
     }
     out
 }
+
+use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
+use rverbs_core::verbs::{Pd, QpConfig};
+use rverbs_core::wire::Endpoint;
+
+/// Two channels on the test device connected to each other (a loopback pair), with the
+/// endpoints passed through their wire encoding as they would be between hosts.
+pub fn channel_pair(
+    ctx: &Context,
+    pd: &Pd,
+    qp: &QpConfig,
+    cfg: ChannelConfig,
+) -> (Channel<VerbsProvider>, Channel<VerbsProvider>) {
+    let a = PreparedVerbs::new(ctx, pd, qp).expect("create QP a");
+    let b = PreparedVerbs::new(ctx, pd, qp).expect("create QP b");
+    let ea = Endpoint::decode(&a.endpoint().encode()).unwrap();
+    let eb = Endpoint::decode(&b.endpoint().encode()).unwrap();
+    let a = a.handshake(&eb).expect("connect a");
+    let b = b.handshake(&ea).expect("connect b");
+    (Channel::new(a, cfg), Channel::new(b, cfg))
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}

@@ -1,0 +1,259 @@
+//! Every Channel operation on a real device, bytes checked on the receiving side.
+#![allow(clippy::std_instead_of_core)] // test code
+
+mod support;
+
+use rverbs_core::channel::{ChannelConfig, ChannelError};
+use rverbs_core::completion::WcStatus;
+use rverbs_core::sge::RemoteMemory;
+use rverbs_core::verbs::{AccessFlags, QpConfig};
+
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+macro_rules! setup {
+    ($name:expr) => {{
+        let Some(ctx) = support::open($name) else {
+            return;
+        };
+        let pd = ctx.alloc_pd().unwrap();
+        (ctx, pd)
+    }};
+}
+
+#[test]
+fn send_recv_multi_sge_and_immediates() {
+    let (ctx, pd) = setup!("send_recv_multi_sge_and_immediates");
+    let (mut a, mut b) =
+        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let mut src = support::pattern(300, 1);
+    let expected = src.clone();
+    let mut dst = vec![0u8; 512];
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut dst_mr = pd.register(&mut dst, AccessFlags::LOCAL_WRITE).unwrap();
+    // Three gather entries on the sender, two scatter entries on the receiver.
+    let gather = [
+        src_mr.sge(0..100).unwrap(),
+        src_mr.sge(100..250).unwrap(),
+        src_mr.sge(250..300).unwrap(),
+    ];
+    {
+        let mut parts = dst_mr.chunks_mut(256);
+        let mut scatter = [parts.next().unwrap(), parts.next().unwrap()];
+        let info = b
+            .scope(|s| {
+                let r = s.recv(&mut scatter).unwrap();
+                a.send_imm(&gather, 0xfeed_beef).unwrap();
+                s.wait_recv(r).unwrap()
+            })
+            .unwrap();
+        assert_eq!(info.byte_len, 300);
+        assert_eq!(info.imm, Some(0xfeed_beef));
+    }
+    assert_eq!(&dst_mr.as_slice()[..300], &expected[..]);
+
+    // A plain send carries no immediate.
+    {
+        let mut scatter = [dst_mr.sge_mut(0..512).unwrap()];
+        let info = b
+            .scope(|s| {
+                let r = s.recv(&mut scatter).unwrap();
+                a.send(&gather[..1]).unwrap();
+                s.wait_recv(r).unwrap()
+            })
+            .unwrap();
+        assert_eq!(
+            info,
+            rverbs_core::channel::RecvInfo {
+                byte_len: 100,
+                imm: None
+            }
+        );
+    }
+}
+
+#[test]
+fn write_read_and_write_with_immediate() {
+    let (ctx, pd) = setup!("write_read_and_write_with_immediate");
+    let (mut a, mut b) =
+        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let mut local = support::pattern(8192, 7);
+    let expected = local.clone();
+    let mut remote_buf = vec![0u8; 8192];
+    let mut back = vec![0u8; 8192];
+    let local_mr = pd.register(&mut local, AccessFlags::LOCAL_WRITE).unwrap();
+    let remote_mr = pd.register_shared(&mut remote_buf, RW).unwrap();
+    let mut back_mr = pd.register(&mut back, AccessFlags::LOCAL_WRITE).unwrap();
+    let remote = remote_mr.remote();
+
+    a.write(&[local_mr.sge(0..8192).unwrap()], remote).unwrap();
+    let mut got = vec![0u8; 8192];
+    remote_mr.read_into(0, &mut got);
+    assert_eq!(got, expected);
+
+    a.read(&mut [back_mr.sge_mut(0..8192).unwrap()], remote)
+        .unwrap();
+    assert_eq!(back_mr.as_slice(), &expected[..]);
+
+    // Write with immediate: the bytes land and the peer's receive reports the immediate.
+    let mut rbuf = vec![0u8; 16];
+    let mut rmr = pd.register(&mut rbuf, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut scatter = [rmr.sge_mut(0..16).unwrap()];
+    let part = remote.slice(4096, 64).unwrap();
+    let info = b
+        .scope(|s| {
+            let r = s.recv(&mut scatter).unwrap();
+            a.write_imm(&[local_mr.sge(0..64).unwrap()], part, 77)
+                .unwrap();
+            s.wait_recv(r).unwrap()
+        })
+        .unwrap();
+    assert_eq!(info.imm, Some(77));
+    assert_eq!(info.byte_len, 64);
+    let mut got = [0u8; 64];
+    remote_mr.read_into(4096, &mut got);
+    assert_eq!(&got[..], &expected[..64]);
+}
+
+#[test]
+fn batch_of_32_writes_in_one_post() {
+    let (ctx, pd) = setup!("batch_of_32_writes_in_one_post");
+    let (mut a, _b) =
+        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let mut src = support::pattern(32 * 128, 3);
+    let expected = src.clone();
+    let mut dst = vec![0u8; 32 * 128];
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let sges: Vec<[_; 1]> = (0..32)
+        .map(|i| [src_mr.sge(i * 128..(i + 1) * 128).unwrap()])
+        .collect();
+    let mut batch = a.batch();
+    for (i, s) in sges.iter().enumerate() {
+        // Reverse order on the remote side, so a mix-up would show.
+        let r = dst_mr.remote().slice(((31 - i) * 128) as u64, 128).unwrap();
+        batch.write(s, r).unwrap();
+    }
+    assert_eq!(batch.len(), 32);
+    batch.submit_and_wait().unwrap();
+    for i in 0..32 {
+        let mut got = [0u8; 128];
+        dst_mr.read_into((31 - i) * 128, &mut got);
+        assert_eq!(&got[..], &expected[i * 128..(i + 1) * 128], "chunk {i}");
+    }
+    assert_eq!(a.outstanding_sends(), 0);
+}
+
+#[test]
+fn inline_send_and_write() {
+    let (ctx, pd) = setup!("inline_send_and_write");
+    let (mut a, mut b) =
+        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let max = a.caps().max_inline_data as usize;
+    assert!(max >= 32, "device granted only {max} bytes of inline data");
+    let payload = support::pattern(32, 9); // not registered: inline needs no memory region
+    let mut dst = vec![0u8; 64];
+    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    a.write_inline(&payload, dst_mr.remote()).unwrap();
+    let mut got = [0u8; 32];
+    dst_mr.read_into(0, &mut got);
+    assert_eq!(&got[..], &payload[..]);
+
+    let mut rbuf = vec![0u8; 64];
+    let mut rmr = pd.register(&mut rbuf, AccessFlags::LOCAL_WRITE).unwrap();
+    {
+        let mut scatter = [rmr.sge_mut(0..64).unwrap()];
+        let info = b
+            .scope(|s| {
+                let r = s.recv(&mut scatter).unwrap();
+                a.send_inline(&payload[..20]).unwrap();
+                s.wait_recv(r).unwrap()
+            })
+            .unwrap();
+        assert_eq!(info.byte_len, 20);
+    }
+    assert_eq!(&rmr.as_slice()[..20], &payload[..20]);
+    let too_big = vec![0u8; max + 1];
+    assert!(matches!(
+        a.send_inline(&too_big),
+        Err(ChannelError::InlineTooLarge { .. })
+    ));
+}
+
+#[test]
+fn selective_signaling_over_ten_times_the_queue_depth() {
+    let (ctx, pd) = setup!("selective_signaling_over_ten_times_the_queue_depth");
+    let mut qp = QpConfig::default();
+    qp.max_send_wr = 32;
+    let mut cfg = ChannelConfig::default();
+    cfg.signal_every = 8;
+    let (mut a, _b) = support::channel_pair(&ctx, &pd, &qp, cfg);
+    let depth = a.caps().max_send_wr as usize;
+    let total = depth * 10 + 7;
+    let mut src = support::pattern(total * 8, 5);
+    let expected = src.clone();
+    let mut dst = vec![0u8; total * 8];
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let sges: Vec<[_; 1]> = (0..total)
+        .map(|i| [src_mr.sge(i * 8..i * 8 + 8).unwrap()])
+        .collect();
+    let per_post = a.max_post().min(12);
+    let mut posted = 0;
+    let mut max_outstanding = 0;
+    while posted < total {
+        let n = per_post.min(total - posted);
+        let mut batch = a.batch();
+        for i in posted..posted + n {
+            batch
+                .write(&sges[i], dst_mr.remote().slice((i * 8) as u64, 8).unwrap())
+                .unwrap();
+        }
+        // SAFETY: every buffer lives until wait_all below, and none is touched before it.
+        let _ticket = unsafe { batch.submit() }.unwrap();
+        posted += n;
+        max_outstanding = max_outstanding.max(a.outstanding_sends());
+        assert!(a.outstanding_sends() <= depth as u64, "send queue overrun");
+    }
+    a.wait_all().unwrap();
+    assert_eq!(a.outstanding_sends(), 0);
+    let mut got = vec![0u8; total * 8];
+    dst_mr.read_into(0, &mut got);
+    assert_eq!(got, expected);
+    eprintln!("{total} writes through a {depth}-deep send queue, signal every {}, at most {max_outstanding} outstanding", a.signal_every());
+}
+
+#[test]
+fn write_to_bad_rkey_fails_and_breaks_the_channel() {
+    let (ctx, pd) = setup!("write_to_bad_rkey_fails_and_breaks_the_channel");
+    let mut qp = QpConfig::default();
+    qp.retry_count = rverbs_core::params::RetryCount::new(1).unwrap();
+    let (mut a, _b) = support::channel_pair(&ctx, &pd, &qp, ChannelConfig::default());
+    let mut src = vec![1u8; 64];
+    let mut dst = vec![0u8; 64];
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let bad = RemoteMemory {
+        rkey: dst_mr.remote().rkey ^ 0x5a5a_0000,
+        ..dst_mr.remote()
+    };
+    let err = a.write(&[src_mr.sge(0..64).unwrap()], bad).unwrap_err();
+    match err {
+        ChannelError::Failed(w) => {
+            assert_eq!(w.status, WcStatus::RemoteAccess, "{w}");
+            eprintln!("bad rkey: {w}");
+        }
+        other => panic!("expected a failed completion, got {other:?}"),
+    }
+    let again = a
+        .write(&[src_mr.sge(0..64).unwrap()], dst_mr.remote())
+        .unwrap_err();
+    assert!(
+        matches!(again, ChannelError::Broken(w) if w.status == WcStatus::RemoteAccess),
+        "{again:?}"
+    );
+    let mut got = [9u8; 64];
+    dst_mr.read_into(0, &mut got);
+    assert_eq!(got, [0u8; 64], "nothing may land through a bad rkey");
+}

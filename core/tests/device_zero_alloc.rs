@@ -1,0 +1,120 @@
+//! Proof that the data path does not allocate: a counting global allocator watches 100,000
+//! mixed operations (blocking, scoped, batched) on a real device after connecting.
+#![allow(clippy::std_instead_of_core)] // test code
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::verbs::{AccessFlags, QpConfig};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn hundred_thousand_mixed_operations_allocate_nothing() {
+    let Some(ctx) = support::open("hundred_thousand_mixed_operations_allocate_nothing") else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut a, mut b) =
+        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let mut src = support::pattern(4096, 11);
+    let mut dst = vec![0u8; 4096];
+    let mut rbuf = vec![0u8; 4096];
+    let mut back = vec![0u8; 4096];
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd
+        .register_shared(
+            &mut dst,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let mut r_mr = pd.register(&mut rbuf, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut back_mr = pd.register(&mut back, AccessFlags::LOCAL_WRITE).unwrap();
+    let remote = dst_mr.remote();
+    let one = [src_mr.sge(0..64).unwrap()];
+    let eight: [[rverbs_core::sge::Sge<'_>; 1]; 8] =
+        core::array::from_fn(|i| [src_mr.sge(i * 64..(i + 1) * 64).unwrap()]);
+
+    const OPS: u64 = 100_000;
+    let before = ALLOCS.load(Ordering::SeqCst);
+    let mut ops = 0u64;
+    let mut round = 0u64;
+    while ops < OPS {
+        match round % 4 {
+            0 => {
+                a.write(&one, remote).unwrap();
+                ops += 1;
+            }
+            1 => {
+                let mut scatter = [r_mr.sge_mut(0..64).unwrap()];
+                let info = b
+                    .scope(|s| {
+                        let r = s.recv(&mut scatter).unwrap();
+                        a.send(&one).unwrap();
+                        s.wait_recv(r).unwrap()
+                    })
+                    .unwrap();
+                assert_eq!(info.byte_len, 64);
+                ops += 2;
+            }
+            2 => {
+                let mut batch = a.batch();
+                for (i, s) in eight.iter().enumerate() {
+                    batch
+                        .write(s, remote.slice((i * 64) as u64, 64).unwrap())
+                        .unwrap();
+                }
+                batch.submit_and_wait().unwrap();
+                ops += 8;
+            }
+            _ => {
+                a.read(&mut [back_mr.sge_mut(0..64).unwrap()], remote)
+                    .unwrap();
+                ops += 1;
+            }
+        }
+        round += 1;
+    }
+    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
+    eprintln!("{ops} operations in {round} rounds: {allocs} heap allocations");
+    assert_eq!(allocs, 0, "the data path allocated");
+    // The counter is live: an allocation now is seen.
+    let probe = std::hint::black_box(vec![1u8; 16]);
+    assert!(
+        ALLOCS.load(Ordering::SeqCst) > before + allocs,
+        "counting allocator is not installed"
+    );
+    drop(probe);
+    assert_eq!(&back_mr.as_slice()[..64], &src_mr.as_slice()[..64]);
+}
