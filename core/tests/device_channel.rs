@@ -205,9 +205,9 @@ fn selective_signaling_over_ten_times_the_queue_depth() {
     while posted < total {
         let n = per_post.min(total - posted);
         let mut batch = a.batch();
-        for i in posted..posted + n {
+        for (i, sge) in sges.iter().enumerate().skip(posted).take(n) {
             batch
-                .write(&sges[i], dst_mr.remote().slice((i * 8) as u64, 8).unwrap())
+                .write(sge, dst_mr.remote().slice((i * 8) as u64, 8).unwrap())
                 .unwrap();
         }
         // SAFETY: every buffer lives until wait_all below, and none is touched before it.
