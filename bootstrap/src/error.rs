@@ -216,6 +216,16 @@ pub enum BootstrapError {
         /// The calling rank.
         rank: u32,
     },
+    /// Setting up RDMA (device, queue pairs, memory, handshake, first barrier) failed.
+    #[cfg(feature = "verbs")]
+    Rdma {
+        /// The calling rank.
+        rank: u32,
+        /// The RDMA device it used.
+        device: String,
+        /// What failed.
+        source: rverbs_core::node::NodeError,
+    },
 }
 
 fn opt_peer(peer: Option<u32>) -> String {
@@ -367,6 +377,12 @@ impl fmt::Display for BootstrapError {
                 f,
                 "rank {rank}: an earlier round of this bootstrap session failed"
             ),
+            #[cfg(feature = "verbs")]
+            Self::Rdma {
+                rank,
+                device,
+                source,
+            } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
         }
     }
 }
@@ -379,6 +395,8 @@ impl core::error::Error for BootstrapError {
             | Self::Connect { source, .. }
             | Self::Io { source, .. } => Some(source),
             Self::Protocol { source, .. } => Some(source),
+            #[cfg(feature = "verbs")]
+            Self::Rdma { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -28,14 +28,21 @@
 //! # }
 //! ```
 //!
+//! With the `verbs` feature, [`connect()`] does all of the above plus opening the device,
+//! connecting every queue pair and a first barrier, returning a ready `Node`.
+//!
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
 //! layouts), [`launcher`] finds rank and world size, [`exchange`](mod@exchange)
 //! runs the rendezvous, [`wire`] defines and decodes the frames.
 //!
 //! # Cargo features
 //!
-//! None. The crate needs `std` (sockets, threads, files) and is the only
-//! rverbs crate that does.
+//! - `verbs` (default): [`connect()`], one call from a config and a rank to a connected
+//!   `rverbs_core::node::Node`; links libibverbs. Without it the crate is the
+//!   configuration, launcher detection and TCP exchange only (which is what the fuzzers
+//!   build).
+//!
+//! The crate needs `std` (sockets, threads, files).
 //!
 //! # Thread safety
 //!
@@ -54,12 +61,16 @@
 //! own deadline and close those sockets.
 
 pub mod config;
+#[cfg(feature = "verbs")]
+pub mod connect;
 pub mod error;
 pub mod exchange;
 pub mod launcher;
 pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
+#[cfg(feature = "verbs")]
+pub use connect::{connect, ConnectOptions, Connected, NodeBackoff};
 pub use error::{BootstrapError, Result};
 pub use exchange::{exchange, exchange_at, ExchangeOptions, Rendezvous, Session};
 pub use launcher::{LaunchInfo, LaunchSource};

@@ -5,6 +5,67 @@
 //!
 //! `#![no_std]`, and no heap use on the data path once connected.
 //!
+//! # Quick start
+//!
+//! Two queue pairs on one device connected to each other, one RDMA write:
+//!
+//! ```no_run
+//! # #[cfg(feature = "verbs")] fn main() -> Result<(), Box<dyn core::error::Error>> {
+//! use rverbs_core::channel::{Channel, ChannelConfig};
+//! use rverbs_core::provider::verbs::PreparedVerbs;
+//! use rverbs_core::verbs::{open_device, AccessFlags, QpConfig};
+//!
+//! let ctx = open_device("rxe0")?;
+//! let pd = ctx.alloc_pd()?;
+//! let (a, b) = (PreparedVerbs::new(&ctx, &pd, &QpConfig::default())?,
+//!               PreparedVerbs::new(&ctx, &pd, &QpConfig::default())?);
+//! // Between hosts, endpoints travel as bytes: `a.endpoint().encode()`.
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! let mut chan = Channel::new(a.handshake(&eb)?, ChannelConfig::default());
+//! let _peer = b.handshake(&ea)?;
+//!
+//! let mut src = [7u8; 64];
+//! let mut dst = [0u8; 64];
+//! let src = pd.register(&mut src, AccessFlags::LOCAL_WRITE)?;
+//! let dst = pd.register_shared(&mut dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! chan.write(&[src.sge(0..64).unwrap()], dst.remote())?; // blocks until complete
+//! let mut got = [0u8; 64];
+//! dst.read_into(0, &mut got);
+//! assert_eq!(got, [7u8; 64]);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "verbs"))] fn main() {}
+//! ```
+//!
+//! # Map
+//! - [`verbs`]: safe wrappers over `ibverbs-sys` (device, port, GID, PD, MR, CQ, QP).
+//! - [`provider`]: the seam the engine is written against; a real QP or an in-memory model.
+//! - [`channel`]: one peer — blocking, batched, scoped and unpolled posting.
+//! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
+//! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
+//!   [`poll`]: clocks, deadlines and back-off.
+//!
+//! # Cargo features
+//! - `verbs` (default): the device layer, linking libibverbs through `ibverbs-sys`.
+//!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).
+//! - `alloc`: [`multi`], [`barrier`] (allocate only at setup).
+//! - `serde`: serde traits on configuration types.
+//! - `device-tests`: builds the tests that need an RDMA device.
+//!
+//! Without default features the crate needs neither std nor alloc nor libibverbs, and builds
+//! for `x86_64-unknown-none`.
+//!
+//! # Thread safety
+//! A [`channel::Channel`] is `Send` when its provider is (the verbs provider is): move it to
+//! the thread that polls it. Nothing is `Sync`-shared on the data path; one thread owns a
+//! channel, as the busy-poll model wants. Device handles (`Context`, `Pd`, `Cq`) are
+//! `Send + Sync` and cheap to clone.
+//!
+//! # Resource cleanup
+//! Every verbs object is released on drop, children before parents (a queue pair keeps its
+//! CQs and PD alive; an MR keeps its PD alive). Dropping a channel with work in flight is
+//! safe for memory, because the posting contract already required the buffers to outlive
+//! the work; destroying the queue pair flushes it.
+//!
 //! # The posting contract
 //!
 //! Every `unsafe` posting function in rverbs has the same contract, stated here once:
@@ -20,8 +81,14 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+#[cfg(feature = "alloc")]
+pub mod barrier;
 pub mod channel;
 pub mod completion;
+#[cfg(feature = "alloc")]
+pub mod multi;
+#[cfg(feature = "verbs")]
+pub mod node;
 pub mod params;
 pub mod poll;
 pub mod provider;

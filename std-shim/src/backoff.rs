@@ -140,3 +140,71 @@ mod tests {
         assert!(before.elapsed() >= pause);
     }
 }
+
+/// A waiting policy chosen at run time (from a flag or a config file), as one `Copy` type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Spin forever: a pinned thread with a core of its own.
+    Spin,
+    /// Spin `spins` empty polls, then yield the CPU on each further one.
+    Yield {
+        /// Empty polls spent spinning first.
+        spins: u32,
+    },
+    /// Spin `spins` empty polls, then sleep `pause` on each further one: for ranks that
+    /// outnumber cores, where a yield may hand the core straight back.
+    Sleep {
+        /// Empty polls spent spinning first.
+        spins: u32,
+        /// How long each sleep lasts.
+        pause: Duration,
+    },
+}
+
+impl WaitPolicy {
+    /// A fresh back-off following this policy.
+    pub const fn backoff(self) -> StdBackoff {
+        StdBackoff {
+            policy: self,
+            count: 0,
+        }
+    }
+}
+
+/// The [`Backoff`] of a [`WaitPolicy`]. Never allocates.
+#[derive(Clone, Copy, Debug)]
+pub struct StdBackoff {
+    policy: WaitPolicy,
+    count: u32,
+}
+
+impl StdBackoff {
+    /// The policy.
+    pub const fn policy(&self) -> WaitPolicy {
+        self.policy
+    }
+}
+
+impl Backoff for StdBackoff {
+    #[inline]
+    fn snooze(&mut self) {
+        let spins = match self.policy {
+            WaitPolicy::Spin => u32::MAX,
+            WaitPolicy::Yield { spins } | WaitPolicy::Sleep { spins, .. } => spins,
+        };
+        if self.count < spins {
+            self.count += 1;
+            core::hint::spin_loop();
+            return;
+        }
+        match self.policy {
+            WaitPolicy::Sleep { pause, .. } => std::thread::sleep(pause),
+            _ => std::thread::yield_now(),
+        }
+    }
+
+    #[inline]
+    fn reset(&mut self) {
+        self.count = 0;
+    }
+}

@@ -76,7 +76,7 @@ pub mod affinity;
 #[cfg(target_os = "linux")]
 pub mod buffer;
 
-pub use backoff::{spin_then_sleep, spin_then_yield, SpinThenSleep};
+pub use backoff::{spin_then_sleep, spin_then_yield, SpinThenSleep, StdBackoff, WaitPolicy};
 pub use clock::StdClock;
 
 #[cfg(target_os = "linux")]

@@ -59,6 +59,11 @@ impl Default for ChannelConfig {
     }
 }
 
+/// Names one posted receive, to wait for it with [`Channel::wait_recv`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "wait for the receive before touching its buffers"]
+pub struct RecvTicket(u64);
+
 /// What a completed receive delivered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvInfo {
@@ -73,6 +78,9 @@ struct RecvSlot {
     info: RecvInfo,
     status: WcStatus,
     vendor_err: u32,
+    /// Whether the result in this slot was handed out (or will never be asked for), so the
+    /// slot may take the next receive.
+    taken: bool,
 }
 
 const EMPTY_SLOT: RecvSlot = RecvSlot {
@@ -82,6 +90,7 @@ const EMPTY_SLOT: RecvSlot = RecvSlot {
     },
     status: WcStatus::Success,
     vendor_err: 0,
+    taken: true,
 };
 
 /// Why the channel broke.
@@ -139,10 +148,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let caps = p.caps();
         let depth = caps.max_send_wr.max(1);
         // A post of n requests needs n free slots while up to k-1 unsignaled ones may still
-        // occupy slots nobody will retire: keep n + k - 1 <= depth.
-        let max_post = (depth as usize).min(MAX_BATCH);
-        let k = cfg.signal_every.clamp(1, depth - max_post as u32 + 1);
-        let max_post = max_post.min((depth - k + 1) as usize);
+        // occupy slots nobody will retire: keep n + k - 1 <= depth. Small queues give up
+        // half their depth to the signaling interval rather than signal every request.
+        let k = cfg.signal_every.clamp(1, (depth / 2).max(1));
+        let max_post = ((depth - k + 1) as usize).min(MAX_BATCH);
         Self {
             p,
             caps,
@@ -247,6 +256,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             },
             status: c.status,
             vendor_err: c.vendor_err,
+            taken: false,
         };
         if !c.status.is_success() && c.status != WcStatus::Flushed && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
@@ -302,6 +312,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             self.backoff.snooze();
         }
         None
+    }
+
+    /// Forgets every completed receive result nobody asked for (a scope that ended).
+    fn release_recv_results(&mut self) {
+        for s in self.slots.iter_mut() {
+            s.taken = true;
+        }
     }
 
     fn all_done(&self) -> bool {
@@ -375,7 +392,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         for (i, w) in wrs.iter_mut().enumerate() {
             w.wr_id = first + i as u64;
             self.since_signal += 1;
-            if i + 1 == n || self.since_signal >= self.signal_every {
+            let asked = w.flags.contains(SendFlags::SIGNALED);
+            if asked || i + 1 == n || self.since_signal >= self.signal_every {
                 w.flags |= SendFlags::SIGNALED;
             } else {
                 w.flags &= !SendFlags::SIGNALED;
@@ -427,10 +445,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             return Err(e);
         }
         self.check_sges(sges.len(), self.caps.max_recv_sge)?;
-        if self.recv_next - self.recv_done >= self.recv_cap {
+        let r = self.recv_next;
+        // A slot still holding a result nobody has taken must not be overwritten.
+        if self.recv_next - self.recv_done >= self.recv_cap
+            || !self.slots[(r % R as u64) as usize].taken
+        {
             return Err(ChannelError::RecvQueueFull);
         }
-        let r = self.recv_next;
         let wr = RecvRequest {
             wr_id: r | RECV_BIT,
             sges,
@@ -441,8 +462,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         Ok(r)
     }
 
-    fn recv_result(&self, r: u64) -> Result<RecvInfo, ChannelError> {
-        let slot = &self.slots[(r % R as u64) as usize];
+    fn recv_result(&mut self, r: u64) -> Result<RecvInfo, ChannelError> {
+        let slot = &mut self.slots[(r % R as u64) as usize];
+        slot.taken = true;
+        let slot = *slot;
         if slot.status.is_success() {
             Ok(slot.info)
         } else {
@@ -537,6 +560,27 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.one(Opcode::Write, SendFlags::INLINE, &[sge], remote)
     }
 
+    /// Posts an inline write of `data` into the peer's `remote` memory and returns without
+    /// waiting. Safe, because inline data is copied into the work request during the post;
+    /// a failure shows up on a later call (the channel is then broken). Does not allocate.
+    pub fn write_inline_nowait(
+        &mut self,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<(), ChannelError> {
+        let sge = [self.inline_sge(data)?];
+        let mut wr = [WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Write,
+            flags: SendFlags::INLINE,
+            sges: &sge,
+            remote,
+        }];
+        // SAFETY: inline payloads are copied during the post; no local buffer is named
+        // afterwards, and the remote memory is the peer's business.
+        unsafe { self.post_send_wrs(&mut wr) }.map(|_| ())
+    }
+
     /// Writes with an immediate (consumes one receive at the peer). Does not allocate.
     pub fn write_imm(
         &mut self,
@@ -577,6 +621,42 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         // SAFETY: as in recv; on timeout we flush and wait for the flush before returning.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
         self.wait_recv_seq(r, Some((clock, Deadline::after(clock, timeout))))
+    }
+
+    /// Posts a receive without waiting for it; wait with [`Channel::wait_recv`].
+    /// Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the scatter buffers belong to the
+    /// device until their receive completed (or the channel was flushed and drained).
+    pub unsafe fn post_recv_unpolled(
+        &mut self,
+        sges: &mut [SgeMut<'_>],
+    ) -> Result<RecvTicket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_recv_sges(as_gather(sges)) }.map(RecvTicket)
+    }
+
+    /// The most recently posted receive, if it has not completed yet.
+    pub fn last_pending_recv(&self) -> Option<RecvTicket> {
+        (self.recv_next > self.recv_done).then(|| RecvTicket(self.recv_next - 1))
+    }
+
+    /// Waits for a receive and returns what it delivered. Does not allocate. Waits forever
+    /// if the peer never sends; see [`Channel::wait_recv_until`].
+    pub fn wait_recv(&mut self, t: RecvTicket) -> Result<RecvInfo, ChannelError> {
+        self.wait_recv_seq(t.0, None)
+    }
+
+    /// Like [`Channel::wait_recv`] with a deadline on `clock`; on timeout the channel is
+    /// flushed, drained and broken.
+    pub fn wait_recv_until<C: Clock>(
+        &mut self,
+        t: RecvTicket,
+        clock: &C,
+        deadline: Deadline,
+    ) -> Result<RecvInfo, ChannelError> {
+        self.wait_recv_seq(t.0, Some((clock, deadline)))
     }
 
     /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.

@@ -18,23 +18,23 @@ pub struct Pending(Ticket);
 pub struct PendingRecv(u64);
 
 /// Posting inside [`Channel::scope`]. Buffers are borrowed for `'env`, which outlives the
-/// scope, so they stay untouchable until the scope has polled everything it posted:
+/// scope, so the memory they point into stays untouchable until the scope has polled
+/// everything it posted:
 ///
 /// ```compile_fail
 /// # use rverbs_core::channel::Channel;
-/// # use rverbs_core::provider::soft::SoftEnd;
-/// # use rverbs_core::sge::{RemoteMemory, Sge};
-/// fn f(chan: &mut Channel<SoftEnd<'_>>, buf: &mut [u8], sges: &[Sge<'_>], remote: RemoteMemory) {
+/// # use rverbs_core::provider::soft::{SoftEnd, SoftRegion};
+/// # use rverbs_core::sge::RemoteMemory;
+/// fn f(chan: &mut Channel<SoftEnd<'_>>, mr: &mut SoftRegion<'_>, remote: RemoteMemory) {
+///     let sges = [mr.sge(0..8).unwrap()];
 ///     chan.scope(|s| {
-///         let p = s.write(sges, remote).unwrap();
-///         buf[0] = 1;
+///         let p = s.write(&sges, remote).unwrap();
+///         let _ = mr.sge_mut(0..8); // error: `mr` is still borrowed by `sges`
 ///         s.wait(p).unwrap();
-///     }).unwrap();
+///     })
+///     .unwrap();
 /// }
 /// ```
-///
-/// (That one fails for a simpler reason too; the real guarantee is that `sges` borrows the
-/// memory region for `'env`, so `mr.as_mut_slice()` cannot be called inside the scope.)
 pub struct Scope<'s, 'env, P: Provider, B: Backoff, const R: usize> {
     chan: &'s mut Channel<P, B, R>,
     _env: PhantomData<&'s mut &'env ()>,
@@ -87,6 +87,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let out = f(&mut scope);
         let chan = &mut *guard.0;
         let r = chan.wait_until(Channel::all_done, None);
+        chan.release_recv_results();
         drop(guard);
         r?;
         let chan_broken = self.broken;

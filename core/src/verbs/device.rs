@@ -88,9 +88,9 @@ pub struct Device<'a> {
     _list: PhantomData<&'a DeviceList>,
 }
 
-impl Device<'_> {
+impl<'a> Device<'a> {
     /// The kernel name of the device.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &'a str {
         // SAFETY: raw is a live device of the list borrowed for 'a; the name is a
         // NUL-terminated string owned by it.
         let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name(self.raw)) };

@@ -450,3 +450,72 @@ impl fmt::Debug for SharedRegion<'_> {
             .finish()
     }
 }
+
+/// Page-aligned, zeroed memory that rverbs allocates (at setup time) and registers itself:
+/// a [`SharedRegion`] that owns its bytes. Used for barrier flags and data windows.
+pub struct OwnedRegion {
+    // Field order is drop order: deregister before freeing.
+    region: SharedRegion<'static>,
+    _mem: OwnedMem,
+}
+
+/// A heap allocation freed on drop.
+struct OwnedMem {
+    ptr: NonNull<u8>,
+    layout: core::alloc::Layout,
+}
+
+impl Drop for OwnedMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in Pd::alloc_region; the region that used it was
+        // dropped first (it is declared before this field in OwnedRegion).
+        unsafe { alloc::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: owns its allocation exclusively; the region is Send + Sync.
+unsafe impl Send for OwnedRegion {}
+// SAFETY: shared access goes through SharedRegion's volatile accessors.
+unsafe impl Sync for OwnedRegion {}
+
+impl Pd {
+    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`.
+    pub fn alloc_region(&self, len: usize, access: AccessFlags) -> Result<OwnedRegion> {
+        let layout = core::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|_| {
+            VerbsError::InvalidArgument {
+                what: "region length",
+            }
+        })?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc::alloc_zeroed(layout) }).ok_or(
+            VerbsError::Call {
+                verb: Verb::RegMr,
+                errno: 12,
+            },
+        )?;
+        let mem = OwnedMem { ptr, layout };
+        // SAFETY: ptr..ptr+len is our fresh allocation, freed only after the region is
+        // dropped (field order), and reached only through the region.
+        let region = unsafe { self.register_raw(ptr.as_ptr(), layout.size(), access) }?;
+        Ok(OwnedRegion { region, _mem: mem })
+    }
+}
+
+impl core::ops::Deref for OwnedRegion {
+    type Target = SharedRegion<'static>;
+    fn deref(&self) -> &Self::Target {
+        &self.region
+    }
+}
+
+impl core::ops::DerefMut for OwnedRegion {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.region
+    }
+}
+
+impl fmt::Debug for OwnedRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.region.fmt(f)
+    }
+}

@@ -5,5 +5,7 @@
 //! to that).
 
 pub mod endpoint;
+pub mod node;
 
 pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN, REMOTE_MEMORY_LEN};
+pub use node::{node_blob_len, NodeBlob, NodeBlobError, MAX_WORLD};

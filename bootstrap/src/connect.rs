@@ -1,0 +1,96 @@
+//! One call from a cluster configuration and a rank to a connected [`Node`].
+
+use core::time::Duration;
+
+use rverbs_core::node::{Node, NodeConfig, NodeError, PreparedNode};
+use rverbs_core::verbs::{open_device, DeviceList};
+use rverbs_std_shim::{StdBackoff, StdClock, WaitPolicy};
+
+use crate::config::ClusterConfig;
+use crate::error::{BootstrapError, Result};
+use crate::exchange::{exchange, ExchangeOptions, Session};
+
+/// The back-off connected nodes use, following [`ConnectOptions::wait`].
+pub type NodeBackoff = StdBackoff;
+
+/// Settings for [`connect`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The TCP exchange (job id, timeouts). The job id defaults to the config's.
+    pub exchange: ExchangeOptions,
+    /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
+    /// rank's config entry.
+    pub node: NodeConfig,
+    /// What waits do between empty polls: [`WaitPolicy::Spin`] on dedicated cores, a
+    /// spin-then-yield or spin-then-sleep policy when ranks may outnumber cores.
+    pub wait: WaitPolicy,
+    /// Deadline of the first barrier, which proves every connection works.
+    pub first_barrier_timeout: Duration,
+}
+
+impl ConnectOptions {
+    /// Defaults for `config`: its job id, 60 s exchange timeout, spin 1000 polls then yield.
+    pub fn for_config(config: &ClusterConfig) -> Self {
+        Self {
+            exchange: ExchangeOptions {
+                job_id: config.job_id(),
+                ..ExchangeOptions::default()
+            },
+            node: NodeConfig::default(),
+            wait: WaitPolicy::Yield { spins: 1000 },
+            first_barrier_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connected rank: the node, the bootstrap session (for out-of-band rounds) and a clock.
+#[derive(Debug)]
+pub struct Connected {
+    /// The node.
+    pub node: Node<NodeBackoff>,
+    /// The TCP session, still open (use it for out-of-band all-gathers or close it).
+    pub session: Session,
+    /// The clock barriers and timeouts use.
+    pub clock: StdClock,
+}
+
+/// Opens this rank's device, builds its node, exchanges endpoints with every rank over TCP,
+/// connects every queue pair, waits until all ranks are connected, and runs a first barrier.
+pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Result<Connected> {
+    let world = config.world_size();
+    let entry = config.get(rank).ok_or(BootstrapError::RankOutOfRange {
+        rank,
+        world_size: world,
+    })?;
+    let device = entry.device.clone();
+    let rdma = |source: NodeError| BootstrapError::Rdma {
+        rank,
+        device: device.clone(),
+        source,
+    };
+    if let Ok(list) = DeviceList::new() {
+        let names: Vec<&str> = list.iter().map(|d| d.name()).collect();
+        config.validate_local_device(rank, &names)?;
+    }
+    let ctx = open_device(&device).map_err(|e| rdma(NodeError::Verbs(e)))?;
+    let mut node_cfg = opts.node;
+    node_cfg.qp.port = entry.ib_port;
+    if let Some(g) = entry.gid_index {
+        node_cfg.qp.gid_index = Some(g);
+    }
+    let backoff: NodeBackoff = opts.wait.backoff();
+    let prepared = PreparedNode::new(&ctx, rank, world, node_cfg, backoff).map_err(rdma)?;
+    let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &opts.exchange)?;
+    let mut node = prepared.handshake(&blobs).map_err(rdma)?;
+    // Nobody writes before every queue pair in the world is ready to receive.
+    session.allgather(b"connected")?;
+    let clock = StdClock::new();
+    node.barrier(&clock, opts.first_barrier_timeout)
+        .map_err(rdma)?;
+    Ok(Connected {
+        node,
+        session,
+        clock,
+    })
+}

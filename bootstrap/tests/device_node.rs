@@ -1,0 +1,441 @@
+//! Nodes of 2, 3, 4 and 8 ranks as separate processes on a real device: barriers of every
+//! algorithm with random per-rank delays, sub-group barriers, a barrier timeout when one
+//! rank never arrives, scatter/gather/multicast with every byte checked, and a counting
+//! allocator proving that none of it allocates once connected.
+//!
+//! The parent tests start one child process per rank: this same test binary, running the
+//! ignored `child_rank` entry point with the scenario in environment variables.
+#![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)] // test code
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+use rverbs_core::node::NodeError;
+use rverbs_core::sge::{Sge, SgeMut};
+use rverbs_core::verbs::AccessFlags;
+use rverbs_std_shim::WaitPolicy;
+
+struct Counting;
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn device() -> Option<String> {
+    match std::env::var("RVERBS_TEST_DEVICE") {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ => {
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "RVERBS_TEST_DEVICE is not set and CI=true: device tests must run on a device"
+            );
+            eprintln!("SKIPPED: RVERBS_TEST_DEVICE is not set");
+            None
+        }
+    }
+}
+
+/// Runs `world` child processes of `scenario` and asserts they all succeed.
+fn run_world(scenario: &str, world: u32, port: u16) {
+    let Some(dev) = device() else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let mut kids: Vec<_> = (0..world)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "child_rank",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("RVERBS_NODE_SCENARIO", scenario)
+                .env("RVERBS_NODE_RANK", r.to_string())
+                .env("RVERBS_NODE_WORLD", world.to_string())
+                .env("RVERBS_NODE_PORT", port.to_string())
+                .env("RVERBS_TEST_DEVICE", &dev)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let limit = Duration::from_secs(900);
+    let mut failed = Vec::new();
+    for (r, k) in kids.iter_mut().enumerate() {
+        loop {
+            if let Some(st) = k.try_wait().unwrap() {
+                if !st.success() {
+                    failed.push(format!("rank {r}: {st}"));
+                }
+                break;
+            }
+            if start.elapsed() > limit {
+                let _ = k.kill();
+                failed.push(format!("rank {r}: killed after {limit:?}"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    eprintln!("{scenario} with {world} ranks: {:?}", start.elapsed());
+    assert!(failed.is_empty(), "{scenario}/{world}: {failed:?}");
+}
+
+#[test]
+fn world_of_2() {
+    run_world("full", 2, 21000);
+}
+
+#[test]
+fn world_of_3() {
+    run_world("full", 3, 21100);
+}
+
+#[test]
+fn world_of_4() {
+    run_world("full", 4, 21200);
+}
+
+#[test]
+fn world_of_8() {
+    run_world("full", 8, 21300);
+}
+
+#[test]
+fn barrier_times_out_naming_the_rank_that_never_arrives() {
+    run_world("timeout", 3, 21400);
+}
+
+fn env_u32(name: &str) -> u32 {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} not set"))
+        .parse()
+        .unwrap()
+}
+
+/// A tiny deterministic generator for per-rank delays.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+#[ignore = "child-process entry point; the world_of_* tests run it"]
+fn child_rank() {
+    let scenario = std::env::var("RVERBS_NODE_SCENARIO").expect("run by the parent tests");
+    let rank = env_u32("RVERBS_NODE_RANK");
+    let world = env_u32("RVERBS_NODE_WORLD");
+    let port = env_u32("RVERBS_NODE_PORT") as u16;
+    let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
+    let ranks = (0..world)
+        .map(|r| RankConfig {
+            rank: r,
+            host: "127.0.0.1".into(),
+            port: port + r as u16,
+            device: dev.clone(),
+            ib_port: 1,
+            gid_index: None,
+            comment: None,
+        })
+        .collect();
+    let config =
+        ClusterConfig::new("test", Some(format!("{scenario}-{world}-{port}")), ranks).unwrap();
+    let mut opts = ConnectOptions::for_config(&config);
+    opts.wait = WaitPolicy::Sleep {
+        spins: 64,
+        pause: Duration::from_micros(20),
+    };
+    let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));
+    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
+    match scenario.as_str() {
+        "full" => full(&mut node, &clock, rank, world),
+        "timeout" => timeout(&mut node, &clock, rank),
+        s => panic!("unknown scenario {s}"),
+    }
+    // Nobody tears down its queue pairs while a peer may still write to it.
+    if scenario == "full" {
+        session.allgather(b"done").unwrap();
+    }
+}
+
+fn timeout(
+    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    clock: &rverbs_std_shim::StdClock,
+    rank: u32,
+) {
+    node.set_algorithm(BarrierAlgorithm::Centralized);
+    if rank == 2 {
+        // Never arrives: stays connected (so nothing fails on the transport) past the others'
+        // deadline, then leaves.
+        std::thread::sleep(Duration::from_secs(4));
+        return;
+    }
+    let t = Instant::now();
+    let err = node.barrier(clock, Duration::from_secs(1)).unwrap_err();
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    let expected_missing: &[u32] = if rank == 0 { &[2] } else { &[0] };
+    match &err {
+        NodeError::Barrier(BarrierError::Timeout {
+            missing,
+            missing_count,
+        }) => {
+            assert_eq!(&missing[..], expected_missing, "rank {rank}: {err}");
+            assert_eq!(*missing_count, 1);
+        }
+        other => panic!("rank {rank}: expected a timeout, got {other}"),
+    }
+    eprintln!("rank {rank}: {err}");
+    assert!(node.is_poisoned());
+    assert_eq!(
+        node.barrier(clock, Duration::from_secs(1)).unwrap_err(),
+        NodeError::Barrier(BarrierError::Poisoned)
+    );
+}
+
+fn full(
+    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    clock: &rverbs_std_shim::StdClock,
+    rank: u32,
+    world: u32,
+) {
+    let barriers: u32 = std::env::var("RVERBS_NODE_BARRIERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let tmo = Duration::from_secs(60);
+    const CHUNK: usize = 1024;
+    let w = world as usize;
+    // Setup (allocates): buffers, registrations, entry lists.
+    let pd = node.pd().clone();
+    let mut src = vec![0u8; CHUNK * w];
+    let mut back = vec![0u8; CHUNK * w];
+    let mut msg = vec![0u8; 64];
+    let mut rcv = vec![0u8; 64];
+    let mut epoch_buf = vec![0u8; 8 * w];
+    let mut src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut back_mr = pd.register(&mut back, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut msg_mr = pd.register(&mut msg, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut rcv_mr = pd.register(&mut rcv, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut epoch_mr = pd
+        .register(&mut epoch_buf, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let windows: Vec<_> = (0..world)
+        .map(|r| node.peer_window(r).unwrap_or_default())
+        .collect();
+    let group: Vec<u32> = (0..world).filter(|r| r % 2 == rank % 2).collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(rank + 1);
+
+    let before = ALLOCS.load(Ordering::SeqCst);
+    // 1. Barriers, every algorithm, with random per-rank delays; every 500th barrier checks
+    // that nobody left early: each rank publishes its epoch before the barrier and reads
+    // everyone's after it.
+    for alg in BarrierAlgorithm::ALL {
+        node.set_algorithm(alg);
+        let t = Instant::now();
+        for k in 1..=barriers as u64 {
+            if next(&mut rng).is_multiple_of(8) {
+                let until = Instant::now() + Duration::from_micros(next(&mut rng) % 50);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            let check = k.is_multiple_of(500);
+            if check {
+                node.window().store_u64(0, k);
+            }
+            node.barrier(clock, tmo)
+                .unwrap_or_else(|e| panic!("rank {rank} {alg:?} #{k}: {e}"));
+            if check {
+                let mut outs: heapless_like::Outs<'_> = heapless_like::Outs::new(&mut epoch_mr);
+                for r in (0..world).filter(|&r| r != rank) {
+                    let idx = node.peer_index(r).unwrap();
+                    let slot = outs.slot(r as usize);
+                    node.multi()
+                        .read(idx, slot, windows[r as usize].slice(0, 8).unwrap())
+                        .unwrap();
+                }
+                for r in (0..world).filter(|&r| r != rank) {
+                    let v = u64::from_le_bytes(
+                        epoch_mr.as_slice()[r as usize * 8..r as usize * 8 + 8]
+                            .try_into()
+                            .unwrap(),
+                    );
+                    assert!(
+                        v >= k,
+                        "rank {rank} {alg:?}: rank {r} was at epoch {v} after barrier {k}"
+                    );
+                }
+                // Nobody may overwrite its epoch before everyone has read it.
+                node.barrier(clock, tmo).unwrap();
+            }
+        }
+        if rank == 0 {
+            eprintln!(
+                "world {world}: {barriers} {} barriers in {:?}",
+                alg.name(),
+                t.elapsed()
+            );
+        }
+    }
+    // 2. Sub-group barriers: evens and odds at the same time.
+    for _ in 0..barriers.min(1000) {
+        node.barrier_group(&group, BarrierAlgorithm::BinaryTree, clock, tmo)
+            .unwrap();
+    }
+    node.barrier(clock, tmo).unwrap();
+
+    // 3. Every rank in turn scatters a distinct chunk to every peer, gathers one back from
+    // every peer, and multicasts a message; every byte is checked.
+    let pat = |root: u32, to: u32, i: usize| {
+        (i as u8).wrapping_mul(7) ^ (root as u8).wrapping_mul(31) ^ (to as u8)
+    };
+    for root in 0..world {
+        // Everyone fills its gather chunk and, if not root, posts the multicast receive.
+        for i in 0..CHUNK {
+            let b = [pat(root, rank, i) ^ 0x55];
+            node.window().write_from(2 * CHUNK + i, &b);
+        }
+        let recv_t = if rank != root {
+            let mut r = [rcv_mr.sge_mut(0..64).unwrap()];
+            // SAFETY: rcv_mr is read only after wait_recv below.
+            Some(unsafe { node.channel(root).unwrap().post_recv_unpolled(&mut r) }.unwrap())
+        } else {
+            None
+        };
+        node.barrier(clock, tmo).unwrap();
+        if rank == root {
+            for r in 0..world {
+                for i in 0..CHUNK {
+                    src_mr.as_mut_slice()[r as usize * CHUNK + i] = pat(root, r, i);
+                }
+            }
+            msg_mr.as_mut_slice()[..8].copy_from_slice(&u64::from(root).to_le_bytes());
+            let sges: [Option<[Sge<'_>; 1]>; 8] = core::array::from_fn(|r| {
+                (r < w && r as u32 != rank)
+                    .then(|| [src_mr.sge(r * CHUNK..(r + 1) * CHUNK).unwrap()])
+            });
+            node.multi()
+                .scatter_write((0..world).filter(|&r| r != rank).map(|r| {
+                    let s = sges[r as usize].as_ref().unwrap();
+                    (
+                        if r < rank { r as usize } else { r as usize - 1 },
+                        &s[..],
+                        windows[r as usize]
+                            .slice(CHUNK as u64, CHUNK as u64)
+                            .unwrap(),
+                    )
+                }))
+                .unwrap();
+            let mut outs: [Option<[SgeMut<'_>; 1]>; 8] =
+                [None, None, None, None, None, None, None, None];
+            for (i, s) in back_mr.chunks_mut(CHUNK).enumerate() {
+                if i != rank as usize {
+                    outs[i] = Some([s]);
+                }
+            }
+            let wins = &windows;
+            node.multi()
+                .gather_read(outs.iter_mut().enumerate().filter_map(|(r, o)| {
+                    o.as_mut().map(|s| {
+                        let idx = if (r as u32) < rank { r } else { r - 1 };
+                        (
+                            idx,
+                            &mut s[..],
+                            wins[r].slice(2 * CHUNK as u64, CHUNK as u64).unwrap(),
+                        )
+                    })
+                }))
+                .unwrap();
+            for r in (0..world).filter(|&r| r != rank) {
+                for i in 0..CHUNK {
+                    assert_eq!(
+                        back_mr.as_slice()[r as usize * CHUNK + i],
+                        pat(root, r, i) ^ 0x55,
+                        "gather from {r} byte {i}"
+                    );
+                }
+            }
+            let m = [msg_mr.sge(0..8).unwrap()];
+            node.multi().multicast_send(0..w - 1, &m).unwrap();
+        }
+        if let Some(t) = recv_t {
+            let info = node.channel(root).unwrap().wait_recv(t).unwrap();
+            assert_eq!(info.byte_len, 8);
+            assert_eq!(rcv_mr.as_slice()[..8], u64::from(root).to_le_bytes());
+        }
+        node.barrier(clock, tmo).unwrap();
+        if rank != root {
+            let mut got = [0u8; CHUNK];
+            node.window().read_into(CHUNK, &mut got);
+            for (i, b) in got.iter().enumerate() {
+                assert_eq!(*b, pat(root, rank, i), "scatter from {root} byte {i}");
+            }
+        }
+        node.barrier(clock, tmo).unwrap();
+    }
+    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
+    eprintln!("rank {rank}: {allocs} allocations after connecting");
+    assert_eq!(
+        allocs, 0,
+        "rank {rank}: barriers and multi-peer operations allocated"
+    );
+}
+
+/// Per-rank 8-byte scatter entries over one region, without allocating.
+mod heapless_like {
+    use rverbs_core::sge::SgeMut;
+    use rverbs_core::verbs::MemoryRegion;
+
+    pub(crate) struct Outs<'a> {
+        slots: [Option<[SgeMut<'a>; 1]>; 8],
+    }
+
+    impl<'a> Outs<'a> {
+        pub(crate) fn new(mr: &'a mut MemoryRegion<'_>) -> Self {
+            let mut slots: [Option<[SgeMut<'a>; 1]>; 8] = Default::default();
+            for (i, s) in mr.chunks_mut(8).enumerate().take(8) {
+                slots[i] = Some([s]);
+            }
+            Self { slots }
+        }
+
+        pub(crate) fn slot(&mut self, i: usize) -> &mut [SgeMut<'a>] {
+            self.slots[i].as_mut().expect("world of at most 8")
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! The engine ([`Channel`]) driven over the in-memory RC model ([`rverbs_core::provider::soft`]).
+//!
+//! Both channels live on one thread, so a two-sided operation needs its receive posted
+//! before the send runs: the receiver posts in a [`Channel::scope`] and the sender sends
+//! inside that scope's closure (or the sender posts in a scope, and the receiver's blocking
+//! `recv` supplies the receive that unblocks it). The model runs work inside provider calls;
+//! see its module docs.
+#![allow(clippy::std_instead_of_core)]
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvInfo, WrFailure};
+use rverbs_core::completion::WcStatus;
+use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+use rverbs_core::poll::{Clock, Instant, Spin};
+use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric, SoftRegion};
+use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
+
+const RW: SoftAccess = SoftAccess::LOCAL_WRITE
+    .union(SoftAccess::REMOTE_WRITE)
+    .union(SoftAccess::REMOTE_READ);
+
+fn caps(depth: u32) -> QpCaps {
+    QpCaps {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+fn fabric<'m>(depth: u32) -> SoftFabric<'m> {
+    SoftFabric::new(caps(depth), RnrRetry::Times(3), RetryCount::new(3).unwrap())
+}
+
+fn bytes<const N: usize>(r: &SoftRegion<'_>, offset: usize) -> [u8; N] {
+    let mut b = [0u8; N];
+    assert!(r.read_into(offset, &mut b));
+    b
+}
+
+fn pattern<const N: usize>(seed: u8) -> [u8; N] {
+    core::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
+}
+
+/// A clock that moves 1 ms every time it is read.
+struct StepClock(Cell<u64>);
+
+impl Clock for StepClock {
+    fn now(&self) -> Instant {
+        let t = self.0.get();
+        self.0.set(t + 1_000_000);
+        Instant::from_nanos(t)
+    }
+}
+
+#[test]
+fn send_and_recv_move_the_bytes() {
+    let (mut sbuf, mut rbuf) = ([0u8; 32], [0u8; 32]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let mut dst = f.register(Side::B, &mut rbuf, RW).unwrap();
+    src.write_from(0, b"hello, peer");
+    let (ea, eb) = f.ends();
+    let (mut a, mut b) = (
+        Channel::new(ea, ChannelConfig::default()),
+        Channel::new(eb, ChannelConfig::default()),
+    );
+    let g = [src.sge(0..11).unwrap()];
+    {
+        let mut rs = [dst.sge_mut(0..32).unwrap()];
+        let info = b
+            .scope(|s| {
+                let p = s.recv(&mut rs)?;
+                a.send(&g)?;
+                s.wait_recv(p)
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            info,
+            RecvInfo {
+                byte_len: 11,
+                imm: None
+            }
+        );
+    }
+    assert_eq!(&bytes::<11>(&dst, 0), b"hello, peer");
+
+    // The other way round: the sender posts first (RNR-blocked), the blocking recv supplies
+    // the receive.
+    src.write_from(0, b"second");
+    {
+        let mut rs = [dst.sge_mut(16..32).unwrap()];
+        let info = a
+            .scope(|s| {
+                let p = s.send_imm(&g[..], 0xabcd)?;
+                let info = b.recv(&mut rs)?;
+                s.wait(p)?;
+                Ok::<_, ChannelError>(info)
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.byte_len, 11);
+        assert_eq!(info.imm, Some(0xabcd));
+    }
+    assert_eq!(&bytes::<6>(&dst, 16), b"second");
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(b.outstanding_recvs(), 0);
+    assert!(a.failure().is_none() && b.failure().is_none());
+}
+
+#[test]
+fn write_read_and_write_imm() {
+    let (mut abuf, mut bbuf) = ([0u8; 64], [0u8; 64]);
+    let f = fabric(16);
+    let mut am = f.register(Side::A, &mut abuf, RW).unwrap();
+    let bm = f.register(Side::B, &mut bbuf, RW).unwrap();
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let remote = bm.remote();
+
+    am.write_from(0, &pattern::<16>(1));
+    a.write(&[am.sge(0..16).unwrap()], remote.slice(8, 16).unwrap())
+        .unwrap();
+    assert_eq!(bytes::<16>(&bm, 8), pattern::<16>(1));
+
+    bm.write_from(32, &pattern::<16>(2));
+    a.read(
+        &mut [am.sge_mut(16..32).unwrap()],
+        remote.slice(32, 16).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(bytes::<16>(&am, 16), pattern::<16>(2));
+
+    am.write_from(0, &pattern::<8>(3));
+    let g = [am.sge(0..8).unwrap()];
+    let info = b
+        .scope(|s| {
+            let p = s.recv(&mut [])?;
+            a.write_imm(&g, remote.slice(56, 8).unwrap(), 77)?;
+            s.wait_recv(p)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        info,
+        RecvInfo {
+            byte_len: 8,
+            imm: Some(77)
+        }
+    );
+    assert_eq!(bytes::<8>(&bm, 56), pattern::<8>(3));
+}
+
+#[test]
+fn multi_sge_gather_and_scatter() {
+    let (mut x, mut y, mut z, mut r) = ([0u8; 8], [0u8; 8], [0u8; 8], [0u8; 32]);
+    let f = fabric(16);
+    let (xm, ym, zm) = (
+        f.register(Side::A, &mut x, RW).unwrap(),
+        f.register(Side::A, &mut y, RW).unwrap(),
+        f.register(Side::A, &mut z, RW).unwrap(),
+    );
+    let mut rm = f.register(Side::B, &mut r, RW).unwrap();
+    xm.write_from(0, b"AAAAaaaa");
+    ym.write_from(0, b"BBBBbbbb");
+    zm.write_from(0, b"CCCCcccc");
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let g = [
+        xm.sge(0..4).unwrap(),
+        ym.sge(2..8).unwrap(),
+        zm.sge(4..8).unwrap(),
+    ];
+    {
+        // 14 bytes scattered as 3 + 11 into two pieces of one region.
+        let mut rs = rm.sges_mut([0..3, 16..32]).unwrap();
+        let info = b
+            .scope(|s| {
+                let p = s.recv(&mut rs)?;
+                a.send(&g)?;
+                s.wait_recv(p)
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.byte_len, 14);
+    }
+    assert_eq!(&bytes::<3>(&rm, 0), b"AAA");
+    assert_eq!(&bytes::<11>(&rm, 16), b"ABBbbbbcccc");
+
+    // A gather write of the same three pieces.
+    a.write(&g, rm.remote().slice(3, 13).unwrap()).unwrap();
+    assert_eq!(&bytes::<14>(&rm, 3)[..13], b"AAAABBbbbbccc");
+
+    // Too many entries is refused before posting.
+    let five = [xm.sge(0..1).unwrap(); 5];
+    assert_eq!(
+        a.write(&five, rm.remote()),
+        Err(ChannelError::TooManySges { max: 4, got: 5 })
+    );
+}
+
+#[test]
+fn inline_send_and_write() {
+    let mut r = [0u8; 64];
+    let f = fabric(16);
+    let mut rm = f.register(Side::B, &mut r, RW).unwrap();
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let remote = rm.remote();
+    a.write_inline(b"inline write", remote.slice(40, 12).unwrap())
+        .unwrap();
+    {
+        let mut rs = [rm.sge_mut(0..32).unwrap()];
+        let info = b
+            .scope(|s| {
+                let p = s.recv(&mut rs)?;
+                a.send_inline(b"inline send")?;
+                s.wait_recv(p)
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.byte_len, 11);
+    }
+    assert_eq!(&bytes::<11>(&rm, 0), b"inline send");
+    assert_eq!(&bytes::<12>(&rm, 40), b"inline write");
+    assert_eq!(
+        a.send_inline(&[0u8; 65]),
+        Err(ChannelError::InlineTooLarge { max: 64, got: 65 })
+    );
+
+    // Inline entries in a batch.
+    let (d1, d2) = (*b"batch-1!", *b"batch-2!");
+    let (mut s1, mut s2) = ([g0(); 1], [g0(); 1]);
+    let mut batch = a.batch();
+    batch
+        .write_inline(&mut s1, &d1, remote.slice(0, 8).unwrap())
+        .unwrap();
+    batch
+        .write_inline(&mut s2, &d2, remote.slice(8, 8).unwrap())
+        .unwrap();
+    batch.submit_and_wait().unwrap();
+    assert_eq!(&bytes::<16>(&rm, 0), b"batch-1!batch-2!");
+}
+
+/// A placeholder entry for inline slots (overwritten before use).
+fn g0() -> Sge<'static> {
+    // SAFETY: never posted: the batch overwrites the slot with the inline entry.
+    unsafe { Sge::from_raw(0, 0, 0) }
+}
+
+#[test]
+fn a_batch_of_32_writes_and_32_sends() {
+    let n: usize = 32;
+    let (mut sbuf, mut wbuf, mut rbuf) = ([0u8; 256], [0u8; 256], [0u8; 256]);
+    let f = fabric(64);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    src.write_from(0, &pattern::<256>(9));
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    assert!(a.max_post() >= n);
+    let g: [Sge<'_>; 32] = core::array::from_fn(|i| src.sge(i * 8..i * 8 + 8).unwrap());
+    let remote = wm.remote();
+
+    let mut batch = a.batch();
+    for i in 0..n {
+        // Reverse order, so a write landing in the wrong place shows.
+        let j = n - 1 - i;
+        batch
+            .write(&g[i..=i], remote.slice(j as u64 * 8, 8).unwrap())
+            .unwrap();
+    }
+    assert_eq!(batch.len(), n);
+    batch.submit_and_wait().unwrap();
+    let got = bytes::<256>(&wm, 0);
+    let want = pattern::<256>(9);
+    for i in 0..n {
+        let j = n - 1 - i;
+        assert_eq!(got[j * 8..j * 8 + 8], want[i * 8..i * 8 + 8], "write {i}");
+    }
+
+    {
+        let mut rs: [SgeMut<'_>; 32] = rm
+            .sges_mut(core::array::from_fn(|i| i * 8..i * 8 + 8))
+            .unwrap();
+        let infos = b
+            .scope(|s| {
+                let mut pending = [None; 32];
+                for (p, e) in pending.iter_mut().zip(rs.iter_mut()) {
+                    *p = Some(s.recv(core::slice::from_mut(e))?);
+                }
+                let mut batch = a.batch();
+                for (i, e) in g.iter().enumerate() {
+                    batch.send_imm(core::slice::from_ref(e), i as u32)?;
+                }
+                batch.submit_and_wait()?;
+                let mut infos = [RecvInfo::default(); 32];
+                for (info, p) in infos.iter_mut().zip(pending) {
+                    *info = s.wait_recv(p.unwrap())?;
+                }
+                Ok::<_, ChannelError>(infos)
+            })
+            .unwrap()
+            .unwrap();
+        for (i, info) in infos.iter().enumerate() {
+            assert_eq!((info.byte_len, info.imm), (8, Some(i as u32)));
+        }
+    }
+    assert_eq!(bytes::<256>(&rm, 0), pattern::<256>(9));
+    assert_eq!(b.outstanding_recvs(), 0);
+}
+
+/// Many small writes through batches of varying size and unpolled submits, 10x the queue
+/// depth, then one wait: every slot must be reclaimed and every byte must land.
+fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u64) {
+    let mut sbuf = [0u8; 2048];
+    let mut dbuf = [0u8; 2048];
+    let f = fabric(depth);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut cfg = ChannelConfig::default();
+    cfg.signal_every = signal_every;
+    let mut a = Channel::new(ea, cfg);
+    let chunk = 2048 / writes;
+    assert!(chunk >= 1);
+    let data: [u8; 2048] = core::array::from_fn(|i| (i * 7 + i / 256) as u8);
+    src.write_from(0, &data);
+    let g: [Sge<'_>; 1024] = core::array::from_fn(|i| {
+        let i = i.min(writes - 1);
+        src.sge(i * chunk..(i + 1) * chunk).unwrap()
+    });
+    let remote = dst.remote();
+    let mut done = 0usize;
+    let mut round = 0usize;
+    let mut last = None;
+    while done < writes {
+        let size = (1 + round * 5 % a.max_post()).min(writes - done);
+        let mut batch = a.batch();
+        for i in done..done + size {
+            batch
+                .write(
+                    &g[i..=i],
+                    remote.slice((i * chunk) as u64, chunk as u64).unwrap(),
+                )
+                .unwrap();
+        }
+        if round.is_multiple_of(3) {
+            batch.submit_and_wait().unwrap();
+        } else {
+            // SAFETY: the buffers are registered regions that outlive the channel's use of
+            // them: `wait_all` below waits for everything before they are read or dropped.
+            last = unsafe { batch.submit() }.unwrap();
+        }
+        done += size;
+        round += 1;
+        assert!(a.outstanding_sends() <= u64::from(depth));
+        assert!(f.send_queue_used(Side::A) <= u64::from(depth));
+    }
+    assert!(last.is_some());
+    a.wait_all().unwrap();
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(f.send_queue_used(Side::A), 0);
+    let mut got = [0u8; 2048];
+    assert!(dst.read_into(0, &mut got));
+    let n = writes * chunk;
+    assert_eq!(got[..n], data[..n]);
+    let stats = f.stats(Side::A);
+    assert_eq!(stats.sends_posted, writes as u64);
+    (stats.send_cqes, u64::from(a.signal_every()))
+}
+
+#[test]
+fn selective_signaling_reclaims_slots_depth_16() {
+    let writes = if cfg!(miri) { 160 } else { 256 };
+    let (cqes, _k) = selective_signaling(16, 16, writes);
+    assert!(cqes <= writes as u64);
+}
+
+#[test]
+fn selective_signaling_reclaims_slots_depth_128() {
+    let writes = if cfg!(miri) { 256 } else { 1024 };
+    let (cqes, k) = selective_signaling(128, 16, writes);
+    assert!(k > 1, "signal_every was clamped to {k}");
+    assert!(
+        cqes < writes as u64 / 2,
+        "{cqes} completions for {writes} writes"
+    );
+}
+
+/// Queues no deeper than MAX_BATCH still signal selectively (the engine gives up batch size,
+/// not signaling).
+#[test]
+fn small_queues_still_signal_selectively() {
+    let (cqes, k) = selective_signaling(16, 16, 160);
+    assert!(k > 1, "signal_every was clamped to {k}");
+    assert!(cqes < 160 / 2);
+}
+
+#[test]
+fn bad_rkey_fails_then_the_channel_is_broken() {
+    let (mut sbuf, mut dbuf) = ([0u8; 16], [0u8; 16]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let g = [src.sge(0..8).unwrap()];
+    a.write(&g, dst.remote()).unwrap();
+    let bad = RemoteMemory {
+        rkey: dst.rkey() ^ 0x100,
+        ..dst.remote()
+    };
+    let first = match a.write(&g, bad) {
+        Err(ChannelError::Failed(w)) => w,
+        other => panic!("expected Failed, got {other:?}"),
+    };
+    assert_eq!(first.status, WcStatus::RemoteAccess);
+    assert_eq!(first.wr_id, 1);
+    assert_eq!(a.failure(), Some(ChannelError::Broken(first)));
+    assert_eq!(a.write(&g, dst.remote()), Err(ChannelError::Broken(first)));
+    assert_eq!(a.outstanding_sends(), 0);
+    // Out of bounds is a remote access error too.
+    let f = fabric(16);
+    let (mut s2, mut d2) = ([0u8; 16], [0u8; 16]);
+    let src = f.register(Side::A, &mut s2, RW).unwrap();
+    let dst = f.register(Side::B, &mut d2, RW).unwrap();
+    let mut a = Channel::new(f.ends().0, ChannelConfig::default());
+    let oob = RemoteMemory {
+        addr: dst.remote().addr + 12,
+        ..dst.remote()
+    };
+    assert!(matches!(
+        a.write(&[src.sge(0..8).unwrap()], oob),
+        Err(ChannelError::Failed(WrFailure {
+            status: WcStatus::RemoteAccess,
+            ..
+        }))
+    ));
+}
+
+#[test]
+fn rnr_retries_exceeded() {
+    let mut sbuf = [0u8; 16];
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    match a.send(&[src.sge(0..8).unwrap()]) {
+        Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RnrRetryExceeded),
+        other => panic!("expected RNR failure, got {other:?}"),
+    }
+    assert_eq!(f.stats(Side::A).rnr_retries, 3);
+}
+
+#[test]
+fn dead_peer_is_retry_exceeded() {
+    let (mut sbuf, mut dbuf) = ([0u8; 16], [0u8; 16]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    f.kill(Side::B);
+    match a.write(&[src.sge(0..8).unwrap()], dst.remote()) {
+        Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RetryExceeded),
+        other => panic!("expected a transport failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn recv_timeout_flushes_and_times_out() {
+    let mut rbuf = [0u8; 16];
+    let f = fabric(16);
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    let (_ea, eb) = f.ends();
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let clock = StepClock(Cell::new(0));
+    let r = b.recv_timeout(
+        &mut [rm.sge_mut(0..16).unwrap()],
+        &clock,
+        Duration::from_millis(10),
+    );
+    assert_eq!(r, Err(ChannelError::TimedOut));
+    assert_eq!(b.outstanding_recvs(), 0);
+    assert_eq!(f.recv_queue_used(Side::B), 0);
+    assert!(f.in_error(Side::B));
+    assert_eq!(b.failure(), Some(ChannelError::TimedOut));
+    // The buffer is ours again.
+    assert!(rm.write_from(0, b"reusable"));
+    let t = clock.0.get();
+    assert!((10_000_000..100_000_000).contains(&t), "clock read {t} ns");
+}
+
+#[test]
+fn recv_timeout_returns_data_in_time() {
+    let (mut sbuf, mut rbuf) = ([0u8; 16], [0u8; 16]);
+    let f = SoftFabric::new(caps(16), RnrRetry::Infinite, RetryCount::default());
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    src.write_from(0, b"on time!");
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let clock = StepClock(Cell::new(0));
+    let g = [src.sge(0..8).unwrap()];
+    let info = a
+        .scope(|s| {
+            let p = s.send(&g)?;
+            let info = b.recv_timeout(
+                &mut [rm.sge_mut(0..16).unwrap()],
+                &clock,
+                Duration::from_millis(10),
+            )?;
+            s.wait(p)?;
+            Ok::<_, ChannelError>(info)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.byte_len, 8);
+    assert_eq!(&bytes::<8>(&rm, 0), b"on time!");
+}
+
+#[test]
+fn scope_drains_on_early_return() {
+    let (mut sbuf, mut wbuf, mut rbuf) = ([0u8; 16], [0u8; 64], [0u8; 16]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    src.write_from(0, b"early!!!");
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b = Channel::new(eb, ChannelConfig::default());
+    let g = [src.sge(0..8).unwrap()];
+    let remote = wm.remote();
+
+    // Writes posted and never waited for inside the scope.
+    let r: Result<Result<(), &str>, ChannelError> = a.scope(|s| {
+        for i in 0..4 {
+            s.write(&g, remote.slice(i * 8, 8).unwrap())
+                .map_err(|_| "post")?;
+        }
+        Err("early return")
+    });
+    assert_eq!(r, Ok(Err("early return")));
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(&bytes::<32>(&wm, 0)[24..], b"early!!!");
+
+    // A receive posted in a scope that returns before waiting for it.
+    {
+        let mut rs = [rm.sge_mut(0..16).unwrap()];
+        let r = b.scope(|s| {
+            let _p = s.recv(&mut rs)?;
+            a.send(&g)?;
+            Err::<(), _>(ChannelError::RecvQueueFull) // any early exit
+        });
+        assert_eq!(r, Ok(Err(ChannelError::RecvQueueFull)));
+    }
+    assert_eq!(b.outstanding_recvs(), 0);
+    assert_eq!(&bytes::<8>(&rm, 0), b"early!!!");
+}
+
+#[test]
+fn scope_drains_on_panic() {
+    let (mut sbuf, mut wbuf) = ([0u8; 16], [0u8; 64]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
+    src.write_from(0, b"panic!!!");
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let g = [src.sge(0..8).unwrap()];
+    let remote = wm.remote();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = a.scope(|s| {
+            s.write(&g, remote.slice(8, 8).unwrap()).unwrap();
+            panic!("in scope");
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(&bytes::<8>(&wm, 8), b"panic!!!");
+}
+
+#[test]
+fn a_failure_in_a_scope_is_reported_by_the_scope() {
+    let (mut sbuf, mut dbuf) = ([0u8; 16], [0u8; 16]);
+    let f = fabric(16);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RO).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let g = [src.sge(0..8).unwrap()];
+    let remote = dst.remote(); // no remote write access
+    let r = a.scope(|s| {
+        let _ = s.write(&g, remote);
+    });
+    match r {
+        Err(ChannelError::Broken(w)) | Err(ChannelError::Failed(w)) => {
+            assert_eq!(w.status, WcStatus::RemoteAccess)
+        }
+        other => panic!("expected the write's failure, got {other:?}"),
+    }
+}
+
+const RO: SoftAccess = SoftAccess::REMOTE_READ;
+
+/// Receive results live in a table of `R` slots indexed by sequence number: a scope that
+/// posts more than `R` receives over its life must not have an unread result overwritten.
+#[test]
+fn scoped_receive_results_are_not_overwritten() {
+    let (mut sbuf, mut rbuf) = ([0u8; 16], [0u8; 64]);
+    let f = SoftFabric::new(caps(16), RnrRetry::Infinite, RetryCount::default());
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    let (ea, eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut b: Channel<_, Spin, 4> = Channel::with_backoff(eb, ChannelConfig::default(), Spin);
+    let g: [Sge<'_>; 5] = core::array::from_fn(|i| src.sge(0..i + 1).unwrap());
+    let mut rs: [SgeMut<'_>; 6] = rm
+        .sges_mut(core::array::from_fn(|i| i * 8..i * 8 + 8))
+        .unwrap();
+    let (first, refused, last) = b
+        .scope(|s| {
+            let mut it = rs.iter_mut();
+            let p0 = s.recv(core::slice::from_mut(it.next().unwrap()))?;
+            a.send(&g[0..1])?; // completes receive 0 (1 byte), left unread for now
+            s.poll()?;
+            for i in 1..4 {
+                let p = s.recv(core::slice::from_mut(it.next().unwrap()))?;
+                a.send(&g[i..i + 1])?;
+                s.wait_recv(p)?;
+            }
+            // Receive 4 would reuse receive 0's slot while its result is unread: refused.
+            let e4 = it.next().unwrap();
+            let refused = s.recv(core::slice::from_mut(e4));
+            let first = s.wait_recv(p0)?;
+            // Once it is read, the slot is free again.
+            let p4 = s.recv(core::slice::from_mut(it.next().unwrap()))?;
+            a.send(&g[4..5])?;
+            let last = s.wait_recv(p4)?;
+            Ok::<_, rverbs_core::channel::ChannelError>((first, refused.err(), last))
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.byte_len, 1,
+        "receive 0 reports another receive's result"
+    );
+    assert_eq!(
+        refused,
+        Some(rverbs_core::channel::ChannelError::RecvQueueFull)
+    );
+    assert_eq!(last.byte_len, 5);
+}
+
+/// `Batch::signaled` asks for a completion of a request that is not a k-th one; the engine
+/// clears the flag again when it assigns signal flags.
+#[test]
+fn batch_signaled_requests_a_completion() {
+    let (mut sbuf, mut dbuf) = ([0u8; 64], [0u8; 64]);
+    let f = fabric(128);
+    let src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    assert!(a.signal_every() > 8);
+    let g = [src.sge(0..8).unwrap()];
+    let mut batch = a.batch();
+    for i in 0..8 {
+        batch
+            .write(&g, dst.remote().slice(i * 8, 8).unwrap())
+            .unwrap();
+        if i == 2 {
+            batch.signaled();
+        }
+    }
+    batch.submit_and_wait().unwrap();
+    assert_eq!(f.stats(Side::A).send_cqes, 2);
+}

@@ -1,0 +1,539 @@
+//! `cluster`: the rverbs demo and smoke test of a whole node set.
+//!
+//! Without `--config`, it starts `--ranks` copies of itself on this machine (all on
+//! `--device`), each a rank of one world, and prints their combined summary. With
+//! `--config FILE` it is one rank of a real cluster; its rank comes from `--rank`,
+//! `RVERBS_RANK`, Slurm, Open MPI or PMI, so it runs under `srun`/`mpirun` unchanged.
+//!
+//! Every rank connects through `rverbs_bootstrap::connect`, then:
+//! 1. ping-pong in pairs (0-1, 2-3, ...): 8-byte inline RDMA writes, each side spinning on
+//!    its window, as `ib_write_lat` does; reports RTT/2 percentiles;
+//! 2. scatter (rank 0 writes a distinct 4 KiB chunk into every peer), gather (rank 0 reads
+//!    one back from every peer) and multicast (rank 0 sends one message to all): every
+//!    byte checked;
+//! 3. barriers: `--barriers` of each algorithm over all ranks, plus sub-group barriers
+//!    over the even ranks; reports per-barrier latency percentiles.
+#![allow(clippy::std_instead_of_core)] // a std program
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rverbs_bootstrap::{connect, launcher, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::sge::Sge;
+use rverbs_core::verbs::AccessFlags;
+use rverbs_std_shim::WaitPolicy;
+use serde::{Deserialize, Serialize};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "rverbs demo: N ranks doing ping-pong, scatter/gather, multicast and barriers")]
+struct Args {
+    /// Cluster configuration (JSON). Without it, start --ranks local ranks.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This process's rank (default: RVERBS_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK).
+    #[arg(long)]
+    rank: Option<u32>,
+    /// Local ranks to start when no --config is given.
+    #[arg(long, default_value_t = 4)]
+    ranks: u32,
+    /// RDMA device for local ranks.
+    #[arg(long, default_value = "rxe0")]
+    device: String,
+    /// First TCP port for local ranks' bootstrap.
+    #[arg(long, default_value_t = 18515)]
+    port: u16,
+    /// Ping-pong round trips per pair.
+    #[arg(long, default_value_t = 2000)]
+    pingpong_iters: u32,
+    /// Barriers per algorithm.
+    #[arg(long, default_value_t = 1000)]
+    barriers: u32,
+    /// Empty polls spent spinning before yielding or sleeping.
+    #[arg(long, default_value_t = 64)]
+    spins: u32,
+    /// What a waiting rank does after --spins empty polls: spin (dedicated cores), yield, or
+    /// sleep (ranks outnumber cores, as in the test VM).
+    #[arg(long, value_enum, default_value_t = Wait::Sleep)]
+    wait: Wait,
+    /// Sleep length in microseconds for --wait sleep.
+    #[arg(long, default_value_t = 20)]
+    sleep_us: u64,
+    /// Give up after this many seconds (bootstrap, any wait).
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Spin,
+    Yield,
+    Sleep,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
+struct Pct {
+    p50_ns: u64,
+    p99_ns: u64,
+    p999_ns: u64,
+    max_ns: u64,
+    count: u64,
+}
+
+impl Pct {
+    fn of(h: &Histogram<u64>) -> Self {
+        Self {
+            p50_ns: h.value_at_quantile(0.50),
+            p99_ns: h.value_at_quantile(0.99),
+            p999_ns: h.value_at_quantile(0.999),
+            max_ns: h.max(),
+            count: h.len(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Report {
+    rank: u32,
+    connect_ms: u64,
+    pingpong: Option<(u32, Pct)>,
+    barriers: Vec<(String, Pct)>,
+    group_barriers: Option<Pct>,
+    checks: Vec<(String, bool)>,
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1} us", ns as f64 / 1000.0)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match &args.config {
+        None => launch_local(&args),
+        Some(path) => run_rank(&args, path.clone()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cluster: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Writes a config for `--ranks` local ranks and runs one child process per rank.
+fn launch_local(args: &Args) -> Res<()> {
+    if args.ranks == 0 {
+        return Err("--ranks must be at least 1".into());
+    }
+    let ranks = (0..args.ranks)
+        .map(|r| RankConfig {
+            rank: r,
+            host: "127.0.0.1".into(),
+            port: args.port + r as u16,
+            device: args.device.clone(),
+            ib_port: 1,
+            gid_index: None,
+            comment: None,
+        })
+        .collect();
+    let config = ClusterConfig::new(
+        "local",
+        Some(format!("local-{}", std::process::id())),
+        ranks,
+    )?;
+    let path = std::env::temp_dir().join(format!("rverbs-cluster-{}.json", std::process::id()));
+    std::fs::write(&path, config.to_json_string())?;
+    eprintln!(
+        "cluster: starting {} ranks on {} (config {})",
+        args.ranks,
+        args.device,
+        path.display()
+    );
+    let exe = std::env::current_exe()?;
+    let mut children: Vec<(u32, Child)> = Vec::new();
+    for r in 0..args.ranks {
+        let child = Command::new(&exe)
+            .arg("--config")
+            .arg(&path)
+            .arg("--rank")
+            .arg(r.to_string())
+            .arg("--pingpong-iters")
+            .arg(args.pingpong_iters.to_string())
+            .arg("--barriers")
+            .arg(args.barriers.to_string())
+            .arg("--spins")
+            .arg(args.spins.to_string())
+            .arg("--wait")
+            .arg(format!("{:?}", args.wait).to_lowercase())
+            .arg("--sleep-us")
+            .arg(args.sleep_us.to_string())
+            .arg("--timeout-secs")
+            .arg(args.timeout_secs.to_string())
+            .spawn()?;
+        children.push((r, child));
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs + 30);
+    let mut failed = Vec::new();
+    let mut running = children;
+    while !running.is_empty() {
+        let mut still = Vec::new();
+        for (r, mut c) in running {
+            match c.try_wait()? {
+                Some(st) if st.success() => {}
+                Some(st) => failed.push(format!("rank {r} exited with {st}")),
+                None if Instant::now() > deadline => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    failed.push(format!(
+                        "rank {r} killed after {} s",
+                        args.timeout_secs + 30
+                    ));
+                }
+                None => still.push((r, c)),
+            }
+        }
+        running = still;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&path);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; ").into())
+    }
+}
+
+fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
+    let config = ClusterConfig::from_file(&path)?;
+    let world = config.world_size();
+    let me = match args.rank {
+        Some(r) => launcher::resolve(Some(r), Some(world))?,
+        None => launcher::resolve(None, None)?,
+    };
+    config.check_launch(&me)?;
+    let rank = me.rank;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let mut opts = ConnectOptions::for_config(&config);
+    opts.wait = match args.wait {
+        Wait::Spin => WaitPolicy::Spin,
+        Wait::Yield => WaitPolicy::Yield { spins: args.spins },
+        Wait::Sleep => WaitPolicy::Sleep {
+            spins: args.spins,
+            pause: Duration::from_micros(args.sleep_us),
+        },
+    };
+    opts.exchange.timeout = timeout;
+    opts.first_barrier_timeout = timeout;
+    let t0 = Instant::now();
+    let c = connect(&config, rank, &opts)?;
+    let connect_ms = t0.elapsed().as_millis() as u64;
+    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
+    eprintln!(
+        "[rank {rank}] connected to {} peers in {connect_ms} ms",
+        world - 1
+    );
+    let mut checks = Vec::new();
+
+    // 1. Ping-pong in pairs.
+    let pingpong = {
+        let peer = rank ^ 1;
+        let r = if peer < world {
+            let window = node
+                .peer_window(peer)
+                .and_then(|w| w.slice(0, 8))
+                .ok_or("no peer window")?;
+            let iters = args.pingpong_iters;
+            let warmup = iters / 10;
+            let mut h = hist();
+            let start = Instant::now();
+            for i in 1..=(iters + warmup) as u64 {
+                let t = Instant::now();
+                if rank % 2 == 0 {
+                    node.channel(peer)?
+                        .write_inline_nowait(&i.to_le_bytes(), window)?;
+                    spin_for(&mut node, i, start, timeout)?;
+                } else {
+                    spin_for(&mut node, i, start, timeout)?;
+                    node.channel(peer)?
+                        .write_inline_nowait(&i.to_le_bytes(), window)?;
+                }
+                if rank % 2 == 0 && i > u64::from(warmup) {
+                    h.record((t.elapsed().as_nanos() as u64 / 2).max(1))?;
+                }
+            }
+            node.channel(peer)?.wait_all()?;
+            (rank % 2 == 0).then(|| (peer, Pct::of(&h)))
+        } else {
+            None
+        };
+        node.barrier(&clock, timeout)?;
+        r
+    };
+
+    // 2. Scatter, gather, multicast.
+    const CHUNK: usize = 4096;
+    let pat = |r: u32, salt: u8| -> Vec<u8> {
+        (0..CHUNK)
+            .map(|i| {
+                (i as u8)
+                    .wrapping_mul(13)
+                    .wrapping_add(r as u8)
+                    .wrapping_add(salt)
+            })
+            .collect()
+    };
+    {
+        let mut src = vec![0u8; CHUNK * world as usize];
+        let mut back = vec![0u8; CHUNK * world as usize];
+        let mut msg_buf = vec![0u8; 64];
+        for r in 0..world {
+            src[r as usize * CHUNK..(r as usize + 1) * CHUNK].copy_from_slice(&pat(r, 1));
+        }
+        let pd = node.pd().clone();
+        let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE)?;
+        let mut back_mr = pd.register(&mut back, AccessFlags::LOCAL_WRITE)?;
+        let mut msg_mr = pd.register(&mut msg_buf, AccessFlags::LOCAL_WRITE)?;
+        // Each rank puts its own gather chunk into its window.
+        node.window().write_from(2 * CHUNK, &pat(rank, 2));
+        let msg = b"multicast from rank 0: hello, all ranks";
+        // Receivers post their multicast receive before the barrier that releases rank 0.
+        let mut recv_sge = [msg_mr.sge_mut(0..64).ok_or("range")?];
+        let pending = if rank != 0 {
+            // SAFETY: msg_mr's bytes are not touched until wait_recv below returns.
+            Some(unsafe { node.channel(0)?.post_recv_unpolled(&mut recv_sge) }?)
+        } else {
+            None
+        };
+        node.barrier(&clock, timeout)?;
+        if rank == 0 {
+            let sges: Vec<[Sge<'_>; 1]> = (0..world)
+                .map(|r| {
+                    [src_mr
+                        .sge(r as usize * CHUNK..(r as usize + 1) * CHUNK)
+                        .expect("in range")]
+                })
+                .collect();
+            let targets: Vec<_> = (1..world)
+                .map(|r| {
+                    node.peer_window(r)
+                        .and_then(|w| w.slice(CHUNK as u64, CHUNK as u64))
+                        .expect("window")
+                })
+                .collect();
+            node.multi().scatter_write((1..world).map(|r| {
+                (
+                    r as usize - 1,
+                    &sges[r as usize][..],
+                    targets[r as usize - 1],
+                )
+            }))?;
+            let mut outs: Vec<[rverbs_core::sge::SgeMut<'_>; 1]> =
+                back_mr.chunks_mut(CHUNK).map(|s| [s]).collect();
+            let sources: Vec<_> = (0..world)
+                .map(|r| {
+                    node.peer_window(r)
+                        .and_then(|w| w.slice(2 * CHUNK as u64, CHUNK as u64))
+                })
+                .collect();
+            node.multi().gather_read(
+                outs.iter_mut()
+                    .enumerate()
+                    .skip(1)
+                    .map(|(r, s)| (r - 1, &mut s[..], sources[r].expect("window"))),
+            )?;
+            let mut ok = true;
+            for r in 1..world as usize {
+                ok &= back_mr.as_slice()[r * CHUNK..(r + 1) * CHUNK] == pat(r as u32, 2)[..];
+            }
+            checks.push(("gather_read bytes from every peer".to_owned(), ok));
+            multicast(&mut node, &pd, msg, world)?;
+        }
+        node.barrier(&clock, timeout)?;
+        if let Some(t) = pending {
+            let info = node.channel(0)?.wait_recv(t)?;
+            let ok = info.byte_len as usize == msg.len() && &msg_mr.as_slice()[..msg.len()] == msg;
+            checks.push(("multicast message received intact".to_owned(), ok));
+            let mut got = vec![0u8; CHUNK];
+            node.window().read_into(CHUNK, &mut got);
+            checks.push((
+                "scatter_write chunk landed intact".to_owned(),
+                got == pat(rank, 1),
+            ));
+        }
+        node.barrier(&clock, timeout)?;
+    }
+
+    // 3. Barriers.
+    let mut barriers = Vec::new();
+    for alg in BarrierAlgorithm::ALL {
+        node.set_algorithm(alg);
+        node.barrier(&clock, timeout)?;
+        let mut h = hist();
+        for _ in 0..args.barriers {
+            let t = Instant::now();
+            node.barrier(&clock, timeout)?;
+            h.record((t.elapsed().as_nanos() as u64).max(1))?;
+        }
+        barriers.push((alg.name().to_owned(), Pct::of(&h)));
+    }
+    let evens: Vec<u32> = (0..world).step_by(2).collect();
+    let group_barriers = if rank % 2 == 0 && evens.len() > 1 {
+        let mut h = hist();
+        for _ in 0..args.barriers.min(200) {
+            let t = Instant::now();
+            node.barrier_group(&evens, BarrierAlgorithm::Dissemination, &clock, timeout)?;
+            h.record((t.elapsed().as_nanos() as u64).max(1))?;
+        }
+        Some(Pct::of(&h))
+    } else {
+        None
+    };
+    node.set_algorithm(BarrierAlgorithm::Dissemination);
+    node.barrier(&clock, timeout)?;
+
+    let report = Report {
+        rank,
+        connect_ms,
+        pingpong,
+        barriers,
+        group_barriers,
+        checks,
+    };
+    let all = session.allgather(serde_json::to_string(&report)?.as_bytes())?;
+    let reports: Vec<Report> = all
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<_, _>>()?;
+    session.close()?;
+    let failed: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.checks
+                .iter()
+                .filter(|(_, ok)| !ok)
+                .map(move |(n, _)| format!("rank {}: {n}", r.rank))
+        })
+        .collect();
+    if rank == 0 {
+        print_summary(args, &config, &reports);
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("checks failed: {}", failed.join(", ")).into())
+    }
+}
+
+/// Rank 0's multicast: register the message and send it to every peer with one call.
+fn multicast(
+    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    pd: &rverbs_core::verbs::Pd,
+    msg: &[u8],
+    world: u32,
+) -> Res<()> {
+    let mut buf = msg.to_vec();
+    let mr = pd.register(&mut buf, AccessFlags::LOCAL_WRITE)?;
+    let sge = [mr.sge(0..msg.len()).ok_or("range")?];
+    node.multi().multicast_send(0..world as usize - 1, &sge)?;
+    Ok(())
+}
+
+/// Spins until our window's first word reaches `want`.
+fn spin_for(
+    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    want: u64,
+    start: Instant,
+    timeout: Duration,
+) -> Res<()> {
+    let mut n = 0u32;
+    loop {
+        if node.window().load_u64(0) == Some(want) {
+            return Ok(());
+        }
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(1024) {
+            // Retire our own writes' completions and notice a broken channel.
+            node.multi().poll()?;
+            if start.elapsed() > timeout {
+                return Err(
+                    format!("ping-pong: no answer for value {want} within {timeout:?}").into(),
+                );
+            }
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn print_summary(args: &Args, config: &ClusterConfig, reports: &[Report]) {
+    let world = config.world_size();
+    let device = &config.rank(0).device;
+    let max_connect = reports.iter().map(|r| r.connect_ms).max().unwrap_or(0);
+    println!();
+    println!(
+        "rverbs cluster: {world} ranks, device {device}, all connected within {max_connect} ms"
+    );
+    println!(
+        "ping-pong: 8-byte inline RDMA write, spin on memory, RTT/2 over {} round trips",
+        args.pingpong_iters
+    );
+    for r in reports {
+        if let Some((peer, p)) = &r.pingpong {
+            println!(
+                "  ranks {}-{}: p50 {}  p99 {}  p99.9 {}  max {}",
+                r.rank,
+                peer,
+                us(p.p50_ns),
+                us(p.p99_ns),
+                us(p.p999_ns),
+                us(p.max_ns)
+            );
+        }
+    }
+    println!("barriers over all {world} ranks, {} each (per-barrier latency; p50 is the median over ranks):", args.barriers);
+    for (i, alg) in BarrierAlgorithm::ALL.iter().enumerate() {
+        let mut p50: Vec<u64> = reports.iter().map(|r| r.barriers[i].1.p50_ns).collect();
+        p50.sort_unstable();
+        let p99 = reports
+            .iter()
+            .map(|r| r.barriers[i].1.p99_ns)
+            .max()
+            .unwrap_or(0);
+        let max = reports
+            .iter()
+            .map(|r| r.barriers[i].1.max_ns)
+            .max()
+            .unwrap_or(0);
+        println!(
+            "  {:<14} p50 {:>9}  p99 (worst rank) {:>9}  max {:>9}",
+            alg.name(),
+            us(p50[p50.len() / 2]),
+            us(p99),
+            us(max)
+        );
+    }
+    if let Some(p) = reports[0].group_barriers {
+        println!(
+            "sub-group barrier over the {} even ranks (dissemination): p50 {}  p99 {}",
+            world.div_ceil(2),
+            us(p.p50_ns),
+            us(p.p99_ns)
+        );
+    }
+    let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
+    let ok: usize = reports
+        .iter()
+        .map(|r| r.checks.iter().filter(|c| c.1).count())
+        .sum();
+    println!("data checks (scatter_write, gather_read, multicast_send; bytes compared): {ok} of {checks} passed");
+}
