@@ -259,6 +259,10 @@ fn full(
         .collect();
     let group: Vec<u32> = (0..world).filter(|r| r % 2 == rank % 2).collect();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(rank + 1);
+    const SLOTS: usize = 16;
+    node.start_messaging(SLOTS, 256).unwrap();
+    // Every ring is posted before anyone sends.
+    node.barrier(clock, tmo).unwrap();
 
     let before = ALLOCS.load(Ordering::SeqCst);
     // 1. Barriers, every algorithm, with random per-rank delays; every 500th barrier checks
@@ -408,6 +412,65 @@ fn full(
         }
         node.barrier(clock, tmo).unwrap();
     }
+    // 4. Messaging through the event loop: rounds of SLOTS/2 inline messages to every peer,
+    // each checked for sender, round and order.
+    let rounds = 50u32;
+    let per_round = (SLOTS / 2) as u32;
+    let mut next_from = [0u32; 8];
+    let mut bad = 0u32;
+    let mut completions_seen = 0u64;
+    for round in 0..rounds {
+        for r in (0..world).filter(|&r| r != rank) {
+            for k in 0..per_round {
+                let seq = round * per_round + k;
+                let mut m = [0u8; 12];
+                m[..4].copy_from_slice(&rank.to_le_bytes());
+                m[4..8].copy_from_slice(&seq.to_le_bytes());
+                m[8..].copy_from_slice(&r.to_le_bytes());
+                node.send_inline(r, &m).unwrap();
+            }
+        }
+        let want = (round + 1) * per_round;
+        let deadline = rverbs_core::poll::Deadline::after(clock, tmo);
+        let got: [std::cell::Cell<u32>; 8] =
+            core::array::from_fn(|i| std::cell::Cell::new(next_from[i]));
+        node.progress_until(
+            clock,
+            deadline,
+            |ev| match ev {
+                rverbs_core::node::Event::Message {
+                    rank: from,
+                    data,
+                    imm: None,
+                } if data.len() == 12 => {
+                    let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
+                    let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
+                    let to = u32::from_le_bytes(data[8..].try_into().unwrap());
+                    let g = &got[from as usize];
+                    if sender != from || to != rank || seq != g.get() {
+                        bad += 1;
+                    }
+                    g.set(g.get() + 1);
+                }
+                rverbs_core::node::Event::SendsCompleted { .. } => completions_seen += 1,
+                other => panic!("rank {rank}: unexpected event {other:?}"),
+            },
+            || {
+                (0..world)
+                    .filter(|&r| r != rank)
+                    .all(|r| got[r as usize].get() >= want)
+            },
+        )
+        .unwrap_or_else(|e| panic!("rank {rank} round {round}: {e}"));
+        next_from = core::array::from_fn(|i| got[i].get());
+    }
+    assert_eq!(bad, 0, "rank {rank}: messages out of order or misaddressed");
+    assert!(
+        completions_seen > 0,
+        "rank {rank}: no send completion events"
+    );
+    node.barrier(clock, tmo).unwrap();
+
     let allocs = ALLOCS.load(Ordering::SeqCst) - before;
     eprintln!("rank {rank}: {allocs} allocations after connecting");
     assert_eq!(

@@ -688,3 +688,30 @@ fn batch_signaled_requests_a_completion() {
     batch.submit_and_wait().unwrap();
     assert_eq!(f.stats(Side::A).send_cqes, 2);
 }
+
+/// A receive flushed because the queue pair went to the error state (here: killed) is a
+/// failure like any other: the channel must report itself broken afterwards. (Found by the
+/// `channel_ops` fuzz target.)
+#[test]
+fn flushed_receive_breaks_the_channel() {
+    let mut rbuf = [0u8; 16];
+    let f = fabric(4);
+    let mut rm = f.register(Side::A, &mut rbuf, RW).unwrap();
+    let (ea, _eb) = f.ends();
+    let mut a = Channel::new(ea, ChannelConfig::default());
+    f.kill(Side::A);
+    let clock = StepClock(Cell::new(0));
+    let r = a.recv_timeout(
+        &mut [rm.sge_mut(0..0).unwrap()],
+        &clock,
+        Duration::from_millis(10),
+    );
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        a.failure().is_some(),
+        "an error reached the QP but the channel is not broken"
+    );
+    assert!(a
+        .write_inline_nowait(b"x", rverbs_core::sge::RemoteMemory::default())
+        .is_err());
+}

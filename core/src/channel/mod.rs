@@ -258,7 +258,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             vendor_err: c.vendor_err,
             taken: false,
         };
-        if !c.status.is_success() && c.status != WcStatus::Flushed && self.broken.is_none() {
+        if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
                 wr_id: c.wr_id,
                 status: c.status,
@@ -560,6 +560,22 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.one(Opcode::Write, SendFlags::INLINE, &[sge], remote)
     }
 
+    /// Posts an inline send of `data` and returns without waiting (see
+    /// [`Channel::write_inline_nowait`]). The peer must have a receive posted. Does not
+    /// allocate.
+    pub fn send_inline_nowait(&mut self, data: &[u8]) -> Result<(), ChannelError> {
+        let sge = [self.inline_sge(data)?];
+        let mut wr = [WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Send,
+            flags: SendFlags::INLINE,
+            sges: &sge,
+            remote: RemoteMemory::default(),
+        }];
+        // SAFETY: inline payloads are copied during the post; no local buffer is named later.
+        unsafe { self.post_send_wrs(&mut wr) }.map(|_| ())
+    }
+
     /// Posts an inline write of `data` into the peer's `remote` memory and returns without
     /// waiting. Safe, because inline data is copied into the work request during the post;
     /// a failure shows up on a later call (the channel is then broken). Does not allocate.
@@ -635,6 +651,19 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     ) -> Result<RecvTicket, ChannelError> {
         // SAFETY: forwarded to the caller.
         unsafe { self.post_recv_sges(as_gather(sges)) }.map(RecvTicket)
+    }
+
+    /// The result of receive `t` if it has completed (handing it out frees its slot), or
+    /// `None` if it is still outstanding. Never waits. Does not allocate.
+    pub fn try_recv(&mut self, t: RecvTicket) -> Option<Result<RecvInfo, ChannelError>> {
+        (self.recv_done > t.0).then(|| self.recv_result(t.0))
+    }
+
+    /// How many send requests have completed since the channel was made (every request
+    /// below this count is done). Grows as [`Channel::poll`] sees completions.
+    #[inline]
+    pub fn sends_completed(&self) -> u64 {
+        self.done_seq
     }
 
     /// The most recently posted receive, if it has not completed yet.

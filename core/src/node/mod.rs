@@ -6,6 +6,10 @@
 //! with `rverbs-bootstrap`) → [`PreparedNode::handshake`] → [`Node`]. After that nothing
 //! allocates: barriers, window writes and channel operations reuse what setup made.
 
+mod messaging;
+
+pub use messaging::Event;
+
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
@@ -259,6 +263,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             world: self.world,
             algorithm: self.cfg.algorithm,
             multi: MultiChannel::new(chans),
+            rings: None,
             barrier: BarrierState::new(self.rank, self.world),
             all: (0..self.world).collect(),
             backoff: self.backoff,
@@ -277,6 +282,8 @@ pub struct Node<B: Backoff + Clone> {
     world: u32,
     algorithm: BarrierAlgorithm,
     multi: MultiChannel<VerbsProvider, B>,
+    // After `multi`: the channels' queue pairs are destroyed before the ring memory is freed.
+    rings: Option<messaging::Rings>,
     barrier: BarrierState,
     all: Vec<u32>,
     backoff: B,

@@ -374,6 +374,19 @@ impl SharedRegion<'_> {
         true
     }
 
+    /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
+    ///
+    /// # Safety
+    /// Nobody may write the range while the slice lives: no peer (the region grants no
+    /// remote write, or the protocol rules it out) and no local work request (no receive or
+    /// read targets it until the slice is gone).
+    #[inline]
+    pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        let (off, len) = check_range(&range, self.len)?;
+        // SAFETY: in bounds; the caller guarantees nobody writes the bytes meanwhile.
+        Some(unsafe { core::slice::from_raw_parts(self.ptr.as_ptr().add(off), len as usize) })
+    }
+
     /// A volatile little-endian `u64` load at an 8-aligned `offset` (for flags and counters a
     /// peer RDMA-writes). `None` if misaligned or out of bounds. Does not allocate.
     #[inline]

@@ -1,0 +1,244 @@
+//! Messaging for a busy-polling thread: receive rings per peer, re-posted automatically, and
+//! [`Node::progress`], which hands completions to a handler with bounded work per call.
+//!
+//! [`Node::start_messaging`] registers one ring of `slots` receive buffers of `slot_size`
+//! bytes per peer and posts them all. A peer's send (or write with immediate) consumes the
+//! oldest; `progress` delivers it as an [`Event`] and re-posts the buffer at once. A sender
+//! may have at most `slots` messages in flight to one receiver; beyond that the receiver's
+//! device answers "receiver not ready" and the sender retries (see
+//! [`crate::params::RnrRetry`]). Once messaging has started, the node owns the receive queues:
+//! do not post receives on its channels yourself.
+
+use alloc::vec::Vec;
+
+use super::{Node, NodeError};
+use crate::channel::{ChannelError, RecvTicket};
+use crate::poll::{Backoff, Clock, Deadline};
+use crate::verbs::mr::OwnedRegion;
+use crate::verbs::AccessFlags;
+
+/// What [`Node::progress`] delivers.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A message arrived from `rank` (a send, or a write with immediate whose bytes went to
+    /// the window and whose `data` here is empty).
+    Message {
+        /// The sender.
+        rank: u32,
+        /// The payload, valid for the duration of the handler call.
+        data: &'a [u8],
+        /// The immediate, if the message carried one.
+        imm: Option<u32>,
+    },
+    /// Send-queue requests to `rank` completed: every request below `completed` is done.
+    SendsCompleted {
+        /// The peer.
+        rank: u32,
+        /// Requests completed on that channel so far.
+        completed: u64,
+    },
+    /// The channel to `rank` failed; it is broken from now on.
+    Failed {
+        /// The peer.
+        rank: u32,
+        /// Why.
+        error: ChannelError,
+    },
+}
+
+pub(super) struct Rings {
+    // Declared (and dropped) after the node's channels: see Node's field order.
+    region: OwnedRegion,
+    slots: usize,
+    slot_size: usize,
+    tickets: Vec<Option<RecvTicket>>,
+    head: Vec<usize>,
+    sends_seen: Vec<u64>,
+    failure_reported: Vec<bool>,
+}
+
+impl<B: Backoff + Clone> Node<B> {
+    /// Registers a ring of `slots` receive buffers of `slot_size` bytes for every peer and
+    /// posts them. Allocates (setup); messaging itself does not.
+    pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
+        if self.rings.is_some() || slots == 0 || slot_size == 0 {
+            return Err(NodeError::BadRank);
+        }
+        let peers = self.multi.peers();
+        let region = self
+            .pd
+            .alloc_region(peers * slots * slot_size, AccessFlags::LOCAL_WRITE)?;
+        let mut rings = Rings {
+            region,
+            slots,
+            slot_size,
+            tickets: (0..peers * slots).map(|_| None).collect(),
+            head: alloc::vec![0; peers],
+            sends_seen: alloc::vec![0; peers],
+            failure_reported: alloc::vec![false; peers],
+        };
+        for p in 0..peers {
+            for i in 0..slots {
+                post_slot(self, &mut rings, p, i)?;
+            }
+        }
+        self.rings = Some(rings);
+        Ok(())
+    }
+
+    /// Polls every peer once and hands up to `budget` events to `handler`; returns how many
+    /// it handed. Received buffers are re-posted right after their handler call. Does not
+    /// allocate.
+    pub fn progress(
+        &mut self,
+        budget: usize,
+        mut handler: impl FnMut(Event<'_>),
+    ) -> Result<usize, NodeError> {
+        let Some(mut rings) = self.rings.take() else {
+            return Err(NodeError::BadRank);
+        };
+        let r = self.progress_rings(&mut rings, budget, &mut handler);
+        self.rings = Some(rings);
+        r
+    }
+
+    fn progress_rings(
+        &mut self,
+        rings: &mut Rings,
+        budget: usize,
+        handler: &mut impl FnMut(Event<'_>),
+    ) -> Result<usize, NodeError> {
+        let mut handed = 0;
+        let me = self.rank;
+        for p in 0..self.multi.peers() {
+            let rank = if (p as u32) < me {
+                p as u32
+            } else {
+                p as u32 + 1
+            };
+            if handed >= budget {
+                break;
+            }
+            let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+            if let Some(error) = chan.failure() {
+                // A broken channel is reported once, then left alone.
+                if !rings.failure_reported[p] {
+                    rings.failure_reported[p] = true;
+                    handler(Event::Failed { rank, error });
+                    handed += 1;
+                }
+                continue;
+            }
+            if let Err(error) = chan.poll() {
+                rings.failure_reported[p] = true;
+                handler(Event::Failed { rank, error });
+                handed += 1;
+                continue;
+            }
+            let done = chan.sends_completed();
+            if done > rings.sends_seen[p] && handed < budget {
+                rings.sends_seen[p] = done;
+                handler(Event::SendsCompleted {
+                    rank,
+                    completed: done,
+                });
+                handed += 1;
+            }
+            while handed < budget {
+                let i = rings.head[p];
+                let Some(t) = rings.tickets[p * rings.slots + i] else {
+                    break;
+                };
+                let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+                match chan.try_recv(t) {
+                    None => break,
+                    Some(Ok(info)) => {
+                        let at = (p * rings.slots + i) * rings.slot_size;
+                        let len = (info.byte_len as usize).min(rings.slot_size);
+                        // SAFETY: this slot's receive completed and it is not re-posted until
+                        // after the handler returns; the region grants no remote write.
+                        let data =
+                            unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
+                        handler(Event::Message {
+                            rank,
+                            data,
+                            imm: info.imm,
+                        });
+                        handed += 1;
+                        rings.tickets[p * rings.slots + i] = None;
+                        rings.head[p] = (i + 1) % rings.slots;
+                        post_slot(self, rings, p, i)?;
+                    }
+                    Some(Err(error)) => {
+                        rings.tickets[p * rings.slots + i] = None;
+                        rings.head[p] = (i + 1) % rings.slots;
+                        if !rings.failure_reported[p] {
+                            rings.failure_reported[p] = true;
+                            handler(Event::Failed { rank, error });
+                            handed += 1;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(handed)
+    }
+
+    /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
+    /// fails with a timeout at `deadline`. Does not allocate.
+    pub fn progress_until<C: Clock>(
+        &mut self,
+        clock: &C,
+        deadline: Deadline,
+        mut handler: impl FnMut(Event<'_>),
+        mut done: impl FnMut() -> bool,
+    ) -> Result<(), NodeError> {
+        let mut backoff = self.backoff.clone();
+        backoff.reset();
+        while !done() {
+            if self.progress(64, &mut handler)? > 0 {
+                backoff.reset();
+                continue;
+            }
+            if deadline.passed(clock) {
+                return Err(NodeError::Channel {
+                    rank: self.rank,
+                    error: ChannelError::TimedOut,
+                });
+            }
+            backoff.snooze();
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to `rank` inline (no registered memory; at most the QP's inline limit)
+    /// and returns without waiting. Does not allocate.
+    pub fn send_inline(&mut self, rank: u32, data: &[u8]) -> Result<(), NodeError> {
+        self.channel(rank)?
+            .send_inline_nowait(data)
+            .map_err(|error| NodeError::Channel { rank, error })
+    }
+}
+
+fn post_slot<B: Backoff + Clone>(
+    node: &mut Node<B>,
+    rings: &mut Rings,
+    p: usize,
+    i: usize,
+) -> Result<(), NodeError> {
+    let at = (p * rings.slots + i) * rings.slot_size;
+    let mut sge = [rings
+        .region
+        .sge_mut(at..at + rings.slot_size)
+        .ok_or(NodeError::BadRank)?];
+    let chan = node.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+    // SAFETY: the ring memory is owned by the node and dropped after its channels (field
+    // order), and this slot is read only after its receive completed, then re-posted.
+    let t = unsafe { chan.post_recv_unpolled(&mut sge) }.map_err(|error| NodeError::Channel {
+        rank: p as u32,
+        error,
+    })?;
+    rings.tickets[p * rings.slots + i] = Some(t);
+    Ok(())
+}
