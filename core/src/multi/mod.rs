@@ -9,7 +9,7 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::channel::{Channel, ChannelError, RecvInfo};
+use crate::channel::{Batch, Channel, ChannelError, RecvInfo};
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
@@ -139,22 +139,28 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         first.map_or(Ok(()), Err)
     }
 
-    /// Writes each `(peer, sges, remote)` (one doorbell per request), then waits for all.
-    /// Does not allocate.
-    pub fn scatter_write<'a, I>(&mut self, ops: I) -> Result<(), MultiError>
+    /// Posts one request per item to the item's peer (each its own doorbell), then waits for
+    /// every channel that has work in flight, also when a post failed half way: no buffer is
+    /// handed back while the device may still use it.
+    fn post_each_then_wait<'a, T, I>(
+        &mut self,
+        ops: I,
+        mut add: impl FnMut(&mut Batch<'_, 'a, P, B, R>, T) -> Result<(), ChannelError>,
+    ) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, &'a [Sge<'a>], RemoteMemory)>,
+        I: IntoIterator<Item = (usize, T)>,
     {
         let mut first = None;
-        for (peer, sges, remote) in ops {
+        for (peer, item) in ops {
             let r = match self.chans.get_mut(peer) {
                 None => Err(MultiError::NoSuchPeer(peer)),
                 Some(c) => {
                     let mut b = c.batch();
-                    b.write(sges, remote).map_err(at(peer))?;
-                    // SAFETY: the buffers are borrowed for 'a, beyond this call, and
-                    // wait_touched below waits for every posted request before returning.
-                    unsafe { b.submit() }.map(|_| ()).map_err(at(peer))
+                    add(&mut b, item)
+                        // SAFETY: the items' buffers are borrowed for 'a, beyond this call,
+                        // and wait_touched below waits for every posted request first.
+                        .and_then(|()| unsafe { b.submit() }.map(|_| ()))
+                        .map_err(at(peer))
                 }
             };
             if let Err(e) = r {
@@ -164,6 +170,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         }
         let waited = self.wait_touched();
         first.map_or(waited, Err)
+    }
+
+    /// Writes each `(peer, sges, remote)` (one doorbell per request), then waits for all.
+    /// Does not allocate.
+    pub fn scatter_write<'a, I>(&mut self, ops: I) -> Result<(), MultiError>
+    where
+        I: IntoIterator<Item = (usize, &'a [Sge<'a>], RemoteMemory)>,
+    {
+        self.post_each_then_wait(ops.into_iter().map(|(p, s, r)| (p, (s, r))), |b, (s, r)| {
+            b.write(s, r).map(|_| ())
+        })
     }
 
     /// Sends each `(peer, sges)`, then waits for all. Does not allocate.
@@ -171,49 +188,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (usize, &'a [Sge<'a>])>,
     {
-        let mut first = None;
-        for (peer, sges) in ops {
-            let r = match self.chans.get_mut(peer) {
-                None => Err(MultiError::NoSuchPeer(peer)),
-                Some(c) => {
-                    let mut b = c.batch();
-                    b.send(sges).map_err(at(peer))?;
-                    // SAFETY: as in scatter_write.
-                    unsafe { b.submit() }.map(|_| ()).map_err(at(peer))
-                }
-            };
-            if let Err(e) = r {
-                first = Some(e);
-                break;
-            }
-        }
-        let waited = self.wait_touched();
-        first.map_or(waited, Err)
+        self.post_each_then_wait(ops, |b, s| b.send(s).map(|_| ()))
     }
 
     /// Sends the same `sges` to every peer in `peers`, then waits. Does not allocate.
-    pub fn multicast_send<I>(&mut self, peers: I, sges: &[Sge<'_>]) -> Result<(), MultiError>
+    pub fn multicast_send<'a, I>(&mut self, peers: I, sges: &'a [Sge<'a>]) -> Result<(), MultiError>
     where
         I: IntoIterator<Item = usize>,
     {
-        let mut first = None;
-        for peer in peers {
-            let r = match self.chans.get_mut(peer) {
-                None => Err(MultiError::NoSuchPeer(peer)),
-                Some(c) => {
-                    let mut b = c.batch();
-                    b.send(sges).map_err(at(peer))?;
-                    // SAFETY: sges is borrowed for this whole call, which waits below.
-                    unsafe { b.submit() }.map(|_| ()).map_err(at(peer))
-                }
-            };
-            if let Err(e) = r {
-                first = Some(e);
-                break;
-            }
-        }
-        let waited = self.wait_touched();
-        first.map_or(waited, Err)
+        self.post_each_then_wait(peers.into_iter().map(|p| (p, ())), |b, ()| {
+            b.send(sges).map(|_| ())
+        })
     }
 
     /// Reads each `(peer, sges, remote)` into local memory, then waits for all.
@@ -222,25 +207,9 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (usize, &'a mut [SgeMut<'a>], RemoteMemory)>,
     {
-        let mut first = None;
-        for (peer, sges, remote) in ops {
-            let r = match self.chans.get_mut(peer) {
-                None => Err(MultiError::NoSuchPeer(peer)),
-                Some(c) => {
-                    let mut b = c.batch();
-                    b.read(sges, remote).map_err(at(peer))?;
-                    // SAFETY: as in scatter_write; the scatter entries stay mutably
-                    // borrowed for 'a.
-                    unsafe { b.submit() }.map(|_| ()).map_err(at(peer))
-                }
-            };
-            if let Err(e) = r {
-                first = Some(e);
-                break;
-            }
-        }
-        let waited = self.wait_touched();
-        first.map_or(waited, Err)
+        self.post_each_then_wait(ops.into_iter().map(|(p, s, r)| (p, (s, r))), |b, (s, r)| {
+            b.read(s, r).map(|_| ())
+        })
     }
 
     /// Posts a receive for each `(peer, sges)` and waits until all arrived; `on_recv` sees

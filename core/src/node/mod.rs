@@ -447,6 +447,29 @@ impl<B: Backoff + Clone> Node<B> {
     /// Barrier over all ranks with the default algorithm. Does not allocate.
     pub fn barrier<C: Clock>(&mut self, clock: &C, timeout: Duration) -> Result<(), NodeError> {
         let alg = self.algorithm;
+        self.run_barrier(None, alg, clock, timeout)
+    }
+
+    /// Barrier over `members` (sorted, no repeats, containing this rank) with `alg`.
+    /// Every member must call it with the same list and algorithm. Does not allocate.
+    pub fn barrier_group<C: Clock>(
+        &mut self,
+        members: &[u32],
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        self.run_barrier(Some(members), alg, clock, timeout)
+    }
+
+    /// Runs a barrier over `members`, or over every rank when `None`.
+    fn run_barrier<C: Clock>(
+        &mut self,
+        members: Option<&[u32]>,
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
         let Self {
             rank,
             multi,
@@ -464,36 +487,7 @@ impl<B: Backoff + Clone> Node<B> {
             peer_flags,
         };
         barrier
-            .run(&mut t, all, alg, clock, timeout, backoff)
-            .map_err(NodeError::Barrier)
-    }
-
-    /// Barrier over `members` (sorted, no repeats, containing this rank) with `alg`.
-    /// Every member must call it with the same list and algorithm. Does not allocate.
-    pub fn barrier_group<C: Clock>(
-        &mut self,
-        members: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        let Self {
-            rank,
-            multi,
-            barrier,
-            backoff,
-            peer_flags,
-            flags,
-            ..
-        } = self;
-        let mut t = Transport {
-            me: *rank,
-            multi,
-            flags,
-            peer_flags,
-        };
-        barrier
-            .run(&mut t, members, alg, clock, timeout, backoff)
+            .run(&mut t, members.unwrap_or(all), alg, clock, timeout, backoff)
             .map_err(NodeError::Barrier)
     }
 }
