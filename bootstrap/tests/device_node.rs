@@ -172,6 +172,9 @@ fn child_rank() {
     let config =
         ClusterConfig::new("test", Some(format!("{scenario}-{world}-{port}")), ranks).unwrap();
     let mut opts = ConnectOptions::for_config(&config);
+    // gather_receive posts its receives when it is called; senders that get there first
+    // are told "receiver not ready" and retry until it does.
+    opts.node.qp.rnr_retry = rverbs_core::params::RnrRetry::Infinite;
     opts.wait = WaitPolicy::Sleep {
         spins: 64,
         pause: Duration::from_micros(20),
@@ -332,9 +335,15 @@ fn full(
             node.window().write_from(2 * CHUNK + i, &b);
         }
         let recv_t = if rank != root {
-            let mut r = [rcv_mr.sge_mut(0..64).unwrap()];
-            // SAFETY: rcv_mr is read only after wait_recv below.
-            Some(unsafe { node.channel(root).unwrap().post_recv_unpolled(&mut r) }.unwrap())
+            let mut parts = rcv_mr.chunks_mut(32);
+            let mut r = [parts.next().unwrap()];
+            let mut r2 = [parts.next().unwrap()];
+            let chan = node.channel(root).unwrap();
+            // SAFETY: rcv_mr is read only after both wait_recv calls below.
+            let t1 = unsafe { chan.post_recv_unpolled(&mut r) }.unwrap();
+            // SAFETY: as above; this one receives the scatter_send that follows the multicast.
+            let t2 = unsafe { chan.post_recv_unpolled(&mut r2) }.unwrap();
+            Some((t1, t2))
         } else {
             None
         };
@@ -393,11 +402,62 @@ fn full(
             }
             let m = [msg_mr.sge(0..8).unwrap()];
             node.multi().multicast_send(0..w - 1, &m).unwrap();
+            // scatter_send: a distinct 8-byte message to every peer.
+            for r in 0..w {
+                src_mr.as_mut_slice()[r * 8..r * 8 + 8]
+                    .copy_from_slice(&[root as u8, r as u8, 0xa5, 0, 0, 0, 0, 1]);
+            }
+            let per: [Option<[Sge<'_>; 1]>; 8] = core::array::from_fn(|r| {
+                (r < w && r as u32 != rank).then(|| [src_mr.sge(r * 8..r * 8 + 8).unwrap()])
+            });
+            node.multi()
+                .scatter_send(per.iter().enumerate().filter_map(|(r, s)| {
+                    s.as_ref()
+                        .map(|s| (if (r as u32) < rank { r } else { r - 1 }, &s[..]))
+                }))
+                .unwrap();
+            // gather_receive: every peer sends 8 bytes back.
+            let mut slots: [Option<[SgeMut<'_>; 1]>; 8] = Default::default();
+            for (i, s) in back_mr.chunks_mut(8).enumerate().take(8) {
+                if i < w && i as u32 != rank {
+                    slots[i] = Some([s]);
+                }
+            }
+            let mut lens = [0u32; 8];
+            node.multi()
+                .gather_receive(
+                    slots.iter_mut().enumerate().filter_map(|(r, s)| {
+                        s.as_mut()
+                            .map(|s| (if (r as u32) < rank { r } else { r - 1 }, &mut s[..]))
+                    }),
+                    |peer, info| lens[peer] = info.byte_len,
+                )
+                .unwrap();
+            for r in (0..world).filter(|&r| r != rank) {
+                let idx = if r < rank { r as usize } else { r as usize - 1 };
+                assert_eq!(lens[idx], 8, "gather_receive length from {r}");
+                assert_eq!(
+                    back_mr.as_slice()[r as usize * 8..r as usize * 8 + 8],
+                    [r as u8, root as u8, 0x5a, 0, 0, 0, 0, 2],
+                    "gather_receive bytes from {r}"
+                );
+            }
         }
-        if let Some(t) = recv_t {
-            let info = node.channel(root).unwrap().wait_recv(t).unwrap();
+        if let Some((t1, t2)) = recv_t {
+            let chan = node.channel(root).unwrap();
+            let info = chan.wait_recv(t1).unwrap();
             assert_eq!(info.byte_len, 8);
             assert_eq!(rcv_mr.as_slice()[..8], u64::from(root).to_le_bytes());
+            let info = chan.wait_recv(t2).unwrap();
+            assert_eq!(info.byte_len, 8);
+            assert_eq!(
+                rcv_mr.as_slice()[32..40],
+                [root as u8, rank as u8, 0xa5, 0, 0, 0, 0, 1]
+            );
+            // Our part of the root's gather_receive.
+            msg_mr.as_mut_slice()[8..16]
+                .copy_from_slice(&[rank as u8, root as u8, 0x5a, 0, 0, 0, 0, 2]);
+            chan.send(&[msg_mr.sge(8..16).unwrap()]).unwrap();
         }
         node.barrier(clock, tmo).unwrap();
         if rank != root {

@@ -102,3 +102,7 @@ impl Provider for VerbsProvider {
         })
     }
 }
+
+// A channel over a real queue pair moves to the thread that will poll it.
+static_assertions::assert_impl_all!(crate::channel::Channel<VerbsProvider>: Send);
+static_assertions::assert_impl_all!(crate::node::Node<crate::poll::Spin>: Send);
