@@ -564,16 +564,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// [`Channel::write_inline_nowait`]). The peer must have a receive posted. Does not
     /// allocate.
     pub fn send_inline_nowait(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        let sge = [self.inline_sge(data)?];
-        let mut wr = [WorkRequest {
-            wr_id: 0,
-            opcode: Opcode::Send,
-            flags: SendFlags::INLINE,
-            sges: &sge,
-            remote: RemoteMemory::default(),
-        }];
-        // SAFETY: inline payloads are copied during the post; no local buffer is named later.
-        unsafe { self.post_send_wrs(&mut wr) }.map(|_| ())
+        self.post_inline_nowait(Opcode::Send, data, RemoteMemory::default())
     }
 
     /// Posts an inline write of `data` into the peer's `remote` memory and returns without
@@ -584,16 +575,27 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         data: &[u8],
         remote: RemoteMemory,
     ) -> Result<(), ChannelError> {
+        self.post_inline_nowait(Opcode::Write, data, remote)
+    }
+
+    /// Posts one inline request without waiting: the one place the `*_inline_nowait` calls
+    /// reach the provider.
+    fn post_inline_nowait(
+        &mut self,
+        opcode: Opcode,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<(), ChannelError> {
         let sge = [self.inline_sge(data)?];
         let mut wr = [WorkRequest {
             wr_id: 0,
-            opcode: Opcode::Write,
+            opcode,
             flags: SendFlags::INLINE,
             sges: &sge,
             remote,
         }];
         // SAFETY: inline payloads are copied during the post; no local buffer is named
-        // afterwards, and the remote memory is the peer's business.
+        // afterwards, and remote memory is the peer's business.
         unsafe { self.post_send_wrs(&mut wr) }.map(|_| ())
     }
 
