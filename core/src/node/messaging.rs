@@ -11,7 +11,7 @@
 
 use alloc::vec::Vec;
 
-use super::{Node, NodeError};
+use super::{rank_of, Node, NodeError};
 use crate::channel::{ChannelError, RecvTicket};
 use crate::poll::{Backoff, Clock, Deadline};
 use crate::verbs::mr::OwnedRegion;
@@ -111,11 +111,7 @@ impl<B: Backoff + Clone> Node<B> {
         let mut handed = 0;
         let me = self.rank;
         for p in 0..self.multi.peers() {
-            let rank = if (p as u32) < me {
-                p as u32
-            } else {
-                p as u32 + 1
-            };
+            let rank = rank_of(me, p);
             if handed >= budget {
                 break;
             }
@@ -236,7 +232,7 @@ fn post_slot<B: Backoff + Clone>(
     // SAFETY: the ring memory is owned by the node and dropped after its channels (field
     // order), and this slot is read only after its receive completed, then re-posted.
     let t = unsafe { chan.post_recv_unpolled(&mut sge) }.map_err(|error| NodeError::Channel {
-        rank: p as u32,
+        rank: rank_of(node.rank, p),
         error,
     })?;
     rings.tickets[p * rings.slots + i] = Some(t);

@@ -321,6 +321,16 @@ fn peer_index(me: u32, rank: u32) -> usize {
     }
 }
 
+/// The rank behind peer index `peer` (the inverse of [`peer_index`]).
+#[inline]
+pub(super) fn rank_of(me: u32, peer: usize) -> u32 {
+    if (peer as u32) < me {
+        peer as u32
+    } else {
+        peer as u32 + 1
+    }
+}
+
 impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
     #[inline]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), ChannelError> {
@@ -343,14 +353,7 @@ impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
     fn progress(&mut self) -> Result<(), (u32, ChannelError)> {
         let me = self.me;
         self.multi.poll().map(|_| ()).map_err(|e| match e {
-            crate::multi::MultiError::Peer(p) => {
-                let rank = if (p.peer as u32) < me {
-                    p.peer as u32
-                } else {
-                    p.peer as u32 + 1
-                };
-                (rank, p.error)
-            }
+            crate::multi::MultiError::Peer(p) => (rank_of(me, p.peer), p.error),
             crate::multi::MultiError::NoSuchPeer(p) => (p as u32, ChannelError::RecvQueueFull),
         })
     }
