@@ -14,6 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric};
+use rverbs_std_shim::MONOTONIC;
 
 /// Bytes per request.
 const MSG: usize = 64;
@@ -47,7 +48,7 @@ fn bench_write(c: &mut Criterion) {
     let src = f.register(Side::A, &mut sbuf, RW).expect("register");
     let dst = f.register(Side::B, &mut dbuf, RW).expect("register");
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), &MONOTONIC);
     let g = [src.sge(0..MSG).expect("in bounds")];
     let remote = dst.remote();
 
@@ -65,7 +66,7 @@ fn bench_post32(c: &mut Criterion) {
     let src = f.register(Side::A, &mut sbuf, RW).expect("register");
     let dst = f.register(Side::B, &mut dbuf, RW).expect("register");
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), &MONOTONIC);
     assert!(a.max_post() >= N, "a {N}-request batch must fit one post");
     let g = [src.sge(0..MSG).expect("in bounds")];
     let whole = dst.remote();
@@ -120,8 +121,8 @@ fn bench_send_recv(c: &mut Criterion) {
     let mut dst = f.register(Side::B, &mut rbuf, RW).expect("register");
     let (ea, eb) = f.ends();
     let (mut a, mut b) = (
-        Channel::new(ea, ChannelConfig::default()),
-        Channel::new(eb, ChannelConfig::default()),
+        Channel::new(ea, ChannelConfig::default(), &MONOTONIC),
+        Channel::new(eb, ChannelConfig::default(), &MONOTONIC),
     );
     let g = [src.sge(0..MSG).expect("in bounds")];
 

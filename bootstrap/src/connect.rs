@@ -4,7 +4,7 @@ use core::time::Duration;
 
 use rverbs_core::node::{Node, NodeConfig, NodeError, PreparedNode};
 use rverbs_core::verbs::{open_device, DeviceList};
-use rverbs_std_shim::{StdBackoff, StdClock, WaitPolicy};
+use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
@@ -51,8 +51,8 @@ pub struct Connected {
     pub node: Node<NodeBackoff>,
     /// The TCP session, still open (use it for out-of-band all-gathers or close it).
     pub session: Session,
-    /// The clock barriers and timeouts use.
-    pub clock: StdClock,
+    /// The clock barriers and timeouts use (the same one every channel of the node keeps).
+    pub clock: Monotonic,
 }
 
 /// Opens this rank's device, builds its node, exchanges endpoints with every rank over TCP,
@@ -80,12 +80,13 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
         node_cfg.qp.gid_index = Some(g);
     }
     let backoff: NodeBackoff = opts.wait.backoff();
-    let prepared = PreparedNode::new(&ctx, rank, world, node_cfg, backoff).map_err(rdma)?;
+    let prepared =
+        PreparedNode::new(&ctx, rank, world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
     let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &opts.exchange)?;
     let mut node = prepared.handshake(&blobs).map_err(rdma)?;
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected")?;
-    let clock = StdClock::new();
+    let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(rdma)?;
     Ok(Connected {

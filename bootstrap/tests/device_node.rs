@@ -194,7 +194,7 @@ fn child_rank() {
 
 fn timeout(
     node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
-    clock: &rverbs_std_shim::StdClock,
+    clock: &rverbs_std_shim::Monotonic,
     rank: u32,
 ) {
     node.set_algorithm(BarrierAlgorithm::Centralized);
@@ -232,7 +232,7 @@ fn timeout(
 
 fn full(
     node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
-    clock: &rverbs_std_shim::StdClock,
+    clock: &rverbs_std_shim::Monotonic,
     rank: u32,
     world: u32,
 ) {

@@ -11,9 +11,16 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "verbs")] fn main() -> Result<(), Box<dyn core::error::Error>> {
+//! use core::time::Duration;
 //! use rverbs_core::channel::{Channel, ChannelConfig};
 //! use rverbs_core::provider::verbs::PreparedVerbs;
 //! use rverbs_core::verbs::{open_device, AccessFlags, QpConfig};
+//! # use rverbs_core::poll::{Clock, Instant};
+//! # struct Monotonic;
+//! # impl Clock for Monotonic { fn now(&self) -> Instant { Instant::from_nanos(0) } }
+//! # static MONOTONIC: Monotonic = Monotonic;
+//! // `MONOTONIC` is `rverbs_std_shim::MONOTONIC`: any `'static` clock will do, and every
+//! // wait of the channel is bounded by its timeout on that clock.
 //!
 //! let ctx = open_device("rxe0")?;
 //! let pd = ctx.alloc_pd()?;
@@ -21,14 +28,16 @@
 //!               PreparedVerbs::new(&ctx, &pd, &QpConfig::default())?);
 //! // Between hosts, endpoints travel as bytes: `a.endpoint().encode()`.
 //! let (ea, eb) = (a.endpoint(), b.endpoint());
-//! let mut chan = Channel::new(a.handshake(&eb)?, ChannelConfig::default());
+//! let cfg = ChannelConfig::with_timeout(Duration::from_secs(5));
+//! let mut chan = Channel::new(a.handshake(&eb)?, cfg, &MONOTONIC);
 //! let _peer = b.handshake(&ea)?;
 //!
 //! let mut src = [7u8; 64];
-//! let mut dst = [0u8; 64];
-//! let src = pd.register(&mut src, AccessFlags::LOCAL_WRITE)?;
-//! let dst = pd.register_shared(&mut dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-//! chan.write(&[src.sge(0..64).unwrap()], dst.remote())?; // blocks until complete
+//! let src = pd.register(&mut src, AccessFlags::LOCAL_WRITE)?; // local only: a borrow will do
+//! // Memory a peer may write is owned by its registration.
+//! let dst = pd.register_shared(vec![0u8; 64].into_boxed_slice(),
+//!                              AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! chan.write(&[src.sge(0..64).unwrap()], dst.remote())?; // blocks until complete, at most 5 s
 //! let mut got = [0u8; 64];
 //! dst.read_into(0, &mut got);
 //! assert_eq!(got, [7u8; 64]);
@@ -57,8 +66,16 @@
 //! # Thread safety
 //! A [`channel::Channel`] is `Send` when its provider is (the verbs provider is): move it to
 //! the thread that polls it. Nothing is `Sync`-shared on the data path; one thread owns a
-//! channel, as the busy-poll model wants. Device handles (`Context`, `Pd`, `Cq`) are
-//! `Send + Sync` and cheap to clone.
+//! channel, as the busy-poll model wants. `Context` and `Pd` are `Send + Sync` and cheap to
+//! clone. A `Cq` is `Send` but neither `Sync` nor `Clone` (polling needs `&mut`), and a
+//! `SharedRegion` is `Send` but not `Sync` (its byte views are not atomic): safe code never
+//! polls one queue or touches one region from two threads at once.
+//!
+//! # Memory and waits
+//! Memory a peer can reach is owned by its registration ([`memory`], `verbs::mr`), so no
+//! safe code can free it while a key to it is valid. Every wait is bounded by the channel's
+//! timeout ([`channel::ChannelConfig::timeout`]); on expiry the queue pair is flushed and
+//! drained before the call returns. `docs/safety.md` lists every rule beside its test.
 //!
 //! # Resource cleanup
 //! Every verbs object is released on drop, children before parents (a queue pair keeps its
@@ -76,7 +93,8 @@
 //! buffer earlier is undefined behaviour: the device reads or writes it by DMA regardless of
 //! what Rust believes.
 //!
-//! The blocking and scoped APIs uphold it for you with borrows.
+//! The blocking and scoped APIs uphold it for you with borrows, and on every exit path
+//! (error, timeout, panic) they wait for or flush what they posted before the borrows end.
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
@@ -85,6 +103,8 @@ extern crate alloc;
 pub mod barrier;
 pub mod channel;
 pub mod completion;
+mod fatal;
+pub mod memory;
 #[cfg(feature = "alloc")]
 pub mod multi;
 #[cfg(feature = "verbs")]

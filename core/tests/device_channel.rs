@@ -80,10 +80,10 @@ fn write_read_and_write_with_immediate() {
         support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
     let mut local = support::pattern(8192, 7);
     let expected = local.clone();
-    let mut remote_buf = vec![0u8; 8192];
+    let remote_buf = vec![0u8; 8192].into_boxed_slice();
     let mut back = vec![0u8; 8192];
     let local_mr = pd.register(&mut local, AccessFlags::LOCAL_WRITE).unwrap();
-    let remote_mr = pd.register_shared(&mut remote_buf, RW).unwrap();
+    let remote_mr = pd.register_shared(remote_buf, RW).unwrap();
     let mut back_mr = pd.register(&mut back, AccessFlags::LOCAL_WRITE).unwrap();
     let remote = remote_mr.remote();
 
@@ -123,9 +123,9 @@ fn batch_of_32_writes_in_one_post() {
         support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
     let mut src = support::pattern(32 * 128, 3);
     let expected = src.clone();
-    let mut dst = vec![0u8; 32 * 128];
+    let dst = vec![0u8; 32 * 128].into_boxed_slice();
     let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let dst_mr = pd.register_shared(dst, RW).unwrap();
     let sges: Vec<[_; 1]> = (0..32)
         .map(|i| [src_mr.sge(i * 128..(i + 1) * 128).unwrap()])
         .collect();
@@ -153,8 +153,8 @@ fn inline_send_and_write() {
     let max = a.caps().max_inline_data as usize;
     assert!(max >= 32, "device granted only {max} bytes of inline data");
     let payload = support::pattern(32, 9); // not registered: inline needs no memory region
-    let mut dst = vec![0u8; 64];
-    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let dst = vec![0u8; 64].into_boxed_slice();
+    let dst_mr = pd.register_shared(dst, RW).unwrap();
     a.write_inline(&payload, dst_mr.remote()).unwrap();
     let mut got = [0u8; 32];
     dst_mr.read_into(0, &mut got);
@@ -193,9 +193,9 @@ fn selective_signaling_over_ten_times_the_queue_depth() {
     let total = depth * 10 + 7;
     let mut src = support::pattern(total * 8, 5);
     let expected = src.clone();
-    let mut dst = vec![0u8; total * 8];
+    let dst = vec![0u8; total * 8].into_boxed_slice();
     let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let dst_mr = pd.register_shared(dst, RW).unwrap();
     let sges: Vec<[_; 1]> = (0..total)
         .map(|i| [src_mr.sge(i * 8..i * 8 + 8).unwrap()])
         .collect();
@@ -231,9 +231,9 @@ fn write_to_bad_rkey_fails_and_breaks_the_channel() {
     qp.retry_count = rverbs_core::params::RetryCount::new(1).unwrap();
     let (mut a, _b) = support::channel_pair(&ctx, &pd, &qp, ChannelConfig::default());
     let mut src = vec![1u8; 64];
-    let mut dst = vec![0u8; 64];
+    let dst = vec![0u8; 64].into_boxed_slice();
     let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst_mr = pd.register_shared(&mut dst, RW).unwrap();
+    let dst_mr = pd.register_shared(dst, RW).unwrap();
     let bad = RemoteMemory {
         rkey: dst_mr.remote().rkey ^ 0x5a5a_0000,
         ..dst_mr.remote()

@@ -52,7 +52,7 @@ fn two_connected_qps_rdma_write_4k() {
         return;
     };
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
+    let mut cq = ctx.create_cq(64).unwrap();
     let cfg = QpConfig::default();
     let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
     let b = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
@@ -68,13 +68,10 @@ fn two_connected_qps_rdma_write_4k() {
         *x = (i * 7 + 3) as u8;
     }
     let expected = src.clone();
-    let mut dst = vec![0u8; 4096];
+    let dst = vec![0u8; 4096].into_boxed_slice();
     let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
     let dst_mr = pd
-        .register_shared(
-            &mut dst,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )
+        .register_shared(dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
 
     let sges = [src_mr.sge(0..4096).unwrap()];
@@ -87,7 +84,7 @@ fn two_connected_qps_rdma_write_4k() {
     };
     // SAFETY: src_mr and dst_mr outlive the poll below, and neither is touched until then.
     unsafe { a.post_send(&[wr]) }.unwrap();
-    let wc = support::poll_n(&cq, 1, Duration::from_secs(10));
+    let wc = support::poll_n(&mut cq, 1, Duration::from_secs(10));
     assert_eq!(wc[0].wr_id, 42);
     assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
 

@@ -49,13 +49,13 @@ fn hundred_thousand_mixed_operations_allocate_nothing() {
     let (mut a, mut b) =
         support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
     let mut src = support::pattern(4096, 11);
-    let mut dst = vec![0u8; 4096];
+    let dst = vec![0u8; 4096].into_boxed_slice();
     let mut rbuf = vec![0u8; 4096];
     let mut back = vec![0u8; 4096];
     let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
     let dst_mr = pd
         .register_shared(
-            &mut dst,
+            dst,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         )
         .unwrap();

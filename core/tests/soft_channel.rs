@@ -7,13 +7,12 @@
 //! see its module docs.
 #![allow(clippy::std_instead_of_core)]
 
-use std::cell::Cell;
 use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvInfo, WrFailure};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{Clock, Instant, Spin};
+use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
@@ -45,15 +44,10 @@ fn pattern<const N: usize>(seed: u8) -> [u8; N] {
     core::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
 }
 
-/// A clock that moves 1 ms every time it is read.
-struct StepClock(Cell<u64>);
-
-impl Clock for StepClock {
-    fn now(&self) -> Instant {
-        let t = self.0.get();
-        self.0.set(t + 1_000_000);
-        Instant::from_nanos(t)
-    }
+/// A clock of its own for one channel, moving 1 ms on every read (tests run in parallel, so
+/// channels do not share one and each test can tell how long its waits took).
+fn clock() -> StaticClock {
+    Box::leak(Box::new(StepClock::new(Duration::from_millis(1))))
 }
 
 #[test]
@@ -65,8 +59,8 @@ fn send_and_recv_move_the_bytes() {
     src.write_from(0, b"hello, peer");
     let (ea, eb) = f.ends();
     let (mut a, mut b) = (
-        Channel::new(ea, ChannelConfig::default()),
-        Channel::new(eb, ChannelConfig::default()),
+        Channel::new(ea, ChannelConfig::default(), clock()),
+        Channel::new(eb, ChannelConfig::default(), clock()),
     );
     let g = [src.sge(0..11).unwrap()];
     {
@@ -119,8 +113,8 @@ fn write_read_and_write_imm() {
     let mut am = f.register(Side::A, &mut abuf, RW).unwrap();
     let bm = f.register(Side::B, &mut bbuf, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     let remote = bm.remote();
 
     am.write_from(0, &pattern::<16>(1));
@@ -170,8 +164,8 @@ fn multi_sge_gather_and_scatter() {
     ym.write_from(0, b"BBBBbbbb");
     zm.write_from(0, b"CCCCcccc");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     let g = [
         xm.sge(0..4).unwrap(),
         ym.sge(2..8).unwrap(),
@@ -211,8 +205,8 @@ fn inline_send_and_write() {
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut r, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     let remote = rm.remote();
     a.write_inline(b"inline write", remote.slice(40, 12).unwrap())
         .unwrap();
@@ -265,8 +259,8 @@ fn a_batch_of_32_writes_and_32_sends() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, &pattern::<256>(9));
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     assert!(a.max_post() >= n);
     let g: [Sge<'_>; 32] = core::array::from_fn(|i| src.sge(i * 8..i * 8 + 8).unwrap());
     let remote = wm.remote();
@@ -330,7 +324,7 @@ fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u6
     let (ea, _eb) = f.ends();
     let mut cfg = ChannelConfig::default();
     cfg.signal_every = signal_every;
-    let mut a = Channel::new(ea, cfg);
+    let mut a = Channel::new(ea, cfg, clock());
     let chunk = 2048 / writes;
     assert!(chunk >= 1);
     let data: [u8; 2048] = core::array::from_fn(|i| (i * 7 + i / 256) as u8);
@@ -413,7 +407,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     let g = [src.sge(0..8).unwrap()];
     a.write(&g, dst.remote()).unwrap();
     let bad = RemoteMemory {
@@ -434,7 +428,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let (mut s2, mut d2) = ([0u8; 16], [0u8; 16]);
     let src = f.register(Side::A, &mut s2, RW).unwrap();
     let dst = f.register(Side::B, &mut d2, RW).unwrap();
-    let mut a = Channel::new(f.ends().0, ChannelConfig::default());
+    let mut a = Channel::new(f.ends().0, ChannelConfig::default(), clock());
     let oob = RemoteMemory {
         addr: dst.remote().addr + 12,
         ..dst.remote()
@@ -454,7 +448,7 @@ fn rnr_retries_exceeded() {
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     match a.send(&[src.sge(0..8).unwrap()]) {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RnrRetryExceeded),
         other => panic!("expected RNR failure, got {other:?}"),
@@ -469,7 +463,7 @@ fn dead_peer_is_retry_exceeded() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     f.kill(Side::B);
     match a.write(&[src.sge(0..8).unwrap()], dst.remote()) {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RetryExceeded),
@@ -483,21 +477,16 @@ fn recv_timeout_flushes_and_times_out() {
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     let (_ea, eb) = f.ends();
-    let mut b = Channel::new(eb, ChannelConfig::default());
-    let clock = StepClock(Cell::new(0));
-    let r = b.recv_timeout(
-        &mut [rm.sge_mut(0..16).unwrap()],
-        &clock,
-        Duration::from_millis(10),
-    );
-    assert_eq!(r, Err(ChannelError::TimedOut));
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let r = b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10));
+    assert_eq!(r, Err(ChannelError::TimedOut { peer: None }));
     assert_eq!(b.outstanding_recvs(), 0);
     assert_eq!(f.recv_queue_used(Side::B), 0);
     assert!(f.in_error(Side::B));
-    assert_eq!(b.failure(), Some(ChannelError::TimedOut));
+    assert_eq!(b.failure(), Some(ChannelError::TimedOut { peer: None }));
     // The buffer is ours again.
     assert!(rm.write_from(0, b"reusable"));
-    let t = clock.0.get();
+    let t = b.clock().now().as_nanos();
     assert!((10_000_000..100_000_000).contains(&t), "clock read {t} ns");
 }
 
@@ -509,18 +498,14 @@ fn recv_timeout_returns_data_in_time() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"on time!");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
-    let clock = StepClock(Cell::new(0));
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     let g = [src.sge(0..8).unwrap()];
     let info = a
         .scope(|s| {
             let p = s.send(&g)?;
-            let info = b.recv_timeout(
-                &mut [rm.sge_mut(0..16).unwrap()],
-                &clock,
-                Duration::from_millis(10),
-            )?;
+            let info =
+                b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10))?;
             s.wait(p)?;
             Ok::<_, ChannelError>(info)
         })
@@ -539,8 +524,8 @@ fn scope_drains_on_early_return() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"early!!!");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b = Channel::new(eb, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
     let g = [src.sge(0..8).unwrap()];
     let remote = wm.remote();
 
@@ -578,7 +563,7 @@ fn scope_drains_on_panic() {
     let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
     src.write_from(0, b"panic!!!");
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     let g = [src.sge(0..8).unwrap()];
     let remote = wm.remote();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -599,7 +584,7 @@ fn a_failure_in_a_scope_is_reported_by_the_scope() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RO).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     let g = [src.sge(0..8).unwrap()];
     let remote = dst.remote(); // no remote write access
     let r = a.scope(|s| {
@@ -624,8 +609,9 @@ fn scoped_receive_results_are_not_overwritten() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
-    let mut b: Channel<_, Spin, 4> = Channel::with_backoff(eb, ChannelConfig::default(), Spin);
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut b: Channel<_, Spin, 4> =
+        Channel::with_backoff(eb, ChannelConfig::default(), Spin, clock());
     let g: [Sge<'_>; 5] = core::array::from_fn(|i| src.sge(0..i + 1).unwrap());
     let mut rs: [SgeMut<'_>; 6] = rm
         .sges_mut(core::array::from_fn(|i| i * 8..i * 8 + 8))
@@ -673,7 +659,7 @@ fn batch_signaled_requests_a_completion() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     assert!(a.signal_every() > 8);
     let g = [src.sge(0..8).unwrap()];
     let mut batch = a.batch();
@@ -698,14 +684,9 @@ fn flushed_receive_breaks_the_channel() {
     let f = fabric(4);
     let mut rm = f.register(Side::A, &mut rbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
     f.kill(Side::A);
-    let clock = StepClock(Cell::new(0));
-    let r = a.recv_timeout(
-        &mut [rm.sge_mut(0..0).unwrap()],
-        &clock,
-        Duration::from_millis(10),
-    );
+    let r = a.recv_timeout(&mut [rm.sge_mut(0..0).unwrap()], Duration::from_millis(10));
     assert!(r.is_err(), "{r:?}");
     assert!(
         a.failure().is_some(),

@@ -17,14 +17,13 @@
 //! lone receives use `recv_timeout` on a clock that advances on every read.
 #![no_main]
 
-use std::cell::Cell;
 use std::ops::Range;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Ticket};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{Clock, Instant, Spin};
+use rverbs_core::poll::{Spin, StepClock};
 use rverbs_core::provider::soft::{Side, SoftAccess, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
@@ -67,16 +66,8 @@ impl<'a> Input<'a> {
     }
 }
 
-/// A clock that moves 1 ms every time it is read.
-struct StepClock(Cell<u64>);
-
-impl Clock for StepClock {
-    fn now(&self) -> Instant {
-        let t = self.0.get();
-        self.0.set(t + 1_000_000);
-        Instant::from_nanos(t)
-    }
-}
+/// A clock that moves 1 ms every time it is read (the target runs on one thread).
+static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
 
 fn side(i: usize) -> Side {
     if i == 0 {
@@ -115,7 +106,6 @@ struct World<'f, 'm> {
     src: [SoftRegion<'f>; 2],
     shadow: [[u8; LEN]; 2],
     depth: u64,
-    clock: StepClock,
     /// Per side: tickets of unsafely submitted batches, with whether they should succeed.
     tickets: [Vec<(Ticket, bool)>; 2],
     /// Per side: the failure each channel reported after the last operation.
@@ -814,7 +804,6 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
         mem,
         src,
         shadow,
-        clock,
         ..
     } = w;
     let g = [src[y].sge(0..len).expect("in bounds")];
@@ -830,7 +819,7 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
                 p.is_ok() || !healthy
             };
             assert!(expected, "scoped send: {p:?}");
-            recv = Some(xc.recv_timeout(&mut rs, &*clock, timeout));
+            recv = Some(xc.recv_timeout(&mut rs, timeout));
             if let Ok(p) = p {
                 let r = s.wait(p);
                 assert_eq!(r.is_ok(), ok, "scoped send: predicted ok={ok}, got {r:?}");
@@ -838,7 +827,7 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
         });
         (recv.expect("ran"), Some(send))
     } else {
-        (xc.recv_timeout(&mut rs, &*clock, timeout), None)
+        (xc.recv_timeout(&mut rs, timeout), None)
     };
     expect("recv_timeout", xb, ok, &recv, xc.failure().is_some());
     if let Ok(info) = recv {
@@ -890,15 +879,14 @@ fn run(data: &[u8]) {
         src,
         shadow: [[0; LEN]; 2],
         depth: u64::from(depth),
-        clock: StepClock(Cell::new(0)),
         tickets: [Vec::new(), Vec::new()],
         failure: [None, None],
     };
     let mut cfg = ChannelConfig::default();
     cfg.signal_every = signal_every;
     let (ea, eb) = fabric.ends();
-    let mut a: Chan<'_, 4> = Channel::with_backoff(ea, cfg, Spin);
-    let mut b: Chan<'_, 64> = Channel::with_backoff(eb, cfg, Spin);
+    let mut a: Chan<'_, 4> = Channel::with_backoff(ea, cfg, Spin, &CLOCK);
+    let mut b: Chan<'_, 64> = Channel::with_backoff(eb, cfg, Spin, &CLOCK);
     assert!(a.max_post() as u64 <= w.depth && a.max_post() >= 1);
 
     for _ in 0..MAX_OPS {

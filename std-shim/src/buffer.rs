@@ -140,6 +140,28 @@ impl core::error::Error for BufferError {
     }
 }
 
+// SAFETY: the mapping is owned by the buffer alone, does not move when the buffer moves, and
+// is unmapped only when the buffer is dropped, so registering it for remote access is sound
+// (rverbs leaks the buffer rather than drop it while a peer could still reach it).
+unsafe impl rverbs_core::memory::OwnedMemory for AlignedBuffer {
+    fn base(&mut self) -> NonNull<u8> {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as for AlignedBuffer, which it wraps.
+unsafe impl rverbs_core::memory::OwnedMemory for HugePageBuffer {
+    fn base(&mut self) -> NonNull<u8> {
+        self.0.ptr
+    }
+    fn size(&self) -> usize {
+        self.0.len
+    }
+}
+
 /// A page-aligned, zero-initialised buffer of whole pages, owned and unmapped on drop.
 ///
 /// Usually backed by base pages ([`new`](Self::new)); [`new_prefer_huge`](Self::new_prefer_huge)

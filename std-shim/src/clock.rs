@@ -54,6 +54,34 @@ impl StdClock {
     }
 }
 
+/// The process-wide monotonic clock: `CLOCK_MONOTONIC` in nanoseconds since boot, as a unit
+/// struct, so `&MONOTONIC` is the `'static` clock channels keep
+/// ([`StaticClock`](rverbs_core::poll::StaticClock)). Instants of all `Monotonic` reads are
+/// comparable with each other (not with a [`StdClock`]'s).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Monotonic;
+
+/// The one [`Monotonic`] clock: `Channel::new(provider, config, &MONOTONIC)`.
+pub static MONOTONIC: Monotonic = Monotonic;
+
+impl Clock for Monotonic {
+    /// Reads `CLOCK_MONOTONIC` (through the vDSO on Linux: no system call). Does not allocate.
+    #[inline]
+    fn now(&self) -> Instant {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        debug_assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
+        let nanos = (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64);
+        Instant::from_nanos(nanos)
+    }
+}
+
 impl Default for StdClock {
     #[inline]
     fn default() -> Self {
@@ -145,5 +173,18 @@ mod tests {
             core::hint::spin_loop();
         }
         assert!(clock.now() >= d.instant());
+    }
+}
+
+#[cfg(test)]
+mod monotonic_tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_advances_with_real_time() {
+        let a = MONOTONIC.now();
+        std::thread::sleep(Duration::from_millis(5));
+        let b = MONOTONIC.now();
+        assert!(b.saturating_duration_since(a) >= Duration::from_millis(5));
     }
 }

@@ -77,7 +77,7 @@ pub mod affinity;
 pub mod buffer;
 
 pub use backoff::{spin_then_sleep, spin_then_yield, SpinThenSleep, StdBackoff, WaitPolicy};
-pub use clock::StdClock;
+pub use clock::{Monotonic, StdClock, MONOTONIC};
 
 #[cfg(target_os = "linux")]
 pub use affinity::{

@@ -8,6 +8,8 @@ use crate::provider::ProviderError;
 /// A work request that completed with an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WrFailure {
+    /// The peer's rank, if the channel knows it ([`ChannelConfig::peer`](super::ChannelConfig)).
+    pub peer: Option<u32>,
     /// The request's id (its sequence number on the channel; receives have the top bit set).
     pub wr_id: u64,
     /// The completion status.
@@ -20,9 +22,25 @@ impl fmt::Display for WrFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "work request {:#x} failed: {} (vendor error {:#x})",
-            self.wr_id, self.status, self.vendor_err
+            "{}: work request {:#x} failed: {} (vendor error {:#x})",
+            PeerName(self.peer),
+            self.wr_id,
+            self.status,
+            self.vendor_err
         )
+    }
+}
+
+/// Names a peer in messages: `rank 3`, or `the peer` when the channel was not told its rank.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerName(pub(crate) Option<u32>);
+
+impl fmt::Display for PeerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(r) => write!(f, "rank {r}"),
+            None => f.write_str("the peer"),
+        }
     }
 }
 
@@ -62,8 +80,12 @@ pub enum ChannelError {
     },
     /// More receives outstanding than the receive queue (or slot table) holds.
     RecvQueueFull,
-    /// A wait passed its deadline. Outstanding requests were flushed and the channel is broken.
-    TimedOut,
+    /// A wait passed its deadline: the peer did not answer in time (it may be dead).
+    /// Outstanding requests were flushed and drained, and the channel is broken.
+    TimedOut {
+        /// The peer's rank, if the channel knows it.
+        peer: Option<u32>,
+    },
 }
 
 impl fmt::Display for ChannelError {
@@ -87,7 +109,11 @@ impl fmt::Display for ChannelError {
             }
             Self::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
-            Self::TimedOut => f.write_str("timed out; outstanding work was flushed"),
+            Self::TimedOut { peer } => write!(
+                f,
+                "timed out waiting for {}; outstanding work was flushed",
+                PeerName(*peer)
+            ),
         }
     }
 }

@@ -20,6 +20,17 @@
 //! Receives complete in order too; their results go to a fixed slot table indexed by
 //! sequence number modulo `R`.
 //!
+//! # Every wait is bounded
+//! Every call that waits (a blocking operation, [`Channel::wait`], the end of a scope, a
+//! full send queue) gives up after [`ChannelConfig::timeout`] on the channel's [`Clock`], or
+//! at the explicit deadline of the `*_timeout`/`*_until` variants. Giving up, like a failed
+//! poll, moves the queue pair to the error state and polls until the device has flushed
+//! everything the channel posted, so no buffer is handed back while the device could still
+//! use it. If the flush does not drain within [`ChannelConfig::flush_timeout`] (or the queue
+//! pair cannot be moved to the error state), the process aborts with a message: the one
+//! thing rverbs will not do is return memory the device may still write. The error names
+//! the peer ([`ChannelConfig::peer`]).
+//!
 //! Nothing here allocates.
 
 mod batch;
@@ -33,15 +44,22 @@ pub use scope::{Pending, PendingRecv, Scope};
 use core::fmt;
 use core::time::Duration;
 
+pub(crate) use error::PeerName;
+
 use crate::completion::{Completion, WcStatus};
 use crate::params::QpCaps;
-use crate::poll::{Backoff, Clock, Deadline, Spin};
+use crate::poll::{Backoff, Deadline, Spin, StaticClock};
 use crate::provider::Provider;
+use crate::provider::ProviderError;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 const RECV_BIT: u64 = 1 << 63;
 const POLL_AT_ONCE: usize = 16;
+/// Empty polls between two clock reads in a wait: a clock read costs about as much as an
+/// empty poll, so reading it every time would halve how fast a spinning wait notices a
+/// completion; every 16th keeps the deadline within a few microseconds.
+const CLOCK_EVERY: u32 = 16;
 
 /// Channel settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,11 +69,37 @@ pub struct ChannelConfig {
     /// post is signaled too, so waiting for it is always possible. Clamped so that a full
     /// batch always fits in the send queue.
     pub signal_every: u32,
+    /// How long any call waits for the peer before it gives up with
+    /// [`ChannelError::TimedOut`] and breaks the channel (10 s by default). Calls with an
+    /// explicit deadline use theirs instead.
+    pub timeout: Duration,
+    /// How long the device may take to flush outstanding work after a timeout or failure
+    /// before the process aborts rather than hand back memory the device may still use
+    /// (2 s by default; a flush takes microseconds on a healthy device).
+    pub flush_timeout: Duration,
+    /// The peer's rank, named in errors. [`crate::node::Node`] sets it; `None` for a channel
+    /// used on its own.
+    pub peer: Option<u32>,
 }
 
 impl Default for ChannelConfig {
     fn default() -> Self {
-        Self { signal_every: 16 }
+        Self {
+            signal_every: 16,
+            timeout: Duration::from_secs(10),
+            flush_timeout: Duration::from_secs(2),
+            peer: None,
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// The defaults with `timeout` as the wait bound.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..Self::default()
+        }
     }
 }
 
@@ -98,6 +142,7 @@ const EMPTY_SLOT: RecvSlot = RecvSlot {
 enum Broken {
     Wr(WrFailure),
     TimedOut,
+    Provider(ProviderError),
 }
 
 /// One connection to one peer. See the [module docs](self).
@@ -108,6 +153,10 @@ pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     p: P,
     caps: QpCaps,
     backoff: B,
+    clock: StaticClock,
+    timeout: Duration,
+    flush_timeout: Duration,
+    peer: Option<u32>,
     sq_depth: u64,
     signal_every: u32,
     max_post: usize,
@@ -125,6 +174,7 @@ impl<P: Provider + fmt::Debug, B: Backoff, const R: usize> fmt::Debug for Channe
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Channel")
             .field("provider", &self.p)
+            .field("peer", &self.peer)
             .field("caps", &self.caps)
             .field("posted", &self.next_seq)
             .field("completed", &self.done_seq)
@@ -136,15 +186,17 @@ impl<P: Provider + fmt::Debug, B: Backoff, const R: usize> fmt::Debug for Channe
 }
 
 impl<P: Provider> Channel<P> {
-    /// A channel over a connected provider, spinning while it waits.
-    pub fn new(p: P, cfg: ChannelConfig) -> Self {
-        Channel::with_backoff(p, cfg, Spin)
+    /// A channel over a connected provider, spinning while it waits, measuring its
+    /// timeouts on `clock` (`rverbs_std_shim::MONOTONIC` in std programs).
+    pub fn new(p: P, cfg: ChannelConfig, clock: StaticClock) -> Self {
+        Channel::with_backoff(p, cfg, Spin, clock)
     }
 }
 
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
-    /// A channel that calls `backoff` between empty polls (see [`crate::poll::backoff`]).
-    pub fn with_backoff(p: P, cfg: ChannelConfig, backoff: B) -> Self {
+    /// A channel that calls `backoff` between empty polls (see [`crate::poll::backoff`]) and
+    /// measures its timeouts on `clock`.
+    pub fn with_backoff(p: P, cfg: ChannelConfig, backoff: B, clock: StaticClock) -> Self {
         let caps = p.caps();
         let depth = caps.max_send_wr.max(1);
         // A post of n requests needs n free slots while up to k-1 unsignaled ones may still
@@ -156,6 +208,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             p,
             caps,
             backoff,
+            clock,
+            timeout: cfg.timeout,
+            flush_timeout: cfg.flush_timeout,
+            peer: cfg.peer,
             sq_depth: u64::from(depth),
             signal_every: k,
             max_post,
@@ -188,6 +244,18 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.max_post
     }
 
+    /// The clock the channel's timeouts are measured on (build explicit deadlines with it).
+    #[inline]
+    pub fn clock(&self) -> StaticClock {
+        self.clock
+    }
+
+    /// The peer's rank, if the channel was told it.
+    #[inline]
+    pub fn peer(&self) -> Option<u32> {
+        self.peer
+    }
+
     /// The provider, for inspection.
     #[inline]
     pub fn provider(&self) -> &P {
@@ -198,7 +266,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub fn failure(&self) -> Option<ChannelError> {
         self.broken.map(|b| match b {
             Broken::Wr(w) => ChannelError::Broken(w),
-            Broken::TimedOut => ChannelError::TimedOut,
+            Broken::TimedOut => ChannelError::TimedOut { peer: self.peer },
+            Broken::Provider(e) => ChannelError::Provider(e),
         })
     }
 
@@ -208,6 +277,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.next_seq - self.done_seq
     }
 
+    /// Most receives this channel can have outstanding (the queue pair's receive queue, or
+    /// the slot table `R` if smaller).
+    #[inline]
+    pub fn recv_capacity(&self) -> u64 {
+        self.recv_cap
+    }
+
     /// Receives posted and not yet complete.
     #[inline]
     pub fn outstanding_recvs(&self) -> u64 {
@@ -215,8 +291,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Polls both completion queues once and retires what completed. Returns the number of
-    /// completions seen. Does not allocate.
+    /// completions seen. A failed poll breaks the channel (the next wait flushes and drains
+    /// it). Does not allocate.
     pub fn poll(&mut self) -> Result<usize, ChannelError> {
+        self.poll_once().map_err(|e| {
+            self.broken.get_or_insert(Broken::Provider(e));
+            ChannelError::Provider(e)
+        })
+    }
+
+    fn poll_once(&mut self) -> Result<usize, ProviderError> {
         let mut wc = [Completion::EMPTY; POLL_AT_ONCE];
         let n = self.p.poll_send(&mut wc)?;
         for c in &wc[..n] {
@@ -236,6 +320,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
         if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
+                peer: self.peer,
                 wr_id: c.wr_id,
                 status: c.status,
                 vendor_err: c.vendor_err,
@@ -260,6 +345,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         };
         if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
+                peer: self.peer,
                 wr_id: c.wr_id,
                 status: c.status,
                 vendor_err: c.vendor_err,
@@ -268,50 +354,88 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.recv_done = self.recv_done.max(r + 1);
     }
 
+    /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the first
+    /// empty poll, when `None`). On `Err` the channel is broken and nothing it posted is in
+    /// flight any more: a timeout or a failed poll flushes and drains it first
+    /// ([`Channel::flush_and_drain`]).
     fn wait_until(
         &mut self,
         done: impl Fn(&Self) -> bool,
-        deadline: Option<(&dyn Clock, Deadline)>,
+        deadline: Option<Deadline>,
     ) -> Result<(), ChannelError> {
         self.backoff.reset();
+        let mut deadline = deadline;
+        let mut empty: u32 = 0;
         loop {
             if done(self) {
                 return Ok(());
             }
-            if self.poll()? > 0 {
-                self.backoff.reset();
-                continue;
-            }
-            if let Some((clock, d)) = deadline {
-                if d.passed(clock) {
-                    self.abort_on_timeout()?;
-                    // Everything outstanding is flushed now; wait for the flush so no buffer
-                    // is handed back while the device could still touch it.
-                    return Err(self
-                        .drain_after_break(done)
-                        .unwrap_or(ChannelError::TimedOut));
+            match self.poll_once() {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.backoff.reset();
+                    continue;
+                }
+                Err(e) => {
+                    self.broken.get_or_insert(Broken::Provider(e));
+                    self.flush_and_drain();
+                    return Err(ChannelError::Provider(e));
                 }
             }
+            if empty.is_multiple_of(CLOCK_EVERY) {
+                let (clock, timeout) = (self.clock, self.timeout);
+                let d = *deadline.get_or_insert_with(|| Deadline::after(clock, timeout));
+                if d.passed(clock) {
+                    self.broken.get_or_insert(Broken::TimedOut);
+                    self.flush_and_drain();
+                    return Err(ChannelError::TimedOut { peer: self.peer });
+                }
+            }
+            empty = empty.wrapping_add(1);
             self.backoff.snooze();
         }
     }
 
-    fn abort_on_timeout(&mut self) -> Result<(), ChannelError> {
-        if self.broken.is_none() {
-            self.broken = Some(Broken::TimedOut);
+    /// Moves the queue pair to the error state and polls until everything the channel
+    /// posted has completed (flushed). Returns only when the device can no longer touch any
+    /// buffer named by this channel's requests; aborts the process if the queue pair cannot
+    /// be moved to the error state or the flush does not drain within the flush timeout.
+    fn flush_and_drain(&mut self) {
+        if let Err(e) = self.p.set_error() {
+            if !self.all_done() {
+                crate::fatal::abort(format_args!(
+                    "{}: {e}: cannot flush {} send and {} receive requests in flight",
+                    PeerName(self.peer),
+                    self.outstanding_sends(),
+                    self.outstanding_recvs()
+                ));
+            }
+            return;
         }
-        self.p.set_error()?;
-        Ok(())
-    }
-
-    fn drain_after_break(&mut self, done: impl Fn(&Self) -> bool) -> Option<ChannelError> {
-        while !(done(self) && self.all_done()) {
-            if let Err(e) = self.poll() {
-                return Some(e);
+        let (clock, limit) = (self.clock, self.flush_timeout);
+        let mut deadline = None;
+        let mut last_err = None;
+        while !self.all_done() {
+            match self.poll_once() {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                // Keep trying until the flush deadline: a poll may fail transiently.
+                Err(e) => last_err = Some(e),
+            }
+            let d = *deadline.get_or_insert_with(|| Deadline::after(clock, limit));
+            if d.passed(clock) {
+                crate::fatal::abort(format_args!(
+                    "{}: the device did not flush {} send and {} receive requests within {:?} \
+                     (last poll error: {:?})",
+                    PeerName(self.peer),
+                    self.outstanding_sends(),
+                    self.outstanding_recvs(),
+                    limit,
+                    last_err
+                ));
             }
             self.backoff.snooze();
         }
-        None
     }
 
     /// Forgets every completed receive result nobody asked for (a scope that ended).
@@ -332,12 +456,25 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.check_send(ticket.first_seq, last)
     }
 
-    /// Waits until everything posted has completed.
+    /// Waits until everything posted has completed, at most the channel's timeout.
     pub fn wait_all(&mut self) -> Result<(), ChannelError> {
         self.wait_until(Self::all_done, None)?;
-        match self.broken {
-            None => Ok(()),
-            Some(_) => Err(self.failure().unwrap_or(ChannelError::TimedOut)),
+        self.failure().map_or(Ok(()), Err)
+    }
+
+    /// Returns once nothing posted on this channel can still touch memory: everything
+    /// completed, or was flushed after a timeout. Used by guards on every exit path
+    /// (including unwinding); `flush_now` skips the wait and flushes at once.
+    pub(crate) fn settle(&mut self, flush_now: bool) {
+        if self.all_done() {
+            return;
+        }
+        if flush_now {
+            self.broken.get_or_insert(Broken::TimedOut);
+            self.flush_and_drain();
+        } else {
+            // wait_until drains before it returns an error.
+            let _ = self.wait_until(Self::all_done, None);
         }
     }
 
@@ -355,7 +492,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             // The failure came after these requests (or on the receive side): if they
             // completed, they completed successfully.
             Some(_) if last < self.failure_seq() => Ok(()),
-            Some(_) => Err(self.failure().unwrap_or(ChannelError::TimedOut)),
+            Some(_) => self.failure().map_or(Ok(()), Err),
         }
     }
 
@@ -414,14 +551,15 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Err(f) => {
                 self.next_seq += f.posted as u64;
                 if f.posted > 0 {
-                    // The posted prefix may end unsignaled: flush it so it completes.
+                    // The posted prefix may end unsignaled: flush it so it completes, and do
+                    // not return (handing the buffers back) before it has.
                     self.broken.get_or_insert(Broken::Wr(WrFailure {
+                        peer: self.peer,
                         wr_id: first + f.posted as u64,
                         status: WcStatus::General,
                         vendor_err: 0,
                     }));
-                    self.p.set_error()?;
-                    let _ = self.drain_after_break(|_| true);
+                    self.flush_and_drain();
                 }
                 Err(ChannelError::Post { errno: f.errno })
             }
@@ -470,12 +608,14 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Ok(slot.info)
         } else {
             let w = WrFailure {
+                peer: self.peer,
                 wr_id: r | RECV_BIT,
                 status: slot.status,
                 vendor_err: slot.vendor_err,
             };
             match self.broken {
-                Some(Broken::TimedOut) => Err(ChannelError::TimedOut),
+                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { peer: self.peer }),
+                Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
                 Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
                     Err(ChannelError::Broken(first))
                 }
@@ -487,7 +627,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     fn wait_recv_seq(
         &mut self,
         r: u64,
-        deadline: Option<(&dyn Clock, Deadline)>,
+        deadline: Option<Deadline>,
     ) -> Result<RecvInfo, ChannelError> {
         match self.wait_until(|c| c.recv_done > r, deadline) {
             Ok(()) => self.recv_result(r),
@@ -619,26 +759,26 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.one(Opcode::Read, SendFlags::empty(), sges, remote)
     }
 
-    /// Posts a receive into `sges` and waits for a message. Does not allocate.
-    ///
-    /// Waits forever if the peer never sends; see [`Channel::recv_timeout`].
+    /// Posts a receive into `sges` and waits for a message, at most the channel's timeout.
+    /// Does not allocate.
     pub fn recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<RecvInfo, ChannelError> {
         // SAFETY: sges is borrowed mutably for this call, and we wait for the completion.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
         self.wait_recv_seq(r, None)
     }
 
-    /// Like [`Channel::recv`], but gives up after `timeout` on `clock`: the channel is then
-    /// broken (its queue pair flushed, so the buffer is safe to reuse) and must be rebuilt.
-    pub fn recv_timeout<C: Clock>(
+    /// Like [`Channel::recv`], but gives up after `timeout` instead of the channel's
+    /// default: the channel is then broken (its queue pair flushed and drained, so the buffer
+    /// is safe to reuse) and must be rebuilt.
+    pub fn recv_timeout(
         &mut self,
         sges: &mut [SgeMut<'_>],
-        clock: &C,
         timeout: Duration,
     ) -> Result<RecvInfo, ChannelError> {
         // SAFETY: as in recv; on timeout we flush and wait for the flush before returning.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
-        self.wait_recv_seq(r, Some((clock, Deadline::after(clock, timeout))))
+        let deadline = Deadline::after(self.clock, timeout);
+        self.wait_recv_seq(r, Some(deadline))
     }
 
     /// Posts a receive without waiting for it; wait with [`Channel::wait_recv`].
@@ -673,21 +813,20 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         (self.recv_next > self.recv_done).then(|| RecvTicket(self.recv_next - 1))
     }
 
-    /// Waits for a receive and returns what it delivered. Does not allocate. Waits forever
-    /// if the peer never sends; see [`Channel::wait_recv_until`].
+    /// Waits for a receive and returns what it delivered, at most the channel's timeout.
+    /// Does not allocate.
     pub fn wait_recv(&mut self, t: RecvTicket) -> Result<RecvInfo, ChannelError> {
         self.wait_recv_seq(t.0, None)
     }
 
-    /// Like [`Channel::wait_recv`] with a deadline on `clock`; on timeout the channel is
-    /// flushed, drained and broken.
-    pub fn wait_recv_until<C: Clock>(
+    /// Like [`Channel::wait_recv`] with a deadline on the channel's [`clock`](Self::clock);
+    /// on timeout the channel is flushed, drained and broken.
+    pub fn wait_recv_until(
         &mut self,
         t: RecvTicket,
-        clock: &C,
         deadline: Deadline,
     ) -> Result<RecvInfo, ChannelError> {
-        self.wait_recv_seq(t.0, Some((clock, deadline)))
+        self.wait_recv_seq(t.0, Some(deadline))
     }
 
     /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.

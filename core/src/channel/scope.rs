@@ -49,21 +49,14 @@ impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Scope<'_, '_, P, B,
     }
 }
 
-/// Drains the channel when the scope ends, also when the closure panics.
+/// Settles the channel when the scope ends without reaching its normal exit (the closure
+/// panicked): nothing the scope posted may outlive the borrows it held. On that path there
+/// is nobody to wait for, so it flushes at once instead of waiting for the timeout.
 struct DrainOnDrop<'a, P: Provider, B: Backoff, const R: usize>(&'a mut Channel<P, B, R>);
 
 impl<P: Provider, B: Backoff, const R: usize> Drop for DrainOnDrop<'_, P, B, R> {
     fn drop(&mut self) {
-        let c = &mut *self.0;
-        while !c.all_done() {
-            if c.poll().is_err() {
-                // The CQ itself failed: flush the QP so nothing touches the buffers later,
-                // then stop (there is no completion left to wait for that we could see).
-                let _ = c.p.set_error();
-                break;
-            }
-            c.backoff.snooze();
-        }
+        self.0.settle(true);
     }
 }
 
@@ -86,17 +79,18 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         };
         let out = f(&mut scope);
         let chan = &mut *guard.0;
+        // Bounded by the channel's timeout, and drained before it returns an error, so the
+        // guard below has nothing left to do on this path.
         let r = chan.wait_until(Channel::all_done, None);
         chan.release_recv_results();
         drop(guard);
         r?;
-        let chan_broken = self.broken;
-        match chan_broken {
-            Some(_) if chan_broken != already_broken => {
-                Err(self.failure().unwrap_or(ChannelError::TimedOut))
+        if self.broken != already_broken {
+            if let Some(e) = self.failure() {
+                return Err(e);
             }
-            _ => Ok(out),
         }
+        Ok(out)
     }
 }
 
@@ -159,7 +153,7 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         self.one(Opcode::Read, as_gather(sges), remote)
     }
 
-    /// Posts a receive.
+    /// Posts a receive. The scope's end waits for it, at most the channel's timeout.
     pub fn recv(&mut self, sges: &'env mut [SgeMut<'env>]) -> Result<PendingRecv, ChannelError> {
         // SAFETY: as in `one`: 'env outlives the scope, which polls the receive.
         unsafe { self.chan.post_recv_sges(as_gather(sges)) }.map(PendingRecv)

@@ -5,6 +5,11 @@
 //! every peer first, then wait, so the transfers overlap. Nothing allocates after
 //! construction: operations take iterators and fixed slices, and report the first failure
 //! with the peer it happened on.
+//!
+//! Every multi-peer call waits at most each channel's timeout, and settles every channel it
+//! posted on before it returns, on every path: an error, or a panic in the caller's
+//! iterator or callback (then the channels with work in flight are flushed at once, so no
+//! buffer borrowed by the call outlives the device's use of it).
 
 use alloc::vec::Vec;
 use core::fmt;
@@ -126,19 +131,6 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.channel(peer)?.read(sges, remote).map_err(at(peer))
     }
 
-    /// Waits for everything outstanding on every channel that has work in flight.
-    fn wait_touched(&mut self) -> Result<(), MultiError> {
-        let mut first = None;
-        for (i, c) in self.chans.iter_mut().enumerate() {
-            if c.outstanding_sends() > 0 || c.outstanding_recvs() > 0 {
-                if let Err(e) = c.wait_all() {
-                    first.get_or_insert(MultiError::Peer(PeerError { peer: i, error: e }));
-                }
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-
     /// Posts one request per item to the item's peer (each its own doorbell), then waits for
     /// every channel that has work in flight, also when a post failed half way: no buffer is
     /// handed back while the device may still use it.
@@ -150,15 +142,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (usize, T)>,
     {
+        let mut guard = Settle::new(&mut self.chans);
         let mut first = None;
         for (peer, item) in ops {
-            let r = match self.chans.get_mut(peer) {
+            let r = match guard.chans.get_mut(peer) {
                 None => Err(MultiError::NoSuchPeer(peer)),
                 Some(c) => {
                     let mut b = c.batch();
                     add(&mut b, item)
                         // SAFETY: the items' buffers are borrowed for 'a, beyond this call,
-                        // and wait_touched below waits for every posted request first.
+                        // and the guard settles every channel before the call returns or
+                        // unwinds.
                         .and_then(|()| unsafe { b.submit() }.map(|_| ()))
                         .map_err(at(peer))
                 }
@@ -168,7 +162,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 break;
             }
         }
-        let waited = self.wait_touched();
+        let waited = guard.wait_all();
         first.map_or(waited, Err)
     }
 
@@ -222,11 +216,13 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (usize, &'a mut [SgeMut<'a>])>,
     {
+        let mut guard = Settle::new(&mut self.chans);
         let mut first = None;
         for (peer, sges) in ops {
-            let r = match self.chans.get_mut(peer) {
+            let r = match guard.chans.get_mut(peer) {
                 None => Err(MultiError::NoSuchPeer(peer)),
-                // SAFETY: 'a outlives this call, which waits for every receive it posted.
+                // SAFETY: 'a outlives this call, and the guard settles every channel before
+                // the call returns or unwinds.
                 Some(c) => unsafe { c.post_recv_unpolled(sges) }
                     .map(|_| ())
                     .map_err(at(peer)),
@@ -236,19 +232,59 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 break;
             }
         }
-        for (i, c) in self.chans.iter_mut().enumerate() {
+        for (i, c) in guard.chans.iter_mut().enumerate() {
             let Some(t) = c.last_pending_recv() else {
                 continue;
             };
+            // Bounded by the channel's timeout; on error the channel is already drained.
             match c.wait_recv(t) {
                 Ok(info) => on_recv(i, info),
                 Err(e) => {
                     first.get_or_insert(MultiError::Peer(PeerError { peer: i, error: e }));
-                    // Drain the rest (flushed) so no buffer is handed back in use.
-                    let _ = c.wait_all();
+                }
+            }
+        }
+        let waited = guard.wait_all();
+        first.map_or(waited, Err)
+    }
+}
+
+/// Settles every channel a multi-peer call posted on, whichever way the call ends. Until
+/// [`Settle::wait_all`] runs, the call may still unwind (the caller's iterator or callback
+/// panicked): then dropping the guard flushes the channels with work in flight at once.
+struct Settle<'m, P: Provider, B: Backoff + Clone, const R: usize> {
+    chans: &'m mut [Channel<P, B, R>],
+    unwinding: bool,
+}
+
+impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
+    fn new(chans: &'m mut [Channel<P, B, R>]) -> Self {
+        Self {
+            chans,
+            unwinding: true,
+        }
+    }
+
+    /// The normal exit: waits (at most each channel's timeout) for everything outstanding on
+    /// every channel with work in flight, and reports the first failure.
+    fn wait_all(&mut self) -> Result<(), MultiError> {
+        self.unwinding = false;
+        let mut first = None;
+        for (i, c) in self.chans.iter_mut().enumerate() {
+            if c.outstanding_sends() > 0 || c.outstanding_recvs() > 0 {
+                if let Err(e) = c.wait_all() {
+                    first.get_or_insert(MultiError::Peer(PeerError { peer: i, error: e }));
                 }
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+impl<P: Provider, B: Backoff + Clone, const R: usize> Drop for Settle<'_, P, B, R> {
+    fn drop(&mut self) {
+        for c in self.chans.iter_mut() {
+            c.settle(self.unwinding);
+        }
     }
 }

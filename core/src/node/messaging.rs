@@ -8,12 +8,19 @@
 //! device answers "receiver not ready" and the sender retries (see
 //! [`crate::params::RnrRetry`]). Once messaging has started, the node owns the receive queues:
 //! do not post receives on its channels yourself.
+//!
+//! The ring memory lives in the node, which drops its queue pairs first, so no receive ever
+//! points into freed memory: not when a handler panics (the slot it was reading is re-posted
+//! by the next `progress`), and not when `start_messaging` fails (it checks its arguments
+//! and every channel before it posts anything).
 
 use alloc::vec::Vec;
 
 use super::{rank_of, Node, NodeError};
 use crate::channel::{ChannelError, RecvTicket};
+use crate::multi::MultiChannel;
 use crate::poll::{Backoff, Clock, Deadline};
+use crate::provider::verbs::VerbsProvider;
 use crate::verbs::mr::OwnedRegion;
 use crate::verbs::AccessFlags;
 
@@ -55,19 +62,49 @@ pub(super) struct Rings {
     head: Vec<usize>,
     sends_seen: Vec<u64>,
     failure_reported: Vec<bool>,
+    /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
+    repost: Option<(usize, usize)>,
 }
 
 impl<B: Backoff + Clone> Node<B> {
     /// Registers a ring of `slots` receive buffers of `slot_size` bytes for every peer and
     /// posts them. Allocates (setup); messaging itself does not.
+    ///
+    /// Checks everything before it posts: `slots` must fit every channel's receive queue
+    /// (and slot table), and every channel must be healthy; otherwise it returns an error and
+    /// changes nothing. If the device still refuses a post half way, the channels that got
+    /// receives are flushed and drained (they are broken afterwards) before the ring memory
+    /// is freed.
     pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
-        if self.rings.is_some() || slots == 0 || slot_size == 0 {
-            return Err(NodeError::BadRank);
+        if self.rings.is_some() {
+            return Err(NodeError::MessagingStarted);
+        }
+        if slots == 0 || slot_size == 0 {
+            return Err(NodeError::InvalidArgument {
+                what: "messaging needs at least one slot of at least one byte",
+            });
         }
         let peers = self.multi.peers();
-        let region = self
-            .pd
-            .alloc_region(peers * slots * slot_size, AccessFlags::LOCAL_WRITE)?;
+        let me = self.rank;
+        for p in 0..peers {
+            let rank = rank_of(me, p);
+            let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+            if let Some(error) = chan.failure() {
+                return Err(NodeError::Channel { rank, error });
+            }
+            if chan.outstanding_recvs() + slots as u64 > chan.recv_capacity() {
+                return Err(NodeError::InvalidArgument {
+                    what: "more ring slots than a channel's free receive queue entries",
+                });
+            }
+        }
+        let len = peers
+            .checked_mul(slots)
+            .and_then(|n| n.checked_mul(slot_size))
+            .ok_or(NodeError::InvalidArgument {
+                what: "ring size overflows",
+            })?;
+        let region = self.pd.alloc_region(len, AccessFlags::LOCAL_WRITE)?;
         let mut rings = Rings {
             region,
             slots,
@@ -76,10 +113,20 @@ impl<B: Backoff + Clone> Node<B> {
             head: alloc::vec![0; peers],
             sends_seen: alloc::vec![0; peers],
             failure_reported: alloc::vec![false; peers],
+            repost: None,
         };
         for p in 0..peers {
             for i in 0..slots {
-                post_slot(self, &mut rings, p, i)?;
+                if let Err(e) = post_slot(&mut self.multi, &mut rings, me, p, i) {
+                    // Receives of peers 0..=p point into the ring: take them back from the
+                    // device before the memory goes.
+                    for q in 0..=p {
+                        if let Ok(c) = self.multi.channel(q) {
+                            c.settle(true);
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
         self.rings = Some(rings);
@@ -87,98 +134,18 @@ impl<B: Backoff + Clone> Node<B> {
     }
 
     /// Polls every peer once and hands up to `budget` events to `handler`; returns how many
-    /// it handed. Received buffers are re-posted right after their handler call. Does not
-    /// allocate.
+    /// it handed. Received buffers are re-posted right after their handler call (or, if the
+    /// handler panicked, at the start of the next call). Does not allocate.
     pub fn progress(
         &mut self,
         budget: usize,
         mut handler: impl FnMut(Event<'_>),
     ) -> Result<usize, NodeError> {
-        let Some(mut rings) = self.rings.take() else {
-            return Err(NodeError::BadRank);
-        };
-        let r = self.progress_rings(&mut rings, budget, &mut handler);
-        self.rings = Some(rings);
-        r
-    }
-
-    fn progress_rings(
-        &mut self,
-        rings: &mut Rings,
-        budget: usize,
-        handler: &mut impl FnMut(Event<'_>),
-    ) -> Result<usize, NodeError> {
-        let mut handed = 0;
         let me = self.rank;
-        for p in 0..self.multi.peers() {
-            let rank = rank_of(me, p);
-            if handed >= budget {
-                break;
-            }
-            let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
-            if let Some(error) = chan.failure() {
-                // A broken channel is reported once, then left alone.
-                if !rings.failure_reported[p] {
-                    rings.failure_reported[p] = true;
-                    handler(Event::Failed { rank, error });
-                    handed += 1;
-                }
-                continue;
-            }
-            if let Err(error) = chan.poll() {
-                rings.failure_reported[p] = true;
-                handler(Event::Failed { rank, error });
-                handed += 1;
-                continue;
-            }
-            let done = chan.sends_completed();
-            if done > rings.sends_seen[p] && handed < budget {
-                rings.sends_seen[p] = done;
-                handler(Event::SendsCompleted {
-                    rank,
-                    completed: done,
-                });
-                handed += 1;
-            }
-            while handed < budget {
-                let i = rings.head[p];
-                let Some(t) = rings.tickets[p * rings.slots + i] else {
-                    break;
-                };
-                let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
-                match chan.try_recv(t) {
-                    None => break,
-                    Some(Ok(info)) => {
-                        let at = (p * rings.slots + i) * rings.slot_size;
-                        let len = (info.byte_len as usize).min(rings.slot_size);
-                        // SAFETY: this slot's receive completed and it is not re-posted until
-                        // after the handler returns; the region grants no remote write.
-                        let data =
-                            unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
-                        handler(Event::Message {
-                            rank,
-                            data,
-                            imm: info.imm,
-                        });
-                        handed += 1;
-                        rings.tickets[p * rings.slots + i] = None;
-                        rings.head[p] = (i + 1) % rings.slots;
-                        post_slot(self, rings, p, i)?;
-                    }
-                    Some(Err(error)) => {
-                        rings.tickets[p * rings.slots + i] = None;
-                        rings.head[p] = (i + 1) % rings.slots;
-                        if !rings.failure_reported[p] {
-                            rings.failure_reported[p] = true;
-                            handler(Event::Failed { rank, error });
-                            handed += 1;
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(handed)
+        let Some(rings) = self.rings.as_mut() else {
+            return Err(NodeError::MessagingNotStarted);
+        };
+        progress_rings(&mut self.multi, rings, me, budget, &mut handler)
     }
 
     /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
@@ -200,7 +167,7 @@ impl<B: Backoff + Clone> Node<B> {
             if deadline.passed(clock) {
                 return Err(NodeError::Channel {
                     rank: self.rank,
-                    error: ChannelError::TimedOut,
+                    error: ChannelError::TimedOut { peer: None },
                 });
             }
             backoff.snooze();
@@ -217,22 +184,111 @@ impl<B: Backoff + Clone> Node<B> {
     }
 }
 
-fn post_slot<B: Backoff + Clone>(
-    node: &mut Node<B>,
+fn progress_rings<B: Backoff + Clone>(
+    multi: &mut MultiChannel<VerbsProvider, B>,
     rings: &mut Rings,
+    me: u32,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    if let Some((p, i)) = rings.repost.take() {
+        post_slot(multi, rings, me, p, i)?;
+    }
+    let mut handed = 0;
+    for p in 0..multi.peers() {
+        let rank = rank_of(me, p);
+        if handed >= budget {
+            break;
+        }
+        let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
+        if let Some(error) = chan.failure() {
+            // A broken channel is reported once, then left alone.
+            if !rings.failure_reported[p] {
+                rings.failure_reported[p] = true;
+                handler(Event::Failed { rank, error });
+                handed += 1;
+            }
+            continue;
+        }
+        if let Err(error) = chan.poll() {
+            rings.failure_reported[p] = true;
+            handler(Event::Failed { rank, error });
+            handed += 1;
+            continue;
+        }
+        let done = chan.sends_completed();
+        if done > rings.sends_seen[p] && handed < budget {
+            rings.sends_seen[p] = done;
+            handler(Event::SendsCompleted {
+                rank,
+                completed: done,
+            });
+            handed += 1;
+        }
+        while handed < budget {
+            let i = rings.head[p];
+            let Some(t) = rings.tickets[p * rings.slots + i] else {
+                break;
+            };
+            let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
+            let Some(result) = chan.try_recv(t) else {
+                break;
+            };
+            // The slot leaves the ring before the handler runs, so a panicking handler
+            // neither sees it twice nor loses it: `repost` brings it back.
+            rings.tickets[p * rings.slots + i] = None;
+            rings.head[p] = (i + 1) % rings.slots;
+            match result {
+                Ok(info) => {
+                    rings.repost = Some((p, i));
+                    let at = (p * rings.slots + i) * rings.slot_size;
+                    let len = (info.byte_len as usize).min(rings.slot_size);
+                    // SAFETY: this slot's receive completed and it is not re-posted until
+                    // after the handler returns; the region grants no remote access.
+                    let data = unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
+                    handler(Event::Message {
+                        rank,
+                        data,
+                        imm: info.imm,
+                    });
+                    handed += 1;
+                    rings.repost = None;
+                    post_slot(multi, rings, me, p, i)?;
+                }
+                Err(error) => {
+                    if !rings.failure_reported[p] {
+                        rings.failure_reported[p] = true;
+                        handler(Event::Failed { rank, error });
+                        handed += 1;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    Ok(handed)
+}
+
+fn post_slot<B: Backoff + Clone>(
+    multi: &mut MultiChannel<VerbsProvider, B>,
+    rings: &mut Rings,
+    me: u32,
     p: usize,
     i: usize,
 ) -> Result<(), NodeError> {
     let at = (p * rings.slots + i) * rings.slot_size;
-    let mut sge = [rings
-        .region
-        .sge_mut(at..at + rings.slot_size)
-        .ok_or(NodeError::BadRank)?];
-    let chan = node.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+    let mut sge =
+        [rings
+            .region
+            .sge_mut(at..at + rings.slot_size)
+            .ok_or(NodeError::InvalidArgument {
+                what: "ring slot outside the ring",
+            })?];
+    let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
     // SAFETY: the ring memory is owned by the node and dropped after its channels (field
     // order), and this slot is read only after its receive completed, then re-posted.
     let t = unsafe { chan.post_recv_unpolled(&mut sge) }.map_err(|error| NodeError::Channel {
-        rank: rank_of(node.rank, p),
+        rank: rank_of(me, p),
         error,
     })?;
     rings.tickets[p * rings.slots + i] = Some(t);

@@ -18,7 +18,7 @@ use core::time::Duration;
 use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransport};
 use crate::channel::{Channel, ChannelConfig, ChannelError};
 use crate::multi::MultiChannel;
-use crate::poll::{Backoff, Clock};
+use crate::poll::{Backoff, Clock, StaticClock};
 use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
 use crate::sge::{RemoteMemory, Sge};
 use crate::verbs::mr::OwnedRegion;
@@ -79,6 +79,15 @@ pub enum NodeError {
     },
     /// Rank not below world size, or world size 0.
     BadRank,
+    /// [`Node::start_messaging`] was called twice.
+    MessagingStarted,
+    /// [`Node::progress`] before [`Node::start_messaging`].
+    MessagingNotStarted,
+    /// An argument is out of range; nothing was changed.
+    InvalidArgument {
+        /// What is wrong.
+        what: &'static str,
+    },
     /// A barrier failed.
     Barrier(BarrierError),
     /// A channel operation failed.
@@ -100,6 +109,9 @@ impl fmt::Display for NodeError {
             }
             Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
             Self::BadRank => f.write_str("rank must be below the world size"),
+            Self::MessagingStarted => f.write_str("messaging has already started"),
+            Self::MessagingNotStarted => f.write_str("messaging has not started"),
+            Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
             Self::Barrier(e) => write!(f, "{e}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
         }
@@ -131,6 +143,7 @@ pub struct PreparedNode<B: Backoff + Clone> {
     world: u32,
     cfg: NodeConfig,
     backoff: B,
+    clock: StaticClock,
     pd: Pd,
     qps: Vec<Option<PreparedVerbs>>,
     flags: OwnedRegion,
@@ -148,13 +161,15 @@ impl<B: Backoff + Clone> fmt::Debug for PreparedNode<B> {
 
 impl<B: Backoff + Clone> PreparedNode<B> {
     /// Creates one queue pair per other rank and registers the flag array and data window.
-    /// `backoff` is cloned into every channel and used by barriers.
+    /// `backoff` is cloned into every channel and used by barriers; every channel measures
+    /// its timeouts ([`ChannelConfig::timeout`]) on `clock`.
     pub fn new(
         ctx: &Context,
         rank: u32,
         world: u32,
         cfg: NodeConfig,
         backoff: B,
+        clock: StaticClock,
     ) -> Result<Self, NodeError> {
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
             return Err(NodeError::BadRank);
@@ -178,6 +193,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             world,
             cfg,
             backoff,
+            clock,
             pd,
             qps,
             flags,
@@ -250,10 +266,13 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 rank: r as u32,
                 error,
             })?;
+            let mut ccfg = self.cfg.channel;
+            ccfg.peer = Some(r as u32);
             chans.push(Channel::with_backoff(
                 p,
-                self.cfg.channel,
+                ccfg,
                 self.backoff.clone(),
+                self.clock,
             ));
             peer_flags[r] = d.flags;
             peer_windows[r] = d.window;

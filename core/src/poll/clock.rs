@@ -58,6 +58,12 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 }
 
+/// The clock a channel keeps for its timeouts: any [`Clock`] that lives for the whole program
+/// and may be read from any thread (a `static`, or a unit struct such as
+/// `rverbs_std_shim::MONOTONIC`). A reference, so a channel stays one pointer larger whatever
+/// the clock is, and no type parameter spreads through every layer.
+pub type StaticClock = &'static (dyn Clock + Sync);
+
 /// A deadline measured on a [`Clock`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadline {
@@ -110,5 +116,46 @@ mod tests {
         let b = Instant::from_nanos(25);
         assert_eq!(b.saturating_duration_since(a), Duration::from_nanos(15));
         assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+    }
+}
+
+/// A clock for tests and simulations: every read advances it by a fixed step, so a wait
+/// with a deadline ends after a known number of reads, whatever the machine's speed (and
+/// under Miri, where real time crawls). `static CLOCK: StepClock = StepClock::new(...)`
+/// makes it a [`StaticClock`].
+#[cfg(target_has_atomic = "64")]
+#[derive(Debug)]
+pub struct StepClock {
+    now: core::sync::atomic::AtomicU64,
+    step: u64,
+}
+
+#[cfg(target_has_atomic = "64")]
+impl StepClock {
+    /// A clock at zero that advances by `step` on every read.
+    pub const fn new(step: Duration) -> Self {
+        Self {
+            now: core::sync::atomic::AtomicU64::new(0),
+            step: step.as_nanos() as u64,
+        }
+    }
+
+    /// Moves the clock forward by `d` without a read.
+    pub fn advance(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.now
+            .fetch_add(nanos, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(target_has_atomic = "64")]
+impl Clock for StepClock {
+    fn now(&self) -> Instant {
+        let step = self.step;
+        Instant(
+            self.now
+                .fetch_add(step, core::sync::atomic::Ordering::Relaxed)
+                .saturating_add(step),
+        )
     }
 }

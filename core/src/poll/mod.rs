@@ -4,4 +4,6 @@ pub mod backoff;
 pub mod clock;
 
 pub use backoff::{Backoff, Spin, SpinThen};
-pub use clock::{Clock, Deadline, Instant};
+#[cfg(target_has_atomic = "64")]
+pub use clock::StepClock;
+pub use clock::{Clock, Deadline, Instant, StaticClock};

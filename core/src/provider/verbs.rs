@@ -11,6 +11,8 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 #[derive(Debug)]
 pub struct PreparedVerbs {
     qp: PreparedQp,
+    send_cq: Cq,
+    recv_cq: Cq,
 }
 
 impl PreparedVerbs {
@@ -20,6 +22,8 @@ impl PreparedVerbs {
         let recv_cq = ctx.create_cq(cfg.max_recv_wr)?;
         Ok(Self {
             qp: pd.create_rc_qp(&send_cq, &recv_cq, cfg)?,
+            send_cq,
+            recv_cq,
         })
     }
 
@@ -32,31 +36,36 @@ impl PreparedVerbs {
     pub fn handshake(self, remote: &Endpoint) -> Result<VerbsProvider, VerbsError> {
         Ok(VerbsProvider {
             qp: self.qp.handshake(remote)?,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
         })
     }
 }
 
-/// A connected RC queue pair as a [`Provider`].
+/// A connected RC queue pair as a [`Provider`], with the two completion queues it owns.
 #[derive(Debug)]
 pub struct VerbsProvider {
+    // Field order is drop order: the queue pair goes before its completion queues.
     qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
 }
 
 impl VerbsProvider {
-    /// Wraps a connected queue pair. Its send and receive CQs must not be shared with other
-    /// queue pairs (the engine routes completions by queue, not by QP number).
-    pub fn from_qp(qp: Qp) -> Self {
-        Self { qp }
+    /// Wraps a connected queue pair and the CQs it was created with. Those CQs must not
+    /// take completions of other queue pairs (the engine routes completions by queue, not by
+    /// QP number).
+    pub fn from_parts(qp: Qp, send_cq: Cq, recv_cq: Cq) -> Self {
+        Self {
+            qp,
+            send_cq,
+            recv_cq,
+        }
     }
 
     /// The queue pair.
     pub fn qp(&self) -> &Qp {
         &self.qp
-    }
-
-    /// The completion queue polled for sends.
-    pub fn send_cq(&self) -> &Cq {
-        self.qp.send_cq()
     }
 }
 
@@ -87,12 +96,12 @@ impl Provider for VerbsProvider {
 
     #[inline]
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.qp.send_cq().poll(out).map_err(poll_err)
+        self.send_cq.poll(out).map_err(poll_err)
     }
 
     #[inline]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.qp.recv_cq().poll(out).map_err(poll_err)
+        self.recv_cq.poll(out).map_err(poll_err)
     }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {

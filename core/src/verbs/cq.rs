@@ -1,7 +1,9 @@
 //! Completion queues and work completions.
 
 use alloc::sync::Arc;
+use core::cell::Cell;
 use core::fmt;
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
 use super::device::Context;
@@ -23,17 +25,34 @@ impl Drop for CqInner {
     }
 }
 
-// SAFETY: libibverbs CQs may be polled from any thread (serialised by the provider's lock or
-// by our &mut discipline in the engine); the pointer is owned.
+// SAFETY: only the one `Cq` handle polls (it needs &mut and is neither Clone nor Sync); the
+// Arc clones queue pairs hold only keep the queue alive, and destroying it from whichever
+// thread drops the last clone is allowed. The pointer is owned.
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
 
-/// A completion queue. Cheap to clone (clones share the queue).
-#[derive(Clone)]
+/// A completion queue, polled by whoever owns this handle.
+///
+/// Not `Clone` and not `Sync`: polling needs `&mut self`, so safe code cannot poll one queue
+/// from two threads at once. That matters because providers may drop their internal locks
+/// (mlx5 does under `MLX5_SINGLE_THREADED=1`, a common low-latency setting). Queue pairs keep
+/// the queue alive without being able to poll it.
+///
+/// ```compile_fail,E0277
+/// # use rverbs_core::verbs::Cq;
+/// fn is_sync<T: Sync>() {}
+/// is_sync::<Cq>();
+/// ```
+///
+/// ```compile_fail,E0308
+/// # use rverbs_core::verbs::Cq;
+/// fn two_pollers(cq: &Cq) -> (Cq, Cq) { (cq.clone(), cq.clone()) }
+/// ```
 pub struct Cq {
-    pub(crate) inner: Arc<CqInner>,
+    inner: Arc<CqInner>,
     capacity: u32,
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 impl fmt::Debug for Cq {
@@ -74,6 +93,7 @@ impl Context {
                 _ctx: self.clone(),
             }),
             capacity,
+            _not_sync: PhantomData,
         })
     }
 }
@@ -87,6 +107,12 @@ impl Cq {
         self.inner.raw.as_ptr()
     }
 
+    /// A handle that keeps the queue alive (for queue pairs that complete into it) and
+    /// cannot poll it.
+    pub(crate) fn keep_alive(&self) -> Arc<CqInner> {
+        self.inner.clone()
+    }
+
     /// Entries the device granted (at least what was asked for).
     pub fn capacity(&self) -> u32 {
         self.capacity
@@ -95,7 +121,7 @@ impl Cq {
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions into `out` and returns how
     /// many. Does not allocate.
     #[inline]
-    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         let mut wc = [sys::ibv_wc::default(); POLL_BATCH];
         let want = out.len().min(POLL_BATCH);
         // SAFETY: the CQ is live and wc has room for `want` entries.

@@ -20,7 +20,7 @@ pub use device::{
     LinkLayer, PortAttr, Route,
 };
 pub use error::{Verb, VerbsError};
-pub use mr::{AccessFlags, MemoryRegion, SharedRegion};
+pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
 pub use qp::{PreparedQp, Qp, QpConfig};
 

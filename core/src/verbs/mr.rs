@@ -1,11 +1,47 @@
 //! Memory regions: caller memory registered with the device.
 //!
-//! Two kinds, because remote write access changes what the CPU may assume:
-//! - [`MemoryRegion`]: only this process writes it (local write, and at most remote *read*
-//!   access). The CPU gets ordinary slices whenever no work request borrows the bytes.
-//! - [`SharedRegion`]: peers may write it at any time (remote write or atomic access). The CPU
-//!   never gets a `&[u8]` of it, only volatile copies and loads, so no Rust reference ever
-//!   aliases memory the network is changing.
+//! Two kinds, because remote access changes both who owns the memory and what the CPU may
+//! assume:
+//! - [`MemoryRegion`]: only this process touches it (local access only). It borrows a plain
+//!   slice: the device reaches it only through work requests, and every safe way to post one
+//!   waits for it, so the borrow is enough. The CPU gets ordinary slices whenever no work
+//!   request borrows the bytes.
+//! - [`SharedRegion`]: peers may read, write or atomically modify it at any time (any remote
+//!   access). It *owns* its memory ([`OwnedMemory`]), because a peer holding the remote key
+//!   can reach it whatever this process does: the memory is freed only after a successful
+//!   deregistration, and leaked (never reused) if the region is leaked or deregistration
+//!   fails. The CPU never gets a `&[u8]` of it, only volatile copies and loads, so no Rust
+//!   reference ever aliases memory the network is changing. It is `Send` but not `Sync`:
+//!   its byte views are not atomic, so only one thread uses them at a time.
+//!
+//! Two regions never trade memory: a region and its memory move together, so
+//! `mem::swap` of two regions swaps registrations and memory alike.
+//!
+//! ```compile_fail,E0597
+//! # use rverbs_core::verbs::{AccessFlags, Pd};
+//! // A borrowed slice cannot be registered for remote access: the borrow could end (or the
+//! // region be forgotten) while a peer still holds the key.
+//! fn f(pd: &Pd) {
+//!     let mut buf = [0u8; 64];
+//!     let _r = pd.register_shared(&mut buf[..], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+//! }
+//! ```
+//!
+//! ```compile_fail,E0277
+//! # use rverbs_core::verbs::SharedRegion;
+//! // Byte views of memory peers write are not shared between threads.
+//! fn is_sync<T: Sync>() {}
+//! is_sync::<SharedRegion<'static>>();
+//! ```
+//!
+//! ```compile_fail,E0614
+//! # use rverbs_core::verbs::{OwnedRegion, SharedRegion};
+//! // An owned region is a shared region; there is no inner region to swap out from under it.
+//! fn f(a: &mut OwnedRegion, b: &mut OwnedRegion) {
+//!     let (x, y): (&mut SharedRegion<'static>, &mut SharedRegion<'static>) = (&mut **a, &mut **b);
+//!     core::mem::swap(x, y);
+//! }
+//! ```
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -14,9 +50,12 @@ use core::ptr::NonNull;
 
 use bitflags::bitflags;
 
+use alloc::boxed::Box;
+
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{errno, sys};
 use super::pd::Pd;
+use crate::memory::{OwnedMemory, PageMemory};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
 bitflags! {
@@ -39,47 +78,113 @@ bitflags! {
 impl AccessFlags {
     /// Access that lets peers change the bytes behind the CPU's back.
     pub const REMOTE_MUTATION: Self = Self::REMOTE_WRITE.union(Self::REMOTE_ATOMIC);
+    /// Any access that lets a peer reach the bytes.
+    pub const REMOTE: Self = Self::REMOTE_MUTATION.union(Self::REMOTE_READ);
 }
 
-fn reg(pd: &Pd, ptr: *mut u8, len: usize, access: AccessFlags) -> Result<NonNull<sys::ibv_mr>> {
-    if len == 0 {
-        return Err(VerbsError::InvalidArgument {
-            what: "memory region length is zero",
-        });
-    }
-    if access.intersects(AccessFlags::REMOTE_MUTATION) && !access.contains(AccessFlags::LOCAL_WRITE)
-    {
-        return Err(VerbsError::InvalidArgument {
-            what: "remote write or atomic access needs LOCAL_WRITE too",
-        });
-    }
-    // SAFETY: the PD is live; the caller vouches that ptr..ptr+len is memory it owns for the
-    // region's lifetime (see the public constructors).
-    let raw = unsafe {
-        sys::ibv_reg_mr(
-            pd.as_raw(),
-            ptr.cast(),
+/// The registration both region kinds are built on: the MR handle, where it points, its keys.
+/// Deregistration is the owner's call (see the two `Drop` impls), because what a failure
+/// means differs.
+struct Registration {
+    raw: NonNull<sys::ibv_mr>,
+    ptr: NonNull<u8>,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    access: AccessFlags,
+    _pd: Pd,
+}
+
+impl Registration {
+    /// Registers `ptr..ptr+len`; the caller keeps the memory valid as its constructor says.
+    fn new(pd: &Pd, ptr: NonNull<u8>, len: usize, access: AccessFlags) -> Result<Self> {
+        if len == 0 {
+            return Err(VerbsError::InvalidArgument {
+                what: "memory region length is zero",
+            });
+        }
+        if access.intersects(AccessFlags::REMOTE_MUTATION)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(VerbsError::InvalidArgument {
+                what: "remote write or atomic access needs LOCAL_WRITE too",
+            });
+        }
+        // SAFETY: the PD is live; every caller owns or borrows ptr..ptr+len for at least the
+        // registration's life (see the public constructors).
+        let raw = unsafe {
+            sys::ibv_reg_mr(
+                pd.as_raw(),
+                ptr.as_ptr().cast(),
+                len,
+                access.bits() as core::ffi::c_int,
+            )
+        };
+        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+            verb: Verb::RegMr,
+            errno: errno(),
+        })?;
+        // SAFETY: raw is a live MR; lkey/rkey are plain fields set at registration.
+        let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
+        Ok(Self {
+            raw,
+            ptr,
             len,
-            access.bits() as core::ffi::c_int,
-        )
-    };
-    NonNull::new(raw).ok_or(VerbsError::Call {
-        verb: Verb::RegMr,
-        errno: errno(),
-    })
-}
-
-fn dereg(raw: NonNull<sys::ibv_mr>) {
-    // SAFETY: raw came from ibv_reg_mr and is deregistered once, from Drop. A failure here
-    // cannot be reported from drop; the registration then leaks.
-    unsafe {
-        sys::ibv_dereg_mr(raw.as_ptr());
+            lkey,
+            rkey,
+            access,
+            _pd: pd.clone(),
+        })
     }
-}
 
-fn keys(raw: NonNull<sys::ibv_mr>) -> (u32, u32) {
-    // SAFETY: raw is a live MR; lkey/rkey are plain fields set at registration.
-    unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) }
+    /// Deregisters; `Err(errno)` if the device refused (the keys then stay valid).
+    fn deregister(&mut self) -> core::result::Result<(), i32> {
+        // SAFETY: raw came from ibv_reg_mr and is deregistered once, from the owner's Drop.
+        match unsafe { sys::ibv_dereg_mr(self.raw.as_ptr()) } {
+            0 => Ok(()),
+            e => Err(if e > 0 { e } else { errno() }),
+        }
+    }
+
+    #[inline]
+    fn remote(&self) -> RemoteMemory {
+        RemoteMemory {
+            addr: self.ptr.as_ptr() as u64,
+            len: self.len as u64,
+            rkey: self.rkey,
+        }
+    }
+
+    /// A gather entry for `range`. The caller's borrow of the region is the entry's.
+    #[inline]
+    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+        let (off, len) = check_range(&range, self.len)?;
+        // SAFETY: in bounds of this registration, whose lkey we pass; the entry borrows the
+        // region, which keeps it registered while the entry lives.
+        Some(unsafe { Sge::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+    }
+
+    /// A scatter entry for `range`, if local write is granted.
+    #[inline]
+    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
+            return None;
+        }
+        let (off, len) = check_range(&range, self.len)?;
+        // SAFETY: in bounds, local write granted, and the exclusive borrow of the region keeps
+        // every other local user out while the entry lives.
+        Some(unsafe { SgeMut::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+    }
+
+    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(name)
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .field("access", &self.access)
+            .finish()
+    }
 }
 
 /// Checks `range` against a region of `len` bytes and converts it to (offset, len as u32).
@@ -94,159 +199,152 @@ fn check_range(range: &Range<usize>, len: usize) -> Option<(usize, u32)> {
     }
 }
 
-/// Registered memory that only this process writes. See the [module docs](self).
+/// Registered memory only this process touches: local access only. See the
+/// [module docs](self).
 pub struct MemoryRegion<'b> {
-    raw: NonNull<sys::ibv_mr>,
-    ptr: NonNull<u8>,
-    len: usize,
-    lkey: u32,
-    rkey: u32,
-    access: AccessFlags,
-    _pd: Pd,
+    reg: Registration,
     _buf: PhantomData<&'b mut [u8]>,
 }
 
 // SAFETY: the region owns an exclusive borrow of its bytes and an MR handle that libibverbs
 // lets any thread use; moving it moves that ownership.
 unsafe impl Send for MemoryRegion<'_> {}
-// SAFETY: &MemoryRegion gives only shared reads of the bytes and of plain key fields.
+// SAFETY: &MemoryRegion gives only shared reads of the bytes (as_slice, gather entries) and of
+// plain key fields; nobody but this process writes the bytes, and only through &mut.
 unsafe impl Sync for MemoryRegion<'_> {}
 
 impl Pd {
-    /// Registers `buf`. `access` may not include [`AccessFlags::REMOTE_WRITE`] or
-    /// [`AccessFlags::REMOTE_ATOMIC`]: memory peers can change goes in a [`SharedRegion`].
+    /// Registers `buf` for local use: sources of sends and writes, targets of receives and
+    /// reads. `access` may hold only [`AccessFlags::LOCAL_WRITE`] (and
+    /// [`AccessFlags::RELAXED_ORDERING`]): memory a peer can reach must be owned by its
+    /// registration, see [`Pd::register_shared`].
     pub fn register<'b>(&self, buf: &'b mut [u8], access: AccessFlags) -> Result<MemoryRegion<'b>> {
-        if access.intersects(AccessFlags::REMOTE_MUTATION) {
+        if access.intersects(AccessFlags::REMOTE) {
             return Err(VerbsError::InvalidArgument {
-                what: "remote write/atomic access needs Pd::register_shared",
+                what: "remote access needs memory the region owns: use Pd::register_shared",
             });
         }
         let len = buf.len();
-        let ptr = NonNull::from(buf).cast::<u8>();
-        let raw = reg(self, ptr.as_ptr(), len, access)?;
-        let (lkey, rkey) = keys(raw);
+        let reg = Registration::new(self, NonNull::from(buf).cast(), len, access)?;
         Ok(MemoryRegion {
-            raw,
-            ptr,
-            len,
-            lkey,
-            rkey,
-            access,
-            _pd: self.clone(),
+            reg,
             _buf: PhantomData,
         })
     }
 
-    /// Registers `buf` with any access, including remote write and atomics.
-    pub fn register_shared<'b>(
+    /// Registers memory the region will own, with any access including remote read, write and
+    /// atomics: a `Box<[u8]>`, a `&'static mut [u8]`, a [`PageMemory`], or a page-aligned or
+    /// huge-page buffer from `rverbs-std-shim`. The memory is freed when the region is dropped
+    /// and its deregistration succeeded; otherwise it is leaked, never reused.
+    pub fn register_shared<M: OwnedMemory>(
         &self,
-        buf: &'b mut [u8],
+        mut mem: M,
         access: AccessFlags,
-    ) -> Result<SharedRegion<'b>> {
-        let len = buf.len();
-        let ptr = NonNull::from(buf).cast::<u8>();
-        // SAFETY: buf is exclusively borrowed for 'b, which the region carries.
-        unsafe { self.register_raw(ptr.as_ptr(), len, access) }
+    ) -> Result<SharedRegion<'static>> {
+        let (ptr, len) = (mem.base(), mem.size());
+        let reg = Registration::new(self, ptr, len, access)?;
+        Ok(SharedRegion {
+            reg,
+            owner: Some(Box::new(mem)),
+            _buf: PhantomData,
+        })
     }
 
-    /// Registers memory the caller manages itself (mmap, huge pages, device memory).
+    /// Registers memory the caller manages itself (an mmap it keeps, device memory), with
+    /// any access.
     ///
     /// # Safety
-    /// `ptr..ptr+len` must stay allocated, and must be accessed by nobody but through the
-    /// returned region, until the region is dropped and `'b` ends.
+    /// `ptr..ptr+len` must stay allocated, and be accessed by nobody but through the returned
+    /// region, until the region is dropped; if the region is leaked (`mem::forget`), forever,
+    /// because the peers' keys then stay valid. (If deregistration fails on drop, the process
+    /// aborts rather than let the caller free memory a peer can still reach.)
     pub unsafe fn register_raw<'b>(
         &self,
         ptr: *mut u8,
         len: usize,
         access: AccessFlags,
     ) -> Result<SharedRegion<'b>> {
-        let nn = NonNull::new(ptr).ok_or(VerbsError::InvalidArgument {
+        let ptr = NonNull::new(ptr).ok_or(VerbsError::InvalidArgument {
             what: "null memory region address",
         })?;
-        let raw = reg(self, ptr, len, access)?;
-        let (lkey, rkey) = keys(raw);
+        let reg = Registration::new(self, ptr, len, access)?;
         Ok(SharedRegion {
-            raw,
-            ptr: nn,
-            len,
-            lkey,
-            rkey,
-            access,
-            _pd: self.clone(),
+            reg,
+            owner: None,
             _buf: PhantomData,
         })
     }
+
+    /// Allocates `len` zeroed, page-aligned bytes ([`PageMemory`]) and registers them.
+    pub fn alloc_region(&self, len: usize, access: AccessFlags) -> Result<OwnedRegion> {
+        let mem = PageMemory::zeroed(len.max(1)).ok_or(VerbsError::InvalidArgument {
+            what: "region length (too large for the allocator)",
+        })?;
+        self.register_shared(mem, access)
+    }
 }
 
-impl<'b> MemoryRegion<'b> {
+impl MemoryRegion<'_> {
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.reg.len
     }
 
     /// Whether the region is empty (never: registration rejects zero length).
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.reg.len == 0
     }
 
     /// Local key.
     #[inline]
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        self.reg.lkey
     }
 
     /// Access the region was registered with.
     #[inline]
     pub fn access(&self) -> AccessFlags {
-        self.access
+        self.reg.access
     }
 
     /// The bytes. Borrowing them shares the region, so no [`SgeMut`] can be outstanding.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is the buffer borrowed for 'b; nobody but this process writes
-        // it (no remote-write access), and device writes need an SgeMut, which borrows self
-        // mutably and therefore cannot coexist with this shared borrow.
-        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: ptr..ptr+len is the buffer borrowed for 'b; no peer can reach it (local
+        // access only), and device writes need an SgeMut, which borrows self mutably and
+        // therefore cannot coexist with this shared borrow.
+        unsafe { core::slice::from_raw_parts(self.reg.ptr.as_ptr(), self.reg.len) }
     }
 
     /// The bytes, mutably. No work request can name the region while this borrow lives.
     #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as for as_slice, and &mut self excludes every Sge and SgeMut.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { core::slice::from_raw_parts_mut(self.reg.ptr.as_ptr(), self.reg.len) }
     }
 
     /// A gather entry (the device reads) for `range`, or `None` if it is out of bounds.
     /// Does not allocate.
     #[inline]
     pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (off, len) = check_range(&range, self.len)?;
-        // SAFETY: in bounds of this region, whose lkey we pass; the shared borrow keeps the
-        // CPU from writing while the entry lives.
-        Some(unsafe { Sge::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        self.reg.sge(range)
     }
 
     /// A scatter entry (the device writes) for `range`, or `None` if it is out of bounds or
     /// the region lacks local write access. Does not allocate.
     #[inline]
     pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
-            return None;
-        }
-        let (off, len) = check_range(&range, self.len)?;
-        // SAFETY: in bounds, local write granted, and the exclusive borrow keeps everyone else
-        // out while the entry lives.
-        Some(unsafe { SgeMut::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        self.reg.sge_mut(range)
     }
 
     /// Splits the region into consecutive scatter entries of `chunk` bytes (the last may be
     /// shorter), for posting many receives. Does not allocate.
     pub fn chunks_mut(&mut self, chunk: usize) -> impl Iterator<Item = SgeMut<'_>> + '_ {
-        let writable = self.access.contains(AccessFlags::LOCAL_WRITE) && chunk > 0;
-        let (base, len, lkey) = (self.ptr.as_ptr() as u64, self.len, self.lkey);
+        let r = &self.reg;
+        let writable = r.access.contains(AccessFlags::LOCAL_WRITE) && chunk > 0;
+        let (base, len, lkey) = (r.ptr.as_ptr() as u64, r.len, r.lkey);
         let n = if writable { len.div_ceil(chunk) } else { 0 };
         (0..n).map(move |i| {
             let start = i * chunk;
@@ -257,90 +355,82 @@ impl<'b> MemoryRegion<'b> {
         })
     }
 
-    /// The descriptor peers need to RDMA-read this region, if it grants remote read.
-    pub fn remote(&self) -> Option<RemoteMemory> {
-        self.access
-            .contains(AccessFlags::REMOTE_READ)
-            .then_some(RemoteMemory {
-                addr: self.ptr.as_ptr() as u64,
-                len: self.len as u64,
-                rkey: self.rkey,
-            })
-    }
-
     /// The raw `ibv_mr`.
     pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.raw.as_ptr()
+        self.reg.raw.as_ptr()
     }
 }
 
 impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
-        dereg(self.raw);
+        // A failure leaves a registration no peer can use (no remote key was ever valid) and
+        // no safe work request can name (entries borrow the region, which is gone), so the
+        // borrow may end: the registration leaks, the memory does not matter to the device.
+        let _ = self.reg.deregister();
     }
 }
 
 impl fmt::Debug for MemoryRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryRegion")
-            .field("addr", &self.ptr)
-            .field("len", &self.len)
-            .field("lkey", &self.lkey)
-            .field("access", &self.access)
-            .finish()
+        self.reg.debug("MemoryRegion", f)
     }
 }
 
-/// Registered memory peers may write at any time. See the [module docs](self).
+/// Registered memory peers may reach at any time; owns its memory unless made with the
+/// `unsafe` [`Pd::register_raw`]. See the [module docs](self).
 pub struct SharedRegion<'b> {
-    raw: NonNull<sys::ibv_mr>,
-    ptr: NonNull<u8>,
-    len: usize,
-    lkey: u32,
-    rkey: u32,
-    access: AccessFlags,
-    _pd: Pd,
+    // Field order is drop order: `Drop` deregisters before `owner` frees the memory.
+    reg: Registration,
+    owner: Option<Box<dyn OwnedMemory>>,
     _buf: PhantomData<&'b mut [u8]>,
 }
 
-// SAFETY: as for MemoryRegion; every CPU access goes through volatile raw-pointer copies.
+/// A [`SharedRegion`] that owns its memory (what [`Pd::alloc_region`] and
+/// [`Pd::register_shared`] return).
+pub type OwnedRegion = SharedRegion<'static>;
+
+// SAFETY: the region owns its memory (OwnedMemory is Send) or an exclusive borrow of it, and an
+// MR handle any thread may use. It is deliberately not Sync: its byte accessors are plain
+// volatile loops, which would race between CPUs.
 unsafe impl Send for SharedRegion<'_> {}
-// SAFETY: concurrent volatile reads and writes of plain bytes through raw pointers are no
-// worse than what the network already does to this memory; no reference is ever formed.
-unsafe impl Sync for SharedRegion<'_> {}
 
 impl SharedRegion<'_> {
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.reg.len
     }
 
     /// Whether the region is empty.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.reg.len == 0
     }
 
     /// Local key.
     #[inline]
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        self.reg.lkey
     }
 
     /// Access the region was registered with.
     #[inline]
     pub fn access(&self) -> AccessFlags {
-        self.access
+        self.reg.access
     }
 
     /// The descriptor peers need to RDMA this region.
     #[inline]
     pub fn remote(&self) -> RemoteMemory {
-        RemoteMemory {
-            addr: self.ptr.as_ptr() as u64,
-            len: self.len as u64,
-            rkey: self.rkey,
+        self.reg.remote()
+    }
+
+    #[inline]
+    fn byte_ptr(&self, offset: usize, n: usize) -> Option<*mut u8> {
+        match offset.checked_add(n) {
+            // SAFETY: offset + n <= len, so the pointer stays inside the registered buffer.
+            Some(end) if end <= self.reg.len => Some(unsafe { self.reg.ptr.as_ptr().add(offset) }),
+            _ => None,
         }
     }
 
@@ -348,14 +438,13 @@ impl SharedRegion<'_> {
     /// nothing) if the range is out of bounds. Does not allocate.
     #[inline]
     pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        match offset.checked_add(dst.len()) {
-            Some(end) if end <= self.len => {}
-            _ => return false,
-        }
+        let Some(p) = self.byte_ptr(offset, dst.len()) else {
+            return false;
+        };
         for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: offset+i < len, inside the registered buffer; a volatile read of a byte
-            // the device may be writing yields some byte value, never UB for u8.
-            *d = unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() };
+            // SAFETY: i < dst.len(), inside the checked range; a volatile read of a byte the
+            // device may be writing yields some byte value, never UB for u8.
+            *d = unsafe { p.add(i).read_volatile() };
         }
         true
     }
@@ -363,13 +452,12 @@ impl SharedRegion<'_> {
     /// Copies `src` into the region at `offset`. Returns `false` if out of bounds.
     #[inline]
     pub fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        match offset.checked_add(src.len()) {
-            Some(end) if end <= self.len => {}
-            _ => return false,
-        }
+        let Some(p) = self.byte_ptr(offset, src.len()) else {
+            return false;
+        };
         for (i, s) in src.iter().enumerate() {
-            // SAFETY: in bounds, as above.
-            unsafe { self.ptr.as_ptr().add(offset + i).write_volatile(*s) };
+            // SAFETY: in the checked range, as above.
+            unsafe { p.add(i).write_volatile(*s) };
         }
         true
     }
@@ -382,9 +470,9 @@ impl SharedRegion<'_> {
     /// read targets it until the slice is gone).
     #[inline]
     pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        let (off, len) = check_range(&range, self.len)?;
+        let (off, len) = check_range(&range, self.reg.len)?;
         // SAFETY: in bounds; the caller guarantees nobody writes the bytes meanwhile.
-        Some(unsafe { core::slice::from_raw_parts(self.ptr.as_ptr().add(off), len as usize) })
+        Some(unsafe { core::slice::from_raw_parts(self.reg.ptr.as_ptr().add(off), len as usize) })
     }
 
     /// A volatile little-endian `u64` load at an 8-aligned `offset` (for flags and counters a
@@ -412,123 +500,45 @@ impl SharedRegion<'_> {
 
     #[inline]
     fn u64_ptr(&self, offset: usize) -> Option<*mut u64> {
-        let end = offset.checked_add(8)?;
-        if end > self.len {
-            return None;
-        }
-        // SAFETY: offset + 8 <= len, so the pointer stays inside the buffer.
-        let p = unsafe { self.ptr.as_ptr().add(offset) };
+        let p = self.byte_ptr(offset, 8)?;
         (p as usize).is_multiple_of(8).then_some(p.cast::<u64>())
     }
 
     /// A gather entry for `range`. The bytes may change under it if peers write them.
     #[inline]
     pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (off, len) = check_range(&range, self.len)?;
-        // SAFETY: in bounds of this region with our lkey.
-        Some(unsafe { Sge::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        self.reg.sge(range)
     }
 
     /// A scatter entry for `range`, if the region has local write access.
     #[inline]
     pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
-            return None;
-        }
-        let (off, len) = check_range(&range, self.len)?;
-        // SAFETY: in bounds, local write granted, exclusively borrowed.
-        Some(unsafe { SgeMut::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        self.reg.sge_mut(range)
     }
 
     /// The raw `ibv_mr`.
     pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.raw.as_ptr()
+        self.reg.raw.as_ptr()
     }
 }
 
 impl Drop for SharedRegion<'_> {
     fn drop(&mut self) {
-        dereg(self.raw);
+        if let Err(errno) = self.reg.deregister() {
+            match self.owner.take() {
+                // Peers may still hold a valid key: the memory must never be reused.
+                Some(mem) => core::mem::forget(mem),
+                None => crate::fatal::abort(format_args!(
+                    "ibv_dereg_mr failed (errno {errno}) for caller-managed memory that peers \
+                     may still reach; aborting before the caller can free it"
+                )),
+            }
+        }
     }
 }
 
 impl fmt::Debug for SharedRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedRegion")
-            .field("addr", &self.ptr)
-            .field("len", &self.len)
-            .field("lkey", &self.lkey)
-            .field("rkey", &self.rkey)
-            .field("access", &self.access)
-            .finish()
-    }
-}
-
-/// Page-aligned, zeroed memory that rverbs allocates (at setup time) and registers itself:
-/// a [`SharedRegion`] that owns its bytes. Used for barrier flags and data windows.
-pub struct OwnedRegion {
-    // Field order is drop order: deregister before freeing.
-    region: SharedRegion<'static>,
-    _mem: OwnedMem,
-}
-
-/// A heap allocation freed on drop.
-struct OwnedMem {
-    ptr: NonNull<u8>,
-    layout: core::alloc::Layout,
-}
-
-impl Drop for OwnedMem {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in Pd::alloc_region; the region that used it was
-        // dropped first (it is declared before this field in OwnedRegion).
-        unsafe { alloc::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-// SAFETY: owns its allocation exclusively; the region is Send + Sync.
-unsafe impl Send for OwnedRegion {}
-// SAFETY: shared access goes through SharedRegion's volatile accessors.
-unsafe impl Sync for OwnedRegion {}
-
-impl Pd {
-    /// Allocates `len` zeroed, page-aligned bytes and registers them with `access`.
-    pub fn alloc_region(&self, len: usize, access: AccessFlags) -> Result<OwnedRegion> {
-        let layout = core::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|_| {
-            VerbsError::InvalidArgument {
-                what: "region length",
-            }
-        })?;
-        // SAFETY: the layout has non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc::alloc_zeroed(layout) }).ok_or(
-            VerbsError::Call {
-                verb: Verb::RegMr,
-                errno: 12,
-            },
-        )?;
-        let mem = OwnedMem { ptr, layout };
-        // SAFETY: ptr..ptr+len is our fresh allocation, freed only after the region is
-        // dropped (field order), and reached only through the region.
-        let region = unsafe { self.register_raw(ptr.as_ptr(), layout.size(), access) }?;
-        Ok(OwnedRegion { region, _mem: mem })
-    }
-}
-
-impl core::ops::Deref for OwnedRegion {
-    type Target = SharedRegion<'static>;
-    fn deref(&self) -> &Self::Target {
-        &self.region
-    }
-}
-
-impl core::ops::DerefMut for OwnedRegion {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.region
-    }
-}
-
-impl fmt::Debug for OwnedRegion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.region.fmt(f)
+        self.reg.debug("SharedRegion", f)
     }
 }

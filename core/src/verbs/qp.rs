@@ -4,7 +4,9 @@ use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
-use super::cq::Cq;
+use alloc::sync::Arc;
+
+use super::cq::{Cq, CqInner};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
@@ -107,8 +109,9 @@ pub struct PreparedQp {
     port_mtu: Mtu,
     psn: Psn,
     caps: QpCaps,
-    send_cq: Cq,
-    recv_cq: Cq,
+    // Keep the CQs alive as long as the QP; polling them is their owners' business.
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
     pd: Pd,
 }
 
@@ -227,8 +230,8 @@ impl Pd {
             port_mtu: port.active_mtu,
             psn,
             caps,
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
+            send_cq: send_cq.keep_alive(),
+            recv_cq: recv_cq.keep_alive(),
             pd: self.clone(),
         })
     }
@@ -330,8 +333,8 @@ impl PreparedQp {
             path_mtu: mtu,
             remote: *remote,
             handle: self.handle,
-            send_cq: self.send_cq,
-            recv_cq: self.recv_cq,
+            _send_cq: self.send_cq,
+            _recv_cq: self.recv_cq,
             _pd: self.pd,
         })
     }
@@ -345,8 +348,8 @@ pub struct Qp {
     remote: Endpoint,
     // Field order is drop order: the QP goes before its CQs and PD.
     handle: QpHandle,
-    send_cq: Cq,
-    recv_cq: Cq,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
     _pd: Pd,
 }
 
@@ -399,18 +402,6 @@ impl Qp {
     #[inline]
     pub fn remote(&self) -> &Endpoint {
         &self.remote
-    }
-
-    /// The send completion queue.
-    #[inline]
-    pub fn send_cq(&self) -> &Cq {
-        &self.send_cq
-    }
-
-    /// The receive completion queue.
-    #[inline]
-    pub fn recv_cq(&self) -> &Cq {
-        &self.recv_cq
     }
 
     /// The raw `ibv_qp`.

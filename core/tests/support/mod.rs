@@ -9,7 +9,24 @@
 use std::time::{Duration, Instant};
 
 use rverbs_core::completion::Completion;
+use rverbs_core::poll::Clock;
 use rverbs_core::verbs::{open_device, Context, Cq};
+
+/// Wall-clock time for channels in tests (core cannot use std-shim's clock: that would be a
+/// second copy of rverbs-core in the test binary).
+#[derive(Debug)]
+pub struct Wall;
+
+/// The clock test channels keep.
+pub static WALL: Wall = Wall;
+
+impl Clock for Wall {
+    fn now(&self) -> rverbs_core::poll::Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let since = EPOCH.get_or_init(Instant::now).elapsed();
+        rverbs_core::poll::Instant::from_nanos(since.as_nanos() as u64)
+    }
+}
 
 /// The device to test on, or `None` (after saying so) when the test should be skipped.
 pub fn test_device(test: &str) -> Option<String> {
@@ -40,7 +57,7 @@ pub fn open(test: &str) -> Option<Context> {
 }
 
 /// Polls `cq` until `n` completions arrived or `timeout` passed; returns them.
-pub fn poll_n(cq: &Cq, n: usize, timeout: Duration) -> Vec<Completion> {
+pub fn poll_n(cq: &mut Cq, n: usize, timeout: Duration) -> Vec<Completion> {
     let deadline = Instant::now() + timeout;
     let mut out = Vec::with_capacity(n);
     let mut buf = [Completion::EMPTY; 16];
@@ -78,7 +95,7 @@ pub fn channel_pair(
     let eb = Endpoint::decode(&b.endpoint().encode()).unwrap();
     let a = a.handshake(&eb).expect("connect a");
     let b = b.handshake(&ea).expect("connect b");
-    (Channel::new(a, cfg), Channel::new(b, cfg))
+    (Channel::new(a, cfg, &WALL), Channel::new(b, cfg, &WALL))
 }
 
 /// A deterministic byte pattern.
