@@ -95,3 +95,78 @@ fn two_connected_qps_rdma_write_4k() {
         "receiving side does not hold the written bytes"
     );
 }
+
+/// Memory that records when it is freed.
+struct Tracked {
+    mem: Box<[u8]>,
+    freed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: the boxed slice is owned here, does not move with the struct, and is freed only
+// when the struct is dropped.
+unsafe impl rverbs_core::memory::OwnedMemory for Tracked {
+    fn base(&mut self) -> std::ptr::NonNull<u8> {
+        std::ptr::NonNull::from(&mut *self.mem).cast()
+    }
+    fn size(&self) -> usize {
+        self.mem.len()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.freed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn remote_access_needs_owned_memory_which_outlives_its_keys() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(ctx) = support::open("remote_access_needs_owned_memory_which_outlives_its_keys")
+    else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    // A borrowed slice is for local use only.
+    let mut buf = [0u8; 64];
+    for remote in [
+        AccessFlags::REMOTE_READ,
+        AccessFlags::REMOTE_WRITE,
+        AccessFlags::REMOTE_ATOMIC,
+    ] {
+        let e = pd
+            .register(&mut buf, AccessFlags::LOCAL_WRITE | remote)
+            .unwrap_err();
+        assert!(e.to_string().contains("register_shared"), "{e}");
+    }
+    // Owned memory is freed after its registration is gone, not before.
+    let freed = Arc::new(AtomicBool::new(false));
+    let mem = Tracked {
+        mem: vec![0u8; 4096].into_boxed_slice(),
+        freed: freed.clone(),
+    };
+    let region = pd
+        .register_shared(mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    assert!(!freed.load(Ordering::SeqCst));
+    assert!(region.write_from(0, b"owned"));
+    drop(region);
+    assert!(
+        freed.load(Ordering::SeqCst),
+        "dropping the region frees its memory"
+    );
+    // A leaked region leaks its memory too: the key stays valid over memory nobody reuses.
+    let freed2 = Arc::new(AtomicBool::new(false));
+    let leaked = pd
+        .register_shared(
+            Tracked {
+                mem: vec![0u8; 4096].into_boxed_slice(),
+                freed: freed2.clone(),
+            },
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    std::mem::forget(leaked);
+    assert!(!freed2.load(Ordering::SeqCst));
+}

@@ -44,10 +44,14 @@ fn pattern<const N: usize>(seed: u8) -> [u8; N] {
     core::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
 }
 
-/// A clock of its own for one channel, moving 1 ms on every read (tests run in parallel, so
-/// channels do not share one and each test can tell how long its waits took).
-fn clock() -> StaticClock {
-    Box::leak(Box::new(StepClock::new(Duration::from_millis(1))))
+/// A clock of its own for each call site, moving 1 ms on every read: a `static` per site,
+/// so channels of tests running in parallel do not share one (and nothing is leaked, which
+/// Miri would report).
+macro_rules! clock {
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 #[test]
@@ -59,8 +63,8 @@ fn send_and_recv_move_the_bytes() {
     src.write_from(0, b"hello, peer");
     let (ea, eb) = f.ends();
     let (mut a, mut b) = (
-        Channel::new(ea, ChannelConfig::default(), clock()),
-        Channel::new(eb, ChannelConfig::default(), clock()),
+        Channel::new(ea, ChannelConfig::default(), clock!()),
+        Channel::new(eb, ChannelConfig::default(), clock!()),
     );
     let g = [src.sge(0..11).unwrap()];
     {
@@ -113,8 +117,8 @@ fn write_read_and_write_imm() {
     let mut am = f.register(Side::A, &mut abuf, RW).unwrap();
     let bm = f.register(Side::B, &mut bbuf, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let remote = bm.remote();
 
     am.write_from(0, &pattern::<16>(1));
@@ -164,8 +168,8 @@ fn multi_sge_gather_and_scatter() {
     ym.write_from(0, b"BBBBbbbb");
     zm.write_from(0, b"CCCCcccc");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [
         xm.sge(0..4).unwrap(),
         ym.sge(2..8).unwrap(),
@@ -205,8 +209,8 @@ fn inline_send_and_write() {
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut r, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let remote = rm.remote();
     a.write_inline(b"inline write", remote.slice(40, 12).unwrap())
         .unwrap();
@@ -259,8 +263,8 @@ fn a_batch_of_32_writes_and_32_sends() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, &pattern::<256>(9));
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     assert!(a.max_post() >= n);
     let g: [Sge<'_>; 32] = core::array::from_fn(|i| src.sge(i * 8..i * 8 + 8).unwrap());
     let remote = wm.remote();
@@ -324,7 +328,7 @@ fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u6
     let (ea, _eb) = f.ends();
     let mut cfg = ChannelConfig::default();
     cfg.signal_every = signal_every;
-    let mut a = Channel::new(ea, cfg, clock());
+    let mut a = Channel::new(ea, cfg, clock!());
     let chunk = 2048 / writes;
     assert!(chunk >= 1);
     let data: [u8; 2048] = core::array::from_fn(|i| (i * 7 + i / 256) as u8);
@@ -407,7 +411,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     a.write(&g, dst.remote()).unwrap();
     let bad = RemoteMemory {
@@ -428,7 +432,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let (mut s2, mut d2) = ([0u8; 16], [0u8; 16]);
     let src = f.register(Side::A, &mut s2, RW).unwrap();
     let dst = f.register(Side::B, &mut d2, RW).unwrap();
-    let mut a = Channel::new(f.ends().0, ChannelConfig::default(), clock());
+    let mut a = Channel::new(f.ends().0, ChannelConfig::default(), clock!());
     let oob = RemoteMemory {
         addr: dst.remote().addr + 12,
         ..dst.remote()
@@ -448,7 +452,7 @@ fn rnr_retries_exceeded() {
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     match a.send(&[src.sge(0..8).unwrap()]) {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RnrRetryExceeded),
         other => panic!("expected RNR failure, got {other:?}"),
@@ -463,7 +467,7 @@ fn dead_peer_is_retry_exceeded() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     f.kill(Side::B);
     match a.write(&[src.sge(0..8).unwrap()], dst.remote()) {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RetryExceeded),
@@ -477,7 +481,7 @@ fn recv_timeout_flushes_and_times_out() {
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     let (_ea, eb) = f.ends();
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let r = b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10));
     assert_eq!(r, Err(ChannelError::TimedOut { peer: None }));
     assert_eq!(b.outstanding_recvs(), 0);
@@ -498,8 +502,8 @@ fn recv_timeout_returns_data_in_time() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"on time!");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let info = a
         .scope(|s| {
@@ -524,8 +528,8 @@ fn scope_drains_on_early_return() {
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"early!!!");
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
-    let mut b = Channel::new(eb, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let remote = wm.remote();
 
@@ -563,7 +567,7 @@ fn scope_drains_on_panic() {
     let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
     src.write_from(0, b"panic!!!");
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let remote = wm.remote();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -584,7 +588,7 @@ fn a_failure_in_a_scope_is_reported_by_the_scope() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RO).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let remote = dst.remote(); // no remote write access
     let r = a.scope(|s| {
@@ -609,9 +613,9 @@ fn scoped_receive_results_are_not_overwritten() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     let (ea, eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b: Channel<_, Spin, 4> =
-        Channel::with_backoff(eb, ChannelConfig::default(), Spin, clock());
+        Channel::with_backoff(eb, ChannelConfig::default(), Spin, clock!());
     let g: [Sge<'_>; 5] = core::array::from_fn(|i| src.sge(0..i + 1).unwrap());
     let mut rs: [SgeMut<'_>; 6] = rm
         .sges_mut(core::array::from_fn(|i| i * 8..i * 8 + 8))
@@ -659,7 +663,7 @@ fn batch_signaled_requests_a_completion() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     assert!(a.signal_every() > 8);
     let g = [src.sge(0..8).unwrap()];
     let mut batch = a.batch();
@@ -684,7 +688,7 @@ fn flushed_receive_breaks_the_channel() {
     let f = fabric(4);
     let mut rm = f.register(Side::A, &mut rbuf, RW).unwrap();
     let (ea, _eb) = f.ends();
-    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     f.kill(Side::A);
     let r = a.recv_timeout(&mut [rm.sge_mut(0..0).unwrap()], Duration::from_millis(10));
     assert!(r.is_err(), "{r:?}");

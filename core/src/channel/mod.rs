@@ -198,7 +198,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// measures its timeouts on `clock`.
     pub fn with_backoff(p: P, cfg: ChannelConfig, backoff: B, clock: StaticClock) -> Self {
         let caps = p.caps();
-        let depth = caps.max_send_wr.max(1);
+        // One send-queue slot stays free for the drain request of `flush_and_drain`.
+        let depth = caps.max_send_wr.saturating_sub(1).max(1);
         // A post of n requests needs n free slots while up to k-1 unsignaled ones may still
         // occupy slots nobody will retire: keep n + k - 1 <= depth. Small queues give up
         // half their depth to the signaling interval rather than signal every request.
@@ -401,7 +402,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// buffer named by this channel's requests; aborts the process if the queue pair cannot
     /// be moved to the error state or the flush does not drain within the flush timeout.
     fn flush_and_drain(&mut self) {
-        if let Err(e) = self.p.set_error() {
+        let set = self.p.set_error();
+        if set.is_ok() && self.outstanding_sends() > 0 {
+            self.post_drain_request();
+        }
+        if let Err(e) = set {
             if !self.all_done() {
                 crate::fatal::abort(format_args!(
                     "{}: {e}: cannot flush {} send and {} receive requests in flight",
@@ -447,6 +452,26 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     fn all_done(&self) -> bool {
         self.done_seq >= self.next_seq && self.recv_done >= self.recv_next
+    }
+
+    /// Posts one signaled request with no data to the queue pair in the error state (the
+    /// verbs "drain" idiom): it completes flushed after everything posted before it, so its
+    /// completion retires unsignaled requests that ran before the flush and will never
+    /// produce a completion of their own. If the post fails, the drain waits for the
+    /// completions already due and aborts at the flush timeout if they do not cover
+    /// everything.
+    fn post_drain_request(&mut self) {
+        let wr = WorkRequest {
+            wr_id: self.next_seq,
+            opcode: Opcode::Send,
+            flags: SendFlags::SIGNALED,
+            sges: &[],
+            remote: RemoteMemory::default(),
+        };
+        // SAFETY: the request names no memory at all.
+        if unsafe { self.p.post_send(&[wr]) }.is_ok() {
+            self.next_seq += 1;
+        }
     }
 
     /// Waits until the requests of `ticket` completed. Does not allocate.
