@@ -60,6 +60,8 @@
 //! hello-reader threads rank 0 left on stalled clients, which end by their
 //! own deadline and close those sockets.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 #[cfg(feature = "verbs")]
 pub mod connect;

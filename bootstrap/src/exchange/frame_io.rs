@@ -1,0 +1,155 @@
+//! One frame moved over a `TcpStream` under deadlines: reads in short slices
+//! (so waits can report progress), with a stall limit between bytes and a
+//! hard deadline over all.
+
+use core::time::Duration;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use crate::error::BootstrapError;
+use crate::wire::{decode_header_with_limit, Header, WireError, HEADER_LEN, MAGIC};
+
+use super::clock::Clock;
+
+/// Longest single blocking read, so waits can report progress.
+pub(super) const READ_SLICE: Duration = Duration::from_millis(250);
+/// Smallest timeout handed to the OS (zero means "block forever" to some calls).
+pub(super) const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// Why reading a frame failed, before it is given rank and address context.
+#[derive(Debug)]
+pub(super) enum ReadError {
+    Io(io::Error),
+    Timeout,
+    Eof,
+    Wire(WireError),
+}
+
+impl ReadError {
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Self::Io(error) => format!("read failed: {error}"),
+            Self::Timeout => "sent no complete frame in time".to_owned(),
+            Self::Eof => "closed the connection mid-frame".to_owned(),
+            Self::Wire(error) => error.to_string(),
+        }
+    }
+
+    pub(super) fn into_error(
+        self,
+        rank: u32,
+        peer: Option<u32>,
+        addr: &str,
+        op: &'static str,
+        clock: Clock,
+    ) -> BootstrapError {
+        match self {
+            Self::Io(source) => BootstrapError::Io {
+                rank,
+                peer,
+                addr: addr.to_owned(),
+                op,
+                source,
+            },
+            Self::Timeout => BootstrapError::Timeout {
+                rank,
+                missing: peer.into_iter().collect(),
+                waited: clock.waited(),
+                detail: format!("{op} from {addr}"),
+            },
+            Self::Eof => BootstrapError::Disconnected {
+                rank,
+                peer,
+                addr: addr.to_owned(),
+            },
+            Self::Wire(source) => BootstrapError::Protocol {
+                rank,
+                peer,
+                addr: addr.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+/// Fills `buf`. The first byte may take until `by`; after each read that makes
+/// progress the rest gets another `stall`, never past `hard`.
+fn read_exact_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    by: Instant,
+    hard: Instant,
+    stall: Duration,
+    tick: &mut dyn FnMut(),
+) -> core::result::Result<(), ReadError> {
+    let mut by = by.min(hard);
+    let mut filled = 0;
+    while filled < buf.len() {
+        let now = Instant::now();
+        if now >= by {
+            return Err(ReadError::Timeout);
+        }
+        let slice = (by - now).min(READ_SLICE).max(MIN_TIMEOUT);
+        stream
+            .set_read_timeout(Some(slice))
+            .map_err(ReadError::Io)?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(ReadError::Eof),
+            Ok(n) => {
+                filled += n;
+                by = (Instant::now() + stall).min(hard);
+            }
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                tick();
+            }
+            Err(error) => return Err(ReadError::Io(error)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads one frame whose payload may not exceed `limit` bytes. The payload
+/// buffer is allocated only after the header's length passed that check.
+pub(super) fn read_frame(
+    stream: &mut TcpStream,
+    first_byte_by: Instant,
+    hard: Instant,
+    stall: Duration,
+    limit: u32,
+    tick: &mut dyn FnMut(),
+) -> core::result::Result<(Header, Vec<u8>), ReadError> {
+    let mut head = [0u8; HEADER_LEN];
+    // Judge the magic first: a foreign client (say, an HTTP probe) may send
+    // fewer bytes than a header and then wait for an answer.
+    let (magic, rest) = head.split_at_mut(MAGIC.len());
+    read_exact_by(stream, magic, first_byte_by, hard, stall, tick)?;
+    if *magic != MAGIC {
+        let found = [magic[0], magic[1], magic[2], magic[3]];
+        return Err(ReadError::Wire(WireError::BadMagic { found }));
+    }
+    let by = (Instant::now() + stall).min(hard);
+    read_exact_by(stream, rest, by, hard, stall, tick)?;
+    let header = decode_header_with_limit(&head, limit).map_err(ReadError::Wire)?;
+    let mut payload = vec![0u8; header.payload_len as usize];
+    let by = (Instant::now() + stall).min(hard);
+    read_exact_by(stream, &mut payload, by, hard, stall, tick)?;
+    Ok((header, payload))
+}
+
+pub(super) fn write_frame(
+    stream: &mut TcpStream,
+    frame: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    stream.set_write_timeout(Some(timeout.max(MIN_TIMEOUT)))?;
+    stream.write_all(frame)?;
+    stream.flush()
+}

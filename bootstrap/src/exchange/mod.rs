@@ -1,0 +1,217 @@
+//! Endpoint exchange over TCP with rank 0 as the rendezvous.
+//!
+//! Rank 0 listens; every other rank connects to it (retrying until the deadline),
+//! sends a `Hello` frame with its blob, and waits. Rank 0 checks each hello (job
+//! id, world size, rank range, duplicates), refuses bad ones with a `Reject`
+//! frame and keeps waiting for the real peer, and once all `N - 1` peers are in,
+//! sends every peer the `Table` of all blobs. That is `N - 1` connections in all,
+//! kept open in the returned [`Session`] for later [`Session::allgather`] rounds.
+//!
+//! Each accepted connection is read on its own short-lived thread, so a peer that
+//! connects and stalls, or a foreign client, cannot hold up the others; every
+//! read and write has a deadline, and a failure names the ranks concerned.
+
+// This file is the public face; the rest follows the story above. `root` is
+// rank 0's side (the join, its hello readers, later rounds), `peer` every other
+// rank's, `session` what an exchange leaves open, `frame_io` one frame moved
+// under deadlines, `progress` the lines printed during waits, `clock` a round's
+// start and deadline.
+mod clock;
+mod frame_io;
+mod peer;
+mod progress;
+mod root;
+mod session;
+
+use core::time::Duration;
+use std::net::TcpListener;
+
+use crate::config::ClusterConfig;
+use crate::error::{BootstrapError, Result};
+use crate::wire::{FrameKind, MAX_PAYLOAD};
+
+use self::clock::Clock;
+use self::progress::Progress;
+use self::session::{Link, PeerLink};
+
+pub use self::session::Session;
+
+/// Knobs of an exchange and of the session's later rounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExchangeOptions {
+    /// Identifies the job; frames with another job id are refused. All ranks
+    /// must agree (see [`ClusterConfig::job_id`]). Default 0.
+    pub job_id: u64,
+    /// Overall deadline of the exchange and of each all-gather round. Default 60 s.
+    ///
+    /// When rank 0 gives up it tells every connected rank why (which ranks
+    /// never came); a rank whose own deadline passes first only learns that
+    /// rank 0 did not answer. Starting the other ranks a little after rank 0,
+    /// or giving them a slightly longer timeout, gets them the better message.
+    pub timeout: Duration,
+    /// How long one read or write may make no progress, and how long a
+    /// connected peer has to send its hello. Default 10 s.
+    pub io_timeout: Duration,
+    /// Pause between connection attempts to rank 0. Default 200 ms.
+    pub retry_interval: Duration,
+    /// Largest blob accepted from anyone, in bytes. Default 64 KiB.
+    pub max_blob_size: usize,
+    /// Print a progress line to stderr during long waits (at most every 5 s,
+    /// only after 5 s) and when rank 0 refuses a connection. Default on.
+    pub progress: bool,
+}
+
+impl Default for ExchangeOptions {
+    fn default() -> Self {
+        Self {
+            job_id: 0,
+            timeout: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(10),
+            retry_interval: Duration::from_millis(200),
+            max_blob_size: 64 * 1024,
+            progress: true,
+        }
+    }
+}
+
+/// Where rank 0 waits for the others.
+#[derive(Debug)]
+pub enum Rendezvous {
+    /// Rank 0 binds `host:port`; every other rank connects there.
+    Address {
+        /// Host name or address of rank 0.
+        host: String,
+        /// TCP port of rank 0.
+        port: u16,
+    },
+    /// Rank 0 accepts on this already bound listener (for example one bound to
+    /// port 0 in tests). Only valid for rank 0; the others use
+    /// [`Rendezvous::Address`] with the listener's address.
+    Listener(TcpListener),
+}
+
+/// Exchanges blobs with every rank of `config`, rank 0 of the configuration
+/// being the rendezvous. Returns the open session and the blobs indexed by rank
+/// (entry `rank` is `blob` itself).
+///
+/// # Errors
+/// As [`exchange_at`].
+pub fn exchange(
+    config: &ClusterConfig,
+    rank: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+) -> Result<(Session, Vec<Vec<u8>>)> {
+    let root = config.rank(0);
+    let rendezvous = Rendezvous::Address {
+        host: root.host.clone(),
+        port: root.port,
+    };
+    exchange_at(rendezvous, rank, config.world_size(), blob, options)
+}
+
+/// Exchanges blobs among `world_size` ranks meeting at `rendezvous`.
+///
+/// A world of one returns at once without touching the network.
+///
+/// # Errors
+/// Argument errors ([`BootstrapError::RankOutOfRange`],
+/// [`BootstrapError::BlobTooLarge`], [`BootstrapError::InvalidArgument`]);
+/// on rank 0 [`BootstrapError::Bind`], and [`BootstrapError::Timeout`] naming
+/// the ranks that never joined; on other ranks [`BootstrapError::Connect`],
+/// [`BootstrapError::Rejected`] and [`BootstrapError::Timeout`]; on both
+/// [`BootstrapError::Io`], [`BootstrapError::Protocol`],
+/// [`BootstrapError::Unexpected`] and [`BootstrapError::Disconnected`].
+pub fn exchange_at(
+    rendezvous: Rendezvous,
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+) -> Result<(Session, Vec<Vec<u8>>)> {
+    if world_size == 0 || rank >= world_size {
+        return Err(BootstrapError::RankOutOfRange { rank, world_size });
+    }
+    if options.max_blob_size > MAX_PAYLOAD as usize {
+        return Err(BootstrapError::InvalidArgument {
+            rank,
+            reason: format!(
+                "max_blob_size {} exceeds the frame limit of {MAX_PAYLOAD} bytes",
+                options.max_blob_size
+            ),
+        });
+    }
+    if blob.len() > options.max_blob_size {
+        return Err(BootstrapError::BlobTooLarge {
+            rank,
+            len: blob.len(),
+            limit: options.max_blob_size,
+        });
+    }
+    if world_size == 1 {
+        let session = Session::new(rank, world_size, options.clone(), Link::Alone);
+        return Ok((session, vec![blob.to_vec()]));
+    }
+    let clock = Clock::start(options.timeout);
+    let mut progress = Progress::new(options.progress, clock, options.timeout);
+    if rank == 0 {
+        let listener = match rendezvous {
+            Rendezvous::Listener(listener) => listener,
+            Rendezvous::Address { host, port } => TcpListener::bind((host.as_str(), port))
+                .map_err(|source| BootstrapError::Bind {
+                    addr: fmt_addr(&host, port),
+                    source,
+                })?,
+        };
+        let (peers, blobs) =
+            root::root_join(&listener, world_size, blob, options, clock, &mut progress)?;
+        let session = Session::new(rank, world_size, options.clone(), Link::Root(peers));
+        Ok((session, blobs))
+    } else {
+        let Rendezvous::Address { host, port } = rendezvous else {
+            return Err(BootstrapError::InvalidArgument {
+                rank,
+                reason: "only rank 0 accepts on a listener; other ranks need rank 0's address"
+                    .to_owned(),
+            });
+        };
+        let addr = fmt_addr(&host, port);
+        let stream = peer::connect(&host, port, &addr, rank, options, clock, &mut progress)?;
+        let mut link = PeerLink {
+            rank: 0,
+            addr,
+            stream,
+        };
+        let blobs = peer::peer_round(
+            &mut link,
+            FrameKind::Hello,
+            rank,
+            world_size,
+            blob,
+            options,
+            clock,
+            &mut progress,
+        )?;
+        let session = Session::new(rank, world_size, options.clone(), Link::Peer(link));
+        Ok((session, blobs))
+    }
+}
+
+fn fmt_addr(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_bracket_ipv6() {
+        assert_eq!(fmt_addr("::1", 7), "[::1]:7");
+        assert_eq!(fmt_addr("node1", 7), "node1:7");
+    }
+}

@@ -1,0 +1,313 @@
+//! Rank 0's join: accept connections until every rank has sent an acceptable
+//! hello, refusing strangers and forgetting ranks that leave before the table
+//! is sent, then send everyone the table.
+
+use core::time::Duration;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::time::Instant;
+
+use crate::error::{BootstrapError, Result};
+use crate::exchange::clock::Clock;
+use crate::exchange::progress::Progress;
+use crate::exchange::session::PeerLink;
+use crate::exchange::ExchangeOptions;
+use crate::wire::{FrameKind, Header};
+
+use super::hello::{Arrival, HelloReaders};
+use super::{reject_frame, send_reject, send_table};
+
+/// How long rank 0 sleeps between accept attempts when nothing happens.
+const POLL: Duration = Duration::from_millis(5);
+/// How often rank 0 checks that joined peers are still connected.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// Rejections remembered for the final error message.
+const MAX_NOTES: usize = 8;
+
+/// Rank 0's side of the initial exchange.
+pub(in crate::exchange) fn root_join(
+    listener: &TcpListener,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Result<(Vec<PeerLink>, Vec<Vec<u8>>)> {
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |addr| addr.to_string());
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| BootstrapError::Io {
+            rank: 0,
+            peer: None,
+            addr: local,
+            op: "set_nonblocking",
+            source,
+        })?;
+
+    let readers = HelloReaders::new(world_size);
+    let mut lobby = Lobby::new(world_size);
+    let mut last_liveness = Instant::now();
+    while lobby.waiting() {
+        if Instant::now() >= clock.deadline {
+            return Err(lobby.give_up(options, clock));
+        }
+        lobby.accept_backlog(listener, &readers, options, clock, progress);
+        for arrival in readers.arrivals(POLL) {
+            lobby.admit(arrival, options, progress);
+        }
+        if last_liveness.elapsed() >= LIVENESS_EVERY {
+            last_liveness = Instant::now();
+            lobby.forget_lost(progress);
+        }
+        progress.tick(|| format!("rank 0 waiting for ranks {:?}", lobby.missing()));
+    }
+
+    let (mut peers, blobs) = lobby.into_table(blob);
+    send_table(&mut peers, world_size, &blobs, options)?;
+    Ok((peers, blobs))
+}
+
+/// The ranks that have joined so far, and the connections turned away meanwhile.
+#[derive(Debug)]
+struct Lobby {
+    world_size: u32,
+    /// Slot `r` holds rank r's connection and blob; slot 0 stays empty.
+    joined: Vec<Option<(PeerLink, Vec<u8>)>>,
+    count: u32,
+    refusals: Refusals,
+}
+
+impl Lobby {
+    fn new(world_size: u32) -> Self {
+        Self {
+            world_size,
+            joined: (0..world_size).map(|_| None).collect(),
+            count: 0,
+            refusals: Refusals::default(),
+        }
+    }
+
+    /// Whether some rank other than 0 has not joined yet.
+    fn waiting(&self) -> bool {
+        self.count < self.world_size - 1
+    }
+
+    fn missing(&self) -> Vec<u32> {
+        (1..self.world_size)
+            .filter(|rank| self.joined[*rank as usize].is_none())
+            .collect()
+    }
+
+    /// Hands every connection waiting on the listener to a hello reader.
+    fn accept_backlog(
+        &mut self,
+        listener: &TcpListener,
+        readers: &HelloReaders,
+        options: &ExchangeOptions,
+        clock: Clock,
+        progress: &Progress,
+    ) {
+        loop {
+            match listener.accept() {
+                Ok((stream, addr)) if readers.full() => {
+                    // A flood of connections must not exhaust threads; real
+                    // peers are few and quick, so only strangers lose here.
+                    drop(stream);
+                    self.refusals.remember(
+                        format!("dropped a connection from {addr}: too many connections in flight"),
+                        progress,
+                    );
+                }
+                Ok((stream, addr)) => {
+                    if let Err(error) = readers.spawn(stream, addr, options, clock) {
+                        self.refusals.remember(
+                            format!(
+                                "dropped a connection from {addr}: cannot start reader: {error}"
+                            ),
+                            progress,
+                        );
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                // WouldBlock, or a transient failure such as ECONNABORTED or
+                // EMFILE: try again after the pause below.
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Seats the sender of a good hello in its rank's slot; refuses anything
+    /// else with a `Reject` frame saying why.
+    fn admit(&mut self, arrival: Arrival, options: &ExchangeOptions, progress: &Progress) {
+        let Arrival {
+            mut stream,
+            addr,
+            outcome,
+        } = arrival;
+        let verdict = match outcome {
+            Err(error) => Err(error.describe()),
+            Ok((header, payload)) => check_hello(&header, &self.joined, self.world_size, options)
+                .map(|()| (header.sender, payload)),
+        };
+        match verdict {
+            Ok((rank, payload)) => {
+                self.joined[rank as usize] = Some((
+                    PeerLink {
+                        rank,
+                        addr: addr.to_string(),
+                        stream,
+                    },
+                    payload,
+                ));
+                self.count += 1;
+            }
+            Err(reason) => {
+                let frame = reject_frame(options.job_id, self.world_size, &reason);
+                send_reject(&mut stream, &frame, options);
+                self.refusals
+                    .remember(format!("refused {addr}: {reason}"), progress);
+            }
+        }
+    }
+
+    /// Empties the slots of joined peers that have closed their end, so the
+    /// rank can join again instead of getting a table over a dead connection.
+    fn forget_lost(&mut self, progress: &Progress) {
+        for slot in &mut self.joined {
+            if slot
+                .as_ref()
+                .is_some_and(|(link, _)| !still_connected(&link.stream))
+            {
+                if let Some((link, _)) = slot.take() {
+                    self.count -= 1;
+                    self.refusals.remember(
+                        format!(
+                            "lost rank {} at {}: disconnected before the table was sent",
+                            link.rank, link.addr
+                        ),
+                        progress,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Tells every joined peer that rank 0 gives up, and returns the error
+    /// naming the ranks that never came.
+    fn give_up(mut self, options: &ExchangeOptions, clock: Clock) -> BootstrapError {
+        let missing = self.missing();
+        let reason = format!(
+            "rendezvous timed out after {:.1?} waiting for ranks {missing:?}",
+            clock.waited()
+        );
+        let frame = reject_frame(options.job_id, self.world_size, &reason);
+        for (link, _) in self.joined.iter_mut().flatten() {
+            send_reject(&mut link.stream, &frame, options);
+        }
+        BootstrapError::Timeout {
+            rank: 0,
+            missing,
+            waited: clock.waited(),
+            detail: self.refusals.detail(),
+        }
+    }
+
+    /// The blobs by rank (`blob` is rank 0's) and the connections to ranks 1 and up.
+    fn into_table(self, blob: &[u8]) -> (Vec<PeerLink>, Vec<Vec<u8>>) {
+        let mut blobs = Vec::with_capacity(self.world_size as usize);
+        let mut peers = Vec::with_capacity(self.world_size as usize - 1);
+        blobs.push(blob.to_vec());
+        for (link, payload) in self.joined.into_iter().flatten() {
+            blobs.push(payload);
+            peers.push(link);
+        }
+        (peers, blobs)
+    }
+}
+
+/// Connections rank 0 refused, dropped or lost during the join: all counted,
+/// the first few kept for the final error message.
+#[derive(Debug, Default)]
+struct Refusals {
+    count: usize,
+    notes: Vec<String>,
+}
+
+impl Refusals {
+    fn remember(&mut self, line: String, progress: &Progress) {
+        progress.note(&format!("rank 0 {line}"));
+        self.count += 1;
+        if self.notes.len() < MAX_NOTES {
+            self.notes.push(line);
+        }
+    }
+
+    /// The timeout error's detail: empty if nothing was refused.
+    fn detail(&self) -> String {
+        if self.count == 0 {
+            String::new()
+        } else {
+            format!(
+                "{} connection(s) refused meanwhile: {}",
+                self.count,
+                self.notes.join("; ")
+            )
+        }
+    }
+}
+
+fn check_hello(
+    header: &Header,
+    joined: &[Option<(PeerLink, Vec<u8>)>],
+    world_size: u32,
+    options: &ExchangeOptions,
+) -> core::result::Result<(), String> {
+    if header.kind != FrameKind::Hello {
+        return Err(format!("expected a Hello frame, got {:?}", header.kind));
+    }
+    if header.job_id != options.job_id {
+        return Err(format!(
+            "job id {:#x} does not match this rendezvous' job id {:#x} (stale or foreign job)",
+            header.job_id, options.job_id
+        ));
+    }
+    if header.world_size != world_size {
+        return Err(format!(
+            "world size {} does not match this rendezvous' world size {world_size}",
+            header.world_size
+        ));
+    }
+    if header.sender == 0 || header.sender >= world_size {
+        return Err(format!(
+            "rank {} is out of range 1..{world_size}",
+            header.sender
+        ));
+    }
+    if let Some((link, _)) = &joined[header.sender as usize] {
+        return Err(format!(
+            "rank {} already joined from {}",
+            header.sender, link.addr
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the peer has not closed its end, probed without consuming data.
+fn still_connected(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut probe = [0u8; 1];
+    let alive = match stream.peek(&mut probe) {
+        Ok(0) => false,
+        // Early data stays queued; the next read judges it.
+        Ok(_) => true,
+        Err(error) => matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    };
+    stream.set_nonblocking(false).is_ok() && alive
+}

@@ -1,0 +1,184 @@
+//! Rank 0's side of an all-gather round over the open connections.
+
+use std::sync::mpsc;
+use std::thread;
+
+use crate::error::{BootstrapError, Result};
+use crate::exchange::clock::Clock;
+use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
+use crate::exchange::progress::Progress;
+use crate::exchange::session::PeerLink;
+use crate::exchange::ExchangeOptions;
+use crate::wire::{FrameKind, Header};
+
+use super::{blob_limit, reject_frame, send_reject, send_table};
+
+/// What reading one peer's contribution came to.
+type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
+
+/// Rank 0's side of an all-gather round: read every peer's `Sync` in parallel,
+/// then send the table.
+pub(in crate::exchange) fn root_round(
+    peers: &mut [PeerLink],
+    world_size: u32,
+    bytes: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Result<Vec<Vec<u8>>> {
+    let outcomes = read_contributions(peers, options, clock, progress);
+    match tally(peers, outcomes, world_size, bytes, options, clock) {
+        Ok(blobs) => {
+            send_table(peers, world_size, &blobs, options)?;
+            Ok(blobs)
+        }
+        Err(error) => {
+            abort(peers, world_size, &error, options);
+            Err(error)
+        }
+    }
+}
+
+/// Reads every peer's frame, each on a thread of its own; entry `i` is peer
+/// `i`'s outcome, `None` if its reader never reported.
+fn read_contributions(
+    peers: &mut [PeerLink],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Vec<Option<Outcome>> {
+    let limit = blob_limit(options);
+    let stall = options.io_timeout;
+    let mut outcomes: Vec<Option<Outcome>> = (0..peers.len()).map(|_| None).collect();
+    thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
+        let mut pending = 0usize;
+        for (index, peer) in peers.iter_mut().enumerate() {
+            let tx = tx.clone();
+            let spawned = thread::Builder::new()
+                .name("rverbs-bootstrap-sync".to_owned())
+                .spawn_scoped(scope, move || {
+                    let outcome = read_frame(
+                        &mut peer.stream,
+                        clock.deadline,
+                        clock.deadline,
+                        stall,
+                        limit,
+                        &mut || {},
+                    );
+                    let _ = tx.send((index, outcome));
+                });
+            match spawned {
+                Ok(_) => pending += 1,
+                Err(error) => outcomes[index] = Some(Err(ReadError::Io(error))),
+            }
+        }
+        drop(tx);
+        // Every reader stops by the deadline, so this loop and the scope end too.
+        while pending > 0 {
+            match rx.recv_timeout(READ_SLICE) {
+                Ok((index, outcome)) => {
+                    outcomes[index] = Some(outcome);
+                    pending -= 1;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => progress.tick(|| {
+                    let waiting: Vec<u32> = (1u32..)
+                        .zip(&outcomes)
+                        .filter(|(_, outcome)| outcome.is_none())
+                        .map(|(rank, _)| rank)
+                        .collect();
+                    format!("rank 0 waiting for ranks {waiting:?} (all-gather)")
+                }),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    });
+    outcomes
+}
+
+/// The table (`bytes` is rank 0's entry) if every peer sent a good `Sync`;
+/// otherwise the first failure in rank order, or failing that a timeout
+/// naming every rank that sent nothing in time.
+fn tally(
+    peers: &[PeerLink],
+    outcomes: Vec<Option<Outcome>>,
+    world_size: u32,
+    bytes: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+) -> Result<Vec<Vec<u8>>> {
+    let mut blobs = Vec::with_capacity(world_size as usize);
+    blobs.push(bytes.to_vec());
+    let mut missing = Vec::new();
+    let mut failure = None;
+    for (peer, outcome) in peers.iter().zip(outcomes) {
+        match outcome {
+            None | Some(Err(ReadError::Timeout)) => missing.push(peer.rank),
+            Some(Err(error)) => {
+                failure.get_or_insert_with(|| {
+                    error.into_error(0, Some(peer.rank), &peer.addr, "all-gather", clock)
+                });
+            }
+            Some(Ok((header, payload))) => match check_sync(&header, peer, world_size, options) {
+                Err(reason) => {
+                    failure.get_or_insert(BootstrapError::Unexpected {
+                        rank: 0,
+                        peer: Some(peer.rank),
+                        addr: peer.addr.clone(),
+                        reason,
+                    });
+                }
+                Ok(()) => blobs.push(payload),
+            },
+        }
+    }
+    if failure.is_some() || !missing.is_empty() {
+        return Err(failure.unwrap_or_else(|| BootstrapError::Timeout {
+            rank: 0,
+            missing,
+            waited: clock.waited(),
+            detail: "all-gather round".to_owned(),
+        }));
+    }
+    Ok(blobs)
+}
+
+/// Why `header` is not `peer`'s `Sync` for this round, if it is not.
+fn check_sync(
+    header: &Header,
+    peer: &PeerLink,
+    world_size: u32,
+    options: &ExchangeOptions,
+) -> core::result::Result<(), String> {
+    if header.kind != FrameKind::Sync {
+        return Err(format!("expected a Sync frame, got {:?}", header.kind));
+    }
+    if header.sender != peer.rank
+        || header.job_id != options.job_id
+        || header.world_size != world_size
+    {
+        return Err(format!(
+            "Sync claims rank {} of {} in job {:#x}, expected rank {} of {world_size} in job {:#x}",
+            header.sender, header.world_size, header.job_id, peer.rank, options.job_id
+        ));
+    }
+    Ok(())
+}
+
+/// Tells every peer why the round failed, so none waits for a table that
+/// will not come.
+fn abort(
+    peers: &mut [PeerLink],
+    world_size: u32,
+    error: &BootstrapError,
+    options: &ExchangeOptions,
+) {
+    let frame = reject_frame(
+        options.job_id,
+        world_size,
+        &format!("all-gather aborted by rank 0: {error}"),
+    );
+    for peer in peers.iter_mut() {
+        send_reject(&mut peer.stream, &frame, options);
+    }
+}

@@ -1,0 +1,169 @@
+//! What an exchange leaves open: one connection per peer on rank 0, one to
+//! rank 0 elsewhere, and the all-gather rounds run over them.
+
+use core::time::Duration;
+use std::io;
+use std::net::{Shutdown, TcpStream};
+
+use crate::error::{BootstrapError, Result};
+use crate::wire::FrameKind;
+
+use super::clock::Clock;
+use super::peer::peer_round;
+use super::progress::Progress;
+use super::root::root_round;
+use super::ExchangeOptions;
+
+/// The open connections after an exchange: rank 0 holds one per peer, every
+/// other rank one to rank 0, a world of one none.
+///
+/// Dropping it closes the connections; [`Session::close`] does the same and
+/// reports errors.
+#[derive(Debug)]
+pub struct Session {
+    rank: u32,
+    world_size: u32,
+    options: ExchangeOptions,
+    link: Link,
+    poisoned: bool,
+}
+
+/// The connections a [`Session`] holds, by the role of its rank.
+#[derive(Debug)]
+pub(super) enum Link {
+    Alone,
+    /// Entry `i` is rank `i + 1`.
+    Root(Vec<PeerLink>),
+    Peer(PeerLink),
+}
+
+/// One open connection and whom it leads to, for error messages.
+#[derive(Debug)]
+pub(super) struct PeerLink {
+    pub(super) rank: u32,
+    pub(super) addr: String,
+    pub(super) stream: TcpStream,
+}
+
+impl Session {
+    pub(super) fn new(rank: u32, world_size: u32, options: ExchangeOptions, link: Link) -> Self {
+        Self {
+            rank,
+            world_size,
+            options,
+            link,
+            poisoned: false,
+        }
+    }
+
+    /// This process's rank.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// The options in force for later rounds.
+    #[must_use]
+    pub fn options(&self) -> &ExchangeOptions {
+        &self.options
+    }
+
+    /// Sets the overall deadline of each later [`Session::allgather`] round.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.options.timeout = timeout;
+    }
+
+    /// Turns progress lines on stderr on or off for later rounds.
+    pub fn set_progress(&mut self, progress: bool) {
+        self.options.progress = progress;
+    }
+
+    /// One more round over the open connections: every rank contributes
+    /// `bytes` and receives everyone's contribution, indexed by rank. All ranks
+    /// must call it the same number of times. Doubles as an out-of-band
+    /// barrier ("every rank is ready").
+    ///
+    /// The round has the session's overall timeout. After a failed round the
+    /// session is poisoned and every later call fails.
+    ///
+    /// # Errors
+    /// [`BootstrapError::BlobTooLarge`] if `bytes` exceeds the blob limit (the
+    /// session stays usable); [`BootstrapError::Poisoned`]; otherwise the
+    /// network errors of [`exchange_at`], a rank-0 [`BootstrapError::Timeout`]
+    /// naming the ranks that did not contribute in time.
+    ///
+    /// [`exchange_at`]: super::exchange_at
+    pub fn allgather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if self.poisoned {
+            return Err(BootstrapError::Poisoned { rank: self.rank });
+        }
+        if bytes.len() > self.options.max_blob_size {
+            return Err(BootstrapError::BlobTooLarge {
+                rank: self.rank,
+                len: bytes.len(),
+                limit: self.options.max_blob_size,
+            });
+        }
+        let clock = Clock::start(self.options.timeout);
+        let mut progress = Progress::new(self.options.progress, clock, self.options.timeout);
+        let outcome = match &mut self.link {
+            Link::Alone => Ok(vec![bytes.to_vec()]),
+            Link::Root(peers) => root_round(
+                peers,
+                self.world_size,
+                bytes,
+                &self.options,
+                clock,
+                &mut progress,
+            ),
+            Link::Peer(link) => peer_round(
+                link,
+                FrameKind::Sync,
+                self.rank,
+                self.world_size,
+                bytes,
+                &self.options,
+                clock,
+                &mut progress,
+            ),
+        };
+        if outcome.is_err() {
+            self.poisoned = true;
+        }
+        outcome
+    }
+
+    /// Closes every connection.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Io`] for the first shutdown that failed (connections
+    /// the remote side already closed do not count).
+    pub fn close(self) -> Result<()> {
+        let links: Vec<&PeerLink> = match &self.link {
+            Link::Alone => Vec::new(),
+            Link::Root(peers) => peers.iter().collect(),
+            Link::Peer(link) => vec![link],
+        };
+        let mut first_error = None;
+        for link in links {
+            if let Err(source) = link.stream.shutdown(Shutdown::Both) {
+                if source.kind() != io::ErrorKind::NotConnected && first_error.is_none() {
+                    first_error = Some(BootstrapError::Io {
+                        rank: self.rank,
+                        peer: Some(link.rank),
+                        addr: link.addr.clone(),
+                        op: "shutdown",
+                        source,
+                    });
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
