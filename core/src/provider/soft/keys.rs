@@ -1,0 +1,65 @@
+//! Memory keys: (generation, kind, side, slot) scrambled into one `u32`, so that a stale,
+//! foreign or wrong-kind key does not resolve.
+
+const KEY_MIX: u32 = 0x9e37_79b9;
+const KEY_UNMIX: u32 = inverse_odd(KEY_MIX);
+const GEN_BITS: u32 = 22;
+pub(super) const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+
+/// The multiplicative inverse of an odd number modulo 2^32 (Newton's iteration).
+const fn inverse_odd(a: u32) -> u32 {
+    let mut x = a; // correct to 3 bits for odd a
+    let mut i = 0;
+    while i < 5 {
+        x = x.wrapping_mul(2u32.wrapping_sub(a.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyKind {
+    Local,
+    Remote,
+}
+
+/// Scrambles (gen, kind, side, slot) into a key. Generation 0 is never live, so key 0 (and
+/// every key whose generation field decodes to 0) resolves to nothing.
+pub(super) const fn make_key(gen: u32, kind: KeyKind, side: usize, slot: usize) -> u32 {
+    let kind = match kind {
+        KeyKind::Local => 0,
+        KeyKind::Remote => 1,
+    };
+    let raw = ((gen & GEN_MASK) << 10) | (kind << 9) | ((side as u32 & 1) << 8) | slot as u32;
+    raw.wrapping_mul(KEY_MIX)
+}
+
+/// (gen, kind, side, slot) of a key.
+pub(super) const fn split_key(key: u32) -> (u32, KeyKind, usize, usize) {
+    let raw = key.wrapping_mul(KEY_UNMIX);
+    let kind = if raw & (1 << 9) == 0 {
+        KeyKind::Local
+    } else {
+        KeyKind::Remote
+    };
+    (
+        raw >> 10,
+        kind,
+        ((raw >> 8) & 1) as usize,
+        (raw & 0xff) as usize,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_differ() {
+        assert_eq!(KEY_MIX.wrapping_mul(KEY_UNMIX), 1);
+        let k = make_key(5, KeyKind::Remote, 1, 9);
+        assert_eq!(split_key(k), (5, KeyKind::Remote, 1, 9));
+        assert_ne!(k, make_key(5, KeyKind::Local, 1, 9));
+        assert_eq!(split_key(0).0, 0);
+    }
+}

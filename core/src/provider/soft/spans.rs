@@ -1,0 +1,93 @@
+//! Spans: resolved memory, ready to copy.
+
+use super::keys::KeyKind;
+use super::queues::{QpState, RawSge};
+use super::{SoftAccess, MAX_SGE};
+
+#[derive(Clone, Copy)]
+pub(super) struct Span {
+    ptr: *mut u8,
+    len: usize,
+}
+
+const NO_SPAN: Span = Span {
+    ptr: core::ptr::null_mut(),
+    len: 0,
+};
+
+#[derive(Clone, Copy)]
+pub(super) struct Spans {
+    list: [Span; MAX_SGE],
+    n: usize,
+    pub(super) total: u64,
+}
+
+impl Spans {
+    pub(super) const EMPTY: Spans = Spans {
+        list: [NO_SPAN; MAX_SGE],
+        n: 0,
+        total: 0,
+    };
+
+    pub(super) fn one(ptr: *mut u8, len: usize) -> Spans {
+        let mut s = Spans::EMPTY;
+        s.list[0] = Span { ptr, len };
+        s.n = 1;
+        s.total = len as u64;
+        s
+    }
+
+    pub(super) fn as_slice(&self) -> &[Span] {
+        &self.list[..self.n.min(MAX_SGE)]
+    }
+}
+
+/// Resolves a list of local entries of `side` (lkeys), each needing `need`.
+pub(super) fn resolve_local(
+    qp: &QpState,
+    side: usize,
+    sges: &[RawSge],
+    need: SoftAccess,
+) -> Option<Spans> {
+    let mut out = Spans::EMPTY;
+    for s in sges {
+        if s.len == 0 {
+            continue;
+        }
+        let ptr = qp.resolve(side, KeyKind::Local, s.key, s.addr, u64::from(s.len), need)?;
+        *out.list.get_mut(out.n)? = Span {
+            ptr,
+            len: s.len as usize,
+        };
+        out.n += 1;
+        out.total += u64::from(s.len);
+    }
+    Some(out)
+}
+
+/// Copies from `src` into `dst`, in order, until either runs out.
+///
+/// # Safety
+/// Every span of `src` must be valid for reads and every span of `dst` for writes of its
+/// length, and nothing may hold a Rust reference to the bytes of `dst`.
+pub(super) unsafe fn copy_spans(src: &[Span], dst: &[Span]) {
+    let (mut si, mut so, mut di, mut doff) = (0, 0, 0, 0);
+    while let (Some(s), Some(d)) = (src.get(si), dst.get(di)) {
+        let n = (s.len - so).min(d.len - doff);
+        if n > 0 {
+            // SAFETY: so + n <= s.len and doff + n <= d.len, so both ranges lie inside spans
+            // the caller vouches for; `copy` allows them to overlap.
+            unsafe { core::ptr::copy(s.ptr.add(so), d.ptr.add(doff), n) };
+        }
+        so += n;
+        doff += n;
+        if so == s.len {
+            si += 1;
+            so = 0;
+        }
+        if doff == d.len {
+            di += 1;
+            doff = 0;
+        }
+    }
+}
