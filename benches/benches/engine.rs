@@ -95,7 +95,7 @@ fn bench_post32(c: &mut Criterion) {
                 // SAFETY: the source and destination regions live (and are not written by
                 // the CPU) for the whole benchmark, and wait_all below polls every request
                 // before this iteration ends.
-                let t = unsafe { batch.submit() }.expect("post");
+                let t = unsafe { batch.post() }.expect("post");
                 black_box(t);
             }
             a.wait_all().expect("wait_all");
@@ -108,7 +108,7 @@ fn bench_post32(c: &mut Criterion) {
             for r in &remotes {
                 batch.write(&g, *r).expect("push");
             }
-            batch.submit_and_wait().expect("batch");
+            batch.run().expect("batch");
         })
     });
     group.finish();
@@ -136,7 +136,7 @@ fn bench_send_recv(c: &mut Criterion) {
             b.scope(|s| {
                 let p = s.recv(&mut rs)?;
                 a.send(&g)?;
-                s.wait_recv(p)
+                s.wait(p)
             })
             .expect("scope")
             .expect("message")

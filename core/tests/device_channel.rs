@@ -45,7 +45,7 @@ fn send_recv_multi_sge_and_immediates() {
             .scope(|s| {
                 let r = s.recv(&mut scatter).unwrap();
                 a.send_imm(&gather, 0xfeed_beef).unwrap();
-                s.wait_recv(r).unwrap()
+                s.wait(r).unwrap()
             })
             .unwrap();
         assert_eq!(info.byte_len, 300);
@@ -60,12 +60,12 @@ fn send_recv_multi_sge_and_immediates() {
             .scope(|s| {
                 let r = s.recv(&mut scatter).unwrap();
                 a.send(&gather[..1]).unwrap();
-                s.wait_recv(r).unwrap()
+                s.wait(r).unwrap()
             })
             .unwrap();
         assert_eq!(
             info,
-            rverbs_core::channel::RecvInfo {
+            rverbs_core::channel::Done {
                 byte_len: 100,
                 imm: None
             }
@@ -106,7 +106,7 @@ fn write_read_and_write_with_immediate() {
             let r = s.recv(&mut scatter).unwrap();
             a.write_imm(&[local_mr.sge(0..64).unwrap()], part, 77)
                 .unwrap();
-            s.wait_recv(r).unwrap()
+            s.wait(r).unwrap()
         })
         .unwrap();
     assert_eq!(info.imm, Some(77));
@@ -136,7 +136,7 @@ fn batch_of_32_writes_in_one_post() {
         batch.write(s, r).unwrap();
     }
     assert_eq!(batch.len(), 32);
-    batch.submit_and_wait().unwrap();
+    batch.run().unwrap();
     for i in 0..32 {
         let mut got = [0u8; 128];
         dst_mr.read_into((31 - i) * 128, &mut got);
@@ -168,7 +168,7 @@ fn inline_send_and_write() {
             .scope(|s| {
                 let r = s.recv(&mut scatter).unwrap();
                 a.send_inline(&payload[..20]).unwrap();
-                s.wait_recv(r).unwrap()
+                s.wait(r).unwrap()
             })
             .unwrap();
         assert_eq!(info.byte_len, 20);
@@ -211,7 +211,7 @@ fn selective_signaling_over_ten_times_the_queue_depth() {
                 .unwrap();
         }
         // SAFETY: every buffer lives until wait_all below, and none is touched before it.
-        let _ticket = unsafe { batch.submit() }.unwrap();
+        let _ticket = unsafe { batch.post() }.unwrap();
         posted += n;
         max_outstanding = max_outstanding.max(a.outstanding_sends());
         assert!(a.outstanding_sends() <= depth as u64, "send queue overrun");

@@ -82,7 +82,7 @@ fn hundred_thousand_mixed_operations_allocate_nothing() {
                     .scope(|s| {
                         let r = s.recv(&mut scatter).unwrap();
                         a.send(&one).unwrap();
-                        s.wait_recv(r).unwrap()
+                        s.wait(r).unwrap()
                     })
                     .unwrap();
                 assert_eq!(info.byte_len, 64);
@@ -95,7 +95,7 @@ fn hundred_thousand_mixed_operations_allocate_nothing() {
                         .write(s, remote.slice((i * 64) as u64, 64).unwrap())
                         .unwrap();
                 }
-                batch.submit_and_wait().unwrap();
+                batch.run().unwrap();
                 ops += 8;
             }
             _ => {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvInfo, WrFailure};
+use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done, WrFailure};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
@@ -73,13 +73,13 @@ fn send_and_recv_move_the_bytes() {
             .scope(|s| {
                 let p = s.recv(&mut rs)?;
                 a.send(&g)?;
-                s.wait_recv(p)
+                s.wait(p)
             })
             .unwrap()
             .unwrap();
         assert_eq!(
             info,
-            RecvInfo {
+            Done {
                 byte_len: 11,
                 imm: None
             }
@@ -140,13 +140,13 @@ fn write_read_and_write_imm() {
         .scope(|s| {
             let p = s.recv(&mut [])?;
             a.write_imm(&g, remote.slice(56, 8).unwrap(), 77)?;
-            s.wait_recv(p)
+            s.wait(p)
         })
         .unwrap()
         .unwrap();
     assert_eq!(
         info,
-        RecvInfo {
+        Done {
             byte_len: 8,
             imm: Some(77)
         }
@@ -182,7 +182,7 @@ fn multi_sge_gather_and_scatter() {
             .scope(|s| {
                 let p = s.recv(&mut rs)?;
                 a.send(&g)?;
-                s.wait_recv(p)
+                s.wait(p)
             })
             .unwrap()
             .unwrap();
@@ -220,7 +220,7 @@ fn inline_send_and_write() {
             .scope(|s| {
                 let p = s.recv(&mut rs)?;
                 a.send_inline(b"inline send")?;
-                s.wait_recv(p)
+                s.wait(p)
             })
             .unwrap()
             .unwrap();
@@ -243,7 +243,7 @@ fn inline_send_and_write() {
     batch
         .write_inline(&mut s2, &d2, remote.slice(8, 8).unwrap())
         .unwrap();
-    batch.submit_and_wait().unwrap();
+    batch.run().unwrap();
     assert_eq!(&bytes::<16>(&rm, 0), b"batch-1!batch-2!");
 }
 
@@ -278,7 +278,7 @@ fn a_batch_of_32_writes_and_32_sends() {
             .unwrap();
     }
     assert_eq!(batch.len(), n);
-    batch.submit_and_wait().unwrap();
+    batch.run().unwrap();
     let got = bytes::<256>(&wm, 0);
     let want = pattern::<256>(9);
     for i in 0..n {
@@ -300,10 +300,10 @@ fn a_batch_of_32_writes_and_32_sends() {
                 for (i, e) in g.iter().enumerate() {
                     batch.send_imm(core::slice::from_ref(e), i as u32)?;
                 }
-                batch.submit_and_wait()?;
-                let mut infos = [RecvInfo::default(); 32];
+                batch.run()?;
+                let mut infos = [Done::default(); 32];
                 for (info, p) in infos.iter_mut().zip(pending) {
-                    *info = s.wait_recv(p.unwrap())?;
+                    *info = s.wait(p.unwrap())?;
                 }
                 Ok::<_, ChannelError>(infos)
             })
@@ -353,11 +353,11 @@ fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u6
                 .unwrap();
         }
         if round.is_multiple_of(3) {
-            batch.submit_and_wait().unwrap();
+            batch.run().unwrap();
         } else {
             // SAFETY: the buffers are registered regions that outlive the channel's use of
             // them: `wait_all` below waits for everything before they are read or dropped.
-            last = unsafe { batch.submit() }.unwrap();
+            last = unsafe { batch.post() }.unwrap();
         }
         done += size;
         round += 1;
@@ -629,16 +629,16 @@ fn scoped_receive_results_are_not_overwritten() {
             for i in 1..4 {
                 let p = s.recv(core::slice::from_mut(it.next().unwrap()))?;
                 a.send(&g[i..i + 1])?;
-                s.wait_recv(p)?;
+                s.wait(p)?;
             }
             // Receive 4 would reuse receive 0's slot while its result is unread: refused.
             let e4 = it.next().unwrap();
             let refused = s.recv(core::slice::from_mut(e4));
-            let first = s.wait_recv(p0)?;
+            let first = s.wait(p0)?;
             // Once it is read, the slot is free again.
             let p4 = s.recv(core::slice::from_mut(it.next().unwrap()))?;
             a.send(&g[4..5])?;
-            let last = s.wait_recv(p4)?;
+            let last = s.wait(p4)?;
             Ok::<_, rverbs_core::channel::ChannelError>((first, refused.err(), last))
         })
         .unwrap()
@@ -675,7 +675,7 @@ fn batch_signaled_requests_a_completion() {
             batch.signaled();
         }
     }
-    batch.submit_and_wait().unwrap();
+    batch.run().unwrap();
     assert_eq!(f.stats(Side::A).send_cqes, 2);
 }
 
@@ -697,6 +697,6 @@ fn flushed_receive_breaks_the_channel() {
         "an error reached the QP but the channel is not broken"
     );
     assert!(a
-        .write_inline_nowait(b"x", rverbs_core::sge::RemoteMemory::default())
+        .post_write_inline(b"x", rverbs_core::sge::RemoteMemory::default())
         .is_err());
 }

@@ -168,7 +168,7 @@ fn pair<'f>(fabrics: &'f [SoftFabric<'_>; 2]) -> Pair<'f> {
         senders.push(Channel::new(eb, cfg(0), clock!()));
     }
     Pair {
-        multi: MultiChannel::new(chans),
+        multi: MultiChannel::new(chans).unwrap(),
         senders,
     }
 }
@@ -188,13 +188,13 @@ fn panic_in_the_scatter_iterator_settles_every_posted_write() {
         let r = catch_unwind(AssertUnwindSafe(|| {
             let ops = (0..2).map(|i| {
                 assert!(i == 0, "the caller's iterator panics after the first write");
-                (0usize, &g[..], dst[0].remote())
+                (1u32, &g[..], dst[0].remote())
             });
             let _ = p.multi.scatter_write(ops);
         }));
         assert!(r.is_err());
         // The first write was posted; the guard polled it to completion during the unwind.
-        settled(p.multi.channel(0).unwrap());
+        settled(p.multi.channel(1).unwrap());
         let mut got = [0u8; 16];
         dst[0].read_into(0, &mut got);
         assert_eq!(got, [5u8; 16]);
@@ -212,18 +212,18 @@ fn panic_in_the_gather_callback_flushes_the_other_receives() {
         let _src = fabrics[0].register(Side::B, &mut s, RW).unwrap();
         let mut p = pair(&fabrics);
         // Rank 1 sends (it waits in the model until the receive is posted); rank 2 never does.
-        p.senders[0].send_inline_nowait(b"from rank 1").unwrap();
+        p.senders[0].post_send_inline(b"from rank 1").unwrap();
         let r = catch_unwind(AssertUnwindSafe(|| {
             let (mut a, mut b) = ([m0.sge_mut(0..16).unwrap()], [m1.sge_mut(0..16).unwrap()]);
-            let ops = [(0usize, &mut a[..]), (1usize, &mut b[..])];
+            let ops = [(1u32, &mut a[..]), (2u32, &mut b[..])];
             let _ = p
                 .multi
                 .gather_receive(ops, |peer, _| panic!("callback bug at peer {peer}"));
         }));
         assert!(r.is_err());
         // Peer 1's receive was never going to complete: it was flushed, not left posted.
-        settled(p.multi.channel(0).unwrap());
         settled(p.multi.channel(1).unwrap());
+        settled(p.multi.channel(2).unwrap());
         assert!(fabrics[1].in_error(Side::A));
         assert!(m1.write_from(0, b"ours"));
     });
@@ -237,23 +237,23 @@ fn gather_from_a_silent_peer_names_it() {
         let mut m0 = fabrics[0].register(Side::A, &mut r0, RW).unwrap();
         let mut m1 = fabrics[1].register(Side::A, &mut r1, RW).unwrap();
         let mut p = pair(&fabrics);
-        p.senders[0].send_inline_nowait(b"hello").unwrap();
+        p.senders[0].post_send_inline(b"hello").unwrap();
         let (mut a, mut b) = ([m0.sge_mut(0..16).unwrap()], [m1.sge_mut(0..16).unwrap()]);
         let mut seen = Vec::new();
         let r = p
             .multi
-            .gather_receive([(0, &mut a[..]), (1, &mut b[..])], |peer, info| {
+            .gather_receive([(1, &mut a[..]), (2, &mut b[..])], |peer, info| {
                 seen.push((peer, info.byte_len))
             });
-        assert_eq!(seen, [(0, 5)]);
+        assert_eq!(seen, [(1, 5)]);
         assert_eq!(
             r,
             Err(MultiError::Peer(PeerError {
-                peer: 1,
+                rank: 2,
                 error: timed_out(2)
             }))
         );
-        settled(p.multi.channel(1).unwrap());
+        settled(p.multi.channel(2).unwrap());
     });
 }
 
@@ -365,7 +365,7 @@ fn half_posted_chain_is_drained_before_the_error() {
         b.write(s, dst.remote().slice(i as u64 * 16, 16).unwrap())
             .unwrap();
     }
-    let r = b.submit_and_wait();
+    let r = b.run();
     assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
     settled(&a);
     match a.failure() {

@@ -328,7 +328,7 @@ fn op_write_inline<const RY: usize>(
         0
     };
     if nowait {
-        let r = ch.write_inline_nowait(data, remote);
+        let r = ch.post_write_inline(data, remote);
         if broken || !fits {
             assert!(
                 r.is_err(),
@@ -448,7 +448,7 @@ fn op_batch<const RY: usize>(
     }
     let empty = added.is_empty();
     if mode & 1 == 0 {
-        let r = batch.submit_and_wait();
+        let r = batch.run();
         expect(
             "batch",
             broken && !empty,
@@ -460,7 +460,7 @@ fn op_batch<const RY: usize>(
         // SAFETY: gather entries name the source regions and inline data the input, both
         // alive and never written for the whole run; tickets are waited for or the channel
         // is drained before the fabric (and the buffers) go away.
-        let r = unsafe { batch.submit() };
+        let r = unsafe { batch.post() };
         match r {
             Ok(Some(t)) => {
                 assert!(
@@ -700,7 +700,7 @@ fn op_scoped_pair<const RX: usize, const RY: usize>(
                     }
                     let i = ready[b as usize % ready.len()];
                     let completed = if in_error { pendings.len() } else { consumed };
-                    let r = s.wait_recv(pendings[i]);
+                    let r = s.wait(pendings[i]);
                     if i >= polled {
                         polled = completed;
                     }

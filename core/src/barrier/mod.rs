@@ -124,11 +124,13 @@ impl core::error::Error for BarrierError {}
 /// How a barrier reaches the other ranks.
 pub trait BarrierTransport {
     /// Writes `count` into this rank's slot of `rank`'s flag array (without waiting).
-    fn notify(&mut self, rank: u32, count: u64) -> Result<(), ChannelError>;
+    /// Fails with [`BarrierError::Transport`] (naming `rank`) or
+    /// [`BarrierError::RankOutOfRange`] if there is no connection to `rank`.
+    fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError>;
     /// The count `rank` last wrote into our flag array.
     fn arrived(&self, rank: u32) -> u64;
-    /// Polls completions (retires notification writes, surfaces failures).
-    fn progress(&mut self) -> Result<(), (u32, ChannelError)>;
+    /// Polls completions (retires notification writes, surfaces failures, naming the rank).
+    fn progress(&mut self) -> Result<(), BarrierError>;
 }
 
 /// Per-rank arrival counters. Allocated once for the world size; barriers allocate nothing.
@@ -265,7 +267,6 @@ impl BarrierState {
         let c = &mut self.sent[rank as usize];
         *c += 1;
         t.notify(rank, *c)
-            .map_err(|error| BarrierError::Transport { rank, error })
     }
 
     fn wait<T: BarrierTransport, C: Clock, B: Backoff>(
@@ -299,8 +300,7 @@ impl BarrierState {
                     missing_count,
                 });
             }
-            t.progress()
-                .map_err(|(rank, error)| BarrierError::Transport { rank, error })?;
+            t.progress()?;
             w.backoff.snooze();
         }
     }

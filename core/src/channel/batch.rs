@@ -2,34 +2,15 @@
 
 use core::fmt;
 
-use super::{as_gather, Channel, ChannelError};
+use super::{as_gather, Channel, ChannelError, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 
-/// Names the requests of one post, to wait for them with [`Channel::wait`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use = "wait for the ticket before reusing the buffers"]
-pub struct Ticket {
-    pub(super) first_seq: u64,
-    pub(super) last_seq: u64,
-}
-
-impl Ticket {
-    /// Number of requests in the post.
-    pub fn len(&self) -> u64 {
-        self.last_seq - self.first_seq + 1
-    }
-
-    /// Always false: an empty post has no ticket.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-}
-
 /// Work requests collected for one post (one doorbell). Nothing is posted until
-/// [`Batch::submit_and_wait`] or [`Batch::submit`]; dropping the batch discards it.
+/// [`Batch::run`] (post and wait) or [`Batch::post`] (post, return a ticket); dropping the
+/// batch discards it.
 ///
 /// The batch borrows the channel mutably, so no other post can slip in between, and it
 /// cannot outlive that borrow:
@@ -40,7 +21,7 @@ impl Ticket {
 /// fn f(chan: &mut Channel<SoftEnd<'_>>) {
 ///     let batch = chan.batch();
 ///     chan.poll().unwrap(); // error: `chan` is still borrowed by `batch`
-///     batch.submit_and_wait().unwrap();
+///     batch.run().unwrap();
 /// }
 /// ```
 #[must_use = "a batch posts nothing until it is submitted"]
@@ -197,26 +178,27 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         self.wrs.is_empty()
     }
 
-    /// Posts the batch with one doorbell and waits until all of it completed.
-    /// Does not allocate.
-    pub fn submit_and_wait(mut self) -> Result<(), ChannelError> {
+    /// Posts the batch with one doorbell and waits until all of it completed (at most the
+    /// channel's timeout). Does not allocate.
+    pub fn run(mut self) -> Result<(), ChannelError> {
         if self.wrs.is_empty() {
             return Ok(());
         }
         // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait
         // for the batch (or its flush) before returning.
         let t = unsafe { self.chan.post_send_wrs(&mut self.wrs) }?;
-        self.chan.wait(t)
+        self.chan.wait(t).map(|_| ())
     }
 
-    /// Posts the batch with one doorbell and returns without waiting. `None` for an empty
-    /// batch. Does not allocate.
+    /// Posts the batch with one doorbell and returns its ticket without waiting. `None` for
+    /// an empty batch. Does not allocate.
     ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract): the buffers must stay valid and
     /// untouched until [`Channel::wait`] returned for the ticket (or a later one), even though
     /// the borrow checker forgets them when this call returns.
-    pub unsafe fn submit(mut self) -> Result<Option<Ticket>, ChannelError> {
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post(mut self) -> Result<Option<Ticket>, ChannelError> {
         if self.wrs.is_empty() {
             return Ok(None);
         }

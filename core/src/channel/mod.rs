@@ -36,10 +36,13 @@
 mod batch;
 mod error;
 mod scope;
+mod ticket;
 
-pub use batch::{Batch, Ticket};
+pub use batch::Batch;
 pub use error::{ChannelError, WrFailure};
-pub use scope::{Pending, PendingRecv, Scope};
+pub use scope::Scope;
+use ticket::Work;
+pub use ticket::{Done, Ticket};
 
 use core::fmt;
 use core::time::Duration;
@@ -103,23 +106,9 @@ impl ChannelConfig {
     }
 }
 
-/// Names one posted receive, to wait for it with [`Channel::wait_recv`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use = "wait for the receive before touching its buffers"]
-pub struct RecvTicket(u64);
-
-/// What a completed receive delivered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RecvInfo {
-    /// Bytes received.
-    pub byte_len: u32,
-    /// The immediate, for sends and writes with immediate.
-    pub imm: Option<u32>,
-}
-
 #[derive(Clone, Copy, Debug)]
 struct RecvSlot {
-    info: RecvInfo,
+    info: Done,
     status: WcStatus,
     vendor_err: u32,
     /// Whether the result in this slot was handed out (or will never be asked for), so the
@@ -128,7 +117,7 @@ struct RecvSlot {
 }
 
 const EMPTY_SLOT: RecvSlot = RecvSlot {
-    info: RecvInfo {
+    info: Done {
         byte_len: 0,
         imm: None,
     },
@@ -336,7 +325,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             return;
         }
         self.slots[(r % R as u64) as usize] = RecvSlot {
-            info: RecvInfo {
+            info: Done {
                 byte_len: c.byte_len,
                 imm: c.imm,
             },
@@ -359,7 +348,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// empty poll, when `None`). On `Err` the channel is broken and nothing it posted is in
     /// flight any more: a timeout or a failed poll flushes and drains it first
     /// ([`Channel::flush_and_drain`]).
-    fn wait_until(
+    fn poll_until(
         &mut self,
         done: impl Fn(&Self) -> bool,
         deadline: Option<Deadline>,
@@ -474,16 +463,63 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
-    /// Waits until the requests of `ticket` completed. Does not allocate.
-    pub fn wait(&mut self, ticket: Ticket) -> Result<(), ChannelError> {
-        let last = ticket.last_seq;
-        self.wait_until(|c| c.done_seq > last, None)?;
-        self.check_send(ticket.first_seq, last)
+    /// Waits until the work of `ticket` completed, at most the channel's timeout, and
+    /// returns what it delivered. Does not allocate.
+    #[inline]
+    pub fn wait(&mut self, ticket: Ticket) -> Result<Done, ChannelError> {
+        self.wait_for(ticket, None)
+    }
+
+    /// Like [`Channel::wait`] with a deadline on the channel's [`clock`](Self::clock); on
+    /// timeout the channel is flushed, drained and broken.
+    pub fn wait_until(&mut self, ticket: Ticket, deadline: Deadline) -> Result<Done, ChannelError> {
+        self.wait_for(ticket, Some(deadline))
+    }
+
+    /// The result of `ticket` if its work has completed (handing out a receive's result
+    /// frees its slot), or `None` while it is outstanding. Polls once; never waits. Does not
+    /// allocate.
+    pub fn try_wait(&mut self, ticket: Ticket) -> Option<Result<Done, ChannelError>> {
+        if !self.is_complete(ticket) {
+            if let Err(e) = self.poll() {
+                return Some(Err(e));
+            }
+        }
+        self.is_complete(ticket)
+            .then(|| self.wait_for(ticket, None))
+    }
+
+    fn is_complete(&self, ticket: Ticket) -> bool {
+        match ticket.work {
+            Work::Sends { last, .. } => self.done_seq > last,
+            Work::Recv(r) => self.recv_done > r,
+        }
+    }
+
+    fn wait_for(
+        &mut self,
+        ticket: Ticket,
+        deadline: Option<Deadline>,
+    ) -> Result<Done, ChannelError> {
+        match ticket.work {
+            Work::Sends { first, last } => {
+                self.poll_until(|c| c.done_seq > last, deadline)?;
+                self.check_send(first, last).map(|()| Done::default())
+            }
+            Work::Recv(r) => self.wait_recv_seq(r, deadline),
+        }
+    }
+
+    fn ticket(&self, work: Work) -> Ticket {
+        Ticket {
+            work,
+            peer: self.peer,
+        }
     }
 
     /// Waits until everything posted has completed, at most the channel's timeout.
     pub fn wait_all(&mut self) -> Result<(), ChannelError> {
-        self.wait_until(Self::all_done, None)?;
+        self.poll_until(Self::all_done, None)?;
         self.failure().map_or(Ok(()), Err)
     }
 
@@ -499,7 +535,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             self.flush_and_drain();
         } else {
             // wait_until drains before it returns an error.
-            let _ = self.wait_until(Self::all_done, None);
+            let _ = self.poll_until(Self::all_done, None);
         }
     }
 
@@ -545,7 +581,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         // Retire completed requests until n slots are free.
         if self.next_seq + need - self.done_seq > self.sq_depth {
             let (depth, next) = (self.sq_depth, self.next_seq);
-            self.wait_until(|c| next + need - c.done_seq <= depth, None)?;
+            self.poll_until(|c| next + need - c.done_seq <= depth, None)?;
             if let Some(e) = self.failure() {
                 return Err(e);
             }
@@ -568,10 +604,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         match unsafe { self.p.post_send(wrs) } {
             Ok(()) => {
                 self.next_seq += need;
-                Ok(Ticket {
-                    first_seq: first,
-                    last_seq: first + need - 1,
-                })
+                Ok(self.ticket(Work::Sends {
+                    first,
+                    last: first + need - 1,
+                }))
             }
             Err(f) => {
                 self.next_seq += f.posted as u64;
@@ -625,7 +661,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         Ok(r)
     }
 
-    fn recv_result(&mut self, r: u64) -> Result<RecvInfo, ChannelError> {
+    fn recv_result(&mut self, r: u64) -> Result<Done, ChannelError> {
         let slot = &mut self.slots[(r % R as u64) as usize];
         slot.taken = true;
         let slot = *slot;
@@ -649,12 +685,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
-    fn wait_recv_seq(
-        &mut self,
-        r: u64,
-        deadline: Option<Deadline>,
-    ) -> Result<RecvInfo, ChannelError> {
-        match self.wait_until(|c| c.recv_done > r, deadline) {
+    fn wait_recv_seq(&mut self, r: u64, deadline: Option<Deadline>) -> Result<Done, ChannelError> {
+        match self.poll_until(|c| c.recv_done > r, deadline) {
             Ok(()) => self.recv_result(r),
             Err(e) => Err(e),
         }
@@ -667,6 +699,24 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         sges: &[Sge<'_>],
         remote: RemoteMemory,
     ) -> Result<(), ChannelError> {
+        // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
+        // the flush) before returning.
+        let t = unsafe { self.post_one(opcode, flags, sges, remote) }?;
+        self.wait(t).map(|_| ())
+    }
+
+    /// Posts one send-queue request.
+    ///
+    /// # Safety
+    /// The posting contract for `sges` (none for inline requests, whose bytes are copied
+    /// during the post).
+    unsafe fn post_one(
+        &mut self,
+        opcode: Opcode,
+        flags: SendFlags,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
         self.check_sges(sges.len(), self.caps.max_send_sge)?;
         let mut wr = [WorkRequest {
             wr_id: 0,
@@ -675,10 +725,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             sges,
             remote,
         }];
-        // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
-        // the flush) before returning.
-        let t = unsafe { self.post_send_wrs(&mut wr) }?;
-        self.wait(t)
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_send_wrs(&mut wr) }
+    }
+
+    /// Posts one inline request: safe, because the payload is copied into the work request
+    /// during the post and no local buffer is named afterwards.
+    fn post_inline(
+        &mut self,
+        opcode: Opcode,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        let sge = [self.inline_sge(data)?];
+        // SAFETY: inline payloads are copied during the post; remote memory is the peer's.
+        unsafe { self.post_one(opcode, SendFlags::INLINE, &sge, remote) }
     }
 
     /// Sends `sges` to the peer (which must have a receive posted) and waits for the
@@ -692,7 +753,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         )
     }
 
-    /// Sends with a 32-bit immediate. Does not allocate.
+    /// Sends with a 32-bit immediate and waits. Does not allocate.
     pub fn send_imm(&mut self, sges: &[Sge<'_>], imm: u32) -> Result<(), ChannelError> {
         self.one(
             Opcode::SendImm(imm),
@@ -703,15 +764,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Sends `data` inline (copied into the work request; no registered memory needed), up to
-    /// the queue pair's inline limit. Does not allocate.
+    /// the queue pair's inline limit, and waits. Does not allocate.
     pub fn send_inline(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        let sge = self.inline_sge(data)?;
-        self.one(
-            Opcode::Send,
-            SendFlags::INLINE,
-            &[sge],
-            RemoteMemory::default(),
-        )
+        let t = self.post_send_inline(data)?;
+        self.wait(t).map(|_| ())
     }
 
     /// Writes `sges` into the peer's `remote` memory and waits. Does not allocate.
@@ -719,52 +775,14 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.one(Opcode::Write, SendFlags::empty(), sges, remote)
     }
 
-    /// Writes `data` inline into the peer's `remote` memory. Does not allocate.
+    /// Writes `data` inline into the peer's `remote` memory and waits. Does not allocate.
     pub fn write_inline(&mut self, data: &[u8], remote: RemoteMemory) -> Result<(), ChannelError> {
-        let sge = self.inline_sge(data)?;
-        self.one(Opcode::Write, SendFlags::INLINE, &[sge], remote)
+        let t = self.post_write_inline(data, remote)?;
+        self.wait(t).map(|_| ())
     }
 
-    /// Posts an inline send of `data` and returns without waiting (see
-    /// [`Channel::write_inline_nowait`]). The peer must have a receive posted. Does not
+    /// Writes with an immediate (consumes one receive at the peer) and waits. Does not
     /// allocate.
-    pub fn send_inline_nowait(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        self.post_inline_nowait(Opcode::Send, data, RemoteMemory::default())
-    }
-
-    /// Posts an inline write of `data` into the peer's `remote` memory and returns without
-    /// waiting. Safe, because inline data is copied into the work request during the post;
-    /// a failure shows up on a later call (the channel is then broken). Does not allocate.
-    pub fn write_inline_nowait(
-        &mut self,
-        data: &[u8],
-        remote: RemoteMemory,
-    ) -> Result<(), ChannelError> {
-        self.post_inline_nowait(Opcode::Write, data, remote)
-    }
-
-    /// Posts one inline request without waiting: the one place the `*_inline_nowait` calls
-    /// reach the provider.
-    fn post_inline_nowait(
-        &mut self,
-        opcode: Opcode,
-        data: &[u8],
-        remote: RemoteMemory,
-    ) -> Result<(), ChannelError> {
-        let sge = [self.inline_sge(data)?];
-        let mut wr = [WorkRequest {
-            wr_id: 0,
-            opcode,
-            flags: SendFlags::INLINE,
-            sges: &sge,
-            remote,
-        }];
-        // SAFETY: inline payloads are copied during the post; no local buffer is named
-        // afterwards, and remote memory is the peer's business.
-        unsafe { self.post_send_wrs(&mut wr) }.map(|_| ())
-    }
-
-    /// Writes with an immediate (consumes one receive at the peer). Does not allocate.
     pub fn write_imm(
         &mut self,
         sges: &[Sge<'_>],
@@ -786,7 +804,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     /// Posts a receive into `sges` and waits for a message, at most the channel's timeout.
     /// Does not allocate.
-    pub fn recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<RecvInfo, ChannelError> {
+    pub fn recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<Done, ChannelError> {
         // SAFETY: sges is borrowed mutably for this call, and we wait for the completion.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
         self.wait_recv_seq(r, None)
@@ -799,31 +817,122 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         &mut self,
         sges: &mut [SgeMut<'_>],
         timeout: Duration,
-    ) -> Result<RecvInfo, ChannelError> {
+    ) -> Result<Done, ChannelError> {
         // SAFETY: as in recv; on timeout we flush and wait for the flush before returning.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
         let deadline = Deadline::after(self.clock, timeout);
         self.wait_recv_seq(r, Some(deadline))
     }
 
-    /// Posts a receive without waiting for it; wait with [`Channel::wait_recv`].
-    /// Does not allocate.
+    /// Posts an inline send of `data` and returns its ticket without waiting: the
+    /// lowest-latency way to send (no registered memory, one doorbell, no wait). The peer
+    /// must have a receive posted. Safe: the bytes are copied during the post. Does not
+    /// allocate.
+    pub fn post_send_inline(&mut self, data: &[u8]) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::Send, data, RemoteMemory::default())
+    }
+
+    /// Posts an inline write of `data` into the peer's `remote` memory and returns its ticket
+    /// without waiting: the lowest-latency way to write. Safe: the bytes are copied during
+    /// the post; a failure shows up on a later call (the channel is then broken). Does not
+    /// allocate.
+    pub fn post_write_inline(
+        &mut self,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::Write, data, remote)
+    }
+
+    /// Posts a send of `sges` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the buffers stay valid and
+    /// unwritten until [`Channel::wait`] returned for the ticket (or a later one).
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_send(&mut self, sges: &[Sge<'_>]) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.post_one(
+                Opcode::Send,
+                SendFlags::empty(),
+                sges,
+                RemoteMemory::default(),
+            )
+        }
+    }
+
+    /// Posts a send with immediate and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_send_imm(
+        &mut self,
+        sges: &[Sge<'_>],
+        imm: u32,
+    ) -> Result<Ticket, ChannelError> {
+        let none = RemoteMemory::default();
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::SendImm(imm), SendFlags::empty(), sges, none) }
+    }
+
+    /// Posts a write of `sges` into `remote` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_write(
+        &mut self,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::Write, SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a write with immediate and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_write_imm(
+        &mut self,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::WriteImm(imm), SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a read of `remote` into `sges` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the device writes the scatter
+    /// buffers until [`Channel::wait`] returned for the ticket; nobody may touch them before.
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_read(
+        &mut self,
+        sges: &mut [SgeMut<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        let sges = as_gather(sges);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::Read, SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a receive into `sges` and returns its ticket; [`Channel::wait`] returns what
+    /// arrived. Does not allocate.
     ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract): the scatter buffers belong to the
     /// device until their receive completed (or the channel was flushed and drained).
-    pub unsafe fn post_recv_unpolled(
-        &mut self,
-        sges: &mut [SgeMut<'_>],
-    ) -> Result<RecvTicket, ChannelError> {
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<Ticket, ChannelError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.post_recv_sges(as_gather(sges)) }.map(RecvTicket)
-    }
-
-    /// The result of receive `t` if it has completed (handing it out frees its slot), or
-    /// `None` if it is still outstanding. Never waits. Does not allocate.
-    pub fn try_recv(&mut self, t: RecvTicket) -> Option<Result<RecvInfo, ChannelError>> {
-        (self.recv_done > t.0).then(|| self.recv_result(t.0))
+        let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
+        Ok(self.ticket(Work::Recv(r)))
     }
 
     /// How many send requests have completed since the channel was made (every request
@@ -834,24 +943,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// The most recently posted receive, if it has not completed yet.
-    pub fn last_pending_recv(&self) -> Option<RecvTicket> {
-        (self.recv_next > self.recv_done).then(|| RecvTicket(self.recv_next - 1))
-    }
-
-    /// Waits for a receive and returns what it delivered, at most the channel's timeout.
-    /// Does not allocate.
-    pub fn wait_recv(&mut self, t: RecvTicket) -> Result<RecvInfo, ChannelError> {
-        self.wait_recv_seq(t.0, None)
-    }
-
-    /// Like [`Channel::wait_recv`] with a deadline on the channel's [`clock`](Self::clock);
-    /// on timeout the channel is flushed, drained and broken.
-    pub fn wait_recv_until(
-        &mut self,
-        t: RecvTicket,
-        deadline: Deadline,
-    ) -> Result<RecvInfo, ChannelError> {
-        self.wait_recv_seq(t.0, Some(deadline))
+    #[cfg(feature = "alloc")]
+    pub(crate) fn last_pending_recv(&self) -> Option<Ticket> {
+        (self.recv_next > self.recv_done).then(|| self.ticket(Work::Recv(self.recv_next - 1)))
     }
 
     /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.

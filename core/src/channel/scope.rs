@@ -3,19 +3,11 @@
 use core::fmt;
 use core::marker::PhantomData;
 
-use super::{as_gather, Batch, Channel, ChannelError, RecvInfo, Ticket};
+use super::{as_gather, Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, SendFlags};
-
-/// Send requests posted in a [`Scope`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pending(Ticket);
-
-/// A receive posted in a [`Scope`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PendingRecv(u64);
 
 /// Posting inside [`Channel::scope`]. Buffers are borrowed for `'env`, which outlives the
 /// scope, so the memory they point into stays untouchable until the scope has polled
@@ -81,7 +73,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let chan = &mut *guard.0;
         // Bounded by the channel's timeout, and drained before it returns an error, so the
         // guard below has nothing left to do on this path.
-        let r = chan.wait_until(Channel::all_done, None);
+        let r = chan.poll_until(Channel::all_done, None);
         chan.release_recv_results();
         drop(guard);
         r?;
@@ -100,29 +92,25 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         opcode: Opcode,
         sges: &'env [Sge<'env>],
         remote: RemoteMemory,
-    ) -> Result<Pending, ChannelError> {
-        self.chan
-            .check_sges(sges.len(), self.chan.caps.max_send_sge)?;
-        let mut wr = [crate::wr::WorkRequest {
-            wr_id: 0,
-            opcode,
-            flags: SendFlags::empty(),
-            sges,
-            remote,
-        }];
+    ) -> Result<Ticket, ChannelError> {
         // SAFETY: the buffers are borrowed for 'env, which outlives the scope, and the scope
         // polls this request to completion before it returns.
-        unsafe { self.chan.post_send_wrs(&mut wr) }.map(Pending)
+        unsafe { self.chan.post_one(opcode, SendFlags::empty(), sges, remote) }
     }
 
     /// Posts a send.
-    pub fn send(&mut self, sges: &'env [Sge<'env>]) -> Result<Pending, ChannelError> {
+    pub fn send(&mut self, sges: &'env [Sge<'env>]) -> Result<Ticket, ChannelError> {
         self.one(Opcode::Send, sges, RemoteMemory::default())
     }
 
     /// Posts a send with immediate.
-    pub fn send_imm(&mut self, sges: &'env [Sge<'env>], imm: u32) -> Result<Pending, ChannelError> {
+    pub fn send_imm(&mut self, sges: &'env [Sge<'env>], imm: u32) -> Result<Ticket, ChannelError> {
         self.one(Opcode::SendImm(imm), sges, RemoteMemory::default())
+    }
+
+    /// Posts an inline send of `data` (copied during the post).
+    pub fn send_inline(&mut self, data: &[u8]) -> Result<Ticket, ChannelError> {
+        self.chan.post_send_inline(data)
     }
 
     /// Posts an RDMA write.
@@ -130,8 +118,17 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         &mut self,
         sges: &'env [Sge<'env>],
         remote: RemoteMemory,
-    ) -> Result<Pending, ChannelError> {
+    ) -> Result<Ticket, ChannelError> {
         self.one(Opcode::Write, sges, remote)
+    }
+
+    /// Posts an inline RDMA write of `data` (copied during the post).
+    pub fn write_inline(
+        &mut self,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        self.chan.post_write_inline(data, remote)
     }
 
     /// Posts an RDMA write with immediate.
@@ -140,7 +137,7 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         sges: &'env [Sge<'env>],
         remote: RemoteMemory,
         imm: u32,
-    ) -> Result<Pending, ChannelError> {
+    ) -> Result<Ticket, ChannelError> {
         self.one(Opcode::WriteImm(imm), sges, remote)
     }
 
@@ -149,45 +146,40 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         &mut self,
         sges: &'env mut [SgeMut<'env>],
         remote: RemoteMemory,
-    ) -> Result<Pending, ChannelError> {
+    ) -> Result<Ticket, ChannelError> {
         self.one(Opcode::Read, as_gather(sges), remote)
     }
 
     /// Posts a receive. The scope's end waits for it, at most the channel's timeout.
-    pub fn recv(&mut self, sges: &'env mut [SgeMut<'env>]) -> Result<PendingRecv, ChannelError> {
+    pub fn recv(&mut self, sges: &'env mut [SgeMut<'env>]) -> Result<Ticket, ChannelError> {
         // SAFETY: as in `one`: 'env outlives the scope, which polls the receive.
-        unsafe { self.chan.post_recv_sges(as_gather(sges)) }.map(PendingRecv)
+        unsafe { self.chan.post_recv(sges) }
     }
 
     /// Posts a batch built by `build` with one doorbell.
     pub fn batch<E>(
         &mut self,
         build: impl FnOnce(&mut Batch<'_, 'env, P, B, R>) -> Result<(), E>,
-    ) -> Result<Option<Pending>, E>
+    ) -> Result<Option<Ticket>, E>
     where
         E: From<ChannelError>,
     {
         let mut b = Batch::new(self.chan);
         build(&mut b)?;
         // SAFETY: the batch's buffers are borrowed for 'env, and the scope polls them.
-        let t = unsafe { b.submit() }?;
-        Ok(t.map(Pending))
+        Ok(unsafe { b.post() }?)
     }
 
-    /// Waits for `p`. Does not allocate.
-    pub fn wait(&mut self, p: Pending) -> Result<(), ChannelError> {
-        self.chan.wait(p.0)
+    /// Waits for `t` (at most the channel's timeout) and returns what it delivered. Does not
+    /// allocate.
+    pub fn wait(&mut self, t: Ticket) -> Result<Done, ChannelError> {
+        self.chan.wait(t)
     }
 
-    /// Waits for a receive and returns what it delivered. Does not allocate.
-    pub fn wait_recv(&mut self, p: PendingRecv) -> Result<RecvInfo, ChannelError> {
-        self.chan.wait_recv_seq(p.0, None)
-    }
-
-    /// Whether `p` completed (polls once).
-    pub fn is_done(&mut self, p: Pending) -> Result<bool, ChannelError> {
+    /// Whether `t` completed (polls once).
+    pub fn is_done(&mut self, t: Ticket) -> Result<bool, ChannelError> {
         self.chan.poll()?;
-        Ok(self.chan.done_seq > p.0.last_seq)
+        Ok(self.chan.is_complete(t))
     }
 
     /// Polls once.

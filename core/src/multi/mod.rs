@@ -1,20 +1,24 @@
-//! [`MultiChannel`]: one [`Channel`] per peer, addressed by peer index.
+//! [`MultiChannel`]: one [`Channel`] per peer, addressed by the peer's rank.
 //!
 //! Every peer has its own RC queue pair and completion queues (all on one protection
 //! domain); waiting polls only the channels an operation used. Multi-peer operations post to
 //! every peer first, then wait, so the transfers overlap. Nothing allocates after
 //! construction: operations take iterators and fixed slices, and report the first failure
-//! with the peer it happened on.
+//! with the rank it happened on.
+//!
+//! The posting vocabulary is the channel's: a bare verb (`send`, `write`, ...) waits; a
+//! `post_*` returns a [`Ticket`] (which carries the rank) that [`MultiChannel::wait`] takes.
 //!
 //! Every multi-peer call waits at most each channel's timeout, and settles every channel it
 //! posted on before it returns, on every path: an error, or a panic in the caller's
 //! iterator or callback (then the channels with work in flight are flushed at once, so no
 //! buffer borrowed by the call outlives the device's use of it).
 
+use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::channel::{Batch, Channel, ChannelError, RecvInfo};
+use crate::channel::{Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
@@ -22,15 +26,21 @@ use crate::sge::{RemoteMemory, Sge, SgeMut};
 /// A channel operation that failed on one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerError {
-    /// The peer index.
-    pub peer: usize,
+    /// The peer's rank.
+    pub rank: u32,
     /// What failed.
     pub error: ChannelError,
 }
 
 impl fmt::Display for PeerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "peer {}: {}", self.peer, self.error)
+        match self.error {
+            // These already name the rank.
+            ChannelError::Failed(_) | ChannelError::Broken(_) | ChannelError::TimedOut { .. } => {
+                write!(f, "{}", self.error)
+            }
+            _ => write!(f, "rank {}: {}", self.rank, self.error),
+        }
     }
 }
 
@@ -40,26 +50,38 @@ impl core::error::Error for PeerError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MultiError {
-    /// No such peer index.
-    NoSuchPeer(usize),
+    /// No channel to this rank.
+    UnknownRank(u32),
     /// An operation failed on a peer.
     Peer(PeerError),
+    /// [`MultiChannel::new`] was given a channel without a peer rank
+    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
+    ChannelWithoutRank,
+    /// [`MultiChannel::new`] was given two channels to one rank.
+    DuplicateRank(u32),
 }
 
 impl fmt::Display for MultiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoSuchPeer(p) => write!(f, "no peer with index {p}"),
+            Self::UnknownRank(r) => write!(f, "no channel to rank {r}"),
             Self::Peer(e) => write!(f, "{e}"),
+            Self::ChannelWithoutRank => f.write_str("a channel has no peer rank"),
+            Self::DuplicateRank(r) => write!(f, "two channels to rank {r}"),
         }
     }
 }
 
 impl core::error::Error for MultiError {}
 
+/// No channel at this rank in [`MultiChannel`]'s lookup table.
+const NONE: u32 = u32::MAX;
+
 /// One channel per peer. See the [module docs](self).
 pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     chans: Vec<Channel<P, B, R>>,
+    /// Rank -> index into `chans` (`NONE` where there is no channel): O(1) lookup.
+    index: Vec<u32>,
 }
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChannel<P, B, R> {
@@ -70,14 +92,36 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChanne
     }
 }
 
-fn at(peer: usize) -> impl Fn(ChannelError) -> MultiError {
-    move |error| MultiError::Peer(PeerError { peer, error })
+fn at(rank: u32) -> impl Fn(ChannelError) -> MultiError {
+    move |error| MultiError::Peer(PeerError { rank, error })
+}
+
+/// The rank a channel in a `MultiChannel` was built for (checked by `new`).
+fn rank_of<P: Provider, B: Backoff, const R: usize>(c: &Channel<P, B, R>) -> u32 {
+    c.peer().unwrap_or(NONE)
 }
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
-    /// Wraps connected channels; index `i` of `chans` is peer `i`.
-    pub fn new(chans: Vec<Channel<P, B, R>>) -> Self {
-        Self { chans }
+    /// Wraps connected channels, each of which knows its peer's rank
+    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)). Allocates (setup).
+    pub fn new(chans: Vec<Channel<P, B, R>>) -> Result<Self, MultiError> {
+        let mut top = 0;
+        for c in &chans {
+            let r = c.peer().ok_or(MultiError::ChannelWithoutRank)?;
+            if r == NONE {
+                return Err(MultiError::ChannelWithoutRank);
+            }
+            top = top.max(r as usize + 1);
+        }
+        let mut index = vec![NONE; top];
+        for (i, c) in chans.iter().enumerate() {
+            let r = rank_of(c) as usize;
+            if index[r] != NONE {
+                return Err(MultiError::DuplicateRank(r as u32));
+            }
+            index[r] = i as u32;
+        }
+        Ok(Self { chans, index })
     }
 
     /// Number of peers.
@@ -86,52 +130,115 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.len()
     }
 
-    /// The channel to `peer`.
+    /// The peers' ranks, in the order the channels were given.
+    pub fn ranks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.chans.iter().map(rank_of)
+    }
+
+    /// The channel to `rank`.
     #[inline]
-    pub fn channel(&mut self, peer: usize) -> Result<&mut Channel<P, B, R>, MultiError> {
-        self.chans.get_mut(peer).ok_or(MultiError::NoSuchPeer(peer))
+    pub fn channel(&mut self, rank: u32) -> Result<&mut Channel<P, B, R>, MultiError> {
+        match self.index.get(rank as usize) {
+            Some(&i) if i != NONE => Ok(&mut self.chans[i as usize]),
+            _ => Err(MultiError::UnknownRank(rank)),
+        }
+    }
+
+    /// The channel at position `i` of the list given to [`MultiChannel::new`] (for layers
+    /// that keep per-peer state in arrays of the same order).
+    #[inline]
+    pub(crate) fn by_index(&mut self, i: usize) -> Option<&mut Channel<P, B, R>> {
+        self.chans.get_mut(i)
+    }
+
+    /// Every channel, each of which names its rank ([`Channel::peer`]).
+    pub fn channels(&mut self) -> impl Iterator<Item = &mut Channel<P, B, R>> + '_ {
+        self.chans.iter_mut()
     }
 
     /// Polls every channel once; returns the completions seen. Does not allocate.
     pub fn poll(&mut self) -> Result<usize, MultiError> {
         let mut n = 0;
-        for (i, c) in self.chans.iter_mut().enumerate() {
-            n += c.poll().map_err(at(i))?;
+        for c in self.chans.iter_mut() {
+            let rank = rank_of(c);
+            n += c.poll().map_err(at(rank))?;
         }
         Ok(n)
     }
 
-    /// Sends to one peer. Does not allocate.
-    pub fn send(&mut self, peer: usize, sges: &[Sge<'_>]) -> Result<(), MultiError> {
-        self.channel(peer)?.send(sges).map_err(at(peer))
+    /// Sends to `rank` and waits. Does not allocate.
+    pub fn send(&mut self, rank: u32, sges: &[Sge<'_>]) -> Result<(), MultiError> {
+        self.channel(rank)?.send(sges).map_err(at(rank))
     }
 
-    /// Receives from one peer. Does not allocate.
-    pub fn recv(&mut self, peer: usize, sges: &mut [SgeMut<'_>]) -> Result<RecvInfo, MultiError> {
-        self.channel(peer)?.recv(sges).map_err(at(peer))
+    /// Sends `data` inline to `rank` and waits. Does not allocate.
+    pub fn send_inline(&mut self, rank: u32, data: &[u8]) -> Result<(), MultiError> {
+        self.channel(rank)?.send_inline(data).map_err(at(rank))
     }
 
-    /// Writes to one peer's memory. Does not allocate.
+    /// Receives from `rank` and waits. Does not allocate.
+    pub fn recv(&mut self, rank: u32, sges: &mut [SgeMut<'_>]) -> Result<Done, MultiError> {
+        self.channel(rank)?.recv(sges).map_err(at(rank))
+    }
+
+    /// Writes to `rank`'s memory and waits. Does not allocate.
     pub fn write(
         &mut self,
-        peer: usize,
+        rank: u32,
         sges: &[Sge<'_>],
         remote: RemoteMemory,
     ) -> Result<(), MultiError> {
-        self.channel(peer)?.write(sges, remote).map_err(at(peer))
+        self.channel(rank)?.write(sges, remote).map_err(at(rank))
     }
 
-    /// Reads one peer's memory. Does not allocate.
+    /// Writes `data` inline to `rank`'s memory and waits. Does not allocate.
+    pub fn write_inline(
+        &mut self,
+        rank: u32,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<(), MultiError> {
+        self.channel(rank)?
+            .write_inline(data, remote)
+            .map_err(at(rank))
+    }
+
+    /// Reads `rank`'s memory and waits. Does not allocate.
     pub fn read(
         &mut self,
-        peer: usize,
+        rank: u32,
         sges: &mut [SgeMut<'_>],
         remote: RemoteMemory,
     ) -> Result<(), MultiError> {
-        self.channel(peer)?.read(sges, remote).map_err(at(peer))
+        self.channel(rank)?.read(sges, remote).map_err(at(rank))
     }
 
-    /// Posts one request per item to the item's peer (each its own doorbell), then waits for
+    /// Posts an inline send to `rank` and returns its ticket (the lowest-latency send).
+    /// Does not allocate.
+    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, MultiError> {
+        self.channel(rank)?.post_send_inline(data).map_err(at(rank))
+    }
+
+    /// Posts an inline write to `rank`'s memory and returns its ticket (the lowest-latency
+    /// write). Does not allocate.
+    pub fn post_write_inline(
+        &mut self,
+        rank: u32,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, MultiError> {
+        self.channel(rank)?
+            .post_write_inline(data, remote)
+            .map_err(at(rank))
+    }
+
+    /// Waits for a ticket of one of these channels (it names its rank). Does not allocate.
+    pub fn wait(&mut self, t: Ticket) -> Result<Done, MultiError> {
+        let rank = t.peer().unwrap_or(NONE);
+        self.channel(rank)?.wait(t).map_err(at(rank))
+    }
+
+    /// Posts one request per item to the item's rank (each its own doorbell), then waits for
     /// every channel that has work in flight, also when a post failed half way: no buffer is
     /// handed back while the device may still use it.
     fn post_each_then_wait<'a, T, I>(
@@ -140,21 +247,21 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         mut add: impl FnMut(&mut Batch<'_, 'a, P, B, R>, T) -> Result<(), ChannelError>,
     ) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, T)>,
+        I: IntoIterator<Item = (u32, T)>,
     {
-        let mut guard = Settle::new(&mut self.chans);
+        let mut guard = Settle::new(&mut self.chans, &self.index);
         let mut first = None;
-        for (peer, item) in ops {
-            let r = match guard.chans.get_mut(peer) {
-                None => Err(MultiError::NoSuchPeer(peer)),
+        for (rank, item) in ops {
+            let r = match guard.channel(rank) {
+                None => Err(MultiError::UnknownRank(rank)),
                 Some(c) => {
                     let mut b = c.batch();
                     add(&mut b, item)
                         // SAFETY: the items' buffers are borrowed for 'a, beyond this call,
                         // and the guard settles every channel before the call returns or
                         // unwinds.
-                        .and_then(|()| unsafe { b.submit() }.map(|_| ()))
-                        .map_err(at(peer))
+                        .and_then(|()| unsafe { b.post() }.map(|_| ()))
+                        .map_err(at(rank))
                 }
             };
             if let Err(e) = r {
@@ -166,81 +273,80 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         first.map_or(waited, Err)
     }
 
-    /// Writes each `(peer, sges, remote)` (one doorbell per request), then waits for all.
+    /// Writes each `(rank, sges, remote)` (one doorbell per request), then waits for all.
     /// Does not allocate.
     pub fn scatter_write<'a, I>(&mut self, ops: I) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, &'a [Sge<'a>], RemoteMemory)>,
+        I: IntoIterator<Item = (u32, &'a [Sge<'a>], RemoteMemory)>,
     {
         self.post_each_then_wait(ops.into_iter().map(|(p, s, r)| (p, (s, r))), |b, (s, r)| {
             b.write(s, r).map(|_| ())
         })
     }
 
-    /// Sends each `(peer, sges)`, then waits for all. Does not allocate.
+    /// Sends each `(rank, sges)`, then waits for all. Does not allocate.
     pub fn scatter_send<'a, I>(&mut self, ops: I) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, &'a [Sge<'a>])>,
+        I: IntoIterator<Item = (u32, &'a [Sge<'a>])>,
     {
         self.post_each_then_wait(ops, |b, s| b.send(s).map(|_| ()))
     }
 
-    /// Sends the same `sges` to every peer in `peers`, then waits. Does not allocate.
-    pub fn multicast_send<'a, I>(&mut self, peers: I, sges: &'a [Sge<'a>]) -> Result<(), MultiError>
+    /// Sends the same `sges` to every rank in `ranks`, then waits. Does not allocate.
+    pub fn multicast_send<'a, I>(&mut self, ranks: I, sges: &'a [Sge<'a>]) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = usize>,
+        I: IntoIterator<Item = u32>,
     {
-        self.post_each_then_wait(peers.into_iter().map(|p| (p, ())), |b, ()| {
+        self.post_each_then_wait(ranks.into_iter().map(|p| (p, ())), |b, ()| {
             b.send(sges).map(|_| ())
         })
     }
 
-    /// Reads each `(peer, sges, remote)` into local memory, then waits for all.
+    /// Reads each `(rank, sges, remote)` into local memory, then waits for all.
     /// Does not allocate.
     pub fn gather_read<'a, I>(&mut self, ops: I) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, &'a mut [SgeMut<'a>], RemoteMemory)>,
+        I: IntoIterator<Item = (u32, &'a mut [SgeMut<'a>], RemoteMemory)>,
     {
         self.post_each_then_wait(ops.into_iter().map(|(p, s, r)| (p, (s, r))), |b, (s, r)| {
             b.read(s, r).map(|_| ())
         })
     }
 
-    /// Posts a receive for each `(peer, sges)` and waits until all arrived; `on_recv` sees
-    /// each peer's [`RecvInfo`] in peer order. Does not allocate.
+    /// Posts a receive for each `(rank, sges)` and waits until all arrived; `on_recv` sees
+    /// each rank's [`Done`] in the order the channels were given. Does not allocate.
     pub fn gather_receive<'a, I>(
         &mut self,
         ops: I,
-        mut on_recv: impl FnMut(usize, RecvInfo),
+        mut on_recv: impl FnMut(u32, Done),
     ) -> Result<(), MultiError>
     where
-        I: IntoIterator<Item = (usize, &'a mut [SgeMut<'a>])>,
+        I: IntoIterator<Item = (u32, &'a mut [SgeMut<'a>])>,
     {
-        let mut guard = Settle::new(&mut self.chans);
+        let mut guard = Settle::new(&mut self.chans, &self.index);
         let mut first = None;
-        for (peer, sges) in ops {
-            let r = match guard.chans.get_mut(peer) {
-                None => Err(MultiError::NoSuchPeer(peer)),
+        for (rank, sges) in ops {
+            let r = match guard.channel(rank) {
+                None => Err(MultiError::UnknownRank(rank)),
                 // SAFETY: 'a outlives this call, and the guard settles every channel before
                 // the call returns or unwinds.
-                Some(c) => unsafe { c.post_recv_unpolled(sges) }
-                    .map(|_| ())
-                    .map_err(at(peer)),
+                Some(c) => unsafe { c.post_recv(sges) }.map(|_| ()).map_err(at(rank)),
             };
             if let Err(e) = r {
                 first = Some(e);
                 break;
             }
         }
-        for (i, c) in guard.chans.iter_mut().enumerate() {
+        for c in guard.chans.iter_mut() {
             let Some(t) = c.last_pending_recv() else {
                 continue;
             };
+            let rank = rank_of(c);
             // Bounded by the channel's timeout; on error the channel is already drained.
-            match c.wait_recv(t) {
-                Ok(info) => on_recv(i, info),
-                Err(e) => {
-                    first.get_or_insert(MultiError::Peer(PeerError { peer: i, error: e }));
+            match c.wait(t) {
+                Ok(info) => on_recv(rank, info),
+                Err(error) => {
+                    first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
                 }
             }
         }
@@ -254,14 +360,23 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
 /// panicked): then dropping the guard flushes the channels with work in flight at once.
 struct Settle<'m, P: Provider, B: Backoff + Clone, const R: usize> {
     chans: &'m mut [Channel<P, B, R>],
+    index: &'m [u32],
     unwinding: bool,
 }
 
 impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
-    fn new(chans: &'m mut [Channel<P, B, R>]) -> Self {
+    fn new(chans: &'m mut [Channel<P, B, R>], index: &'m [u32]) -> Self {
         Self {
             chans,
+            index,
             unwinding: true,
+        }
+    }
+
+    fn channel(&mut self, rank: u32) -> Option<&mut Channel<P, B, R>> {
+        match self.index.get(rank as usize) {
+            Some(&i) if i != NONE => self.chans.get_mut(i as usize),
+            _ => None,
         }
     }
 
@@ -270,10 +385,11 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
     fn wait_all(&mut self) -> Result<(), MultiError> {
         self.unwinding = false;
         let mut first = None;
-        for (i, c) in self.chans.iter_mut().enumerate() {
+        for c in self.chans.iter_mut() {
             if c.outstanding_sends() > 0 || c.outstanding_recvs() > 0 {
-                if let Err(e) = c.wait_all() {
-                    first.get_or_insert(MultiError::Peer(PeerError { peer: i, error: e }));
+                if let Err(error) = c.wait_all() {
+                    let rank = rank_of(c);
+                    first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
                 }
             }
         }

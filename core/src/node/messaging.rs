@@ -17,7 +17,7 @@
 use alloc::vec::Vec;
 
 use super::{rank_of, Node, NodeError};
-use crate::channel::{ChannelError, RecvTicket};
+use crate::channel::{ChannelError, Ticket};
 use crate::multi::MultiChannel;
 use crate::poll::{Backoff, Clock, Deadline};
 use crate::provider::verbs::VerbsProvider;
@@ -58,7 +58,7 @@ pub(super) struct Rings {
     region: OwnedRegion,
     slots: usize,
     slot_size: usize,
-    tickets: Vec<Option<RecvTicket>>,
+    tickets: Vec<Option<Ticket>>,
     head: Vec<usize>,
     sends_seen: Vec<u64>,
     failure_reported: Vec<bool>,
@@ -88,7 +88,7 @@ impl<B: Backoff + Clone> Node<B> {
         let me = self.rank;
         for p in 0..peers {
             let rank = rank_of(me, p);
-            let chan = self.multi.channel(p).map_err(|_| NodeError::BadRank)?;
+            let chan = self.multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
             if let Some(error) = chan.failure() {
                 return Err(NodeError::Channel { rank, error });
             }
@@ -121,7 +121,7 @@ impl<B: Backoff + Clone> Node<B> {
                     // Receives of peers 0..=p point into the ring: take them back from the
                     // device before the memory goes.
                     for q in 0..=p {
-                        if let Ok(c) = self.multi.channel(q) {
+                        if let Some(c) = self.multi.by_index(q) {
                             c.settle(true);
                         }
                     }
@@ -165,22 +165,11 @@ impl<B: Backoff + Clone> Node<B> {
                 continue;
             }
             if deadline.passed(clock) {
-                return Err(NodeError::Channel {
-                    rank: self.rank,
-                    error: ChannelError::TimedOut { peer: None },
-                });
+                return Err(NodeError::ProgressTimedOut);
             }
             backoff.snooze();
         }
         Ok(())
-    }
-
-    /// Sends `data` to `rank` inline (no registered memory; at most the QP's inline limit)
-    /// and returns without waiting. Does not allocate.
-    pub fn send_inline(&mut self, rank: u32, data: &[u8]) -> Result<(), NodeError> {
-        self.channel(rank)?
-            .send_inline_nowait(data)
-            .map_err(|error| NodeError::Channel { rank, error })
     }
 }
 
@@ -200,7 +189,7 @@ fn progress_rings<B: Backoff + Clone>(
         if handed >= budget {
             break;
         }
-        let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
+        let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
         if let Some(error) = chan.failure() {
             // A broken channel is reported once, then left alone.
             if !rings.failure_reported[p] {
@@ -230,8 +219,8 @@ fn progress_rings<B: Backoff + Clone>(
             let Some(t) = rings.tickets[p * rings.slots + i] else {
                 break;
             };
-            let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
-            let Some(result) = chan.try_recv(t) else {
+            let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
+            let Some(result) = chan.try_wait(t) else {
                 break;
             };
             // The slot leaves the ring before the handler runs, so a panicking handler
@@ -284,13 +273,12 @@ fn post_slot<B: Backoff + Clone>(
             .ok_or(NodeError::InvalidArgument {
                 what: "ring slot outside the ring",
             })?];
-    let chan = multi.channel(p).map_err(|_| NodeError::BadRank)?;
+    let rank = rank_of(me, p);
+    let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
     // SAFETY: the ring memory is owned by the node and dropped after its channels (field
     // order), and this slot is read only after its receive completed, then re-posted.
-    let t = unsafe { chan.post_recv_unpolled(&mut sge) }.map_err(|error| NodeError::Channel {
-        rank: rank_of(me, p),
-        error,
-    })?;
+    let t =
+        unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
     rings.tickets[p * rings.slots + i] = Some(t);
     Ok(())
 }

@@ -16,8 +16,8 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransport};
-use crate::channel::{Channel, ChannelConfig, ChannelError};
-use crate::multi::MultiChannel;
+use crate::channel::{Channel, ChannelConfig, ChannelError, Done, Ticket};
+use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, StaticClock};
 use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
 use crate::sge::{RemoteMemory, Sge};
@@ -77,8 +77,27 @@ pub enum NodeError {
         /// The verb error.
         error: VerbsError,
     },
-    /// Rank not below world size, or world size 0.
-    BadRank,
+    /// The rank is not below the world size, or the world size is 0 or above
+    /// [`MAX_WORLD`](crate::wire::MAX_WORLD).
+    InvalidWorld {
+        /// This rank.
+        rank: u32,
+        /// The world size.
+        world: u32,
+    },
+    /// No peer has this rank (it is this node's own rank, or not below the world size).
+    UnknownRank(u32),
+    /// A range of a peer's window that does not fit it.
+    WindowOutOfRange {
+        /// The peer.
+        rank: u32,
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+    },
+    /// [`Node::progress_until`] reached its deadline before `done()` held.
+    ProgressTimedOut,
     /// [`Node::start_messaging`] was called twice.
     MessagingStarted,
     /// [`Node::progress`] before [`Node::start_messaging`].
@@ -108,7 +127,18 @@ impl fmt::Display for NodeError {
                 write!(f, "{got} endpoint blobs for a world of {expected}")
             }
             Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
-            Self::BadRank => f.write_str("rank must be below the world size"),
+            Self::InvalidWorld { rank, world } => write!(
+                f,
+                "rank {rank} of a world of {world}: the rank must be below the world size, \
+                 which must be 1 to {}",
+                crate::wire::MAX_WORLD
+            ),
+            Self::UnknownRank(r) => write!(f, "no peer with rank {r}"),
+            Self::WindowOutOfRange { rank, offset, len } => write!(
+                f,
+                "{len} bytes at offset {offset} do not fit the window of rank {rank}"
+            ),
+            Self::ProgressTimedOut => f.write_str("progress_until reached its deadline"),
             Self::MessagingStarted => f.write_str("messaging has already started"),
             Self::MessagingNotStarted => f.write_str("messaging has not started"),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
@@ -172,7 +202,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         clock: StaticClock,
     ) -> Result<Self, NodeError> {
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
-            return Err(NodeError::BadRank);
+            return Err(NodeError::InvalidWorld { rank, world });
         }
         let pd = ctx.alloc_pd()?;
         let mut qp = cfg.qp;
@@ -281,7 +311,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             rank: self.rank,
             world: self.world,
             algorithm: self.cfg.algorithm,
-            multi: MultiChannel::new(chans),
+            multi: MultiChannel::new(chans).map_err(|_| NodeError::InvalidWorld {
+                rank: self.rank,
+                world: self.world,
+            })?,
             rings: None,
             barrier: BarrierState::new(self.rank, self.world),
             all: (0..self.world).collect(),
@@ -331,15 +364,6 @@ struct Transport<'a, B: Backoff + Clone> {
     peer_flags: &'a [RemoteMemory],
 }
 
-#[inline]
-fn peer_index(me: u32, rank: u32) -> usize {
-    if rank < me {
-        rank as usize
-    } else {
-        rank as usize - 1
-    }
-}
-
 /// The rank behind peer index `peer` (the inverse of [`peer_index`]).
 #[inline]
 pub(super) fn rank_of(me: u32, peer: usize) -> u32 {
@@ -350,17 +374,34 @@ pub(super) fn rank_of(me: u32, peer: usize) -> u32 {
     }
 }
 
+fn barrier_error(e: MultiError) -> BarrierError {
+    match e {
+        MultiError::Peer(p) => BarrierError::Transport {
+            rank: p.rank,
+            error: p.error,
+        },
+        MultiError::UnknownRank(r) => BarrierError::RankOutOfRange(r),
+        // Node builds its MultiChannel itself from one channel per rank: neither can happen.
+        MultiError::ChannelWithoutRank | MultiError::DuplicateRank(_) => {
+            BarrierError::RankOutOfRange(u32::MAX)
+        }
+    }
+}
+
 impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
     #[inline]
-    fn notify(&mut self, rank: u32, count: u64) -> Result<(), ChannelError> {
-        let slot = self.peer_flags[rank as usize]
-            .slice(u64::from(self.me) * 8, 8)
-            .unwrap_or_default();
-        let chan = self
-            .multi
-            .channel(peer_index(self.me, rank))
-            .map_err(|_| ChannelError::RecvQueueFull)?;
-        chan.write_inline_nowait(&count.to_le_bytes(), slot)
+    fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
+        let slot = self
+            .peer_flags
+            .get(rank as usize)
+            .and_then(|f| f.slice(u64::from(self.me) * 8, 8))
+            .ok_or(BarrierError::RankOutOfRange(rank))?;
+        // The ticket is not waited for: a later signaled request (or the drain of a failure)
+        // retires it, and failures surface in `progress`.
+        self.multi
+            .post_write_inline(rank, &count.to_le_bytes(), slot)
+            .map(|_| ())
+            .map_err(barrier_error)
     }
 
     #[inline]
@@ -369,12 +410,8 @@ impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
     }
 
     #[inline]
-    fn progress(&mut self) -> Result<(), (u32, ChannelError)> {
-        let me = self.me;
-        self.multi.poll().map(|_| ()).map_err(|e| match e {
-            crate::multi::MultiError::Peer(p) => (rank_of(me, p.peer), p.error),
-            crate::multi::MultiError::NoSuchPeer(p) => (p as u32, ChannelError::RecvQueueFull),
-        })
+    fn progress(&mut self) -> Result<(), BarrierError> {
+        self.multi.poll().map(|_| ()).map_err(barrier_error)
     }
 }
 
@@ -411,24 +448,34 @@ impl<B: Backoff + Clone> Node<B> {
         self.barrier.is_poisoned()
     }
 
-    /// The channels, indexed by peer index (see [`Node::peer_index`]).
+    /// The channels to every other rank, addressed by rank.
     pub fn multi(&mut self) -> &mut MultiChannel<VerbsProvider, B> {
         &mut self.multi
     }
 
     /// The channel to `rank`.
     pub fn channel(&mut self, rank: u32) -> Result<&mut Channel<VerbsProvider, B>, NodeError> {
-        if rank == self.rank || rank >= self.world {
-            return Err(NodeError::BadRank);
-        }
         self.multi
-            .channel(peer_index(self.rank, rank))
-            .map_err(|_| NodeError::BadRank)
+            .channel(rank)
+            .map_err(|_| NodeError::UnknownRank(rank))
     }
 
-    /// The peer index of `rank` in [`Node::multi`] (ranks above ours shift down by one).
-    pub fn peer_index(&self, rank: u32) -> Option<usize> {
-        (rank != self.rank && rank < self.world).then(|| peer_index(self.rank, rank))
+    /// Posts an inline send of `data` to `rank` (no registered memory; at most the QP's
+    /// inline limit) and returns its ticket without waiting: the lowest-latency send. Does
+    /// not allocate.
+    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
+        self.channel(rank)?
+            .post_send_inline(data)
+            .map_err(|error| NodeError::Channel { rank, error })
+    }
+
+    /// Waits for a ticket of one of this node's channels (it names its rank), at most the
+    /// channel's timeout. Does not allocate.
+    pub fn wait(&mut self, t: Ticket) -> Result<Done, NodeError> {
+        let rank = t.peer().unwrap_or(u32::MAX);
+        self.channel(rank)?
+            .wait(t)
+            .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Our data window (peers write into it).
@@ -457,10 +504,10 @@ impl<B: Backoff + Clone> Node<B> {
         sges: &[Sge<'_>],
     ) -> Result<(), NodeError> {
         let len: u64 = sges.iter().map(|s| u64::from(s.len())).sum();
-        let remote = self
-            .peer_window(rank)
-            .and_then(|w| w.slice(offset, len))
-            .ok_or(NodeError::BadRank)?;
+        let window = self.peer_window(rank).ok_or(NodeError::UnknownRank(rank))?;
+        let remote = window
+            .slice(offset, len)
+            .ok_or(NodeError::WindowOutOfRange { rank, offset, len })?;
         self.channel(rank)?
             .write(sges, remote)
             .map_err(|error| NodeError::Channel { rank, error })

@@ -259,13 +259,16 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
             for i in 1..=(iters + warmup) as u64 {
                 let t = Instant::now();
                 if rank % 2 == 0 {
-                    node.channel(peer)?
-                        .write_inline_nowait(&i.to_le_bytes(), window)?;
+                    // Not waited for: the next signaled write retires it.
+                    let _ = node
+                        .multi()
+                        .post_write_inline(peer, &i.to_le_bytes(), window)?;
                     spin_for(&mut node, i, start, timeout)?;
                 } else {
                     spin_for(&mut node, i, start, timeout)?;
-                    node.channel(peer)?
-                        .write_inline_nowait(&i.to_le_bytes(), window)?;
+                    let _ = node
+                        .multi()
+                        .post_write_inline(peer, &i.to_le_bytes(), window)?;
                 }
                 if rank % 2 == 0 && i > u64::from(warmup) {
                     h.record((t.elapsed().as_nanos() as u64 / 2).max(1))?;
@@ -309,8 +312,8 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
         // Receivers post their multicast receive before the barrier that releases rank 0.
         let mut recv_sge = [msg_mr.sge_mut(0..64).ok_or("range")?];
         let pending = if rank != 0 {
-            // SAFETY: msg_mr's bytes are not touched until wait_recv below returns.
-            Some(unsafe { node.channel(0)?.post_recv_unpolled(&mut recv_sge) }?)
+            // SAFETY: msg_mr's bytes are not touched until the wait below returns.
+            Some(unsafe { node.channel(0)?.post_recv(&mut recv_sge) }?)
         } else {
             None
         };
@@ -330,13 +333,9 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
                         .expect("window")
                 })
                 .collect();
-            node.multi().scatter_write((1..world).map(|r| {
-                (
-                    r as usize - 1,
-                    &sges[r as usize][..],
-                    targets[r as usize - 1],
-                )
-            }))?;
+            node.multi().scatter_write(
+                (1..world).map(|r| (r, &sges[r as usize][..], targets[r as usize - 1])),
+            )?;
             let mut outs: Vec<[rverbs_core::sge::SgeMut<'_>; 1]> =
                 back_mr.chunks_mut(CHUNK).map(|s| [s]).collect();
             let sources: Vec<_> = (0..world)
@@ -349,7 +348,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
                 outs.iter_mut()
                     .enumerate()
                     .skip(1)
-                    .map(|(r, s)| (r - 1, &mut s[..], sources[r].expect("window"))),
+                    .map(|(r, s)| (r as u32, &mut s[..], sources[r].expect("window"))),
             )?;
             let mut ok = true;
             for r in 1..world as usize {
@@ -360,7 +359,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
         }
         node.barrier(&clock, timeout)?;
         if let Some(t) = pending {
-            let info = node.channel(0)?.wait_recv(t)?;
+            let info = node.wait(t)?;
             let ok = info.byte_len as usize == msg.len() && &msg_mr.as_slice()[..msg.len()] == msg;
             checks.push(("multicast message received intact".to_owned(), ok));
             let mut got = vec![0u8; CHUNK];
@@ -444,7 +443,7 @@ fn multicast(
     let mut buf = msg.to_vec();
     let mr = pd.register(&mut buf, AccessFlags::LOCAL_WRITE)?;
     let sge = [mr.sge(0..msg.len()).ok_or("range")?];
-    node.multi().multicast_send(0..world as usize - 1, &sge)?;
+    node.multi().multicast_send(1..world, &sge)?;
     Ok(())
 }
 
