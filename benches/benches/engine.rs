@@ -12,8 +12,9 @@ use core::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric};
+use rverbs_core::provider::soft::{Side, SoftFabric};
 use rverbs_std_shim::MONOTONIC;
 
 /// Bytes per request.
@@ -23,9 +24,9 @@ const N: usize = 32;
 /// Deep enough that a 32-request post fits next to the signaling interval.
 const DEPTH: u32 = 64;
 
-const RW: SoftAccess = SoftAccess::LOCAL_WRITE
-    .union(SoftAccess::REMOTE_WRITE)
-    .union(SoftAccess::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 fn fabric<'m>() -> SoftFabric<'m> {
     let caps = QpCaps {

@@ -12,7 +12,199 @@
 //!
 //! The rules, with the tests that prove them, are listed in `docs/safety.md`.
 
+use core::ops::Range;
 use core::ptr::NonNull;
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// Access a memory region grants (`ibv_access_flags`): the same flags for a device
+    /// region ([`Pd::register`](crate::verbs::Pd::register) and friends) and for the
+    /// software model's ([`SoftFabric::register`](crate::provider::soft::SoftFabric::register)).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The local device may write (receives, RDMA read targets). Required by remote write.
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA-write into the region.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA-read the region.
+        const REMOTE_READ = 4;
+        /// Peers may perform atomics on the region.
+        const REMOTE_ATOMIC = 8;
+        /// The device may reorder writes to this memory (PCIe relaxed ordering), if supported.
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+impl AccessFlags {
+    /// Access that lets peers change the bytes behind the CPU's back.
+    pub const REMOTE_MUTATION: Self = Self::REMOTE_WRITE.union(Self::REMOTE_ATOMIC);
+    /// Any access that lets a peer reach the bytes.
+    pub const REMOTE: Self = Self::REMOTE_MUTATION.union(Self::REMOTE_READ);
+}
+
+/// The CPU's view of registered bytes that a peer or the device may change at any time:
+/// volatile copies and loads only, never a reference. One implementation for the device's
+/// [`SharedRegion`](crate::verbs::SharedRegion) and the model's
+/// [`SoftRegion`](crate::provider::soft::SoftRegion), so both check bounds and alignment the
+/// same way.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VolatileBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl VolatileBytes {
+    /// The view of `ptr..ptr+len`.
+    ///
+    /// # Safety
+    /// The bytes stay allocated while the view (or any copy) is used, and nobody holds a
+    /// Rust reference to them.
+    #[inline]
+    pub(crate) const unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
+        Self { ptr, len }
+    }
+
+    #[inline]
+    fn at(&self, offset: usize, n: usize) -> Option<*mut u8> {
+        match offset.checked_add(n) {
+            // SAFETY: offset + n <= len, so the pointer stays inside the bytes.
+            Some(end) if end <= self.len => Some(unsafe { self.ptr.as_ptr().add(offset) }),
+            _ => None,
+        }
+    }
+
+    /// `(address, length)` of `range` for a scatter/gather entry, or `None` if it is out of
+    /// bounds or longer than an entry can be.
+    #[inline]
+    pub(crate) fn entry(&self, range: &Range<usize>) -> Option<(u64, u32)> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        let len = u32::try_from(range.end - range.start).ok()?;
+        Some((self.ptr.as_ptr().addr() as u64 + range.start as u64, len))
+    }
+
+    #[inline]
+    pub(crate) fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
+        let Some(p) = self.at(offset, dst.len()) else {
+            return false;
+        };
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: i < dst.len(), inside the checked range; a volatile read of a byte the
+            // device may be writing yields some byte value, never UB for u8.
+            *d = unsafe { p.add(i).read_volatile() };
+        }
+        true
+    }
+
+    #[inline]
+    pub(crate) fn write_from(&self, offset: usize, src: &[u8]) -> bool {
+        let Some(p) = self.at(offset, src.len()) else {
+            return false;
+        };
+        for (i, s) in src.iter().enumerate() {
+            // SAFETY: in the checked range, as above.
+            unsafe { p.add(i).write_volatile(*s) };
+        }
+        true
+    }
+
+    /// A pointer to a naturally aligned `T` at `offset`: the *address* must be aligned (what
+    /// single-copy atomicity needs), not just the offset.
+    #[inline]
+    fn aligned<T>(&self, offset: usize) -> Option<*mut T> {
+        let p = self.at(offset, size_of::<T>())?;
+        p.addr()
+            .is_multiple_of(align_of::<T>())
+            .then_some(p.cast::<T>())
+    }
+
+    #[inline]
+    pub(crate) fn load_u8(&self, offset: usize) -> Option<u8> {
+        let p = self.at(offset, 1)?;
+        // SAFETY: in bounds; bytes are always valid u8 values.
+        Some(unsafe { p.read_volatile() })
+    }
+
+    #[inline]
+    pub(crate) fn load_u32(&self, offset: usize) -> Option<u32> {
+        let p = self.aligned::<u32>(offset)?;
+        // SAFETY: bounds and alignment checked; an aligned 4-byte volatile load is
+        // single-copy atomic on the platforms rverbs supports.
+        Some(u32::from_le(unsafe { p.read_volatile() }))
+    }
+
+    #[inline]
+    pub(crate) fn load_u64(&self, offset: usize) -> Option<u64> {
+        let p = self.aligned::<u64>(offset)?;
+        // SAFETY: bounds and alignment checked; an aligned 8-byte volatile load is
+        // single-copy atomic on the platforms rverbs supports.
+        Some(u64::from_le(unsafe { p.read_volatile() }))
+    }
+
+    #[inline]
+    pub(crate) fn store_u64(&self, offset: usize, v: u64) -> bool {
+        match self.aligned::<u64>(offset) {
+            Some(p) => {
+                // SAFETY: bounds and alignment checked.
+                unsafe { p.write_volatile(v.to_le()) };
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The byte accessors every region kind offers on top of a [`VolatileBytes`]: one set of
+/// docs and one behaviour for the device's `SharedRegion` and the model's `SoftRegion`.
+macro_rules! volatile_byte_accessors {
+    () => {
+        /// Copies `dst.len()` bytes at `offset` out of the region. Returns `false` (copying
+        /// nothing) if the range is out of bounds. Does not allocate.
+        #[inline]
+        pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
+            self.bytes().read_into(offset, dst)
+        }
+
+        /// Copies `src` into the region at `offset`. Returns `false` if out of bounds.
+        /// Does not allocate.
+        #[inline]
+        pub fn write_from(&self, offset: usize, src: &[u8]) -> bool {
+            self.bytes().write_from(offset, src)
+        }
+
+        /// A volatile load of the byte at `offset` (a flag a peer RDMA-writes), or `None` if
+        /// out of bounds. Does not allocate.
+        #[inline]
+        pub fn load_u8(&self, offset: usize) -> Option<u8> {
+            self.bytes().load_u8(offset)
+        }
+
+        /// A volatile little-endian `u32` load at `offset`, whose address must be 4-aligned.
+        /// `None` if misaligned or out of bounds. Does not allocate.
+        #[inline]
+        pub fn load_u32(&self, offset: usize) -> Option<u32> {
+            self.bytes().load_u32(offset)
+        }
+
+        /// A volatile little-endian `u64` load at `offset`, whose address must be 8-aligned
+        /// (for flags and counters a peer RDMA-writes: such a load is single-copy atomic).
+        /// `None` if misaligned or out of bounds. Does not allocate.
+        #[inline]
+        pub fn load_u64(&self, offset: usize) -> Option<u64> {
+            self.bytes().load_u64(offset)
+        }
+
+        /// A volatile little-endian `u64` store at an 8-aligned address. Returns `false` if
+        /// misaligned or out of bounds. Does not allocate.
+        #[inline]
+        pub fn store_u64(&self, offset: usize, v: u64) -> bool {
+            self.bytes().store_u64(offset, v)
+        }
+    };
+}
+pub(crate) use volatile_byte_accessors;
 
 /// Bytes that can be handed to the device for as long as the value lives, wherever the value
 /// moves.
@@ -123,6 +315,32 @@ impl core::fmt::Debug for PageMemory {
 #[cfg(all(test, feature = "alloc"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volatile_bytes_check_bounds_and_address_alignment() {
+        let mut m = PageMemory::zeroed(64).unwrap();
+        // SAFETY: the page is owned here and no reference to it exists.
+        let v = unsafe { VolatileBytes::new(m.base(), 64) };
+        assert!(v.store_u64(8, 0x0102_0304_0506_0708));
+        assert_eq!(v.load_u64(8), Some(0x0102_0304_0506_0708));
+        assert_eq!(v.load_u32(8), Some(0x0506_0708));
+        assert_eq!(v.load_u8(8), Some(8));
+        assert_eq!(v.load_u64(4), None, "misaligned address");
+        assert_eq!(v.load_u32(2), None, "misaligned address");
+        assert_eq!(v.load_u64(64), None, "out of bounds");
+        assert_eq!(v.load_u8(64), None, "out of bounds");
+        assert!(!v.write_from(60, &[0; 8]));
+        let mut out = [0u8; 4];
+        assert!(v.read_into(8, &mut out));
+        assert_eq!(out, [8, 7, 6, 5]);
+        // An unaligned base: offset 0 is misaligned for u64, offset 7 is aligned.
+        // SAFETY: a sub-range of the same page.
+        let off = unsafe { VolatileBytes::new(m.base().add(1), 63) };
+        assert_eq!(off.load_u64(0), None);
+        assert_eq!(off.load_u64(7), Some(0x0102_0304_0506_0708));
+        assert_eq!(off.entry(&(0..8)).map(|e| e.1), Some(8));
+        assert_eq!(off.entry(&(0..64)), None);
+    }
 
     #[test]
     fn page_memory_is_zeroed_aligned_and_rounded() {

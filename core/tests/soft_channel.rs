@@ -11,14 +11,15 @@ use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done, WrFailure};
 use rverbs_core::completion::WcStatus;
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric, SoftRegion};
+use rverbs_core::provider::soft::{Side, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
-const RW: SoftAccess = SoftAccess::LOCAL_WRITE
-    .union(SoftAccess::REMOTE_WRITE)
-    .union(SoftAccess::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 fn caps(depth: u32) -> QpCaps {
     QpCaps {
@@ -602,7 +603,7 @@ fn a_failure_in_a_scope_is_reported_by_the_scope() {
     }
 }
 
-const RO: SoftAccess = SoftAccess::REMOTE_READ;
+const RO: AccessFlags = AccessFlags::REMOTE_READ;
 
 /// Receive results live in a table of `R` slots indexed by sequence number: a scope that
 /// posts more than `R` receives over its life must not have an unread result overwritten.

@@ -12,17 +12,18 @@ use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, WrFailure};
 use rverbs_core::completion::{Completion, WcStatus};
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{Side, SoftAccess, SoftEnd, SoftFabric};
+use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
 use rverbs_core::provider::{Provider, ProviderError};
 use rverbs_core::sge::Sge;
 use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
 
-const RW: SoftAccess = SoftAccess::LOCAL_WRITE
-    .union(SoftAccess::REMOTE_WRITE)
-    .union(SoftAccess::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 const CAPS: QpCaps = QpCaps {
     max_send_wr: 16,

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Ticket};
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StepClock};
-use rverbs_core::provider::soft::{Side, SoftAccess, SoftEnd, SoftFabric, SoftRegion};
+use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
 /// Bytes of each registered region.
@@ -34,9 +35,9 @@ const INLINE: usize = 64;
 /// Operations per input, so every input runs in bounded time.
 const MAX_OPS: usize = 96;
 
-const RW: SoftAccess = SoftAccess::LOCAL_WRITE
-    .union(SoftAccess::REMOTE_WRITE)
-    .union(SoftAccess::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 type Chan<'f, const R: usize> = Channel<SoftEnd<'f>, Spin, R>;
 
@@ -801,10 +802,7 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
     let matched = with_send && !xb && !yb && healthy;
     let ok = matched && len <= rlen;
     let World {
-        mem,
-        src,
-        shadow,
-        ..
+        mem, src, shadow, ..
     } = w;
     let g = [src[y].sge(0..len).expect("in bounds")];
     let mut rs = [mem[x].sge_mut(roff..roff + rlen).expect("in bounds")];
@@ -867,10 +865,10 @@ fn run(data: &[u8]) {
     ];
     let src = [
         fabric
-            .register(Side::A, &mut sa[..], SoftAccess::empty())
+            .register(Side::A, &mut sa[..], AccessFlags::empty())
             .expect("register"),
         fabric
-            .register(Side::B, &mut sb[..], SoftAccess::empty())
+            .register(Side::B, &mut sb[..], AccessFlags::empty())
             .expect("register"),
     ];
     let mut w = World {

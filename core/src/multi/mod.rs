@@ -146,6 +146,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
 
     /// The channel at position `i` of the list given to [`MultiChannel::new`] (for layers
     /// that keep per-peer state in arrays of the same order).
+    #[cfg(feature = "verbs")]
     #[inline]
     pub(crate) fn by_index(&mut self, i: usize) -> Option<&mut Channel<P, B, R>> {
         self.chans.get_mut(i)

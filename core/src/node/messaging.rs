@@ -104,7 +104,7 @@ impl<B: Backoff + Clone> Node<B> {
             .ok_or(NodeError::InvalidArgument {
                 what: "ring size overflows",
             })?;
-        let region = self.pd.alloc_region(len, AccessFlags::LOCAL_WRITE)?;
+        let region = super::page_region(&self.pd, len, AccessFlags::LOCAL_WRITE)?;
         let mut rings = Rings {
             region,
             slots,

@@ -17,6 +17,7 @@ use core::time::Duration;
 
 use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransport};
 use crate::channel::{Channel, ChannelConfig, ChannelError, Done, Ticket};
+use crate::memory::PageMemory;
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, StaticClock};
 use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
@@ -98,6 +99,11 @@ pub enum NodeError {
     },
     /// [`Node::progress_until`] reached its deadline before `done()` held.
     ProgressTimedOut,
+    /// The allocator had no memory for a region of this many bytes.
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// [`Node::start_messaging`] was called twice.
     MessagingStarted,
     /// [`Node::progress`] before [`Node::start_messaging`].
@@ -139,6 +145,7 @@ impl fmt::Display for NodeError {
                 "{len} bytes at offset {offset} do not fit the window of rank {rank}"
             ),
             Self::ProgressTimedOut => f.write_str("progress_until reached its deadline"),
+            Self::OutOfMemory { bytes } => write!(f, "no memory for a region of {bytes} bytes"),
             Self::MessagingStarted => f.write_str("messaging has already started"),
             Self::MessagingNotStarted => f.write_str("messaging has not started"),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
@@ -160,6 +167,16 @@ impl From<BarrierError> for NodeError {
     fn from(e: BarrierError) -> Self {
         Self::Barrier(e)
     }
+}
+
+/// Zeroed page memory of `len` bytes (rounded up to pages), registered with `access`.
+pub(super) fn page_region(
+    pd: &Pd,
+    len: usize,
+    access: AccessFlags,
+) -> Result<OwnedRegion, NodeError> {
+    let mem = PageMemory::zeroed(len).ok_or(NodeError::OutOfMemory { bytes: len })?;
+    Ok(pd.register_shared(mem, access)?)
 }
 
 const FLAG_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
@@ -216,8 +233,8 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 Some(PreparedVerbs::new(ctx, &pd, &qp)?)
             });
         }
-        let flags = pd.alloc_region(8 * world as usize, FLAG_ACCESS)?;
-        let window = pd.alloc_region(cfg.window_len.max(64), WINDOW_ACCESS)?;
+        let flags = page_region(&pd, 8 * world as usize, FLAG_ACCESS)?;
+        let window = page_region(&pd, cfg.window_len.max(64), WINDOW_ACCESS)?;
         Ok(Self {
             rank,
             world,

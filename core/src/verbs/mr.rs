@@ -48,39 +48,14 @@ use core::marker::PhantomData;
 use core::ops::Range;
 use core::ptr::NonNull;
 
-use bitflags::bitflags;
-
 use alloc::boxed::Box;
 
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{errno, sys};
 use super::pd::Pd;
-use crate::memory::{OwnedMemory, PageMemory};
+pub use crate::memory::AccessFlags;
+use crate::memory::{volatile_byte_accessors, OwnedMemory, VolatileBytes};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
-
-bitflags! {
-    /// Access a memory region grants (`ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub struct AccessFlags: u32 {
-        /// The local device may write (receives, RDMA read targets). Required by remote write.
-        const LOCAL_WRITE = 1;
-        /// Peers may RDMA-write into the region.
-        const REMOTE_WRITE = 2;
-        /// Peers may RDMA-read the region.
-        const REMOTE_READ = 4;
-        /// Peers may perform atomics on the region.
-        const REMOTE_ATOMIC = 8;
-        /// The device may reorder writes to this memory (PCIe relaxed ordering), if supported.
-        const RELAXED_ORDERING = 1 << 20;
-    }
-}
-
-impl AccessFlags {
-    /// Access that lets peers change the bytes behind the CPU's back.
-    pub const REMOTE_MUTATION: Self = Self::REMOTE_WRITE.union(Self::REMOTE_ATOMIC);
-    /// Any access that lets a peer reach the bytes.
-    pub const REMOTE: Self = Self::REMOTE_MUTATION.union(Self::REMOTE_READ);
-}
 
 /// The registration both region kinds are built on: the MR handle, where it points, its keys.
 /// Deregistration is the owner's call (see the two `Drop` impls), because what a failure
@@ -149,19 +124,27 @@ impl Registration {
     #[inline]
     fn remote(&self) -> RemoteMemory {
         RemoteMemory {
-            addr: self.ptr.as_ptr() as u64,
+            addr: self.ptr.as_ptr().addr() as u64,
             len: self.len as u64,
             rkey: self.rkey,
         }
     }
 
+    /// The CPU's volatile view of the bytes.
+    #[inline]
+    fn bytes(&self) -> VolatileBytes {
+        // SAFETY: the registered memory outlives the registration (owned, or borrowed for
+        // 'b), and the regions never form references to it except as documented.
+        unsafe { VolatileBytes::new(self.ptr, self.len) }
+    }
+
     /// A gather entry for `range`. The caller's borrow of the region is the entry's.
     #[inline]
     fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (off, len) = check_range(&range, self.len)?;
+        let (addr, len) = self.bytes().entry(&range)?;
         // SAFETY: in bounds of this registration, whose lkey we pass; the entry borrows the
         // region, which keeps it registered while the entry lives.
-        Some(unsafe { Sge::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        Some(unsafe { Sge::from_raw(addr, len, self.lkey) })
     }
 
     /// A scatter entry for `range`, if local write is granted.
@@ -170,10 +153,10 @@ impl Registration {
         if !self.access.contains(AccessFlags::LOCAL_WRITE) {
             return None;
         }
-        let (off, len) = check_range(&range, self.len)?;
+        let (addr, len) = self.bytes().entry(&range)?;
         // SAFETY: in bounds, local write granted, and the exclusive borrow of the region keeps
         // every other local user out while the entry lives.
-        Some(unsafe { SgeMut::from_raw(self.ptr.as_ptr() as u64 + off as u64, len, self.lkey) })
+        Some(unsafe { SgeMut::from_raw(addr, len, self.lkey) })
     }
 
     fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -184,18 +167,6 @@ impl Registration {
             .field("rkey", &self.rkey)
             .field("access", &self.access)
             .finish()
-    }
-}
-
-/// Checks `range` against a region of `len` bytes and converts it to (offset, len as u32).
-#[inline]
-fn check_range(range: &Range<usize>, len: usize) -> Option<(usize, u32)> {
-    if range.start <= range.end && range.end <= len {
-        u32::try_from(range.end - range.start)
-            .ok()
-            .map(|l| (range.start, l))
-    } else {
-        None
     }
 }
 
@@ -233,7 +204,7 @@ impl Pd {
     }
 
     /// Registers memory the region will own, with any access including remote read, write and
-    /// atomics: a `Box<[u8]>`, a `&'static mut [u8]`, a [`PageMemory`], or a page-aligned or
+    /// atomics: a `Box<[u8]>`, a `&'static mut [u8]`, a [`PageMemory`](crate::memory::PageMemory), or a page-aligned or
     /// huge-page buffer from `rverbs-std-shim`. The memory is freed when the region is dropped
     /// and its deregistration succeeded; otherwise it is leaked, never reused.
     pub fn register_shared<M: OwnedMemory>(
@@ -273,14 +244,6 @@ impl Pd {
             owner: None,
             _buf: PhantomData,
         })
-    }
-
-    /// Allocates `len` zeroed, page-aligned bytes ([`PageMemory`]) and registers them.
-    pub fn alloc_region(&self, len: usize, access: AccessFlags) -> Result<OwnedRegion> {
-        let mem = PageMemory::zeroed(len.max(1)).ok_or(VerbsError::InvalidArgument {
-            what: "region length (too large for the allocator)",
-        })?;
-        self.register_shared(mem, access)
     }
 }
 
@@ -385,8 +348,7 @@ pub struct SharedRegion<'b> {
     _buf: PhantomData<&'b mut [u8]>,
 }
 
-/// A [`SharedRegion`] that owns its memory (what [`Pd::alloc_region`] and
-/// [`Pd::register_shared`] return).
+/// A [`SharedRegion`] that owns its memory (what [`Pd::register_shared`] returns).
 pub type OwnedRegion = SharedRegion<'static>;
 
 // SAFETY: the region owns its memory (OwnedMemory is Send) or an exclusive borrow of it, and an
@@ -426,41 +388,11 @@ impl SharedRegion<'_> {
     }
 
     #[inline]
-    fn byte_ptr(&self, offset: usize, n: usize) -> Option<*mut u8> {
-        match offset.checked_add(n) {
-            // SAFETY: offset + n <= len, so the pointer stays inside the registered buffer.
-            Some(end) if end <= self.reg.len => Some(unsafe { self.reg.ptr.as_ptr().add(offset) }),
-            _ => None,
-        }
+    fn bytes(&self) -> VolatileBytes {
+        self.reg.bytes()
     }
 
-    /// Copies `dst.len()` bytes at `offset` out of the region. Returns `false` (copying
-    /// nothing) if the range is out of bounds. Does not allocate.
-    #[inline]
-    pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        let Some(p) = self.byte_ptr(offset, dst.len()) else {
-            return false;
-        };
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: i < dst.len(), inside the checked range; a volatile read of a byte the
-            // device may be writing yields some byte value, never UB for u8.
-            *d = unsafe { p.add(i).read_volatile() };
-        }
-        true
-    }
-
-    /// Copies `src` into the region at `offset`. Returns `false` if out of bounds.
-    #[inline]
-    pub fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        let Some(p) = self.byte_ptr(offset, src.len()) else {
-            return false;
-        };
-        for (i, s) in src.iter().enumerate() {
-            // SAFETY: in the checked range, as above.
-            unsafe { p.add(i).write_volatile(*s) };
-        }
-        true
-    }
+    volatile_byte_accessors!();
 
     /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
     ///
@@ -470,38 +402,10 @@ impl SharedRegion<'_> {
     /// read targets it until the slice is gone).
     #[inline]
     pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        let (off, len) = check_range(&range, self.reg.len)?;
+        let (addr, len) = self.bytes().entry(&range)?;
+        let off = addr as usize - self.reg.ptr.as_ptr().addr();
         // SAFETY: in bounds; the caller guarantees nobody writes the bytes meanwhile.
         Some(unsafe { core::slice::from_raw_parts(self.reg.ptr.as_ptr().add(off), len as usize) })
-    }
-
-    /// A volatile little-endian `u64` load at an 8-aligned `offset` (for flags and counters a
-    /// peer RDMA-writes). `None` if misaligned or out of bounds. Does not allocate.
-    #[inline]
-    pub fn load_u64(&self, offset: usize) -> Option<u64> {
-        let p = self.u64_ptr(offset)?;
-        // SAFETY: u64_ptr checked bounds and alignment; an 8-byte aligned volatile load is
-        // single-copy atomic on the platforms rverbs supports.
-        Some(u64::from_le(unsafe { p.read_volatile() }))
-    }
-
-    /// A volatile little-endian `u64` store at an 8-aligned `offset`.
-    #[inline]
-    pub fn store_u64(&self, offset: usize, v: u64) -> bool {
-        match self.u64_ptr(offset) {
-            Some(p) => {
-                // SAFETY: bounds and alignment checked.
-                unsafe { p.write_volatile(v.to_le()) };
-                true
-            }
-            None => false,
-        }
-    }
-
-    #[inline]
-    fn u64_ptr(&self, offset: usize) -> Option<*mut u64> {
-        let p = self.byte_ptr(offset, 8)?;
-        (p as usize).is_multiple_of(8).then_some(p.cast::<u64>())
     }
 
     /// A gather entry for `range`. The bytes may change under it if peers write them.

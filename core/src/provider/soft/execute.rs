@@ -9,7 +9,7 @@ use super::fabric::Shared;
 use super::keys::KeyKind;
 use super::queues::{completion, QpState, RawSge, SendCqe, SendWqe, NO_RECV, NO_SEND};
 use super::spans::{copy_spans, resolve_local, Spans};
-use super::{SoftAccess, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::{AccessFlags, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
 
 /// What a send-queue head attempt came to.
 enum Outcome {
@@ -336,9 +336,9 @@ impl Shared {
             Spans::one(w.inline_data.as_ptr().cast_mut(), w.inline_len)
         } else {
             let need = if w.opcode == Opcode::Read {
-                SoftAccess::LOCAL_WRITE
+                AccessFlags::LOCAL_WRITE
             } else {
-                SoftAccess::empty()
+                AccessFlags::empty()
             };
             match resolve_local(&st[s], s, sges, need) {
                 Some(l) => l,
@@ -356,9 +356,9 @@ impl Shared {
         }
         let remote = if w.opcode.is_rdma() && total > 0 {
             let need = if w.opcode == Opcode::Read {
-                SoftAccess::REMOTE_READ
+                AccessFlags::REMOTE_READ
             } else {
-                SoftAccess::REMOTE_WRITE
+                AccessFlags::REMOTE_WRITE
             };
             let r = &w.remote;
             match st[p].resolve(p, KeyKind::Remote, r.rkey, r.addr, u64::from(total), need) {
@@ -382,7 +382,7 @@ impl Shared {
                     return Outcome::Rnr;
                 };
                 let rsges = &r.sges[..r.nsge.min(MAX_SGE)];
-                let Some(dst) = resolve_local(&st[p], p, rsges, SoftAccess::LOCAL_WRITE) else {
+                let Some(dst) = resolve_local(&st[p], p, rsges, AccessFlags::LOCAL_WRITE) else {
                     fail_recv(st, p, WcStatus::LocalProtection);
                     return done(WcStatus::RemoteOperation);
                 };

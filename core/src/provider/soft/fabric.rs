@@ -3,6 +3,7 @@
 use core::cell::RefCell;
 use core::fmt;
 use core::marker::PhantomData;
+use core::ptr::NonNull;
 
 use crate::completion::Completion;
 #[cfg(doc)]
@@ -14,7 +15,7 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 use super::execute::enter_error;
 use super::keys::{make_key, KeyKind, GEN_MASK};
 use super::queues::{QpState, RegionSlot};
-use super::{Side, SoftAccess, SoftError, SoftRegion, SoftStats, MAX_INLINE, MAX_SGE, QUEUE_CAP};
+use super::{AccessFlags, Side, SoftError, SoftRegion, SoftStats, MAX_INLINE, MAX_SGE, QUEUE_CAP};
 
 /// The state both ends share (no lifetime: the region table holds raw pointers whose
 /// validity [`SoftFabric`]'s `'m` vouches for).
@@ -130,16 +131,20 @@ impl<'m> SoftFabric<'m> {
         &self,
         side: Side,
         buf: &'m mut [u8],
-        access: SoftAccess,
+        access: AccessFlags,
     ) -> Result<SoftRegion<'_>, SoftError> {
         if buf.is_empty() {
             return Err(SoftError::EmptyBuffer);
         }
-        if access.contains(SoftAccess::REMOTE_WRITE) && !access.contains(SoftAccess::LOCAL_WRITE) {
+        if access.contains(AccessFlags::REMOTE_WRITE) && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
             return Err(SoftError::RemoteWriteNeedsLocalWrite);
         }
         let len = buf.len();
-        let ptr = buf.as_mut_ptr();
+        // One pointer for the model's table and the region's view, so neither invalidates
+        // the other (Miri's aliasing models check this).
+        let base = NonNull::from(buf).cast::<u8>();
+        let ptr = base.as_ptr();
         let s = side.index();
         let mut st = self.shared.state.borrow_mut();
         let qp = &mut st[s];
@@ -164,7 +169,7 @@ impl<'m> SoftFabric<'m> {
             shared: &self.shared,
             side,
             slot,
-            ptr,
+            ptr: base,
             len,
             lkey: make_key(gen, KeyKind::Local, s, slot),
             rkey: make_key(gen, KeyKind::Remote, s, slot),

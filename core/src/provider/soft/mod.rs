@@ -9,7 +9,8 @@
 //! ```
 //! use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-//! use rverbs_core::provider::soft::{Side, SoftAccess, SoftFabric};
+//! use rverbs_core::memory::AccessFlags;
+//! use rverbs_core::provider::soft::{Side, SoftFabric};
 //! use rverbs_core::provider::Provider;
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!
@@ -18,9 +19,9 @@
 //! // Buffers outlive the fabric: it may touch them for as long as it exists.
 //! let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
 //! let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());
-//! let a_mem = fabric.register(Side::A, &mut src, SoftAccess::LOCAL_WRITE).unwrap();
+//! let a_mem = fabric.register(Side::A, &mut src, AccessFlags::LOCAL_WRITE).unwrap();
 //! let b_mem = fabric
-//!     .register(Side::B, &mut dst, SoftAccess::LOCAL_WRITE | SoftAccess::REMOTE_WRITE)
+//!     .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
 //!     .unwrap();
 //! a_mem.write_from(0, b"hello");
 //! let (mut a, _b) = fabric.ends();
@@ -70,10 +71,10 @@
 //! - **Inline** sends and writes copy their bytes at post time and ignore the lkey.
 //! - **Local memory** is resolved by lkey when the request executes: the range must lie inside
 //!   a live region of the posting side; receive buffers and read targets also need
-//!   [`SoftAccess::LOCAL_WRITE`]. A failure completes the request with
+//!   [`AccessFlags::LOCAL_WRITE`]. A failure completes the request with
 //!   [`WcStatus::LocalProtection`]. Zero-length entries are not checked.
 //! - **Remote memory** is resolved by rkey on the peer: writes need
-//!   [`SoftAccess::REMOTE_WRITE`], reads [`SoftAccess::REMOTE_READ`], and
+//!   [`AccessFlags::REMOTE_WRITE`], reads [`AccessFlags::REMOTE_READ`], and
 //!   `remote.addr .. remote.addr + length` must lie inside the region, where the length is
 //!   the total of the local entries (`RemoteMemory::len` is ignored, as the device ignores
 //!   it). A failure completes the request with [`WcStatus::RemoteAccess`] and, as on rxe
@@ -125,9 +126,8 @@
 //! # Thread safety
 //! None needed: the fabric uses `RefCell`, and neither it nor its ends are `Send` or `Sync`.
 
+use crate::memory::AccessFlags;
 use core::fmt;
-
-use bitflags::bitflags;
 
 // Named only by links in the module docs above.
 #[cfg(doc)]
@@ -194,19 +194,6 @@ impl Side {
     #[inline]
     pub const fn qp_num(self) -> u32 {
         QP_NUMS[self.index()]
-    }
-}
-
-bitflags! {
-    /// Access a [`SoftRegion`] grants (same bits as `ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub struct SoftAccess: u32 {
-        /// The local queue pair may write (receive buffers, read targets).
-        const LOCAL_WRITE = 1;
-        /// The peer may RDMA-write. Needs `LOCAL_WRITE` too, as in verbs.
-        const REMOTE_WRITE = 2;
-        /// The peer may RDMA-read.
-        const REMOTE_READ = 4;
     }
 }
 

@@ -6,7 +6,7 @@ use crate::sge::RemoteMemory;
 use crate::wr::Opcode;
 
 use super::keys::{split_key, KeyKind};
-use super::{SoftAccess, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QP_NUMS, QUEUE_CAP};
+use super::{AccessFlags, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QP_NUMS, QUEUE_CAP};
 
 /// A fixed-capacity FIFO. A full ring hands the rejected value back.
 pub(super) struct Ring<T: Copy> {
@@ -136,7 +136,7 @@ pub(super) struct RegionSlot {
     /// The registered buffer (with the provenance of the `&'m mut [u8]` it came from).
     pub(super) ptr: *mut u8,
     pub(super) len: usize,
-    pub(super) access: SoftAccess,
+    pub(super) access: AccessFlags,
     /// Generation of the current (or last) registration; 0 = never used.
     pub(super) gen: u32,
     pub(super) live: bool,
@@ -145,7 +145,7 @@ pub(super) struct RegionSlot {
 const NO_REGION: RegionSlot = RegionSlot {
     ptr: core::ptr::null_mut(),
     len: 0,
-    access: SoftAccess::empty(),
+    access: AccessFlags::empty(),
     gen: 0,
     live: false,
 };
@@ -214,7 +214,7 @@ impl QpState {
         key: u32,
         addr: u64,
         len: u64,
-        need: SoftAccess,
+        need: AccessFlags,
     ) -> Option<*mut u8> {
         let (gen, k, s, slot) = split_key(key);
         let r = self.regions.get(slot)?;

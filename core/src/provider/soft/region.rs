@@ -2,27 +2,29 @@
 
 use core::fmt;
 use core::ops::Range;
+use core::ptr::NonNull;
 
+use crate::memory::{volatile_byte_accessors, VolatileBytes};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
 use super::fabric::Shared;
 #[cfg(doc)]
 use super::SoftFabric;
-use super::{Side, SoftAccess};
+use super::{AccessFlags, Side};
 
 /// Memory registered with one side of a [`SoftFabric`]; deregistered on drop.
 ///
-/// Peers may write it (with [`SoftAccess::REMOTE_WRITE`]) whenever the model runs, so the CPU
+/// Peers may write it (with [`AccessFlags::REMOTE_WRITE`]) whenever the model runs, so the CPU
 /// reaches its bytes only through volatile copies, never through a slice.
 pub struct SoftRegion<'f> {
     pub(super) shared: &'f Shared,
     pub(super) side: Side,
     pub(super) slot: usize,
-    pub(super) ptr: *mut u8,
+    pub(super) ptr: NonNull<u8>,
     pub(super) len: usize,
     pub(super) lkey: u32,
     pub(super) rkey: u32,
-    pub(super) access: SoftAccess,
+    pub(super) access: AccessFlags,
 }
 
 impl fmt::Debug for SoftRegion<'_> {
@@ -45,11 +47,6 @@ impl Drop for SoftRegion<'_> {
             r.ptr = core::ptr::null_mut();
         }
     }
-}
-
-/// `offset..offset+len` if it lies inside `0..bound`.
-fn in_bounds(offset: usize, len: usize, bound: usize) -> bool {
-    offset.checked_add(len).is_some_and(|end| end <= bound)
 }
 
 impl SoftRegion<'_> {
@@ -85,7 +82,7 @@ impl SoftRegion<'_> {
 
     /// Access the region was registered with.
     #[inline]
-    pub fn access(&self) -> SoftAccess {
+    pub fn access(&self) -> AccessFlags {
         self.access
     }
 
@@ -93,19 +90,26 @@ impl SoftRegion<'_> {
     /// matching remote access).
     pub fn remote(&self) -> RemoteMemory {
         RemoteMemory {
-            addr: self.ptr.addr() as u64,
+            addr: self.ptr.as_ptr().addr() as u64,
             len: self.len as u64,
             rkey: self.rkey,
         }
     }
 
-    fn range(&self, range: &Range<usize>) -> Option<(u64, u32)> {
-        if range.start > range.end || range.end > self.len {
-            return None;
-        }
-        let len = u32::try_from(range.end - range.start).ok()?;
-        Some((self.ptr.addr() as u64 + range.start as u64, len))
+    /// The CPU's volatile view of the bytes (the same implementation as the device's
+    /// `SharedRegion`).
+    #[inline]
+    fn bytes(&self) -> VolatileBytes {
+        // SAFETY: the buffer is borrowed for the fabric's 'm, which outlives this region, and
+        // no reference to it exists while the model owns it.
+        unsafe { VolatileBytes::new(self.ptr, self.len) }
     }
+
+    fn range(&self, range: &Range<usize>) -> Option<(u64, u32)> {
+        self.bytes().entry(range)
+    }
+
+    volatile_byte_accessors!();
 
     /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
     /// Does not allocate.
@@ -129,7 +133,7 @@ impl SoftRegion<'_> {
         &mut self,
         ranges: [Range<usize>; N],
     ) -> Option<[SgeMut<'_>; N]> {
-        if !self.access.contains(SoftAccess::LOCAL_WRITE) {
+        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
             return None;
         }
         let mut parts = [(0u64, 0u32); N];
@@ -146,48 +150,5 @@ impl SoftRegion<'_> {
         // registered while the entries borrow it mutably; the ranges are pairwise disjoint,
         // and the `&mut self` borrow keeps the CPU out of the bytes meanwhile.
         Some(parts.map(|(addr, len)| unsafe { SgeMut::from_raw(addr, len, self.lkey) }))
-    }
-
-    /// Copies `dst.len()` bytes at `offset` out of the region. Returns `false` (copying
-    /// nothing) if the range is out of bounds. Does not allocate.
-    pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        if !in_bounds(offset, dst.len(), self.len) {
-            return false;
-        }
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: offset + i < len, inside the buffer the region holds for 'm; volatile
-            // because the peer may write it at any time, and no reference to it exists.
-            *d = unsafe { self.ptr.add(offset + i).read_volatile() };
-        }
-        true
-    }
-
-    /// Copies `src` into the region at `offset`. Returns `false` if out of bounds.
-    /// Does not allocate.
-    pub fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        if !in_bounds(offset, src.len(), self.len) {
-            return false;
-        }
-        for (i, s) in src.iter().enumerate() {
-            // SAFETY: as in read_into.
-            unsafe { self.ptr.add(offset + i).write_volatile(*s) };
-        }
-        true
-    }
-
-    /// A volatile little-endian `u64` load at an 8-aligned `offset`. `None` if misaligned or
-    /// out of bounds. Does not allocate.
-    pub fn load_u64(&self, offset: usize) -> Option<u64> {
-        if !offset.is_multiple_of(8) || !in_bounds(offset, 8, self.len) {
-            return None;
-        }
-        let mut b = [0u8; 8];
-        self.read_into(offset, &mut b);
-        Some(u64::from_le_bytes(b))
-    }
-
-    /// A volatile little-endian `u64` store at an 8-aligned `offset`.
-    pub fn store_u64(&self, offset: usize, v: u64) -> bool {
-        offset.is_multiple_of(8) && self.write_from(offset, &v.to_le_bytes())
     }
 }

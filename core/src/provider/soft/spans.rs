@@ -2,7 +2,7 @@
 
 use super::keys::KeyKind;
 use super::queues::{QpState, RawSge};
-use super::{SoftAccess, MAX_SGE};
+use super::{AccessFlags, MAX_SGE};
 
 #[derive(Clone, Copy)]
 pub(super) struct Span {
@@ -47,7 +47,7 @@ pub(super) fn resolve_local(
     qp: &QpState,
     side: usize,
     sges: &[RawSge],
-    need: SoftAccess,
+    need: AccessFlags,
 ) -> Option<Spans> {
     let mut out = Spans::EMPTY;
     for s in sges {

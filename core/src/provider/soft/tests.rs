@@ -8,7 +8,7 @@ use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BA
 
 use super::keys::KeyKind;
 use super::{
-    Side, SoftAccess, SoftEnd, SoftError, SoftFabric, SoftRegion, SoftStats, EINVAL, ENOMEM,
+    AccessFlags, Side, SoftEnd, SoftError, SoftFabric, SoftRegion, SoftStats, EINVAL, ENOMEM,
     MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP,
 };
 
@@ -20,9 +20,9 @@ const CAPS: QpCaps = QpCaps {
     max_inline_data: 32,
 };
 
-const RW: SoftAccess = SoftAccess::LOCAL_WRITE
-    .union(SoftAccess::REMOTE_WRITE)
-    .union(SoftAccess::REMOTE_READ);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 fn fabric<'m>() -> SoftFabric<'m> {
     SoftFabric::new(CAPS, RnrRetry::Times(2), RetryCount::new(3).unwrap())
@@ -83,7 +83,7 @@ fn caps_are_clamped() {
 fn write_signaled_and_unsignaled() {
     let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
     let f = fabric();
-    let s = f.register(Side::A, &mut src, SoftAccess::empty()).unwrap();
+    let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
     let d = f.register(Side::B, &mut dst, RW).unwrap();
     s.write_from(0, b"0123456789abcdef");
     let (mut a, _b) = f.ends();
@@ -115,9 +115,9 @@ fn write_signaled_and_unsignaled() {
 fn send_recv_scatter_imm_and_write_imm() {
     let (mut src, mut dst, mut tgt) = ([0u8; 8], [0u8; 8], [0u8; 8]);
     let f = fabric();
-    let s = f.register(Side::A, &mut src, SoftAccess::empty()).unwrap();
+    let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
     let mut d = f
-        .register(Side::B, &mut dst, SoftAccess::LOCAL_WRITE)
+        .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let t = f.register(Side::B, &mut tgt, RW).unwrap();
     s.write_from(0, b"abcdefgh");
@@ -173,11 +173,11 @@ fn read_needs_remote_read() {
     let (mut l, mut r1, mut r2) = ([0u8; 8], [0u8; 8], [0u8; 8]);
     let f = fabric();
     let mut lm = f
-        .register(Side::A, &mut l, SoftAccess::LOCAL_WRITE)
+        .register(Side::A, &mut l, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let ok = f.register(Side::B, &mut r1, RW).unwrap();
     let no = f
-        .register(Side::B, &mut r2, SoftAccess::LOCAL_WRITE)
+        .register(Side::B, &mut r2, AccessFlags::LOCAL_WRITE)
         .unwrap();
     ok.write_from(0, b"remote!!");
     let (mut a, _b) = f.ends();
@@ -256,9 +256,9 @@ fn bad_lkey_fails_and_flushes_the_rest() {
 fn short_receive_is_a_length_error_on_both_sides() {
     let (mut src, mut dst) = ([0u8; 8], [0u8; 4]);
     let f = fabric();
-    let s = f.register(Side::A, &mut src, SoftAccess::empty()).unwrap();
+    let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
     let mut d = f
-        .register(Side::B, &mut dst, SoftAccess::LOCAL_WRITE)
+        .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let (mut a, mut b) = f.ends();
     {
@@ -292,7 +292,7 @@ fn short_receive_is_a_length_error_on_both_sides() {
 fn rnr_waits_for_a_receive_then_gives_up() {
     let mut src = [0u8; 4];
     let f = fabric();
-    let s = f.register(Side::A, &mut src, SoftAccess::empty()).unwrap();
+    let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
     let (mut a, mut b) = f.ends();
     let g = [s.sge(0..4).unwrap()];
     let w = [wr(1, Opcode::Send, SendFlags::empty(), &g)];
@@ -458,7 +458,7 @@ fn inline_is_copied_at_post_time() {
     let mut dst = [0u8; 8];
     let f = fabric();
     let mut d = f
-        .register(Side::B, &mut dst, SoftAccess::LOCAL_WRITE)
+        .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE)
         .unwrap();
     let (mut a, mut b) = f.ends();
     let mut data = *b"inline!!";
@@ -544,7 +544,7 @@ fn registration_errors() {
         assert!(regs.push(f.register(Side::A, b, RW).unwrap()).is_ok());
     }
     assert_eq!(
-        f.register(Side::A, it.next().unwrap(), SoftAccess::REMOTE_WRITE)
+        f.register(Side::A, it.next().unwrap(), AccessFlags::REMOTE_WRITE)
             .unwrap_err(),
         SoftError::RemoteWriteNeedsLocalWrite
     );
