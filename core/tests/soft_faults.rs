@@ -17,7 +17,7 @@ use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
-use rverbs_core::provider::{Provider, ProviderError};
+use rverbs_core::provider::{Provider, ProviderError, Verb};
 use rverbs_core::sge::Sge;
 use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
 
@@ -309,7 +309,7 @@ impl<P: Provider> Provider for Faulty<P> {
         if n > 0 {
             self.fail_polls.set(n - 1);
             return Err(ProviderError {
-                op: "ibv_poll_cq",
+                verb: Verb::PollCq,
                 errno: 5,
             });
         }
@@ -323,7 +323,7 @@ impl<P: Provider> Provider for Faulty<P> {
     fn set_error(&mut self) -> Result<(), ProviderError> {
         if self.fail_set_error {
             return Err(ProviderError {
-                op: "ibv_modify_qp(ERR)",
+                verb: Verb::ModifyQpErr,
                 errno: 22,
             });
         }

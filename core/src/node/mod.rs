@@ -345,6 +345,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
     }
 }
 
+// A node moves to the thread that will poll it (and so does each of its channels).
+static_assertions::assert_impl_all!(Node<crate::poll::Spin>: Send);
+static_assertions::assert_impl_all!(Channel<VerbsProvider>: Send);
+
 /// One connected rank. See the [module docs](self).
 pub struct Node<B: Backoff + Clone> {
     rank: u32,

@@ -14,21 +14,25 @@ use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 pub mod soft;
+mod verb;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-/// A failure of a provider call other than a post (polling, state changes).
+pub use verb::Verb;
+
+/// A failure of a provider call other than a post (polling, state changes): the verb and
+/// the errno it reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProviderError {
-    /// The operation that failed (`"ibv_poll_cq"`, ...).
-    pub op: &'static str,
+    /// The verb that failed ([`Verb::PollCq`], [`Verb::ModifyQpErr`], ...).
+    pub verb: Verb,
     /// Its errno.
     pub errno: i32,
 }
 
 impl fmt::Display for ProviderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed with errno {}", self.op, self.errno)
+        write!(f, "{} failed with errno {}", self.verb.name(), self.errno)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::completion::Completion;
 use crate::params::QpCaps;
-use crate::provider::{Provider, ProviderError};
+use crate::provider::{Provider, ProviderError, Verb};
 use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, VerbsError};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
@@ -69,10 +69,15 @@ impl VerbsProvider {
     }
 }
 
-fn poll_err(e: VerbsError) -> ProviderError {
-    ProviderError {
-        op: "ibv_poll_cq",
-        errno: e.errno().unwrap_or(5),
+/// The verb and errno of a device-layer failure. `Cq::poll` and `Qp::set_error` fail only
+/// with [`VerbsError::Call`]; anything else keeps `fallback` as the verb and errno 0.
+fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
+    match e {
+        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
+        other => ProviderError {
+            verb: fallback,
+            errno: other.errno().unwrap_or(0),
+        },
     }
 }
 
@@ -96,22 +101,21 @@ impl Provider for VerbsProvider {
 
     #[inline]
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.send_cq.poll(out).map_err(poll_err)
+        self.send_cq
+            .poll(out)
+            .map_err(|e| provider_error(e, Verb::PollCq))
     }
 
     #[inline]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.recv_cq.poll(out).map_err(poll_err)
+        self.recv_cq
+            .poll(out)
+            .map_err(|e| provider_error(e, Verb::PollCq))
     }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.qp.set_error().map_err(|e| ProviderError {
-            op: "ibv_modify_qp(ERR)",
-            errno: e.errno().unwrap_or(5),
-        })
+        self.qp
+            .set_error()
+            .map_err(|e| provider_error(e, Verb::ModifyQpErr))
     }
 }
-
-// A channel over a real queue pair moves to the thread that will poll it.
-static_assertions::assert_impl_all!(crate::channel::Channel<VerbsProvider>: Send);
-static_assertions::assert_impl_all!(crate::node::Node<crate::poll::Spin>: Send);

@@ -2,7 +2,7 @@
 //! [When work executes](super#when-work-executes) and [Semantics](super#semantics)).
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
-use crate::provider::ProviderError;
+use crate::provider::{ProviderError, Verb};
 use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 use super::fabric::Shared;
@@ -212,7 +212,7 @@ impl Shared {
         let qp = &mut st[side];
         if qp.cq_overflow {
             return Err(ProviderError {
-                op: "soft poll_send",
+                verb: Verb::PollCq,
                 errno: EOVERFLOW,
             });
         }
@@ -236,7 +236,7 @@ impl Shared {
         let qp = &mut st[side];
         if qp.cq_overflow {
             return Err(ProviderError {
-                op: "soft poll_recv",
+                verb: Verb::PollCq,
                 errno: EOVERFLOW,
             });
         }
