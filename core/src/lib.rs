@@ -1,5 +1,6 @@
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 //! rverbs-core: an RDMA verbs engine for one busy-polling thread per node.
 //!
@@ -99,21 +100,39 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+// `unsafe` is denied crate-wide; the modules below that need it say why. Everything else
+// (barrier algorithms, completions, parameters, clocks, wire formats, work requests) is
+// safe code.
 #[cfg(feature = "alloc")]
 pub mod barrier;
+// Posting hands the device raw addresses; the posting contract is enforced here.
+#[allow(unsafe_code)]
 pub mod channel;
 pub mod completion;
 mod fatal;
+// Owned memory is an `unsafe trait`; volatile access to bytes the device writes.
+#[allow(unsafe_code)]
 pub mod memory;
+// Multi-peer calls post through the channel's `unsafe` calls under a drain guard.
 #[cfg(feature = "alloc")]
+#[allow(unsafe_code)]
 pub mod multi;
+// Receive rings are posted through `Channel::post_recv` and read after completion.
 #[cfg(feature = "verbs")]
+#[allow(unsafe_code)]
 pub mod node;
 pub mod params;
 pub mod poll;
+// The provider trait's posts are `unsafe fn`; the model executes work on raw memory; the
+// verbs provider forwards to FFI.
+#[allow(unsafe_code)]
 pub mod provider;
+// Scatter/gather entries are built from raw parts by the regions that own the memory.
+#[allow(unsafe_code)]
 pub mod sge;
+// The FFI boundary: every call into libibverbs.
 #[cfg(feature = "verbs")]
+#[allow(unsafe_code)]
 pub mod verbs;
 pub mod wire;
 pub mod wr;

@@ -1,9 +1,13 @@
-//! The one module that touches `ibverbs-sys`.
+//! The bindings, and the verbs bindgen cannot bind.
 //!
-//! `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` are `static inline` in `verbs.h`, so
-//! bindgen cannot bind them: they are calls through the context's `ops` table, done here.
-//! Every other verb is an exported libibverbs symbol.
-#![allow(unsafe_code)]
+//! Only the [`verbs`](super) module touches `ibverbs-sys`, and within it each file calls the
+//! verbs of the object it wraps: `device.rs` (device list, open, queries), `pd.rs`
+//! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `cq.rs`
+//! (`ibv_create_cq`/`ibv_destroy_cq`), `qp.rs` (`ibv_create_qp`, `ibv_modify_qp`,
+//! `ibv_destroy_qp`). This file re-exports the bindings and implements the three that are
+//! `static inline` in `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`): calls
+//! through the context's `ops` table. Everything above `verbs` is written against the
+//! [`Provider`](crate::provider::Provider) seam and never sees the bindings.
 
 pub use ibverbs_sys as sys;
 
