@@ -49,7 +49,8 @@
 //! # Map
 //! - [`verbs`]: safe wrappers over `ibverbs-sys` (device, port, GID, PD, MR, CQ, QP).
 //! - [`provider`]: the seam the engine is written against; a real QP or an in-memory model.
-//! - [`channel`]: one peer — blocking, batched, scoped and unpolled posting.
+//! - [`channel`]: one peer — blocking, batched, scoped and ticket posting (a bare verb waits;
+//!   `post_*` returns a ticket); the lowest-latency call for each operation is named there.
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.

@@ -1,16 +1,24 @@
 //! [`Channel`]: one reliable connection to one peer, posted and polled by one thread.
 //!
-//! # Posting styles
-//! - **Blocking**: [`Channel::send`], [`Channel::write`], [`Channel::read`],
-//!   [`Channel::recv`], ... post one request and poll until it completes. The borrow of the
-//!   buffers ends when the call returns, and so does the device's use of them.
-//! - **Batched**: [`Channel::batch`] collects up to [`MAX_BATCH`] requests and posts them
-//!   with one doorbell ([`Batch::submit_and_wait`]), signaling only every k-th request.
-//! - **Scoped**: [`Channel::scope`] lets a closure post and wait for requests one by one;
-//!   buffers are borrowed for the whole scope, and the scope polls whatever the closure left
-//!   before it returns, even on panic (like `std::thread::scope`).
-//! - **Unpolled**: [`Batch::submit`] is `unsafe`: the caller upholds the
-//!   [posting contract](crate#the-posting-contract) and later calls [`Channel::wait`].
+//! # One posting rule
+//! A bare verb (`send`, `write`, `read`, `recv`, ...) posts and waits for completion. A
+//! `post_*` call posts and returns a [`Ticket`]; [`Channel::wait`] (or `try_wait`,
+//! `wait_until`) takes any ticket and returns what it delivered ([`Done`]). The same names
+//! mean the same on [`Scope`], [`Batch`], [`MultiChannel`](crate::multi::MultiChannel) and
+//! [`Node`](crate::node::Node).
+//!
+//! | style | how | buffers |
+//! |---|---|---|
+//! | blocking | [`Channel::send`], [`Channel::write`], [`Channel::read`], [`Channel::recv`], and the `_inline`/`_imm` forms | borrowed for the call |
+//! | batched (one doorbell) | [`Channel::batch`], then [`Batch::run`] (waits) or `unsafe` [`Batch::post`] (ticket) | borrowed for the batch |
+//! | scoped | [`Channel::scope`]: [`Scope::send`], [`Scope::write_inline`], ... return tickets; the scope waits for everything before it returns, even on panic | borrowed for the scope |
+//! | ticket | [`Channel::post_send_inline`] and [`Channel::post_write_inline`] (safe: the bytes are copied), `unsafe` [`Channel::post_send`], [`Channel::post_write`], [`Channel::post_read`], [`Channel::post_recv`] | the caller's, under the [posting contract](crate#the-posting-contract) |
+//!
+//! **The lowest-latency calls**: for small payloads, [`Channel::post_write_inline`] and
+//! [`Channel::post_send_inline`] (no registered memory, one doorbell, no wait; the next
+//! signaled request retires them). For larger payloads, a [`Batch`] of up to
+//! [`Channel::max_post`] requests per doorbell, signaled every
+//! [`ChannelConfig::signal_every`] requests.
 //!
 //! # Completion tracking
 //! Send requests get consecutive sequence numbers as their `wr_id`. RC completes a send

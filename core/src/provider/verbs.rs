@@ -1,9 +1,10 @@
 //! The real provider: an RC [`Qp`] with its own send and receive completion queues.
 
 use crate::completion::Completion;
+use crate::params::Mtu;
 use crate::params::QpCaps;
 use crate::provider::{Provider, ProviderError, Verb};
-use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, VerbsError};
+use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
@@ -25,6 +26,12 @@ impl PreparedVerbs {
             send_cq,
             recv_cq,
         })
+    }
+
+    /// The route chosen for this queue pair (the GID index picked automatically when the
+    /// configuration left it open).
+    pub fn route(&self) -> Route {
+        self.qp.route()
     }
 
     /// What the peer needs.
@@ -66,6 +73,16 @@ impl VerbsProvider {
     /// The queue pair.
     pub fn qp(&self) -> &Qp {
         &self.qp
+    }
+
+    /// The route this side sends on: `channel.provider().route()`.
+    pub fn route(&self) -> Route {
+        self.qp.route()
+    }
+
+    /// The path MTU negotiated with the peer: `channel.provider().path_mtu()`.
+    pub fn path_mtu(&self) -> Mtu {
+        self.qp.path_mtu()
     }
 }
 

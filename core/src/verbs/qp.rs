@@ -330,6 +330,7 @@ impl PreparedQp {
         Ok(Qp {
             qpn: self.qp_num(),
             caps: self.caps,
+            route: self.route,
             path_mtu: mtu,
             remote: *remote,
             handle: self.handle,
@@ -344,6 +345,7 @@ impl PreparedQp {
 pub struct Qp {
     qpn: u32,
     caps: QpCaps,
+    route: Route,
     path_mtu: Mtu,
     remote: Endpoint,
     // Field order is drop order: the QP goes before its CQs and PD.
@@ -390,6 +392,12 @@ impl Qp {
     #[inline]
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// The route this side sends on (GID index and GID, or LID routing).
+    #[inline]
+    pub fn route(&self) -> Route {
+        self.route
     }
 
     /// The negotiated path MTU.
