@@ -30,7 +30,7 @@
 //!
 //! # Every wait is bounded
 //! Every call that waits (a blocking operation, [`Channel::wait`], the end of a scope, a
-//! full send queue) gives up after [`ChannelConfig::timeout`] on the channel's [`Clock`], or
+//! full send queue) gives up after [`ChannelConfig::timeout`] on the channel's [`Clock`](crate::poll::Clock), or
 //! at the explicit deadline of the `*_timeout`/`*_until` variants. Giving up, like a failed
 //! poll, moves the queue pair to the error state and polls until the device has flushed
 //! everything the channel posted, so no buffer is handed back while the device could still
