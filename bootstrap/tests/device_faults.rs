@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, NodeBackoff, RankConfig, Session};
+use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig, Session};
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
@@ -32,7 +32,7 @@ use rverbs_core::node::{Event, Node, NodeError};
 use rverbs_core::params::{RetryCount, RnrRetry};
 use rverbs_core::poll::{Clock, Deadline};
 use rverbs_core::verbs::AccessFlags;
-use rverbs_std_shim::{Monotonic, WaitPolicy, MONOTONIC};
+use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 /// Every channel's wait bound in these worlds (`ChannelConfig::timeout`).
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -345,7 +345,7 @@ fn names(e: &ChannelError, rank: u32) -> bool {
 /// Blocks in `wait` on rank 1, which the parent kills meanwhile, and checks what comes back.
 fn survivor(
     wait: &str,
-    node: &mut Node<NodeBackoff>,
+    node: &mut Node<StdBackoff>,
     session: &mut Session,
     mark: &Path,
     retries: Duration,
@@ -374,7 +374,7 @@ fn survivor(
             batch.send(&sges).unwrap();
             // SAFETY: `buf` is not touched until `wait` below returned, and `wait` returns
             // (with an error too) only once nothing the channel posted is in flight.
-            let ticket = unsafe { batch.submit() }.unwrap().expect("one request");
+            let ticket = unsafe { batch.post() }.unwrap().expect("one request");
             let t = blocking();
             (t, chan.wait(ticket).unwrap_err())
         }
@@ -392,17 +392,16 @@ fn survivor(
         }
         "gather_receive" => {
             let mut sges = [mr.sge_mut(0..64).unwrap()];
-            let idx = node.peer_index(1).unwrap();
             let t = blocking();
             let err = node
                 .multi()
-                .gather_receive([(idx, &mut sges[..])], |p, info| {
-                    panic!("peer {p} delivered {info:?} after it was killed")
+                .gather_receive([(1, &mut sges[..])], |p, info| {
+                    panic!("rank {p} delivered {info:?} after it was killed")
                 })
                 .unwrap_err();
             match err {
-                MultiError::Peer(PeerError { peer, error }) if peer == idx => (t, error),
-                other => panic!("gather_receive: expected a failure of peer {idx}, got {other}"),
+                MultiError::Peer(PeerError { rank: 1, error }) => (t, error),
+                other => panic!("gather_receive: expected a failure of rank 1, got {other}"),
             }
         }
         "send_to_dead" => {
@@ -494,7 +493,7 @@ fn payload(seq: u32) -> Vec<u8> {
     m
 }
 
-fn messaging(node: &mut Node<NodeBackoff>, session: &mut Session, clock: &Monotonic, rank: u32) {
+fn messaging(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic, rank: u32) {
     let peer = 1 - rank;
     // Too many slots on a fresh node: refused, and nothing posted.
     let cap = node.channel(peer).unwrap().recv_capacity();
@@ -535,11 +534,11 @@ fn messaging(node: &mut Node<NodeBackoff>, session: &mut Session, clock: &Monoto
 
 /// Rank 0: each round's messages, then waits until rank 1 has them all (its completions,
 /// then the out-of-band round), so at most one round (never more than `SLOTS`) is in flight.
-fn send_rounds(node: &mut Node<NodeBackoff>, session: &mut Session, clock: &Monotonic) {
+fn send_rounds(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic) {
     let mut seq = 0;
     for n in ROUNDS {
         for _ in 0..n {
-            node.send_inline(1, &payload(seq)).unwrap();
+            let _ = node.post_send_inline(1, &payload(seq)).unwrap();
             seq += 1;
         }
         // Counts every send request of the channel, the first barrier's included.
@@ -572,7 +571,7 @@ enum Seen {
 }
 
 /// Rank 1: the handler panics on the first message; every later one must still arrive.
-fn receive_rounds(node: &mut Node<NodeBackoff>, session: &mut Session, clock: &Monotonic) {
+fn receive_rounds(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic) {
     let seen = RefCell::new(Seen::Nothing);
     let deadline = Deadline::after(clock, Duration::from_secs(30));
     eprintln!("rank 1: the handler panics on purpose on the first message:");
