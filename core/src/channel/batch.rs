@@ -24,7 +24,7 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 ///     batch.run().unwrap();
 /// }
 /// ```
-#[must_use = "a batch posts nothing until it is submitted"]
+#[must_use = "a batch posts nothing until it is run or posted"]
 pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     chan: &'c mut Channel<P, B, R>,
     wrs: heapless::Vec<WorkRequest<'b>, MAX_BATCH>,

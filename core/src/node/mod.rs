@@ -385,7 +385,8 @@ struct Transport<'a, B: Backoff + Clone> {
     peer_flags: &'a [RemoteMemory],
 }
 
-/// The rank behind peer index `peer` (the inverse of [`peer_index`]).
+/// The rank of the channel at position `peer` of the node's list (ranks in order, without
+/// this node's own).
 #[inline]
 pub(super) fn rank_of(me: u32, peer: usize) -> u32 {
     if (peer as u32) < me {
