@@ -10,9 +10,6 @@ use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
 use crate::exchange::{exchange, ExchangeOptions, Session};
 
-/// The back-off connected nodes use, following [`ConnectOptions::wait`].
-pub type NodeBackoff = StdBackoff;
-
 /// Settings for [`connect`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -22,15 +19,17 @@ pub struct ConnectOptions {
     /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
     /// rank's config entry.
     pub node: NodeConfig,
-    /// What waits do between empty polls: [`WaitPolicy::Spin`] on dedicated cores, a
-    /// spin-then-yield or spin-then-sleep policy when ranks may outnumber cores.
+    /// What waits do between empty polls: [`WaitPolicy::Spin`] on dedicated cores, the
+    /// default `Sleep { spins: 64, pause: 20 µs }` when ranks may outnumber cores (see
+    /// [`rverbs_std_shim::backoff`]).
     pub wait: WaitPolicy,
     /// Deadline of the first barrier, which proves every connection works.
     pub first_barrier_timeout: Duration,
 }
 
 impl ConnectOptions {
-    /// Defaults for `config`: its job id, 60 s exchange timeout, spin 1000 polls then yield.
+    /// Defaults for `config`: its job id, 60 s exchange timeout, 30 s first barrier, and
+    /// [`WaitPolicy::default()`] (spin 64 empty polls, then sleep 20 µs on each further one).
     pub fn for_config(config: &ClusterConfig) -> Self {
         Self {
             exchange: ExchangeOptions {
@@ -38,7 +37,7 @@ impl ConnectOptions {
                 ..ExchangeOptions::default()
             },
             node: NodeConfig::default(),
-            wait: WaitPolicy::Yield { spins: 1000 },
+            wait: WaitPolicy::default(),
             first_barrier_timeout: Duration::from_secs(30),
         }
     }
@@ -48,7 +47,7 @@ impl ConnectOptions {
 #[derive(Debug)]
 pub struct Connected {
     /// The node.
-    pub node: Node<NodeBackoff>,
+    pub node: Node<StdBackoff>,
     /// The TCP session, still open (use it for out-of-band all-gathers or close it).
     pub session: Session,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
@@ -79,7 +78,7 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     if let Some(g) = entry.gid_index {
         node_cfg.qp.gid_index = Some(g);
     }
-    let backoff: NodeBackoff = opts.wait.backoff();
+    let backoff: StdBackoff = opts.wait.backoff();
     let prepared =
         PreparedNode::new(&ctx, rank, world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
     let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &opts.exchange)?;

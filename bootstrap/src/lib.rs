@@ -72,7 +72,7 @@ pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 #[cfg(feature = "verbs")]
-pub use connect::{connect, ConnectOptions, Connected, NodeBackoff};
+pub use connect::{connect, ConnectOptions, Connected};
 pub use error::{BootstrapError, Result};
 pub use exchange::{exchange, exchange_at, ExchangeOptions, Rendezvous, Session};
 pub use launcher::{LaunchInfo, LaunchSource};

@@ -17,7 +17,7 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::node::NodeError;
 use rverbs_core::sge::{Sge, SgeMut};
 use rverbs_core::verbs::AccessFlags;
-use rverbs_std_shim::WaitPolicy;
+use rverbs_std_shim::StdBackoff;
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -175,10 +175,7 @@ fn child_rank() {
     // gather_receive posts its receives when it is called; senders that get there first
     // are told "receiver not ready" and retry until it does.
     opts.node.qp.rnr_retry = rverbs_core::params::RnrRetry::Infinite;
-    opts.wait = WaitPolicy::Sleep {
-        spins: 64,
-        pause: Duration::from_micros(20),
-    };
+    // Waits keep `WaitPolicy::default()`, the policy for ranks that outnumber the VM's vCPUs.
     let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));
     let (mut node, mut session, clock) = (c.node, c.session, c.clock);
     match scenario.as_str() {
@@ -193,7 +190,7 @@ fn child_rank() {
 }
 
 fn timeout(
-    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    node: &mut rverbs_core::node::Node<StdBackoff>,
     clock: &rverbs_std_shim::Monotonic,
     rank: u32,
 ) {
@@ -231,7 +228,7 @@ fn timeout(
 }
 
 fn full(
-    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    node: &mut rverbs_core::node::Node<StdBackoff>,
     clock: &rverbs_std_shim::Monotonic,
     rank: u32,
     world: u32,

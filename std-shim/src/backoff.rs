@@ -1,147 +1,34 @@
-//! Back-off policies that need the operating system's scheduler.
+//! The back-off std programs use: a [`WaitPolicy`] says what a wait does between empty
+//! polls, and [`WaitPolicy::backoff`] turns it into the [`StdBackoff`] a channel or node
+//! calls.
 //!
-//! # Which one to pick
+//! # Which policy to pick
 //!
 //! | Situation | Policy |
 //! |---|---|
-//! | Thread pinned to a core nobody else uses (the production setup) | [`Spin`]: never give the core away, every yield costs microseconds |
-//! | More polling threads than cores (a laptop, a CI VM, SoftRoCE tests) | [`spin_then_yield`]: spin briefly, then let the peer that must make progress run |
-//! | A wait expected to last milliseconds or more (connection setup, a barrier behind a slow rank) | [`spin_then_sleep`]: stop burning a core altogether |
+//! | Thread pinned to a core nobody else uses (the production setup) | [`WaitPolicy::Spin`]: never give the core away; a yield or a sleep costs microseconds the wait does not have |
+//! | Ranks outnumber cores (a laptop, a CI VM, SoftRoCE tests) | [`WaitPolicy::Sleep`] `{ spins: 64, pause: 20 µs }`, the [default](WaitPolicy::default): spin briefly, then give the core to the peer that must make progress |
+//! | A core shared with other work, where a sleep's timer slack (Linux sleeps at least about 50 µs) costs too much | [`WaitPolicy::Yield`]: let other runnable threads go first without sleeping; the scheduler may hand the core straight back, so it does not reliably let an oversubscribed peer run |
 //!
-//! A spin count in the low thousands covers a round trip on a real NIC (a few microseconds);
-//! past that, the peer is most likely not running at all, which is what yielding fixes.
+//! Why sleep rather than yield when ranks outnumber cores: the rank a wait depends on is
+//! runnable but not running, and a yield often returns to the poller at once, so every wait
+//! lasts a scheduler slice. A sleep takes the poller off the run queue.
+//!
+//! The default is the oversubscribed setting because that is where a wrong choice hurts
+//! most: sleeping on a dedicated core costs latency, spinning on a shared one stalls every
+//! wait behind the scheduler. Set [`WaitPolicy::Spin`] on dedicated cores.
+//!
+//! `no_std` code that brings its own relax step uses `rverbs_core::poll::SpinThen` instead.
 
 use core::time::Duration;
 
-use rverbs_core::poll::{Backoff, SpinThen};
+use rverbs_core::poll::Backoff;
 
-#[cfg(doc)]
-use rverbs_core::poll::Spin;
-
-/// Spins `spins` rounds, then calls [`std::thread::yield_now`] on every further empty poll.
+/// What a wait does between empty polls, chosen at run time (from a flag or a config file)
+/// as one `Copy` value. [`backoff`](Self::backoff) builds the [`StdBackoff`] that does it.
 ///
-/// Use it when threads outnumber cores: without the yield, a poller can hold the core for a
-/// whole scheduler slice while the thread it waits for is runnable but not running. The
-/// returned value is a plain [`SpinThen`] with a function pointer, so it is `Copy`, `Send`
-/// and can be named in a struct field. Neither construction nor
-/// [`snooze`](Backoff::snooze) allocates.
-#[inline]
-pub fn spin_then_yield(spins: u32) -> SpinThen<fn()> {
-    SpinThen::new(spins, std::thread::yield_now as fn())
-}
-
-/// Spins `spins` rounds, then sleeps `pause` on every further empty poll.
-///
-/// For waits long enough that spinning wastes a core (bootstrap barriers, connection setup).
-/// Linux sleeps at least about 50 µs (timer slack) whatever `pause` says, so this is wrong for
-/// anything latency-sensitive.
-#[inline]
-pub fn spin_then_sleep(spins: u32, pause: Duration) -> SpinThenSleep {
-    SpinThenSleep {
-        spins,
-        count: 0,
-        pause,
-    }
-}
-
-/// The policy returned by [`spin_then_sleep`].
-///
-/// Its own type rather than a [`SpinThen`] because a closure capturing the pause cannot be
-/// named in a struct field, and boxing it would allocate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SpinThenSleep {
-    spins: u32,
-    count: u32,
-    pause: Duration,
-}
-
-impl SpinThenSleep {
-    /// How long each empty poll sleeps once spinning is over.
-    #[inline]
-    pub const fn pause(&self) -> Duration {
-        self.pause
-    }
-
-    /// How many empty polls spin before the first sleep.
-    #[inline]
-    pub const fn spins(&self) -> u32 {
-        self.spins
-    }
-}
-
-impl Backoff for SpinThenSleep {
-    /// Spins or sleeps; never allocates.
-    #[inline]
-    fn snooze(&mut self) {
-        if self.count < self.spins {
-            self.count += 1;
-            core::hint::spin_loop();
-        } else {
-            std::thread::sleep(self.pause);
-        }
-    }
-
-    #[inline]
-    fn reset(&mut self) {
-        self.count = 0;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Instant;
-
-    #[test]
-    fn yield_policy_is_copy_and_send() {
-        fn assert_send_copy<T: Send + Copy + 'static>(_: &T) {}
-        let b = spin_then_yield(10);
-        assert_send_copy(&b);
-        let s = spin_then_sleep(10, Duration::from_micros(1));
-        assert_send_copy(&s);
-    }
-
-    #[test]
-    fn yield_policy_runs() {
-        let mut b = spin_then_yield(2);
-        for _ in 0..10 {
-            b.snooze();
-        }
-        b.reset();
-        b.snooze();
-    }
-
-    #[test]
-    fn sleep_policy_sleeps_only_after_spinning() {
-        let pause = Duration::from_millis(2);
-        let mut b = spin_then_sleep(1000, pause);
-        assert_eq!(b.spins(), 1000);
-        assert_eq!(b.pause(), pause);
-
-        // 1000 spins take microseconds; a sleep among them would take at least `pause`.
-        // Not a timing assertion on speed, only on the lower bound a sleep guarantees.
-        for _ in 0..1000 {
-            b.snooze();
-        }
-        let before = Instant::now();
-        b.snooze();
-        assert!(before.elapsed() >= pause);
-
-        b.reset();
-        assert_eq!(b.count, 0);
-    }
-
-    #[test]
-    fn zero_spins_sleeps_at_once() {
-        let pause = Duration::from_millis(1);
-        let mut b = spin_then_sleep(0, pause);
-        let before = Instant::now();
-        b.snooze();
-        assert!(before.elapsed() >= pause);
-    }
-}
-
-/// A waiting policy chosen at run time (from a flag or a config file), as one `Copy` type.
+/// The [default](Self::default) is `Sleep { spins: 64, pause: 20 µs }`; the
+/// [module docs](self) say which policy fits which machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitPolicy {
     /// Spin forever: a pinned thread with a core of its own.
@@ -156,13 +43,24 @@ pub enum WaitPolicy {
     Sleep {
         /// Empty polls spent spinning first.
         spins: u32,
-        /// How long each sleep lasts.
+        /// How long each sleep lasts (Linux sleeps at least about 50 µs, whatever it says).
         pause: Duration,
     },
 }
 
+impl Default for WaitPolicy {
+    /// `Sleep { spins: 64, pause: 20 µs }`: right when ranks may outnumber cores, and only
+    /// slower, never stalled, on a dedicated core (where [`Spin`](Self::Spin) is better).
+    fn default() -> Self {
+        Self::Sleep {
+            spins: 64,
+            pause: Duration::from_micros(20),
+        }
+    }
+}
+
 impl WaitPolicy {
-    /// A fresh back-off following this policy.
+    /// A fresh back-off following this policy. Does not allocate.
     pub const fn backoff(self) -> StdBackoff {
         StdBackoff {
             policy: self,
@@ -171,40 +69,175 @@ impl WaitPolicy {
     }
 }
 
-/// The [`Backoff`] of a [`WaitPolicy`]. Never allocates.
+/// The [`Backoff`] a [`WaitPolicy`] builds: it counts empty polls since the last
+/// [`reset`](Backoff::reset) to know when spinning is over.
+///
+/// `Copy` and `Send`, so a node clones it into every channel. Neither
+/// [`snooze`](Backoff::snooze) nor [`reset`](Backoff::reset) allocates.
 #[derive(Clone, Copy, Debug)]
 pub struct StdBackoff {
     policy: WaitPolicy,
     count: u32,
 }
 
+/// What one empty poll does; [`StdBackoff::next_step`] decides, [`Backoff::snooze`] acts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Spin,
+    Yield,
+    Sleep(Duration),
+}
+
 impl StdBackoff {
-    /// The policy.
+    /// The policy this back-off follows.
     pub const fn policy(&self) -> WaitPolicy {
         self.policy
+    }
+
+    /// Spins while fewer than `spins` empty polls have passed, then relaxes with `relax`.
+    #[inline]
+    fn spin_then(&mut self, spins: u32, relax: Step) -> Step {
+        if self.count < spins {
+            self.count += 1;
+            Step::Spin
+        } else {
+            relax
+        }
+    }
+
+    #[inline]
+    fn next_step(&mut self) -> Step {
+        match self.policy {
+            WaitPolicy::Spin => Step::Spin,
+            WaitPolicy::Yield { spins } => self.spin_then(spins, Step::Yield),
+            WaitPolicy::Sleep { spins, pause } => self.spin_then(spins, Step::Sleep(pause)),
+        }
     }
 }
 
 impl Backoff for StdBackoff {
+    /// Spins, yields or sleeps as the policy says; never allocates.
     #[inline]
     fn snooze(&mut self) {
-        let spins = match self.policy {
-            WaitPolicy::Spin => u32::MAX,
-            WaitPolicy::Yield { spins } | WaitPolicy::Sleep { spins, .. } => spins,
-        };
-        if self.count < spins {
-            self.count += 1;
-            core::hint::spin_loop();
-            return;
-        }
-        match self.policy {
-            WaitPolicy::Sleep { pause, .. } => std::thread::sleep(pause),
-            _ => std::thread::yield_now(),
+        match self.next_step() {
+            Step::Spin => core::hint::spin_loop(),
+            Step::Yield => std::thread::yield_now(),
+            Step::Sleep(pause) => std::thread::sleep(pause),
         }
     }
 
     #[inline]
     fn reset(&mut self) {
         self.count = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// The steps of `n` empty polls.
+    fn steps(b: &mut StdBackoff, n: usize) -> Vec<Step> {
+        (0..n).map(|_| b.next_step()).collect()
+    }
+
+    #[test]
+    fn each_policy_spins_its_count_then_relaxes_and_reset_starts_over() {
+        let pause = Duration::from_micros(7);
+        for (policy, spins, relax) in [
+            (WaitPolicy::Yield { spins: 5 }, 5, Step::Yield),
+            (WaitPolicy::Yield { spins: 0 }, 0, Step::Yield),
+            (WaitPolicy::Sleep { spins: 3, pause }, 3, Step::Sleep(pause)),
+            (WaitPolicy::Sleep { spins: 0, pause }, 0, Step::Sleep(pause)),
+        ] {
+            let mut b = policy.backoff();
+            let mut want = vec![Step::Spin; spins];
+            want.extend([relax; 4]);
+            assert_eq!(steps(&mut b, spins + 4), want, "{policy:?}");
+            b.reset();
+            assert_eq!(steps(&mut b, spins + 4), want, "{policy:?} after reset");
+        }
+    }
+
+    #[test]
+    fn spin_policy_never_relaxes() {
+        let mut b = WaitPolicy::Spin.backoff();
+        assert!(steps(&mut b, 100_000).iter().all(|s| *s == Step::Spin));
+    }
+
+    #[test]
+    fn default_is_sleep_64_polls_then_20_us() {
+        assert_eq!(
+            WaitPolicy::default(),
+            WaitPolicy::Sleep {
+                spins: 64,
+                pause: Duration::from_micros(20),
+            }
+        );
+        assert_eq!(
+            WaitPolicy::default().backoff().policy(),
+            WaitPolicy::default()
+        );
+    }
+
+    #[test]
+    fn backoff_is_copy_and_send() {
+        fn assert_send_copy<T: Send + Copy + 'static>(_: &T) {}
+        for p in [
+            WaitPolicy::Spin,
+            WaitPolicy::Yield { spins: 10 },
+            WaitPolicy::default(),
+        ] {
+            assert_send_copy(&p);
+            assert_send_copy(&p.backoff());
+        }
+    }
+
+    #[test]
+    fn every_policy_snoozes() {
+        for p in [
+            WaitPolicy::Spin,
+            WaitPolicy::Yield { spins: 2 },
+            WaitPolicy::Sleep {
+                spins: 2,
+                pause: Duration::from_micros(1),
+            },
+        ] {
+            let mut b = p.backoff();
+            for _ in 0..10 {
+                b.snooze();
+            }
+            b.reset();
+            b.snooze();
+        }
+    }
+
+    #[test]
+    fn sleep_policy_sleeps_only_after_spinning() {
+        let pause = Duration::from_millis(2);
+        let mut b = WaitPolicy::Sleep { spins: 1000, pause }.backoff();
+
+        // 1000 spins take microseconds; a sleep among them would take at least `pause`.
+        // Not a timing assertion on speed, only on the lower bound a sleep guarantees.
+        for _ in 0..1000 {
+            b.snooze();
+        }
+        assert_eq!(b.count, 1000);
+        let before = Instant::now();
+        b.snooze();
+        assert!(before.elapsed() >= pause);
+
+        b.reset();
+        assert_eq!(b.count, 0);
+    }
+
+    #[test]
+    fn zero_spins_sleeps_at_once() {
+        let pause = Duration::from_millis(1);
+        let mut b = WaitPolicy::Sleep { spins: 0, pause }.backoff();
+        let before = Instant::now();
+        b.snooze();
+        assert!(before.elapsed() >= pause);
     }
 }

@@ -12,7 +12,7 @@
 //! ```
 //! use core::time::Duration;
 //! use rverbs_core::poll::{Backoff, Clock, Deadline};
-//! use rverbs_std_shim::{spin_then_yield, AlignedBuffer, MapOptions, StdClock};
+//! use rverbs_std_shim::{AlignedBuffer, MapOptions, StdClock, WaitPolicy};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Memory to register as a memory region: page-aligned, zeroed, whole pages.
@@ -24,7 +24,8 @@
 //! // Wait for something with a deadline, the way core's polling loops do.
 //! let clock = StdClock::new();
 //! let deadline = Deadline::after(&clock, Duration::from_millis(1));
-//! let mut backoff = spin_then_yield(1_000);
+//! // Spin 64 empty polls, then sleep 20 µs each: the default, right when ranks share cores.
+//! let mut backoff = WaitPolicy::default().backoff();
 //! while !deadline.passed(&clock) {
 //!     backoff.snooze(); // a real loop would poll a completion queue here
 //! }
@@ -76,7 +77,7 @@ pub mod affinity;
 #[cfg(target_os = "linux")]
 pub mod buffer;
 
-pub use backoff::{spin_then_sleep, spin_then_yield, SpinThenSleep, StdBackoff, WaitPolicy};
+pub use backoff::{StdBackoff, WaitPolicy};
 pub use clock::{Monotonic, StdClock, MONOTONIC};
 
 #[cfg(target_os = "linux")]

@@ -9,7 +9,7 @@ use core::time::Duration;
 use std::alloc::System;
 
 use rverbs_core::poll::{Backoff, Clock, Deadline};
-use rverbs_std_shim::{spin_then_sleep, spin_then_yield, StdClock};
+use rverbs_std_shim::{StdClock, WaitPolicy};
 
 struct Counting;
 
@@ -69,15 +69,23 @@ fn clock_and_deadline_do_not_allocate() {
 
 #[test]
 fn backoff_policies_do_not_allocate() {
-    let mut y = spin_then_yield(4);
-    let mut s = spin_then_sleep(4, Duration::from_micros(1));
+    let policies = [
+        WaitPolicy::Spin,
+        WaitPolicy::Yield { spins: 4 },
+        WaitPolicy::Sleep {
+            spins: 4,
+            pause: Duration::from_micros(1),
+        },
+    ];
     let n = allocations_during(|| {
-        for _ in 0..16 {
-            y.snooze();
-            s.snooze();
+        for policy in policies {
+            let mut b = policy.backoff();
+            for _ in 0..16 {
+                b.snooze();
+            }
+            b.reset();
+            b.snooze();
         }
-        y.reset();
-        s.reset();
     });
     assert_eq!(n, 0);
 }

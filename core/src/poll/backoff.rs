@@ -3,7 +3,11 @@
 //! A pinned thread with a core of its own should spin: yielding costs microseconds it does
 //! not have. A thread that shares its core (more ranks than cores, as in a test VM) must
 //! give the core away, or its peer never runs and every wait lasts a scheduler period.
-//! [`SpinThen`] does the first for a configurable number of rounds, then the second.
+//! [`Spin`] does the first; [`SpinThen`] spins a configurable number of rounds, then calls a
+//! relax step the caller brings (`no_std` code can neither yield nor sleep).
+//!
+//! std programs do not build their own: `rverbs_std_shim::WaitPolicy` describes spin, yield
+//! or sleep as one `Copy` value, and its `StdBackoff` implements [`Backoff`] here.
 
 /// A waiting policy for busy-poll loops.
 pub trait Backoff {

@@ -25,7 +25,7 @@ use rverbs_bootstrap::{connect, launcher, ClusterConfig, ConnectOptions, RankCon
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::sge::Sge;
 use rverbs_core::verbs::AccessFlags;
-use rverbs_std_shim::WaitPolicy;
+use rverbs_std_shim::{StdBackoff, WaitPolicy};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser, Debug, Clone)]
@@ -56,7 +56,8 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     spins: u32,
     /// What a waiting rank does after --spins empty polls: spin (dedicated cores), yield, or
-    /// sleep (ranks outnumber cores, as in the test VM).
+    /// sleep (ranks outnumber cores, as in the test VM). The defaults of --wait, --spins and
+    /// --sleep-us are the library's default, WaitPolicy::default().
     #[arg(long, value_enum, default_value_t = Wait::Sleep)]
     wait: Wait,
     /// Sleep length in microseconds for --wait sleep.
@@ -72,6 +73,20 @@ enum Wait {
     Spin,
     Yield,
     Sleep,
+}
+
+impl Args {
+    /// --wait, --spins and --sleep-us as the one value the library takes.
+    fn wait_policy(&self) -> WaitPolicy {
+        match self.wait {
+            Wait::Spin => WaitPolicy::Spin,
+            Wait::Yield => WaitPolicy::Yield { spins: self.spins },
+            Wait::Sleep => WaitPolicy::Sleep {
+                spins: self.spins,
+                pause: Duration::from_micros(self.sleep_us),
+            },
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
@@ -224,14 +239,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
     let rank = me.rank;
     let timeout = Duration::from_secs(args.timeout_secs);
     let mut opts = ConnectOptions::for_config(&config);
-    opts.wait = match args.wait {
-        Wait::Spin => WaitPolicy::Spin,
-        Wait::Yield => WaitPolicy::Yield { spins: args.spins },
-        Wait::Sleep => WaitPolicy::Sleep {
-            spins: args.spins,
-            pause: Duration::from_micros(args.sleep_us),
-        },
-    };
+    opts.wait = args.wait_policy();
     opts.exchange.timeout = timeout;
     opts.first_barrier_timeout = timeout;
     let t0 = Instant::now();
@@ -435,7 +443,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
 
 /// Rank 0's multicast: register the message and send it to every peer with one call.
 fn multicast(
-    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    node: &mut rverbs_core::node::Node<StdBackoff>,
     pd: &rverbs_core::verbs::Pd,
     msg: &[u8],
     world: u32,
@@ -449,7 +457,7 @@ fn multicast(
 
 /// Spins until our window's first word reaches `want`.
 fn spin_for(
-    node: &mut rverbs_core::node::Node<rverbs_bootstrap::NodeBackoff>,
+    node: &mut rverbs_core::node::Node<StdBackoff>,
     want: u64,
     start: Instant,
     timeout: Duration,
@@ -535,4 +543,48 @@ fn print_summary(args: &Args, config: &ClusterConfig, reports: &[Report]) {
         .map(|r| r.checks.iter().filter(|c| c.1).count())
         .sum();
     println!("data checks (scatter_write, gather_read, multicast_send; bytes compared): {ok} of {checks} passed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags' defaults, `ConnectOptions::for_config` and the README's "Testing on
+    /// SoftRoCE" section all name the same policy: `WaitPolicy::default()`.
+    #[test]
+    fn default_flags_are_the_library_default_the_readme_names() {
+        let args = Args::parse_from(["cluster"]);
+        assert_eq!(args.wait_policy(), WaitPolicy::default());
+        let rank = RankConfig {
+            rank: 0,
+            host: "127.0.0.1".into(),
+            port: 18515,
+            device: "rxe0".into(),
+            ib_port: 1,
+            gid_index: None,
+            comment: None,
+        };
+        let config = ClusterConfig::new("test", None, vec![rank]).expect("one-rank config");
+        assert_eq!(
+            ConnectOptions::for_config(&config).wait,
+            WaitPolicy::default()
+        );
+
+        let WaitPolicy::Sleep { spins, pause } = WaitPolicy::default() else {
+            panic!("the default is a Sleep policy, as the README says");
+        };
+        let readme = include_str!("../../../README.md");
+        for said in [
+            format!(
+                "`--wait sleep --spins {spins} --sleep-us {}`",
+                pause.as_micros()
+            ),
+            format!(
+                "`WaitPolicy::Sleep {{ spins: {spins}, pause: Duration::from_micros({}) }}`",
+                pause.as_micros()
+            ),
+        ] {
+            assert!(readme.contains(&said), "README.md does not say {said}");
+        }
+    }
 }
