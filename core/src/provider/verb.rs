@@ -1,0 +1,67 @@
+//! The verbs rverbs calls, named once for errors of the device layer and of the provider
+//! seam (the software model names the verb it stands in for).
+
+/// A verb, named in errors so a failure says which call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verb {
+    /// `ibv_get_device_list`
+    GetDeviceList,
+    /// `ibv_open_device`
+    OpenDevice,
+    /// `ibv_query_device`
+    QueryDevice,
+    /// `ibv_query_port`
+    QueryPort,
+    /// `ibv_query_gid_ex`
+    QueryGid,
+    /// `ibv_alloc_pd`
+    AllocPd,
+    /// `ibv_reg_mr`
+    RegMr,
+    /// `ibv_create_cq`
+    CreateCq,
+    /// `ibv_create_qp`
+    CreateQp,
+    /// `ibv_modify_qp` to INIT
+    ModifyQpInit,
+    /// `ibv_modify_qp` to RTR
+    ModifyQpRtr,
+    /// `ibv_modify_qp` to RTS
+    ModifyQpRts,
+    /// `ibv_modify_qp` to ERR
+    ModifyQpErr,
+    /// `ibv_query_qp`
+    QueryQp,
+    /// `ibv_post_send`
+    PostSend,
+    /// `ibv_post_recv`
+    PostRecv,
+    /// `ibv_poll_cq`
+    PollCq,
+}
+
+impl Verb {
+    /// The C name of the verb.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::GetDeviceList => "ibv_get_device_list",
+            Self::OpenDevice => "ibv_open_device",
+            Self::QueryDevice => "ibv_query_device",
+            Self::QueryPort => "ibv_query_port",
+            Self::QueryGid => "ibv_query_gid_ex",
+            Self::AllocPd => "ibv_alloc_pd",
+            Self::RegMr => "ibv_reg_mr",
+            Self::CreateCq => "ibv_create_cq",
+            Self::CreateQp => "ibv_create_qp",
+            Self::ModifyQpInit => "ibv_modify_qp(INIT)",
+            Self::ModifyQpRtr => "ibv_modify_qp(RTR)",
+            Self::ModifyQpRts => "ibv_modify_qp(RTS)",
+            Self::ModifyQpErr => "ibv_modify_qp(ERR)",
+            Self::QueryQp => "ibv_query_qp",
+            Self::PostSend => "ibv_post_send",
+            Self::PostRecv => "ibv_post_recv",
+            Self::PollCq => "ibv_poll_cq",
+        }
+    }
+}
