@@ -97,13 +97,22 @@ impl AckTimeout {
 
 impl Default for AckTimeout {
     /// About 67 ms (code 14), long enough for a congested fabric, short enough to notice a
-    /// dead peer in well under a second with the default retry count.
+    /// dead peer in well under a second with the default retry count on hardware. (On
+    /// SoftRoCE the default count of 7 means "retry forever", see [`RetryCount`]; there a dead
+    /// peer is noticed by the channel's timeout.)
     fn default() -> Self {
         Self(14)
     }
 }
 
 /// A retry count for transport errors (0..=7).
+///
+/// SoftRoCE (`rdma_rxe`) treats 7 as "retry forever" (its completer decrements the counter
+/// only when it is not 7), so on rxe a send to a dead peer never fails with
+/// `RetryExceeded` at the default; [`ChannelConfig::timeout`](crate::channel::ChannelConfig)
+/// bounds the wait instead. rxe also spends these retries while a send waits for the peer's
+/// receive (RNR), so a count below 7 there can fail a send to a live but slow receiver: keep 7
+/// on rxe. Hardware counts 7 like any other value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RetryCount(u8);
