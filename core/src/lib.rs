@@ -131,6 +131,7 @@ pub mod provider;
 // Scatter/gather entries are built from raw parts by the regions that own the memory.
 #[allow(unsafe_code)]
 pub mod sge;
+pub mod verb;
 // The FFI boundary: every call into libibverbs.
 #[cfg(feature = "verbs")]
 #[allow(unsafe_code)]

@@ -14,11 +14,10 @@ use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 pub mod soft;
-mod verb;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use verb::Verb;
+pub use crate::verb::Verb;
 
 /// A failure of a provider call other than a post (polling, state changes): the verb and
 /// the errno it reported.

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-pub use crate::provider::Verb;
+pub use crate::verb::Verb;
 
 /// An error of the device layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

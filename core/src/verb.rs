@@ -1,5 +1,6 @@
-//! The verbs rverbs calls, named once for errors of the device layer and of the provider
-//! seam (the software model names the verb it stands in for).
+//! The verbs rverbs calls, named once for errors of the device layer ([`crate::verbs`]) and
+//! of the provider seam ([`crate::provider`], where the software model names the verb it
+//! stands in for). Below both, so neither imports the other for it.
 
 /// A verb, named in errors so a failure says which call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
