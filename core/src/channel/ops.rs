@@ -1,0 +1,274 @@
+//! The operations: blocking verbs and `post_*` calls, one request each (batches live in
+//! `batch.rs`, scopes in `scope.rs`).
+
+use core::time::Duration;
+
+use super::ticket::Work;
+use super::{as_gather, Batch, Channel, ChannelError, Done, Ticket};
+use crate::poll::{Backoff, Deadline};
+use crate::provider::Provider;
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+use crate::wr::{Opcode, SendFlags, WorkRequest};
+
+impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
+    fn one(
+        &mut self,
+        opcode: Opcode,
+        flags: SendFlags,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+    ) -> Result<(), ChannelError> {
+        // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
+        // the flush) before returning.
+        let t = unsafe { self.post_one(opcode, flags, sges, remote) }?;
+        self.wait(t).map(|_| ())
+    }
+
+    /// Posts one send-queue request.
+    ///
+    /// # Safety
+    /// The posting contract for `sges` (none for inline requests, whose bytes are copied
+    /// during the post).
+    pub(super) unsafe fn post_one(
+        &mut self,
+        opcode: Opcode,
+        flags: SendFlags,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        self.check_sges(sges.len(), self.caps.max_send_sge)?;
+        let mut wr = [WorkRequest {
+            wr_id: 0,
+            opcode,
+            flags,
+            sges,
+            remote,
+        }];
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_send_wrs(&mut wr) }
+    }
+
+    /// Posts one inline request: safe, because the payload is copied into the work request
+    /// during the post and no local buffer is named afterwards.
+    pub(super) fn post_inline(
+        &mut self,
+        opcode: Opcode,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        let sge = [self.inline_sge(data)?];
+        // SAFETY: inline payloads are copied during the post; remote memory is the peer's.
+        unsafe { self.post_one(opcode, SendFlags::INLINE, &sge, remote) }
+    }
+
+    /// Sends `sges` to the peer (which must have a receive posted) and waits for the
+    /// completion. Does not allocate.
+    pub fn send(&mut self, sges: &[Sge<'_>]) -> Result<(), ChannelError> {
+        self.one(
+            Opcode::Send,
+            SendFlags::empty(),
+            sges,
+            RemoteMemory::default(),
+        )
+    }
+
+    /// Sends with a 32-bit immediate and waits. Does not allocate.
+    pub fn send_imm(&mut self, sges: &[Sge<'_>], imm: u32) -> Result<(), ChannelError> {
+        self.one(
+            Opcode::SendImm(imm),
+            SendFlags::empty(),
+            sges,
+            RemoteMemory::default(),
+        )
+    }
+
+    /// Sends `data` inline (copied into the work request; no registered memory needed), up to
+    /// the queue pair's inline limit, and waits. Does not allocate.
+    pub fn send_inline(&mut self, data: &[u8]) -> Result<(), ChannelError> {
+        let t = self.post_send_inline(data)?;
+        self.wait(t).map(|_| ())
+    }
+
+    /// Writes `sges` into the peer's `remote` memory and waits. Does not allocate.
+    pub fn write(&mut self, sges: &[Sge<'_>], remote: RemoteMemory) -> Result<(), ChannelError> {
+        self.one(Opcode::Write, SendFlags::empty(), sges, remote)
+    }
+
+    /// Writes `data` inline into the peer's `remote` memory and waits. Does not allocate.
+    pub fn write_inline(&mut self, data: &[u8], remote: RemoteMemory) -> Result<(), ChannelError> {
+        let t = self.post_write_inline(data, remote)?;
+        self.wait(t).map(|_| ())
+    }
+
+    /// Writes with an immediate (consumes one receive at the peer) and waits. Does not
+    /// allocate.
+    pub fn write_imm(
+        &mut self,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<(), ChannelError> {
+        self.one(Opcode::WriteImm(imm), SendFlags::empty(), sges, remote)
+    }
+
+    /// Reads the peer's `remote` memory into `sges` and waits. Does not allocate.
+    pub fn read(
+        &mut self,
+        sges: &mut [SgeMut<'_>],
+        remote: RemoteMemory,
+    ) -> Result<(), ChannelError> {
+        let sges = as_gather(sges);
+        self.one(Opcode::Read, SendFlags::empty(), sges, remote)
+    }
+
+    /// Posts a receive into `sges` and waits for a message, at most the channel's timeout.
+    /// Does not allocate.
+    pub fn recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<Done, ChannelError> {
+        // SAFETY: sges is borrowed mutably for this call, and we wait for the completion.
+        let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
+        self.wait_recv_seq(r, None)
+    }
+
+    /// Like [`Channel::recv`], but gives up after `timeout` instead of the channel's
+    /// default: the channel is then broken (its queue pair flushed and drained, so the buffer
+    /// is safe to reuse) and must be rebuilt.
+    pub fn recv_timeout(
+        &mut self,
+        sges: &mut [SgeMut<'_>],
+        timeout: Duration,
+    ) -> Result<Done, ChannelError> {
+        // SAFETY: as in recv; on timeout we flush and wait for the flush before returning.
+        let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
+        let deadline = Deadline::after(self.clock, timeout);
+        self.wait_recv_seq(r, Some(deadline))
+    }
+
+    /// Posts an inline send of `data` and returns its ticket without waiting: the
+    /// lowest-latency way to send (no registered memory, one doorbell, no wait). The peer
+    /// must have a receive posted. Safe: the bytes are copied during the post. Does not
+    /// allocate.
+    pub fn post_send_inline(&mut self, data: &[u8]) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::Send, data, RemoteMemory::default())
+    }
+
+    /// Posts an inline write of `data` into the peer's `remote` memory and returns its ticket
+    /// without waiting: the lowest-latency way to write. Safe: the bytes are copied during
+    /// the post; a failure shows up on a later call (the channel is then broken). Does not
+    /// allocate.
+    pub fn post_write_inline(
+        &mut self,
+        data: &[u8],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::Write, data, remote)
+    }
+
+    /// Posts a send of `sges` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the buffers stay valid and
+    /// unwritten until [`Channel::wait`] returned for the ticket (or a later one).
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_send(&mut self, sges: &[Sge<'_>]) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.post_one(
+                Opcode::Send,
+                SendFlags::empty(),
+                sges,
+                RemoteMemory::default(),
+            )
+        }
+    }
+
+    /// Posts a send with immediate and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_send_imm(
+        &mut self,
+        sges: &[Sge<'_>],
+        imm: u32,
+    ) -> Result<Ticket, ChannelError> {
+        let none = RemoteMemory::default();
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::SendImm(imm), SendFlags::empty(), sges, none) }
+    }
+
+    /// Posts a write of `sges` into `remote` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_write(
+        &mut self,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::Write, SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a write with immediate and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`Channel::post_send`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_write_imm(
+        &mut self,
+        sges: &[Sge<'_>],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::WriteImm(imm), SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a read of `remote` into `sges` and returns its ticket. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the device writes the scatter
+    /// buffers until [`Channel::wait`] returned for the ticket; nobody may touch them before.
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_read(
+        &mut self,
+        sges: &mut [SgeMut<'_>],
+        remote: RemoteMemory,
+    ) -> Result<Ticket, ChannelError> {
+        let sges = as_gather(sges);
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_one(Opcode::Read, SendFlags::empty(), sges, remote) }
+    }
+
+    /// Posts a receive into `sges` and returns its ticket; [`Channel::wait`] returns what
+    /// arrived. Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the scatter buffers belong to the
+    /// device until their receive completed (or the channel was flushed and drained).
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<Ticket, ChannelError> {
+        // SAFETY: forwarded to the caller.
+        let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
+        Ok(self.ticket(Work::Recv(r)))
+    }
+
+    /// How many send requests have completed since the channel was made (every request
+    /// below this count is done). Grows as [`Channel::poll`] sees completions.
+    #[inline]
+    pub fn sends_completed(&self) -> u64 {
+        self.done_seq
+    }
+
+    /// The most recently posted receive, if it has not completed yet.
+    #[cfg(feature = "alloc")]
+    pub(crate) fn last_pending_recv(&self) -> Option<Ticket> {
+        (self.recv_next > self.recv_done).then(|| self.ticket(Work::Recv(self.recv_next - 1)))
+    }
+
+    /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.
+    pub fn batch<'b>(&mut self) -> Batch<'_, 'b, P, B, R> {
+        Batch::new(self)
+    }
+}

@@ -1,0 +1,263 @@
+//! Waiting: every wait of a channel is bounded by its timeout, and a wait that gives up
+//! flushes and drains the queue pair before it returns (see the
+//! [module docs](super#every-wait-is-bounded)).
+
+use super::ticket::Work;
+use super::{
+    Broken, Channel, ChannelError, Done, PeerName, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
+};
+use crate::completion::WcStatus;
+use crate::poll::{Backoff, Deadline};
+use crate::provider::Provider;
+use crate::sge::RemoteMemory;
+use crate::wr::{Opcode, SendFlags, WorkRequest};
+
+impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
+    /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the first
+    /// empty poll, when `None`). On `Err` the channel is broken and nothing it posted is in
+    /// flight any more: a timeout or a failed poll flushes and drains it first
+    /// ([`Channel::flush_and_drain`]).
+    pub(super) fn poll_until(
+        &mut self,
+        done: impl Fn(&Self) -> bool,
+        deadline: Option<Deadline>,
+    ) -> Result<(), ChannelError> {
+        self.backoff.reset();
+        let mut deadline = deadline;
+        let mut empty: u32 = 0;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            match self.poll_once() {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.backoff.reset();
+                    continue;
+                }
+                Err(e) => {
+                    self.broken.get_or_insert(Broken::Provider(e));
+                    self.flush_and_drain();
+                    return Err(ChannelError::Provider(e));
+                }
+            }
+            if empty.is_multiple_of(CLOCK_EVERY) {
+                let (clock, timeout) = (self.clock, self.timeout);
+                let d = *deadline.get_or_insert_with(|| Deadline::after(clock, timeout));
+                if d.passed(clock) {
+                    self.broken.get_or_insert(Broken::TimedOut);
+                    self.flush_and_drain();
+                    return Err(ChannelError::TimedOut { peer: self.peer });
+                }
+            }
+            empty = empty.wrapping_add(1);
+            self.backoff.snooze();
+        }
+    }
+
+    /// Moves the queue pair to the error state and polls until everything the channel
+    /// posted has completed (flushed). Returns only when the device can no longer touch any
+    /// buffer named by this channel's requests; aborts the process if the queue pair cannot
+    /// be moved to the error state or the flush does not drain within the flush timeout.
+    pub(super) fn flush_and_drain(&mut self) {
+        let set = self.p.set_error();
+        if set.is_ok() && self.outstanding_sends() > 0 {
+            self.post_drain_request();
+        }
+        if let Err(e) = set {
+            if !self.all_done() {
+                crate::fatal::abort(format_args!(
+                    "{}: {e}: cannot flush {} send and {} receive requests in flight",
+                    PeerName(self.peer),
+                    self.outstanding_sends(),
+                    self.outstanding_recvs()
+                ));
+            }
+            return;
+        }
+        let (clock, limit) = (self.clock, self.flush_timeout);
+        let mut deadline = None;
+        let mut last_err = None;
+        while !self.all_done() {
+            match self.poll_once() {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                // Keep trying until the flush deadline: a poll may fail transiently.
+                Err(e) => last_err = Some(e),
+            }
+            let d = *deadline.get_or_insert_with(|| Deadline::after(clock, limit));
+            if d.passed(clock) {
+                crate::fatal::abort(format_args!(
+                    "{}: the device did not flush {} send and {} receive requests within {:?} \
+                     (last poll error: {:?})",
+                    PeerName(self.peer),
+                    self.outstanding_sends(),
+                    self.outstanding_recvs(),
+                    limit,
+                    last_err
+                ));
+            }
+            self.backoff.snooze();
+        }
+    }
+
+    /// Forgets every completed receive result nobody asked for (a scope that ended).
+    pub(super) fn release_recv_results(&mut self) {
+        for s in self.slots.iter_mut() {
+            s.taken = true;
+        }
+    }
+
+    pub(super) fn all_done(&self) -> bool {
+        self.done_seq >= self.next_seq && self.recv_done >= self.recv_next
+    }
+
+    /// Posts one signaled request with no data to the queue pair in the error state (the
+    /// verbs "drain" idiom): it completes flushed after everything posted before it, so its
+    /// completion retires unsignaled requests that ran before the flush and will never
+    /// produce a completion of their own. If the post fails, the drain waits for the
+    /// completions already due and aborts at the flush timeout if they do not cover
+    /// everything.
+    pub(super) fn post_drain_request(&mut self) {
+        let wr = WorkRequest {
+            wr_id: self.next_seq,
+            opcode: Opcode::Send,
+            flags: SendFlags::SIGNALED,
+            sges: &[],
+            remote: RemoteMemory::default(),
+        };
+        // SAFETY: the request names no memory at all.
+        if unsafe { self.p.post_send(&[wr]) }.is_ok() {
+            self.next_seq += 1;
+        }
+    }
+
+    /// Waits until the work of `ticket` completed, at most the channel's timeout, and
+    /// returns what it delivered. Does not allocate.
+    #[inline]
+    pub fn wait(&mut self, ticket: Ticket) -> Result<Done, ChannelError> {
+        self.wait_for(ticket, None)
+    }
+
+    /// Like [`Channel::wait`] with a deadline on the channel's [`clock`](Self::clock); on
+    /// timeout the channel is flushed, drained and broken.
+    pub fn wait_until(&mut self, ticket: Ticket, deadline: Deadline) -> Result<Done, ChannelError> {
+        self.wait_for(ticket, Some(deadline))
+    }
+
+    /// The result of `ticket` if its work has completed (handing out a receive's result
+    /// frees its slot), or `None` while it is outstanding. Polls once; never waits. Does not
+    /// allocate.
+    pub fn try_wait(&mut self, ticket: Ticket) -> Option<Result<Done, ChannelError>> {
+        if !self.is_complete(ticket) {
+            if let Err(e) = self.poll() {
+                return Some(Err(e));
+            }
+        }
+        self.is_complete(ticket)
+            .then(|| self.wait_for(ticket, None))
+    }
+
+    pub(super) fn is_complete(&self, ticket: Ticket) -> bool {
+        match ticket.work {
+            Work::Sends { last, .. } => self.done_seq > last,
+            Work::Recv(r) => self.recv_done > r,
+        }
+    }
+
+    pub(super) fn wait_for(
+        &mut self,
+        ticket: Ticket,
+        deadline: Option<Deadline>,
+    ) -> Result<Done, ChannelError> {
+        match ticket.work {
+            Work::Sends { first, last } => {
+                self.poll_until(|c| c.done_seq > last, deadline)?;
+                self.check_send(first, last).map(|()| Done::default())
+            }
+            Work::Recv(r) => self.wait_recv_seq(r, deadline),
+        }
+    }
+
+    /// Waits until everything posted has completed, at most the channel's timeout.
+    pub fn wait_all(&mut self) -> Result<(), ChannelError> {
+        self.poll_until(Self::all_done, None)?;
+        self.failure().map_or(Ok(()), Err)
+    }
+
+    /// Returns once nothing posted on this channel can still touch memory: everything
+    /// completed, or was flushed after a timeout. Used by guards on every exit path
+    /// (including unwinding); `flush_now` skips the wait and flushes at once.
+    pub(crate) fn settle(&mut self, flush_now: bool) {
+        if self.all_done() {
+            return;
+        }
+        if flush_now {
+            self.broken.get_or_insert(Broken::TimedOut);
+            self.flush_and_drain();
+        } else {
+            // wait_until drains before it returns an error.
+            let _ = self.poll_until(Self::all_done, None);
+        }
+    }
+
+    pub(super) fn check_send(&self, first: u64, last: u64) -> Result<(), ChannelError> {
+        match self.broken {
+            None => Ok(()),
+            Some(Broken::Wr(w))
+                if w.wr_id & RECV_BIT == 0 && w.wr_id >= first && w.wr_id <= last =>
+            {
+                Err(ChannelError::Failed(w))
+            }
+            Some(Broken::Wr(w)) if w.wr_id & RECV_BIT == 0 && w.wr_id < first => {
+                Err(ChannelError::Broken(w))
+            }
+            // The failure came after these requests (or on the receive side): if they
+            // completed, they completed successfully.
+            Some(_) if last < self.failure_seq() => Ok(()),
+            Some(_) => self.failure().map_or(Ok(()), Err),
+        }
+    }
+
+    pub(super) fn failure_seq(&self) -> u64 {
+        match self.broken {
+            Some(Broken::Wr(w)) if w.wr_id & RECV_BIT == 0 => w.wr_id,
+            _ => 0,
+        }
+    }
+
+    pub(super) fn recv_result(&mut self, r: u64) -> Result<Done, ChannelError> {
+        let slot = &mut self.slots[(r % R as u64) as usize];
+        slot.taken = true;
+        let slot = *slot;
+        if slot.status.is_success() {
+            Ok(slot.info)
+        } else {
+            let w = WrFailure {
+                peer: self.peer,
+                wr_id: r | RECV_BIT,
+                status: slot.status,
+                vendor_err: slot.vendor_err,
+            };
+            match self.broken {
+                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { peer: self.peer }),
+                Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
+                Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
+                    Err(ChannelError::Broken(first))
+                }
+                _ => Err(ChannelError::Failed(w)),
+            }
+        }
+    }
+
+    pub(super) fn wait_recv_seq(
+        &mut self,
+        r: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<Done, ChannelError> {
+        match self.poll_until(|c| c.recv_done > r, deadline) {
+            Ok(()) => self.recv_result(r),
+            Err(e) => Err(e),
+        }
+    }
+}
