@@ -15,6 +15,10 @@
 //! Operations never wait for something that cannot happen: two-sided traffic is arranged so
 //! a receive is always matched or flushed (the peer is killed if it cannot be matched), and
 //! lone receives use `recv_timeout` on a clock that advances on every read.
+//!
+//! One file of about 930 lines on purpose: the operations and the oracle that predicts them
+//! share one state (the shadow memory, the tickets, the failures seen); cut apart, neither
+//! half reads without the other.
 #![no_main]
 
 use std::ops::Range;
