@@ -81,10 +81,13 @@ fn caps_are_clamped() {
 
 #[test]
 fn write_signaled_and_unsignaled() {
-    let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+    // 8-aligned, so the u64 loads below are aligned by address (what they check).
+    #[repr(align(8))]
+    struct Aligned([u8; 16]);
+    let (mut src, mut dst) = ([0u8; 16], Aligned([0u8; 16]));
     let f = fabric();
     let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
-    let d = f.register(Side::B, &mut dst, RW).unwrap();
+    let d = f.register(Side::B, &mut dst.0, RW).unwrap();
     s.write_from(0, b"0123456789abcdef");
     let (mut a, _b) = f.ends();
     let g1 = [s.sge(0..4).unwrap()];
