@@ -48,7 +48,7 @@ fn bench_write(c: &mut Criterion) {
     let f = fabric();
     let src = f.register(Side::A, &mut sbuf, RW).expect("register");
     let dst = f.register(Side::B, &mut dbuf, RW).expect("register");
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), &MONOTONIC);
     let g = [src.sge(0..MSG).expect("in bounds")];
     let remote = dst.remote();
@@ -66,7 +66,7 @@ fn bench_post32(c: &mut Criterion) {
     let f = fabric();
     let src = f.register(Side::A, &mut sbuf, RW).expect("register");
     let dst = f.register(Side::B, &mut dbuf, RW).expect("register");
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), &MONOTONIC);
     assert!(a.max_post() >= N, "a {N}-request batch must fit one post");
     let g = [src.sge(0..MSG).expect("in bounds")];
@@ -120,7 +120,7 @@ fn bench_send_recv(c: &mut Criterion) {
     let f = fabric();
     let src = f.register(Side::A, &mut sbuf, RW).expect("register");
     let mut dst = f.register(Side::B, &mut rbuf, RW).expect("register");
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let (mut a, mut b) = (
         Channel::new(ea, ChannelConfig::default(), &MONOTONIC),
         Channel::new(eb, ChannelConfig::default(), &MONOTONIC),

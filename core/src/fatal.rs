@@ -24,3 +24,13 @@ pub(crate) fn abort(why: fmt::Arguments<'_>) -> ! {
     let _guard = AbortOnUnwind;
     panic!("rverbs: {why}");
 }
+
+/// Aborts the process if dropped, that is, if the code it guards unwinds; the normal exit
+/// `mem::forget`s it.
+pub(crate) struct AbortOnUnwind(pub(crate) &'static str);
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        abort(format_args!("{}", self.0));
+    }
+}

@@ -62,7 +62,7 @@ fn send_and_recv_move_the_bytes() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let mut dst = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"hello, peer");
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let (mut a, mut b) = (
         Channel::new(ea, ChannelConfig::default(), clock!()),
         Channel::new(eb, ChannelConfig::default(), clock!()),
@@ -117,7 +117,7 @@ fn write_read_and_write_imm() {
     let f = fabric(16);
     let mut am = f.register(Side::A, &mut abuf, RW).unwrap();
     let bm = f.register(Side::B, &mut bbuf, RW).unwrap();
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let remote = bm.remote();
@@ -168,7 +168,7 @@ fn multi_sge_gather_and_scatter() {
     xm.write_from(0, b"AAAAaaaa");
     ym.write_from(0, b"BBBBbbbb");
     zm.write_from(0, b"CCCCcccc");
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [
@@ -209,7 +209,7 @@ fn inline_send_and_write() {
     let mut r = [0u8; 64];
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut r, RW).unwrap();
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let remote = rm.remote();
@@ -263,7 +263,7 @@ fn a_batch_of_32_writes_and_32_sends() {
     let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, &pattern::<256>(9));
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     assert!(a.max_post() >= n);
@@ -326,7 +326,7 @@ fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u6
     let f = fabric(depth);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut cfg = ChannelConfig::default();
     cfg.signal_every = signal_every;
     let mut a = Channel::new(ea, cfg, clock!());
@@ -411,7 +411,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     a.write(&g, dst.remote()).unwrap();
@@ -433,7 +433,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     let (mut s2, mut d2) = ([0u8; 16], [0u8; 16]);
     let src = f.register(Side::A, &mut s2, RW).unwrap();
     let dst = f.register(Side::B, &mut d2, RW).unwrap();
-    let mut a = Channel::new(f.ends().0, ChannelConfig::default(), clock!());
+    let mut a = Channel::new(f.ends().unwrap().0, ChannelConfig::default(), clock!());
     let oob = RemoteMemory {
         addr: dst.remote().addr + 12,
         ..dst.remote()
@@ -452,7 +452,7 @@ fn rnr_retries_exceeded() {
     let mut sbuf = [0u8; 16];
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     match a.send(&[src.sge(0..8).unwrap()]) {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RnrRetryExceeded),
@@ -467,7 +467,7 @@ fn dead_peer_is_retry_exceeded() {
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     f.kill(Side::B);
     match a.write(&[src.sge(0..8).unwrap()], dst.remote()) {
@@ -481,7 +481,7 @@ fn recv_timeout_flushes_and_times_out() {
     let mut rbuf = [0u8; 16];
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
-    let (_ea, eb) = f.ends();
+    let (_ea, eb) = f.ends().unwrap();
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let r = b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10));
     assert_eq!(r, Err(ChannelError::TimedOut { peer: None }));
@@ -502,7 +502,7 @@ fn recv_timeout_returns_data_in_time() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"on time!");
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
@@ -528,7 +528,7 @@ fn scope_drains_on_early_return() {
     let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
     src.write_from(0, b"early!!!");
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
@@ -567,7 +567,7 @@ fn scope_drains_on_panic() {
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let wm = f.register(Side::B, &mut wbuf, RW).unwrap();
     src.write_from(0, b"panic!!!");
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let remote = wm.remote();
@@ -588,7 +588,7 @@ fn a_failure_in_a_scope_is_reported_by_the_scope() {
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RO).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let g = [src.sge(0..8).unwrap()];
     let remote = dst.remote(); // no remote write access
@@ -613,7 +613,7 @@ fn scoped_receive_results_are_not_overwritten() {
     let f = SoftFabric::new(caps(16), RnrRetry::Infinite, RetryCount::default());
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
-    let (ea, eb) = f.ends();
+    let (ea, eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     let mut b: Channel<_, Spin, 4> =
         Channel::with_backoff(eb, ChannelConfig::default(), Spin, clock!());
@@ -663,7 +663,7 @@ fn batch_signaled_requests_a_completion() {
     let f = fabric(128);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
     let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     assert!(a.signal_every() > 8);
     let g = [src.sge(0..8).unwrap()];
@@ -688,7 +688,7 @@ fn flushed_receive_breaks_the_channel() {
     let mut rbuf = [0u8; 16];
     let f = fabric(4);
     let mut rm = f.register(Side::A, &mut rbuf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, ChannelConfig::default(), clock!());
     f.kill(Side::A);
     let r = a.recv_timeout(&mut [rm.sge_mut(0..0).unwrap()], Duration::from_millis(10));

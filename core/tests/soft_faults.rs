@@ -87,7 +87,7 @@ fn recv_from_a_dead_peer_times_out_naming_it() {
     let f = fabric(RnrRetry::Times(3));
     let mut m = f.register(Side::A, &mut buf, RW).unwrap();
     f.kill(Side::B);
-    let mut a = Channel::new(f.ends().0, cfg(7), clock!());
+    let mut a = Channel::new(f.ends().unwrap().0, cfg(7), clock!());
     let t0 = a.clock().now();
     let r = a.recv(&mut [m.sge_mut(0..16).unwrap()]);
     let waited = a.clock().now().saturating_duration_since(t0);
@@ -106,7 +106,7 @@ fn send_that_retries_forever_is_bounded() {
     let mut buf = [0u8; 16];
     let f = fabric(RnrRetry::Infinite);
     let m = f.register(Side::A, &mut buf, RW).unwrap();
-    let mut a = Channel::new(f.ends().0, cfg(3), clock!());
+    let mut a = Channel::new(f.ends().unwrap().0, cfg(3), clock!());
     let r = a.send(&[m.sge(0..8).unwrap()]);
     assert_eq!(r, Err(timed_out(3)));
     settled(&a);
@@ -119,7 +119,7 @@ fn scope_exit_is_bounded_and_drains() {
     let f = fabric(RnrRetry::Times(3));
     let mut m = f.register(Side::A, &mut buf, RW).unwrap();
     f.kill(Side::B);
-    let mut a = Channel::new(f.ends().0, cfg(2), clock!());
+    let mut a = Channel::new(f.ends().unwrap().0, cfg(2), clock!());
     {
         let mut rs = [m.sge_mut(0..16).unwrap()];
         let r = a.scope(|s| s.recv(&mut rs).map(|_| ()));
@@ -136,7 +136,7 @@ fn panic_inside_a_scope_flushes_at_once() {
     let mut buf = [0u8; 16];
     let f = fabric(RnrRetry::Times(3));
     let mut m = f.register(Side::A, &mut buf, RW).unwrap();
-    let (ea, _eb) = f.ends();
+    let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, cfg(1), clock!());
     let t0 = a.clock().now();
     let r = catch_unwind(AssertUnwindSafe(|| {
@@ -164,7 +164,7 @@ fn pair<'f>(fabrics: &'f [SoftFabric<'_>; 2]) -> Pair<'f> {
     let mut chans = Vec::new();
     let mut senders = Vec::new();
     for (i, f) in fabrics.iter().enumerate() {
-        let (ea, eb) = f.ends();
+        let (ea, eb) = f.ends().unwrap();
         chans.push(Channel::with_backoff(ea, cfg(i as u32 + 1), Spin, clock!()));
         senders.push(Channel::new(eb, cfg(0), clock!()));
     }
@@ -285,6 +285,10 @@ impl<P: Provider> Provider for Faulty<P> {
         self.inner.caps()
     }
 
+    fn qp_num(&self) -> u32 {
+        self.inner.qp_num()
+    }
+
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         if let Some(k) = self.post_prefix.take() {
             let k = k.min(wrs.len());
@@ -337,7 +341,7 @@ fn failed_poll_drains_before_returning() {
     let f = fabric(RnrRetry::Times(3));
     let src = f.register(Side::A, &mut s, RW).unwrap();
     let dst = f.register(Side::B, &mut d, RW).unwrap();
-    let faulty = Faulty::new(f.ends().0);
+    let faulty = Faulty::new(f.ends().unwrap().0);
     faulty.fail_polls.set(1);
     let mut a = Channel::new(faulty, cfg(4), clock!());
     let r = a.write(&[src.sge(0..16).unwrap()], dst.remote());
@@ -355,7 +359,7 @@ fn half_posted_chain_is_drained_before_the_error() {
     let f = fabric(RnrRetry::Times(3));
     let src = f.register(Side::A, &mut s, RW).unwrap();
     let dst = f.register(Side::B, &mut d, RW).unwrap();
-    let mut faulty = Faulty::new(f.ends().0);
+    let mut faulty = Faulty::new(f.ends().unwrap().0);
     faulty.post_prefix = Some(2);
     let mut a = Channel::new(faulty, cfg(5), clock!());
     let g: Vec<[Sge<'_>; 1]> = (0..4)
@@ -426,9 +430,65 @@ fn unflushable_child() {
     let f = fabric(RnrRetry::Times(3));
     let mut m = f.register(Side::A, &mut buf, RW).unwrap();
     f.kill(Side::B);
-    let mut faulty = Faulty::new(f.ends().0);
+    let mut faulty = Faulty::new(f.ends().unwrap().0);
     faulty.fail_set_error = true;
     let mut a = Channel::new(faulty, cfg(6), clock!());
     let _ = a.recv(&mut [m.sge_mut(0..16).unwrap()]);
     eprintln!("returned with a buffer in flight");
+}
+
+/// A back-off that panics after `n` empty polls: caller code that runs inside every wait.
+struct PanicAfter(u32);
+
+impl rverbs_core::poll::Backoff for PanicAfter {
+    fn snooze(&mut self) {
+        self.0 = self.0.saturating_sub(1);
+        assert!(self.0 > 0, "the caller's back-off panics");
+    }
+    fn reset(&mut self) {}
+}
+
+#[test]
+fn panic_in_the_backoff_of_a_blocking_call_settles_the_channel() {
+    let mut buf = [0u8; 16];
+    let f = fabric(RnrRetry::Times(3));
+    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    let (ea, eb) = f.ends().unwrap();
+    let mut a: Channel<_, PanicAfter> = Channel::with_backoff(ea, cfg(1), PanicAfter(5), clock!());
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _ = a.recv(&mut [m.sge_mut(0..16).unwrap()]);
+    }));
+    assert!(r.is_err());
+    // Before, the receive stayed posted into `m` after the unwind; now it was flushed.
+    assert_eq!((a.outstanding_sends(), a.outstanding_recvs()), (0, 0));
+    assert!(f.in_error(Side::A));
+    // The peer's send can no longer land in memory the caller got back.
+    let mut b = Channel::new(eb, cfg(0), clock!());
+    let _ = b.post_send_inline(b"late");
+    assert!(m.write_from(0, b"mine"));
+    let mut got = [0u8; 4];
+    assert!(m.read_into(0, &mut got));
+    assert_eq!(&got, b"mine");
+}
+
+#[test]
+fn a_ticket_is_waited_only_on_its_own_channel() {
+    let (mut s, mut d) = ([1u8; 16], [0u8; 16]);
+    let f1 = fabric(RnrRetry::Times(3));
+    let f2 = fabric(RnrRetry::Times(3));
+    let _src = f1.register(Side::A, &mut s, RW).unwrap();
+    let dst = f1.register(Side::B, &mut d, RW).unwrap();
+    let mut x = Channel::new(f1.ends().unwrap().0, cfg(1), clock!());
+    let mut y = Channel::new(f2.ends().unwrap().0, cfg(2), clock!());
+    let t = x.post_write_inline(b"abcd", dst.remote()).unwrap();
+    assert_eq!(y.wait(t), Err(ChannelError::ForeignTicket));
+    assert_eq!(y.try_wait(t), Some(Err(ChannelError::ForeignTicket)));
+    assert!(
+        y.failure().is_none(),
+        "a foreign ticket does not break the channel"
+    );
+    assert_eq!(x.wait(t), Ok(rverbs_core::channel::Done::default()));
+    // A fabric hands its two ends out once: two channels on one queue pair could take each
+    // other's completions.
+    assert!(f1.ends().is_none());
 }

@@ -886,7 +886,7 @@ fn run(data: &[u8]) {
     };
     let mut cfg = ChannelConfig::default();
     cfg.signal_every = signal_every;
-    let (ea, eb) = fabric.ends();
+    let (ea, eb) = fabric.ends().unwrap();
     let mut a: Chan<'_, 4> = Channel::with_backoff(ea, cfg, Spin, &CLOCK);
     let mut b: Chan<'_, 64> = Channel::with_backoff(eb, cfg, Spin, &CLOCK);
     assert!(a.max_post() as u64 <= w.depth && a.max_post() >= 1);

@@ -2,6 +2,7 @@
 
 use core::fmt;
 
+use super::wait::SettleOnDrop;
 use super::{as_gather, Channel, ChannelError, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
@@ -185,9 +186,13 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
             return Ok(());
         }
         // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait
-        // for the batch (or its flush) before returning.
+        // for the batch (or its flush) before returning; the guard settles the channel if
+        // the wait unwinds.
         let t = unsafe { self.chan.post_send_wrs(&mut self.wrs) }?;
-        self.chan.wait(t).map(|_| ())
+        let guard = SettleOnDrop(&mut *self.chan);
+        let r = guard.0.wait(t);
+        core::mem::forget(guard);
+        r.map(|_| ())
     }
 
     /// Posts the batch with one doorbell and returns its ticket without waiting. `None` for

@@ -80,6 +80,8 @@ pub enum ChannelError {
     },
     /// More receives outstanding than the receive queue (or slot table) holds.
     RecvQueueFull,
+    /// A ticket was waited on a channel that did not issue it (nothing was waited for).
+    ForeignTicket,
     /// A wait passed its deadline: the peer did not answer in time (it may be dead).
     /// Outstanding requests were flushed and drained, and the channel is broken.
     TimedOut {
@@ -109,6 +111,7 @@ impl fmt::Display for ChannelError {
             }
             Self::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
+            Self::ForeignTicket => f.write_str("the ticket belongs to another channel"),
             Self::TimedOut { peer } => write!(
                 f,
                 "timed out waiting for {}; outstanding work was flushed",

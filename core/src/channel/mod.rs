@@ -68,6 +68,10 @@ use crate::sge::{Sge, SgeMut};
 use crate::wr::{RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 const RECV_BIT: u64 = 1 << 63;
+
+/// Source of channel identities: a ticket names the channel that issued it, so a ticket
+/// waited on another channel is refused instead of being taken for that channel's work.
+static NEXT_ID: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(1);
 const POLL_AT_ONCE: usize = 16;
 /// Empty polls between two clock reads in a wait: a clock read costs about as much as an
 /// empty poll, so reading it every time would halve how fast a spinning wait notices a
@@ -84,7 +88,9 @@ pub struct ChannelConfig {
     pub signal_every: u32,
     /// How long any call waits for the peer before it gives up with
     /// [`ChannelError::TimedOut`] and breaks the channel (10 s by default). Calls with an
-    /// explicit deadline use theirs instead.
+    /// explicit deadline use theirs instead. The bound is only as good as the channel's
+    /// clock: a clock that stops, or a timeout so long that the deadline saturates
+    /// (`Duration::MAX`), removes it.
     pub timeout: Duration,
     /// How long the device may take to flush outstanding work after a timeout or failure
     /// before the process aborts rather than hand back memory the device may still use
@@ -150,6 +156,8 @@ enum Broken {
 /// between empty polls, and `R` the number of receive slots (a power of two is cheapest).
 pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     p: P,
+    id: usize,
+    qp_num: u32,
     caps: QpCaps,
     backoff: B,
     clock: StaticClock,
@@ -205,6 +213,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let k = cfg.signal_every.clamp(1, (depth / 2).max(1));
         let max_post = ((depth - k + 1) as usize).min(MAX_BATCH);
         Self {
+            id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            qp_num: p.qp_num(),
             p,
             caps,
             backoff,
@@ -248,6 +258,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[inline]
     pub fn clock(&self) -> StaticClock {
         self.clock
+    }
+
+    /// This channel's identity (the one its tickets carry).
+    #[cfg(feature = "alloc")]
+    #[inline]
+    pub(crate) fn id(&self) -> usize {
+        self.id
     }
 
     /// The peer's rank, if the channel was told it.
@@ -302,15 +319,18 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     fn poll_once(&mut self) -> Result<usize, ProviderError> {
         let mut wc = [Completion::EMPTY; POLL_AT_ONCE];
+        let (mut seen, qpn) = (0, self.qp_num);
         let n = self.p.poll_send(&mut wc)?;
-        for c in &wc[..n] {
+        for c in wc[..n].iter().filter(|c| c.qp_num == qpn) {
             self.on_send_completion(c);
+            seen += 1;
         }
         let m = self.p.poll_recv(&mut wc)?;
-        for c in &wc[..m] {
+        for c in wc[..m].iter().filter(|c| c.qp_num == qpn) {
             self.on_recv_completion(c);
+            seen += 1;
         }
-        Ok(n + m)
+        Ok(seen)
     }
 
     fn on_send_completion(&mut self, c: &Completion) {
@@ -357,6 +377,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     fn ticket(&self, work: Work) -> Ticket {
         Ticket {
             work,
+            chan: self.id,
             peer: self.peer,
         }
     }

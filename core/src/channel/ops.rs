@@ -4,6 +4,7 @@
 use core::time::Duration;
 
 use super::ticket::Work;
+use super::wait::SettleOnDrop;
 use super::{as_gather, Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::{Backoff, Deadline};
 use crate::provider::Provider;
@@ -19,9 +20,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         remote: RemoteMemory,
     ) -> Result<(), ChannelError> {
         // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
-        // the flush) before returning.
+        // the flush) before returning; the guard settles the channel if the wait unwinds.
         let t = unsafe { self.post_one(opcode, flags, sges, remote) }?;
-        self.wait(t).map(|_| ())
+        let guard = SettleOnDrop(self);
+        let r = guard.0.wait(t);
+        core::mem::forget(guard);
+        r.map(|_| ())
     }
 
     /// Posts one send-queue request.
@@ -124,9 +128,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Posts a receive into `sges` and waits for a message, at most the channel's timeout.
     /// Does not allocate.
     pub fn recv(&mut self, sges: &mut [SgeMut<'_>]) -> Result<Done, ChannelError> {
-        // SAFETY: sges is borrowed mutably for this call, and we wait for the completion.
+        // SAFETY: sges is borrowed mutably for this call, and we wait for the completion; the
+        // guard settles the channel if the wait unwinds.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
-        self.wait_recv_seq(r, None)
+        let guard = SettleOnDrop(self);
+        let out = guard.0.wait_recv_seq(r, None);
+        core::mem::forget(guard);
+        out
     }
 
     /// Like [`Channel::recv`], but gives up after `timeout` instead of the channel's
@@ -137,10 +145,14 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         sges: &mut [SgeMut<'_>],
         timeout: Duration,
     ) -> Result<Done, ChannelError> {
+        // Read the clock (caller code) before anything is posted.
+        let deadline = Deadline::after(self.clock, timeout);
         // SAFETY: as in recv; on timeout we flush and wait for the flush before returning.
         let r = unsafe { self.post_recv_sges(as_gather(sges)) }?;
-        let deadline = Deadline::after(self.clock, timeout);
-        self.wait_recv_seq(r, Some(deadline))
+        let guard = SettleOnDrop(self);
+        let out = guard.0.wait_recv_seq(r, Some(deadline));
+        core::mem::forget(guard);
+        out
     }
 
     /// Posts an inline send of `data` and returns its ticket without waiting: the

@@ -3,6 +3,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 
+use super::wait::SettleOnDrop;
 use super::{as_gather, Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
@@ -41,17 +42,6 @@ impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Scope<'_, '_, P, B,
     }
 }
 
-/// Settles the channel when the scope ends without reaching its normal exit (the closure
-/// panicked): nothing the scope posted may outlive the borrows it held. On that path there
-/// is nobody to wait for, so it flushes at once instead of waiting for the timeout.
-struct DrainOnDrop<'a, P: Provider, B: Backoff, const R: usize>(&'a mut Channel<P, B, R>);
-
-impl<P: Provider, B: Backoff, const R: usize> Drop for DrainOnDrop<'_, P, B, R> {
-    fn drop(&mut self) {
-        self.0.settle(true);
-    }
-}
-
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Runs `f` with a [`Scope`] for posting requests whose buffers live at least as long as
     /// the call, then polls until everything posted in it completed (also if `f` panics).
@@ -64,7 +54,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         F: for<'s> FnOnce(&mut Scope<'s, 'env, P, B, R>) -> T,
     {
         let already_broken = self.broken;
-        let guard = DrainOnDrop(self);
+        // Settles the channel if the closure panics: nothing the scope posted may outlive the
+        // borrows it held.
+        let guard = SettleOnDrop(self);
         let mut scope = Scope {
             chan: &mut *guard.0,
             _env: PhantomData,

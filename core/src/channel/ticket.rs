@@ -11,6 +11,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub(super) work: Work,
+    /// The channel that issued it.
+    pub(super) chan: usize,
     pub(super) peer: Option<u32>,
 }
 

@@ -12,6 +12,21 @@ use crate::provider::Provider;
 use crate::sge::RemoteMemory;
 use crate::wr::{Opcode, SendFlags, WorkRequest};
 
+/// Settles the channel when dropped: held from a post until its wait returned, so that if
+/// the wait unwinds (a panic in the caller's back-off, clock, or scope closure: the only
+/// caller code a wait runs) no request outlives the buffers it borrowed. On that path nobody
+/// waits for the work any more, so it flushes at once. The normal exit settles first (or
+/// forgets the guard), leaving nothing to do.
+pub(super) struct SettleOnDrop<'a, P: Provider, B: Backoff, const R: usize>(
+    pub(super) &'a mut Channel<P, B, R>,
+);
+
+impl<P: Provider, B: Backoff, const R: usize> Drop for SettleOnDrop<'_, P, B, R> {
+    fn drop(&mut self) {
+        self.0.settle(true);
+    }
+}
+
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the first
     /// empty poll, when `None`). On `Err` the channel is broken and nothing it posted is in
@@ -78,6 +93,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let (clock, limit) = (self.clock, self.flush_timeout);
         let mut deadline = None;
         let mut last_err = None;
+        // The drain calls the caller's clock and back-off; if one of them panics, the flush
+        // is not drained and the process must not go on.
+        let guard = crate::fatal::AbortOnUnwind("a panic while draining a flushed queue pair");
         while !self.all_done() {
             match self.poll_once() {
                 Ok(n) if n > 0 => continue,
@@ -99,6 +117,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             }
             self.backoff.snooze();
         }
+        core::mem::forget(guard);
     }
 
     /// Forgets every completed receive result nobody asked for (a scope that ended).
@@ -149,6 +168,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// frees its slot), or `None` while it is outstanding. Polls once; never waits. Does not
     /// allocate.
     pub fn try_wait(&mut self, ticket: Ticket) -> Option<Result<Done, ChannelError>> {
+        if ticket.chan != self.id {
+            return Some(Err(ChannelError::ForeignTicket));
+        }
         if !self.is_complete(ticket) {
             if let Err(e) = self.poll() {
                 return Some(Err(e));
@@ -158,7 +180,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             .then(|| self.wait_for(ticket, None))
     }
 
+    /// Whether this channel's `ticket` completed (false for another channel's).
     pub(super) fn is_complete(&self, ticket: Ticket) -> bool {
+        if ticket.chan != self.id {
+            return false;
+        }
         match ticket.work {
             Work::Sends { last, .. } => self.done_seq > last,
             Work::Recv(r) => self.recv_done > r,
@@ -170,6 +196,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         ticket: Ticket,
         deadline: Option<Deadline>,
     ) -> Result<Done, ChannelError> {
+        if ticket.chan != self.id {
+            return Err(ChannelError::ForeignTicket);
+        }
         match ticket.work {
             Work::Sends { first, last } => {
                 self.poll_until(|c| c.done_seq > last, deadline)?;

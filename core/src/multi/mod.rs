@@ -103,13 +103,15 @@ fn rank_of<P: Provider, B: Backoff, const R: usize>(c: &Channel<P, B, R>) -> u32
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     /// Wraps connected channels, each of which knows its peer's rank
-    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)). Allocates (setup).
+    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)), below
+    /// [`MAX_WORLD`](crate::wire::MAX_WORLD). Allocates (setup).
     pub fn new(chans: Vec<Channel<P, B, R>>) -> Result<Self, MultiError> {
         let mut top = 0;
         for c in &chans {
             let r = c.peer().ok_or(MultiError::ChannelWithoutRank)?;
-            if r == NONE {
-                return Err(MultiError::ChannelWithoutRank);
+            // The lookup table is sized by the largest rank.
+            if r >= crate::wire::MAX_WORLD {
+                return Err(MultiError::UnknownRank(r));
             }
             top = top.max(r as usize + 1);
         }
@@ -150,6 +152,12 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     #[inline]
     pub(crate) fn by_index(&mut self, i: usize) -> Option<&mut Channel<P, B, R>> {
         self.chans.get_mut(i)
+    }
+
+    /// The identities of the channels, in the order given to [`MultiChannel::new`].
+    #[cfg(feature = "verbs")]
+    pub(crate) fn ids(&self) -> impl Iterator<Item = usize> + '_ {
+        self.chans.iter().map(Channel::id)
     }
 
     /// Every channel, each of which names its rank ([`Channel::peer`]).

@@ -64,6 +64,18 @@ pub(super) struct Rings {
     failure_reported: Vec<bool>,
     /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
     repost: Option<(usize, usize)>,
+    /// The channel each peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
+    /// so a caller can swap a channel out; a ring whose channel changed is never read again,
+    /// and its memory is leaked rather than freed while the displaced channel may still
+    /// receive into it.
+    chan_ids: Vec<usize>,
+}
+
+impl Rings {
+    /// Whether every channel is still the one its ring was posted on.
+    pub(super) fn channels_unchanged(&self, ids: impl Iterator<Item = usize>) -> bool {
+        ids.eq(self.chan_ids.iter().copied())
+    }
 }
 
 impl<B: Backoff + Clone> Node<B> {
@@ -114,6 +126,7 @@ impl<B: Backoff + Clone> Node<B> {
             sends_seen: alloc::vec![0; peers],
             failure_reported: alloc::vec![false; peers],
             repost: None,
+            chan_ids: self.multi.ids().collect(),
         };
         for p in 0..peers {
             for i in 0..slots {
@@ -181,7 +194,9 @@ fn progress_rings<B: Backoff + Clone>(
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
     if let Some((p, i)) = rings.repost.take() {
-        post_slot(multi, rings, me, p, i)?;
+        if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
+            post_slot(multi, rings, me, p, i)?;
+        }
     }
     let mut handed = 0;
     for p in 0..multi.peers() {
@@ -190,6 +205,19 @@ fn progress_rings<B: Backoff + Clone>(
             break;
         }
         let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
+        if chan.id() != rings.chan_ids[p] {
+            // The caller swapped this peer's channel out: its ring slots are posted on
+            // another channel, so none of them may be read or re-posted again.
+            if !rings.failure_reported[p] {
+                rings.failure_reported[p] = true;
+                handler(Event::Failed {
+                    rank,
+                    error: ChannelError::ForeignTicket,
+                });
+                handed += 1;
+            }
+            continue;
+        }
         if let Some(error) = chan.failure() {
             // A broken channel is reported once, then left alone.
             if !rings.failure_reported[p] {

@@ -367,6 +367,19 @@ pub struct Node<B: Backoff + Clone> {
     pd: Pd,
 }
 
+impl<B: Backoff + Clone> Drop for Node<B> {
+    fn drop(&mut self) {
+        // The fields drop next, the channels before the ring memory. If the caller swapped a
+        // channel out, that channel may outlive the node with receives posted into the ring:
+        // then the ring memory must never be freed.
+        if let Some(rings) = &self.rings {
+            if !rings.channels_unchanged(self.multi.ids()) {
+                core::mem::forget(self.rings.take());
+            }
+        }
+    }
+}
+
 impl<B: Backoff + Clone> fmt::Debug for Node<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Node")

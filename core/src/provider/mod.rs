@@ -45,6 +45,10 @@ pub trait Provider {
     /// What the queue pair can hold.
     fn caps(&self) -> QpCaps;
 
+    /// The queue pair's number: completions that carry another are not this queue pair's
+    /// (a completion queue shared by mistake), and the engine ignores them.
+    fn qp_num(&self) -> u32;
+
     /// Posts the requests as one chain (one doorbell). At most
     /// [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
     ///

@@ -59,15 +59,20 @@ pub struct VerbsProvider {
 }
 
 impl VerbsProvider {
-    /// Wraps a connected queue pair and the CQs it was created with. Those CQs must not
-    /// take completions of other queue pairs (the engine routes completions by queue, not by
-    /// QP number).
-    pub fn from_parts(qp: Qp, send_cq: Cq, recv_cq: Cq) -> Self {
-        Self {
+    /// Wraps a connected queue pair and the two CQs it was created with, which must be its
+    /// own: no other queue pair may complete into them (the engine counts completions per
+    /// queue). Fails with [`VerbsError::InvalidArgument`] otherwise.
+    pub fn from_parts(qp: Qp, send_cq: Cq, recv_cq: Cq) -> Result<Self, VerbsError> {
+        if !qp.owns_cqs(&send_cq, &recv_cq) {
+            return Err(VerbsError::InvalidArgument {
+                what: "the completion queues are not this queue pair's alone",
+            });
+        }
+        Ok(Self {
             qp,
             send_cq,
             recv_cq,
-        }
+        })
     }
 
     /// The queue pair.
@@ -100,8 +105,18 @@ fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
 
 impl Provider for VerbsProvider {
     #[inline]
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    #[inline]
     fn caps(&self) -> QpCaps {
-        self.qp.caps()
+        // The device may grant deeper queues than asked for, and so more than the CQs (sized
+        // to the request) can hold: never let the engine have more in flight than fits.
+        let mut caps = self.qp.caps();
+        caps.max_send_wr = caps.max_send_wr.min(self.send_cq.capacity());
+        caps.max_recv_wr = caps.max_recv_wr.min(self.recv_cq.capacity());
+        caps
     }
 
     #[inline]

@@ -209,14 +209,17 @@ impl Pd {
     /// and its deregistration succeeded; otherwise it is leaked, never reused.
     pub fn register_shared<M: OwnedMemory>(
         &self,
-        mut mem: M,
+        mem: M,
         access: AccessFlags,
     ) -> Result<SharedRegion<'static>> {
-        let (ptr, len) = (mem.base(), mem.size());
+        // Box first, then take the pointer: moving the owner into the box after taking it
+        // would retag the memory and invalidate the pointer (Miri's aliasing models agree).
+        let mut owner: Box<dyn OwnedMemory> = Box::new(mem);
+        let (ptr, len) = (owner.base(), owner.size());
         let reg = Registration::new(self, ptr, len, access)?;
         Ok(SharedRegion {
             reg,
-            owner: Some(Box::new(mem)),
+            owner: Some(owner),
             _buf: PhantomData,
         })
     }

@@ -394,6 +394,17 @@ impl Qp {
         self.caps
     }
 
+    /// Whether `send` and `recv` are the completion queues this queue pair was created with,
+    /// and nothing else completes into them (no other queue pair keeps them alive).
+    pub(crate) fn owns_cqs(&self, send: &Cq, recv: &Cq) -> bool {
+        let exclusive = |mine: &Arc<CqInner>, given: &Cq| {
+            let given = given.keep_alive();
+            // Ours, the Cq handle's and the clone just taken: nobody else's.
+            Arc::ptr_eq(mine, &given) && Arc::strong_count(&given) == 3
+        };
+        exclusive(&self._send_cq, send) && exclusive(&self._recv_cq, recv)
+    }
+
     /// The route this side sends on (GID index and GID, or LID routing).
     #[inline]
     pub fn route(&self) -> Route {

@@ -37,6 +37,8 @@ type Invariant<'m> = PhantomData<fn(&'m mut [u8]) -> &'m mut [u8]>;
 pub struct SoftFabric<'m> {
     /// `pub(super)` for the unit tests, which resolve keys against the tables directly.
     pub(super) shared: Shared,
+    /// Whether [`SoftFabric::ends`] handed the ends out.
+    ends_taken: core::cell::Cell<bool>,
     /// Invariant in `'m`: shortening it would let a shorter-lived buffer be registered.
     _mem: Invariant<'m>,
 }
@@ -101,13 +103,19 @@ impl<'m> SoftFabric<'m> {
                 retry_limit: retry_count.get(),
                 state: RefCell::new([QpState::new(), QpState::new()]),
             },
+            ends_taken: core::cell::Cell::new(false),
             _mem: PhantomData,
         }
     }
 
-    /// The two ends. Calling it again gives more handles to the same two queue pairs.
-    pub fn ends(&self) -> (SoftEnd<'_>, SoftEnd<'_>) {
-        (
+    /// The two ends, once: `None` on a second call. Two handles to one queue pair would
+    /// let two channels take each other's completions (as two owners of one device queue
+    /// pair cannot: a `Qp` is not `Clone`).
+    pub fn ends(&self) -> Option<(SoftEnd<'_>, SoftEnd<'_>)> {
+        if self.ends_taken.replace(true) {
+            return None;
+        }
+        Some((
             SoftEnd {
                 shared: &self.shared,
                 side: Side::A,
@@ -116,7 +124,7 @@ impl<'m> SoftFabric<'m> {
                 shared: &self.shared,
                 side: Side::B,
             },
-        )
+        ))
     }
 
     /// The caps both queue pairs have (after clamping).
@@ -238,6 +246,10 @@ impl SoftEnd<'_> {
 }
 
 impl Provider for SoftEnd<'_> {
+    fn qp_num(&self) -> u32 {
+        self.side.qp_num()
+    }
+
     fn caps(&self) -> QpCaps {
         self.shared.caps
     }

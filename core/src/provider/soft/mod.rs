@@ -24,7 +24,7 @@
 //!     .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
 //!     .unwrap();
 //! a_mem.write_from(0, b"hello");
-//! let (mut a, _b) = fabric.ends();
+//! let (mut a, _b) = fabric.ends().unwrap();
 //! let sges = [a_mem.sge(0..5).unwrap()];
 //! let wr = WorkRequest {
 //!     wr_id: 7,

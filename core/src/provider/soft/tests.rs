@@ -66,7 +66,7 @@ fn caps_are_clamped() {
         max_inline_data: 4096,
     };
     let f = SoftFabric::new(big, RnrRetry::Infinite, RetryCount::default());
-    let (a, _) = f.ends();
+    let (a, _) = f.ends().unwrap();
     assert_eq!(
         a.caps(),
         QpCaps {
@@ -89,7 +89,7 @@ fn write_signaled_and_unsignaled() {
     let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
     let d = f.register(Side::B, &mut dst.0, RW).unwrap();
     s.write_from(0, b"0123456789abcdef");
-    let (mut a, _b) = f.ends();
+    let (mut a, _b) = f.ends().unwrap();
     let g1 = [s.sge(0..4).unwrap()];
     let g2 = [s.sge(4..8).unwrap(), s.sge(12..16).unwrap()];
     let mut w1 = wr(1, Opcode::Write, SendFlags::empty(), &g1);
@@ -124,7 +124,7 @@ fn send_recv_scatter_imm_and_write_imm() {
         .unwrap();
     let t = f.register(Side::B, &mut tgt, RW).unwrap();
     s.write_from(0, b"abcdefgh");
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     {
         let [x, y] = d.sges_mut([0..2, 4..8]).unwrap();
         let rs = [rs(&x), rs(&y)];
@@ -183,7 +183,7 @@ fn read_needs_remote_read() {
         .register(Side::B, &mut r2, AccessFlags::LOCAL_WRITE)
         .unwrap();
     ok.write_from(0, b"remote!!");
-    let (mut a, _b) = f.ends();
+    let (mut a, _b) = f.ends().unwrap();
     {
         let m = lm.sge_mut(0..8).unwrap();
         let s = [rs(&m)];
@@ -217,7 +217,7 @@ fn bad_lkey_fails_and_flushes_the_rest() {
     let mut src = [0u8; 8];
     let f = fabric();
     let s = f.register(Side::A, &mut src, RW).unwrap();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let good = [s.sge(0..8).unwrap()];
     // SAFETY: never dereferenced: the lkey does not resolve.
     let bad = [unsafe { Sge::from_raw(s.sge(0..8).unwrap().addr(), 8, s.lkey() ^ 1) }];
@@ -263,7 +263,7 @@ fn short_receive_is_a_length_error_on_both_sides() {
     let mut d = f
         .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     {
         let m = d.sge_mut(0..4).unwrap();
         let rs = [rs(&m)];
@@ -296,7 +296,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
     let mut src = [0u8; 4];
     let f = fabric();
     let s = f.register(Side::A, &mut src, AccessFlags::empty()).unwrap();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let g = [s.sge(0..4).unwrap()];
     let w = [wr(1, Opcode::Send, SendFlags::empty(), &g)];
     // SAFETY: the region outlives the request, polled below.
@@ -313,7 +313,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
     assert_eq!((n, wc[0].status), (1, WcStatus::RemoteInvalidRequest));
 
     let f = SoftFabric::new(CAPS, RnrRetry::Times(2), RetryCount::default());
-    let (mut a, _b) = f.ends();
+    let (mut a, _b) = f.ends().unwrap();
     let w = [wr(1, Opcode::Send, SendFlags::empty(), &[])];
     // SAFETY: names no memory.
     unsafe { a.post_send(&w) }.unwrap();
@@ -323,7 +323,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
     assert_eq!(f.stats(Side::A).rnr_retries, 2);
 
     let f = SoftFabric::new(CAPS, RnrRetry::Infinite, RetryCount::default());
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     // SAFETY: names no memory.
     unsafe { a.post_send(&w) }.unwrap();
     for _ in 0..50 {
@@ -338,7 +338,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
 #[test]
 fn rnr_retry_zero_fails_at_once() {
     let f = SoftFabric::new(CAPS, RnrRetry::Times(0), RetryCount::default());
-    let (mut a, _b) = f.ends();
+    let (mut a, _b) = f.ends().unwrap();
     let w = [wr(1, Opcode::Send, SendFlags::empty(), &[])];
     // SAFETY: names no memory.
     unsafe { a.post_send(&w) }.unwrap();
@@ -348,7 +348,7 @@ fn rnr_retry_zero_fails_at_once() {
 #[test]
 fn dead_peer_is_retry_exceeded() {
     let f = fabric(); // retry_count 3
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let rr = [RecvRequest {
         wr_id: 3,
         sges: &[],
@@ -370,7 +370,7 @@ fn dead_peer_is_retry_exceeded() {
 #[test]
 fn queue_full_is_enomem_with_posted_count() {
     let f = fabric();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let w = [wr(0, Opcode::Write, SendFlags::empty(), &[]); 6];
     // SAFETY: zero-length writes name no memory.
     unsafe { a.post_send(&w) }.unwrap();
@@ -413,7 +413,7 @@ fn einval_for_sges_and_inline() {
     let mut buf = [0u8; 64];
     let f = fabric();
     let s = f.register(Side::A, &mut buf, RW).unwrap();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let four = [s.sge(0..1).unwrap(); 4];
     let w = [
         wr(1, Opcode::Write, SendFlags::empty(), &four[..3]),
@@ -463,7 +463,7 @@ fn inline_is_copied_at_post_time() {
     let mut d = f
         .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let mut data = *b"inline!!";
     {
         // SAFETY: a live slice; inline entries are read during the post only.
@@ -501,7 +501,7 @@ fn stale_and_foreign_keys_do_not_resolve() {
     };
     let fresh = f.register(Side::B, &mut z, RW).unwrap();
     assert_ne!(old.rkey, fresh.rkey());
-    let (mut a, _b) = f.ends();
+    let (mut a, _b) = f.ends().unwrap();
     let g = [s.sge(0..8).unwrap()];
     let mut w = wr(1, Opcode::Write, SendFlags::empty(), &g);
     w.remote = RemoteMemory {
@@ -562,7 +562,7 @@ fn registration_errors() {
 #[test]
 fn set_error_flushes_and_peer_sees_no_ack() {
     let f = fabric();
-    let (mut a, mut b) = f.ends();
+    let (mut a, mut b) = f.ends().unwrap();
     let rr = [RecvRequest {
         wr_id: 1,
         sges: &[],
