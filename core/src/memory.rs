@@ -85,6 +85,16 @@ impl VolatileBytes {
         Some((self.ptr.as_ptr().addr() as u64 + range.start as u64, len))
     }
 
+    /// The descriptor a peer needs to reach these bytes with `rkey`.
+    #[inline]
+    pub(crate) fn remote(&self, rkey: u32) -> crate::sge::RemoteMemory {
+        crate::sge::RemoteMemory {
+            addr: self.ptr.as_ptr().addr() as u64,
+            len: self.len as u64,
+            rkey,
+        }
+    }
+
     #[inline]
     pub(crate) fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
         let Some(p) = self.at(offset, dst.len()) else {

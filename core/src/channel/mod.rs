@@ -261,7 +261,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// This channel's identity (the one its tickets carry).
-    #[cfg(feature = "alloc")]
+    #[cfg(feature = "verbs")]
     #[inline]
     pub(crate) fn id(&self) -> usize {
         self.id

@@ -123,11 +123,7 @@ impl Registration {
 
     #[inline]
     fn remote(&self) -> RemoteMemory {
-        RemoteMemory {
-            addr: self.ptr.as_ptr().addr() as u64,
-            len: self.len as u64,
-            rkey: self.rkey,
-        }
+        self.bytes().remote(self.rkey)
     }
 
     /// The CPU's volatile view of the bytes.
@@ -405,10 +401,12 @@ impl SharedRegion<'_> {
     /// read targets it until the slice is gone).
     #[inline]
     pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        let (addr, len) = self.bytes().entry(&range)?;
-        let off = addr as usize - self.reg.ptr.as_ptr().addr();
-        // SAFETY: in bounds; the caller guarantees nobody writes the bytes meanwhile.
-        Some(unsafe { core::slice::from_raw_parts(self.reg.ptr.as_ptr().add(off), len as usize) })
+        let (_, len) = self.bytes().entry(&range)?;
+        // SAFETY: `entry` checked the range against the region; the caller guarantees nobody
+        // writes the bytes meanwhile.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.reg.ptr.as_ptr().add(range.start), len as usize)
+        })
     }
 
     /// A gather entry for `range`. The bytes may change under it if peers write them.

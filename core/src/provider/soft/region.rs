@@ -89,11 +89,7 @@ impl SoftRegion<'_> {
     /// The descriptor the peer needs to RDMA the region (which succeeds only with the
     /// matching remote access).
     pub fn remote(&self) -> RemoteMemory {
-        RemoteMemory {
-            addr: self.ptr.as_ptr().addr() as u64,
-            len: self.len as u64,
-            rkey: self.rkey,
-        }
+        self.bytes().remote(self.rkey)
     }
 
     /// The CPU's volatile view of the bytes (the same implementation as the device's
