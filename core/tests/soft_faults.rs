@@ -17,7 +17,7 @@ use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
-use rverbs_core::provider::{Provider, ProviderError, Verb};
+use rverbs_core::provider::{Provider, ProviderError, QueuePair, Verb};
 use rverbs_core::sge::Sge;
 use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
 
@@ -280,7 +280,7 @@ impl<P> Faulty<P> {
     }
 }
 
-impl<P: Provider> Provider for Faulty<P> {
+impl<P: Provider> QueuePair for Faulty<P> {
     fn caps(&self) -> QpCaps {
         self.inner.caps()
     }
@@ -308,6 +308,18 @@ impl<P: Provider> Provider for Faulty<P> {
         unsafe { self.inner.post_recv(wrs) }
     }
 
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        if self.fail_set_error {
+            return Err(ProviderError {
+                verb: Verb::ModifyQpErr,
+                errno: 22,
+            });
+        }
+        self.inner.set_error()
+    }
+}
+
+impl<P: Provider> Provider for Faulty<P> {
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         let n = self.fail_polls.get();
         if n > 0 {
@@ -319,19 +331,8 @@ impl<P: Provider> Provider for Faulty<P> {
         }
         self.inner.poll_send(out)
     }
-
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.inner.poll_recv(out)
-    }
-
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        if self.fail_set_error {
-            return Err(ProviderError {
-                verb: Verb::ModifyQpErr,
-                errno: 22,
-            });
-        }
-        self.inner.set_error()
     }
 }
 

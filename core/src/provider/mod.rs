@@ -37,16 +37,18 @@ impl fmt::Display for ProviderError {
 
 impl core::error::Error for ProviderError {}
 
-/// One connected RC queue pair with a send and a receive completion queue.
+/// One connected RC queue pair: what can be posted to it. Where its completions go is the
+/// business of [`Provider`] (its own two CQs) or of a completion queue several queue pairs
+/// share ([`CompletionQueue`]).
 ///
 /// Completions must be reported in posting order per queue (RC guarantees it), and a send
 /// error must move the queue pair to the error state, flushing everything after it.
-pub trait Provider {
+pub trait QueuePair {
     /// What the queue pair can hold.
     fn caps(&self) -> QpCaps;
 
-    /// The queue pair's number: completions that carry another are not this queue pair's
-    /// (a completion queue shared by mistake), and the engine ignores them.
+    /// The queue pair's number: completions carry it, and a shared completion queue is
+    /// routed by it.
     fn qp_num(&self) -> u32;
 
     /// Posts the requests as one chain (one doorbell). At most
@@ -62,12 +64,28 @@ pub trait Provider {
     /// The [posting contract](crate#the-posting-contract).
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure>;
 
+    /// Moves the queue pair to the error state: every outstanding request completes, flushed.
+    fn set_error(&mut self) -> Result<(), ProviderError>;
+}
+
+/// A completion queue: polled for up to `out.len()` completions at a time.
+pub trait CompletionQueue {
+    /// Polls completions into `out`; returns how many.
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
+
+    /// Most completions the queue holds.
+    fn capacity(&self) -> u32;
+}
+
+/// A connected queue pair with a send and a receive completion queue of its own: what a
+/// [`Channel`](crate::channel::Channel) is built on.
+///
+/// The engine ignores completions that carry another queue pair's number (a completion queue
+/// shared by mistake).
+pub trait Provider: QueuePair {
     /// Polls send completions into `out`; returns how many.
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
 
     /// Polls receive completions into `out`; returns how many.
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
-
-    /// Moves the queue pair to the error state: every outstanding request completes, flushed.
-    fn set_error(&mut self) -> Result<(), ProviderError>;
 }

@@ -3,7 +3,7 @@
 use crate::completion::Completion;
 use crate::params::Mtu;
 use crate::params::QpCaps;
-use crate::provider::{Provider, ProviderError, Verb};
+use crate::provider::{Provider, ProviderError, QueuePair, Verb};
 use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
@@ -103,7 +103,7 @@ fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
     }
 }
 
-impl Provider for VerbsProvider {
+impl QueuePair for VerbsProvider {
     #[inline]
     fn qp_num(&self) -> u32 {
         self.qp.qp_num()
@@ -131,23 +131,24 @@ impl Provider for VerbsProvider {
         unsafe { self.qp.post_recv(wrs) }
     }
 
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp
+            .set_error()
+            .map_err(|e| provider_error(e, Verb::ModifyQpErr))
+    }
+}
+
+impl Provider for VerbsProvider {
     #[inline]
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.send_cq
             .poll(out)
             .map_err(|e| provider_error(e, Verb::PollCq))
     }
-
     #[inline]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.recv_cq
             .poll(out)
             .map_err(|e| provider_error(e, Verb::PollCq))
-    }
-
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.qp
-            .set_error()
-            .map_err(|e| provider_error(e, Verb::ModifyQpErr))
     }
 }

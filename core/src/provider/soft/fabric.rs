@@ -9,7 +9,7 @@ use crate::completion::Completion;
 #[cfg(doc)]
 use crate::completion::WcStatus;
 use crate::params::{QpCaps, RetryCount, RnrRetry};
-use crate::provider::{Provider, ProviderError};
+use crate::provider::{Provider, ProviderError, QueuePair};
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::execute::enter_error;
@@ -245,7 +245,7 @@ impl SoftEnd<'_> {
     }
 }
 
-impl Provider for SoftEnd<'_> {
+impl QueuePair for SoftEnd<'_> {
     fn qp_num(&self) -> u32 {
         self.side.qp_num()
     }
@@ -268,17 +268,20 @@ impl Provider for SoftEnd<'_> {
 
     /// One retry tick for a blocked request of this side, then the polling. Does not
     /// allocate.
-    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.shared.poll_send(self.side.index(), out)
-    }
 
     /// Does not allocate.
-    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.shared.poll_recv(self.side.index(), out)
-    }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.shared.set_error(self.side.index());
         Ok(())
+    }
+}
+
+impl Provider for SoftEnd<'_> {
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.shared.poll_send(self.side.index(), out)
+    }
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.shared.poll_recv(self.side.index(), out)
     }
 }

@@ -11,7 +11,7 @@
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 //! use rverbs_core::memory::AccessFlags;
 //! use rverbs_core::provider::soft::{Side, SoftFabric};
-//! use rverbs_core::provider::Provider;
+//! use rverbs_core::provider::{Provider, QueuePair};
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!
 //! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2,

@@ -2,7 +2,7 @@
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::{QpCaps, RetryCount, RnrRetry};
-use crate::provider::Provider;
+use crate::provider::{Provider, QueuePair};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
