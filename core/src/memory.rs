@@ -17,6 +17,8 @@ use core::ptr::NonNull;
 
 use bitflags::bitflags;
 
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+
 bitflags! {
     /// Access a memory region grants (`ibv_access_flags`): the same flags for a device
     /// region ([`Pd::register`](crate::verbs::Pd::register) and friends) and for the
@@ -364,4 +366,35 @@ mod tests {
         assert!(PageMemory::zeroed(0).is_none());
         assert!(PageMemory::zeroed(usize::MAX).is_none());
     }
+}
+
+/// Registered memory as the node layer uses it, on the device (`SharedRegion`) or on the
+/// software model: a key for peers, volatile loads of flags peers write, and entries for
+/// local work requests. Implemented by the region types; callers use the inherent methods of
+/// the same names.
+pub trait Region {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The descriptor peers need to RDMA this region.
+    fn remote(&self) -> RemoteMemory;
+    /// A volatile little-endian `u64` load at an 8-aligned address; `None` if misaligned or
+    /// out of bounds.
+    fn load_u64(&self, offset: usize) -> Option<u64>;
+    /// Copies bytes at `offset` out of the region; `false` (copying nothing) if out of bounds.
+    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool;
+    /// Copies `src` into the region at `offset`; `false` if out of bounds.
+    fn write_from(&self, offset: usize, src: &[u8]) -> bool;
+    /// A gather entry for `range`.
+    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>>;
+    /// A scatter entry for `range`, if the region has local write access.
+    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>>;
+    /// The bytes of `range` as a slice, or `None` if out of bounds.
+    ///
+    /// # Safety
+    /// Nobody may write the range while the slice lives: no peer and no local work request.
+    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]>;
 }
