@@ -266,11 +266,6 @@ impl QueuePair for SoftEnd<'_> {
         self.shared.post_recv(self.side.index(), wrs)
     }
 
-    /// One retry tick for a blocked request of this side, then the polling. Does not
-    /// allocate.
-
-    /// Does not allocate.
-
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.shared.set_error(self.side.index());
         Ok(())
@@ -278,9 +273,13 @@ impl QueuePair for SoftEnd<'_> {
 }
 
 impl Provider for SoftEnd<'_> {
+    /// One retry tick for a blocked request of this side, then the polling. Does not
+    /// allocate.
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.shared.poll_send(self.side.index(), out)
     }
+
+    /// Does not allocate.
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.shared.poll_recv(self.side.index(), out)
     }
