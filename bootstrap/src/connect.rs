@@ -29,7 +29,23 @@ pub struct ConnectOptions {
 
 impl ConnectOptions {
     /// Defaults for `config`: its job id, 60 s exchange timeout, 30 s first barrier, and
-    /// [`WaitPolicy::default()`] (spin 64 empty polls, then sleep 20 µs on each further one).
+    /// [`WaitPolicy::default()`] (spin 64 empty polls, then sleep 20 µs on each further one),
+    /// the policy the README recommends for VMs and oversubscribed machines:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rverbs_bootstrap::{ClusterConfig, ConnectOptions};
+    /// use rverbs_std_shim::WaitPolicy;
+    ///
+    /// let cfg = ClusterConfig::from_json_str(
+    ///     r#"{"ranks": [{"rank": 0, "host": "127.0.0.1", "port": 17000, "device": "rxe0"}]}"#,
+    ///     "inline",
+    /// )?;
+    /// let mut opts = ConnectOptions::for_config(&cfg);
+    /// assert_eq!(opts.wait, WaitPolicy::Sleep { spins: 64, pause: Duration::from_micros(20) });
+    /// opts.wait = WaitPolicy::Spin; // on dedicated cores
+    /// # Ok::<(), rverbs_bootstrap::BootstrapError>(())
+    /// ```
     pub fn for_config(config: &ClusterConfig) -> Self {
         Self {
             exchange: ExchangeOptions {

@@ -381,6 +381,8 @@ pub trait Region {
     }
     /// The descriptor peers need to RDMA this region.
     fn remote(&self) -> RemoteMemory;
+    /// The access it was registered with.
+    fn access(&self) -> AccessFlags;
     /// A volatile little-endian `u64` load at an 8-aligned address; `None` if misaligned or
     /// out of bounds.
     fn load_u64(&self, offset: usize) -> Option<u64>;
@@ -398,3 +400,53 @@ pub trait Region {
     /// Nobody may write the range while the slice lives: no peer and no local work request.
     unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]>;
 }
+
+/// Implements [`Region`] for a region type by forwarding to its inherent methods of the same
+/// names (which take precedence over the trait's in `Self::` paths).
+macro_rules! region_by_inherent_methods {
+    ($t:ty) => {
+        impl $crate::memory::Region for $t {
+            #[inline]
+            fn len(&self) -> usize {
+                Self::len(self)
+            }
+            #[inline]
+            fn remote(&self) -> $crate::sge::RemoteMemory {
+                Self::remote(self)
+            }
+            #[inline]
+            fn access(&self) -> $crate::memory::AccessFlags {
+                Self::access(self)
+            }
+            #[inline]
+            fn load_u64(&self, offset: usize) -> Option<u64> {
+                Self::load_u64(self, offset)
+            }
+            #[inline]
+            fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
+                Self::read_into(self, offset, dst)
+            }
+            #[inline]
+            fn write_from(&self, offset: usize, src: &[u8]) -> bool {
+                Self::write_from(self, offset, src)
+            }
+            #[inline]
+            fn sge(&self, range: core::ops::Range<usize>) -> Option<$crate::sge::Sge<'_>> {
+                Self::sge(self, range)
+            }
+            #[inline]
+            fn sge_mut(
+                &mut self,
+                range: core::ops::Range<usize>,
+            ) -> Option<$crate::sge::SgeMut<'_>> {
+                Self::sge_mut(self, range)
+            }
+            #[inline]
+            unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
+                // SAFETY: forwarded contract.
+                unsafe { Self::slice_unchecked(self, range) }
+            }
+        }
+    };
+}
+pub(crate) use region_by_inherent_methods;

@@ -67,7 +67,8 @@ fn send_recv_multi_sge_and_immediates() {
             info,
             rverbs_core::channel::Done {
                 byte_len: 100,
-                imm: None
+                imm: None,
+                written: false,
             }
         );
     }
@@ -256,4 +257,27 @@ fn write_to_bad_rkey_fails_and_breaks_the_channel() {
     let mut got = [9u8; 64];
     dst_mr.read_into(0, &mut got);
     assert_eq!(got, [0u8; 64], "nothing may land through a bad rkey");
+}
+
+#[test]
+fn send_recv_ping_pong_through_receive_rings_without_unsafe() {
+    let (ctx, pd) = setup!("send_recv_ping_pong_through_receive_rings_without_unsafe");
+    let (a, b) = support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let ring = |chan| {
+        let mem = rverbs_core::memory::PageMemory::zeroed(16 * 64).unwrap();
+        let mr = pd.register_shared(mem, AccessFlags::LOCAL_WRITE).unwrap();
+        rverbs_core::channel::RecvRing::new(chan, mr, 64).unwrap()
+    };
+    let (mut ping, mut pong) = (ring(a), ring(b));
+    assert_eq!(ping.slots(), 16);
+    // More round trips than slots: every slot is re-posted as it is consumed.
+    for i in 0u32..1000 {
+        ping.channel().send_inline(&i.to_le_bytes()).unwrap();
+        let mut echo = [0u8; 4];
+        echo.copy_from_slice(pong.recv().unwrap().data);
+        pong.channel().send_inline(&echo).unwrap();
+        let back = ping.recv().unwrap();
+        assert_eq!(back.data, &i.to_le_bytes());
+        assert_eq!(back.done.byte_len, 4);
+    }
 }

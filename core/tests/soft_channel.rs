@@ -82,7 +82,8 @@ fn send_and_recv_move_the_bytes() {
             info,
             Done {
                 byte_len: 11,
-                imm: None
+                imm: None,
+                written: false,
             }
         );
     }
@@ -149,7 +150,8 @@ fn write_read_and_write_imm() {
         info,
         Done {
             byte_len: 8,
-            imm: Some(77)
+            imm: Some(77),
+            written: true,
         }
     );
     assert_eq!(bytes::<8>(&bm, 56), pattern::<8>(3));
@@ -236,22 +238,15 @@ fn inline_send_and_write() {
 
     // Inline entries in a batch.
     let (d1, d2) = (*b"batch-1!", *b"batch-2!");
-    let (mut s1, mut s2) = ([g0(); 1], [g0(); 1]);
     let mut batch = a.batch();
     batch
-        .write_inline(&mut s1, &d1, remote.slice(0, 8).unwrap())
+        .write_inline(&d1, remote.slice(0, 8).unwrap())
         .unwrap();
     batch
-        .write_inline(&mut s2, &d2, remote.slice(8, 8).unwrap())
+        .write_inline(&d2, remote.slice(8, 8).unwrap())
         .unwrap();
     batch.run().unwrap();
     assert_eq!(&bytes::<16>(&rm, 0), b"batch-1!batch-2!");
-}
-
-/// A placeholder entry for inline slots (overwritten before use).
-fn g0() -> Sge<'static> {
-    // SAFETY: never posted: the batch overwrites the slot with the inline entry.
-    unsafe { Sge::from_raw(0, 0, 0) }
 }
 
 #[test]

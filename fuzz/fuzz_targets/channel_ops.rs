@@ -411,17 +411,13 @@ fn op_batch<const RY: usize>(
             items.push((Item::Inline(data), remote, data.to_vec(), remote_ok));
         }
     }
-    let mut slots: Vec<[Sge<'_>; 1]> = items
-        .iter()
-        .map(|_| [w.src[y].sge(0..0).expect("empty range")])
-        .collect();
     let max_post = ch.max_post();
     let mut added = Vec::new();
     let mut batch = ch.batch();
-    for ((item, remote, bytes, valid), slot) in items.iter().zip(slots.iter_mut()) {
+    for (item, remote, bytes, valid) in items.iter() {
         let r = match item {
             Item::Gather(sges) => batch.write(sges, *remote).map(|_| ()),
-            Item::Inline(data) => batch.write_inline(slot, data, *remote).map(|_| ()),
+            Item::Inline(data) => batch.write_inline(data, *remote).map(|_| ()),
         };
         let too_big = matches!(item, Item::Inline(d) if d.len() > INLINE);
         match r {

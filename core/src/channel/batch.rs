@@ -29,6 +29,9 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     chan: &'c mut Channel<P, B, R>,
     wrs: heapless::Vec<WorkRequest<'b>, MAX_BATCH>,
+    /// The entry of each inline request (the request's own `sges` is patched to point here
+    /// when the batch is posted: a batch cannot borrow from itself while it is built).
+    inline: [Option<Sge<'b>>; MAX_BATCH],
 }
 
 impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B, R> {
@@ -42,6 +45,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         Self {
             chan,
             wrs: heapless::Vec::new(),
+            inline: [None; MAX_BATCH],
         }
     }
 
@@ -120,31 +124,57 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         self.push(Opcode::Read, SendFlags::empty(), as_gather(sges), remote)
     }
 
-    /// Adds an inline send of `data` (its single entry lives in `slot`, which must outlive
-    /// the batch: inline entries carry no lkey).
-    pub fn send_inline(
-        &mut self,
-        slot: &'b mut [Sge<'b>; 1],
-        data: &'b [u8],
-    ) -> Result<&mut Self, ChannelError> {
-        slot[0] = self.chan.inline_sge(data)?;
-        self.push(
-            Opcode::Send,
-            SendFlags::INLINE,
-            &slot[..],
-            RemoteMemory::default(),
-        )
+    /// Adds an inline send of `data` (copied into the request when the batch is posted, so
+    /// it needs no registered memory).
+    pub fn send_inline(&mut self, data: &'b [u8]) -> Result<&mut Self, ChannelError> {
+        self.push_inline(Opcode::Send, data, RemoteMemory::default())
     }
 
-    /// Adds an inline RDMA write of `data`.
+    /// Adds an inline RDMA write of `data` (copied into the request when the batch is
+    /// posted).
     pub fn write_inline(
         &mut self,
-        slot: &'b mut [Sge<'b>; 1],
         data: &'b [u8],
         remote: RemoteMemory,
     ) -> Result<&mut Self, ChannelError> {
-        slot[0] = self.chan.inline_sge(data)?;
-        self.push(Opcode::Write, SendFlags::INLINE, &slot[..], remote)
+        self.push_inline(Opcode::Write, data, remote)
+    }
+
+    fn push_inline(
+        &mut self,
+        opcode: Opcode,
+        data: &'b [u8],
+        remote: RemoteMemory,
+    ) -> Result<&mut Self, ChannelError> {
+        let sge = self.chan.inline_sge(data)?;
+        let i = self.wrs.len();
+        self.push(opcode, SendFlags::INLINE, &[], remote)?;
+        self.inline[i] = Some(sge);
+        Ok(self)
+    }
+
+    /// Posts the requests with one doorbell, their inline entries pointing into a copy of the
+    /// table that lives for the post.
+    ///
+    /// # Safety
+    /// The posting contract for every buffer the requests name.
+    unsafe fn post_now(&mut self) -> Result<Ticket, ChannelError> {
+        if self.inline[..self.wrs.len()].iter().all(Option::is_none) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.chan.post_send_wrs(&mut self.wrs) };
+        }
+        let entries = self.inline;
+        let mut wrs: heapless::Vec<WorkRequest<'_>, MAX_BATCH> = heapless::Vec::new();
+        for (w, e) in self.wrs.iter().zip(entries.iter()) {
+            let mut w = *w;
+            if let Some(e) = e {
+                w.sges = core::slice::from_ref(e);
+            }
+            // Same capacity as `self.wrs`: cannot be full.
+            let _ = wrs.push(w);
+        }
+        // SAFETY: forwarded contract; inline payloads are copied during the post.
+        unsafe { self.chan.post_send_wrs(&mut wrs) }
     }
 
     fn last_flags(&mut self, f: SendFlags) -> &mut Self {
@@ -188,7 +218,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait
         // for the batch (or its flush) before returning; the guard settles the channel if
         // the wait unwinds.
-        let t = unsafe { self.chan.post_send_wrs(&mut self.wrs) }?;
+        let t = unsafe { self.post_now() }?;
         let guard = SettleOnDrop(&mut *self.chan);
         let r = guard.0.wait(t);
         core::mem::forget(guard);
@@ -208,6 +238,6 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
             return Ok(None);
         }
         // SAFETY: forwarded to the caller.
-        unsafe { self.chan.post_send_wrs(&mut self.wrs) }.map(Some)
+        unsafe { self.post_now() }.map(Some)
     }
 }

@@ -88,6 +88,11 @@ pub enum ChannelError {
         /// The peer's rank, if the channel knows it.
         peer: Option<u32>,
     },
+    /// A [`RecvRing`](super::RecvRing) cannot be built on this memory or channel.
+    InvalidRing {
+        /// Why.
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for ChannelError {
@@ -112,6 +117,7 @@ impl fmt::Display for ChannelError {
             Self::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
             Self::ForeignTicket => f.write_str("the ticket belongs to another channel"),
+            Self::InvalidRing { what } => write!(f, "receive ring: {what}"),
             Self::TimedOut { peer } => write!(
                 f,
                 "timed out waiting for {}; outstanding work was flushed",

@@ -14,6 +14,56 @@
 //! | scoped | [`Channel::scope`]: [`Scope::send`], [`Scope::write_inline`], ... return tickets; the scope waits for everything before it returns, even on panic | borrowed for the scope |
 //! | ticket | [`Channel::post_send_inline`] and [`Channel::post_write_inline`] (safe: the bytes are copied), `unsafe` [`Channel::post_send`], [`Channel::post_write`], [`Channel::post_read`], [`Channel::post_recv`] | the caller's, under the [posting contract](crate#the-posting-contract) |
 //!
+//! Every style takes inline payloads (copied at post time, no registered memory) and
+//! registered memory alike, all without `unsafe`:
+//!
+//! ```
+//! #![forbid(unsafe_code)]
+//! use rverbs_core::channel::{Channel, ChannelConfig};
+//! use rverbs_core::memory::AccessFlags;
+//! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+//! use rverbs_core::poll::StepClock;
+//! use rverbs_core::provider::soft::{Side, SoftFabric};
+//!
+//! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+//! let caps = QpCaps { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2,
+//!                     max_inline_data: 64 };
+//! let (mut src, mut dst) = ([7u8; 64], [0u8; 64]);
+//! let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());
+//! let src = fabric.register(Side::A, &mut src, AccessFlags::LOCAL_WRITE).unwrap();
+//! let dst = fabric
+//!     .register(Side::B, &mut dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+//!     .unwrap();
+//! let (a, _b) = fabric.ends().unwrap();
+//! let mut chan = Channel::new(a, ChannelConfig::default(), &CLOCK);
+//! let (sges, at) = ([src.sge(0..8).unwrap()], |o| dst.remote().slice(o, 8).unwrap());
+//!
+//! // Blocking: post and wait.
+//! chan.write(&sges, at(0)).unwrap();
+//! chan.write_inline(b"inline-1", at(8)).unwrap();
+//! // Batched: one doorbell, then wait.
+//! let mut batch = chan.batch();
+//! batch.write(&sges, at(16)).unwrap();
+//! batch.write_inline(b"inline-2", at(24)).unwrap();
+//! batch.run().unwrap();
+//! // Scoped: tickets inside, everything waited for at the end.
+//! chan.scope(|s| {
+//!     s.write(&sges, at(32))?;
+//!     s.write_inline(b"inline-3", at(40))
+//! })
+//! .unwrap()
+//! .unwrap();
+//! // Ticket: the lowest-latency write, waited for later.
+//! let t = chan.post_write_inline(b"inline-4", at(48)).unwrap();
+//! chan.wait(t).unwrap();
+//!
+//! let mut got = [0u8; 56];
+//! dst.read_into(0, &mut got);
+//! assert_eq!(&got[8..16], b"inline-1");
+//! assert_eq!(&got[48..56], b"inline-4");
+//! assert_eq!(&got[32..40], &[7u8; 8]);
+//! ```
+//!
 //! **The lowest-latency calls**: for small payloads, [`Channel::post_write_inline`] and
 //! [`Channel::post_send_inline`] (no registered memory, one doorbell, no wait; the next
 //! signaled request retires them). For larger payloads, a [`Batch`] of up to
@@ -44,12 +94,14 @@
 mod batch;
 mod error;
 mod ops;
+mod ring;
 mod scope;
 mod ticket;
 mod wait;
 
 pub use batch::Batch;
 pub use error::{ChannelError, WrFailure};
+pub use ring::{Received, RecvRing};
 pub use scope::Scope;
 use ticket::Work;
 pub use ticket::{Done, Ticket};
@@ -59,7 +111,7 @@ use core::time::Duration;
 
 pub(crate) use error::PeerName;
 
-use crate::completion::{Completion, WcStatus};
+use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;
 use crate::poll::{Backoff, Spin, StaticClock};
 use crate::provider::Provider;
@@ -136,6 +188,7 @@ const EMPTY_SLOT: RecvSlot = RecvSlot {
     info: Done {
         byte_len: 0,
         imm: None,
+        written: false,
     },
     status: WcStatus::Success,
     vendor_err: 0,
@@ -358,6 +411,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             info: Done {
                 byte_len: c.byte_len,
                 imm: c.imm,
+                written: c.kind == CompletionKind::RecvWriteImm,
             },
             status: c.status,
             vendor_err: c.vendor_err,

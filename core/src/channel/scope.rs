@@ -54,6 +54,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         F: for<'s> FnOnce(&mut Scope<'s, 'env, P, B, R>) -> T,
     {
         let already_broken = self.broken;
+        let recv_start = self.recv_next;
         // Settles the channel if the closure panics: nothing the scope posted may outlive the
         // borrows it held.
         let guard = SettleOnDrop(self);
@@ -63,11 +64,20 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         };
         let out = f(&mut scope);
         let chan = &mut *guard.0;
+        // Exactly what the scope posted: every send so far (sends complete in order, so the
+        // earlier ones come with them) and the receives posted in the scope, but not
+        // receives posted before it (a receive ring's), which wait for their messages.
+        let (send_end, recv_end) = (chan.next_seq, chan.recv_next);
         // Bounded by the channel's timeout, and drained before it returns an error, so the
         // guard below has nothing left to do on this path.
-        let r = chan.poll_until(Channel::all_done, None);
-        chan.release_recv_results();
-        drop(guard);
+        let r = chan.poll_until(
+            |c| c.done_seq >= send_end && (recv_end == recv_start || c.recv_done >= recv_end),
+            None,
+        );
+        chan.release_recv_results(recv_start..recv_end);
+        // Nothing of the scope's is in flight any more (or it was drained): the guard is
+        // only for unwinding, and would flush receives posted before the scope.
+        core::mem::forget(guard);
         r?;
         if self.broken != already_broken {
             if let Some(e) = self.failure() {

@@ -61,4 +61,7 @@ pub struct Done {
     pub byte_len: u32,
     /// The immediate, for sends and writes with immediate.
     pub imm: Option<u32>,
+    /// The receive was consumed by an RDMA write with immediate: the bytes went to the
+    /// memory the peer wrote, none to the receive buffer (`byte_len` is the written length).
+    pub written: bool,
 }

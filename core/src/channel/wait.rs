@@ -120,10 +120,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         core::mem::forget(guard);
     }
 
-    /// Forgets every completed receive result nobody asked for (a scope that ended).
-    pub(super) fn release_recv_results(&mut self) {
-        for s in self.slots.iter_mut() {
-            s.taken = true;
+    /// Forgets the results of the receives `seqs` that nobody asked for (a scope that ended).
+    pub(super) fn release_recv_results(&mut self, seqs: core::ops::Range<u64>) {
+        if R == 0 {
+            return;
+        }
+        for r in seqs {
+            self.slots[(r % R as u64) as usize].taken = true;
         }
     }
 

@@ -80,7 +80,17 @@ impl VerbsProvider {
         &self.qp
     }
 
-    /// The route this side sends on: `channel.provider().route()`.
+    /// The route this side sends on (GID index and GID, chosen automatically unless the
+    /// configuration named one), readable from a connected channel:
+    ///
+    /// ```no_run
+    /// #![forbid(unsafe_code)]
+    /// # fn f(chan: &rverbs_core::channel::Channel<rverbs_core::provider::verbs::VerbsProvider>) {
+    /// let route = chan.provider().route();
+    /// let mtu = chan.provider().path_mtu();
+    /// println!("GID index {} ({:?}), path MTU {mtu:?}", route.gid_index, route.gid);
+    /// # }
+    /// ```
     pub fn route(&self) -> Route {
         self.qp.route()
     }

@@ -448,38 +448,4 @@ impl fmt::Debug for SharedRegion<'_> {
     }
 }
 
-impl crate::memory::Region for SharedRegion<'_> {
-    #[inline]
-    fn len(&self) -> usize {
-        SharedRegion::len(self)
-    }
-    #[inline]
-    fn remote(&self) -> RemoteMemory {
-        SharedRegion::remote(self)
-    }
-    #[inline]
-    fn load_u64(&self, offset: usize) -> Option<u64> {
-        SharedRegion::load_u64(self, offset)
-    }
-    #[inline]
-    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        SharedRegion::read_into(self, offset, dst)
-    }
-    #[inline]
-    fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        SharedRegion::write_from(self, offset, src)
-    }
-    #[inline]
-    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        SharedRegion::sge(self, range)
-    }
-    #[inline]
-    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        SharedRegion::sge_mut(self, range)
-    }
-    #[inline]
-    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        // SAFETY: forwarded contract.
-        unsafe { SharedRegion::slice_unchecked(self, range) }
-    }
-}
+crate::memory::region_by_inherent_methods!(SharedRegion<'_>);

@@ -15,7 +15,28 @@ use super::{AccessFlags, Side};
 /// Memory registered with one side of a [`SoftFabric`]; deregistered on drop.
 ///
 /// Peers may write it (with [`AccessFlags::REMOTE_WRITE`]) whenever the model runs, so the CPU
-/// reaches its bytes only through volatile copies, never through a slice.
+/// reaches its bytes only through volatile copies and loads, never through a slice; the
+/// loads are as narrow as the flag a peer writes (the device's `SharedRegion` has the same):
+///
+/// ```
+/// #![forbid(unsafe_code)]
+/// use rverbs_core::memory::AccessFlags;
+/// use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+/// use rverbs_core::provider::soft::{Side, SoftFabric};
+///
+/// #[repr(align(8))]
+/// struct Flags([u8; 16]);
+/// let mut flags = Flags([0; 16]);
+/// let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1,
+///                     max_inline_data: 16 };
+/// let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());
+/// let r = fabric.register(Side::A, &mut flags.0, AccessFlags::LOCAL_WRITE).unwrap();
+/// r.write_from(0, &[1, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
+/// assert_eq!(r.load_u8(0), Some(1));
+/// assert_eq!(r.load_u32(4), Some(0xdead_beef));
+/// assert_eq!(r.load_u32(2), None); // misaligned
+/// assert_eq!(r.load_u64(0), Some(0xdead_beef_0000_0001));
+/// ```
 pub struct SoftRegion<'f> {
     pub(super) shared: &'f Shared,
     pub(super) side: Side,
@@ -107,6 +128,20 @@ impl SoftRegion<'_> {
 
     volatile_byte_accessors!();
 
+    /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
+    ///
+    /// # Safety
+    /// Nobody may write the range while the slice lives: no peer (the region grants no
+    /// remote write, or the protocol rules it out) and no local work request.
+    pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        let (_, len) = self.range(&range)?;
+        // SAFETY: the range lies inside the region, whose buffer is borrowed for the fabric's
+        // lifetime; the caller guarantees nobody writes it while the slice lives.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), len as usize)
+        })
+    }
+
     /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
     /// Does not allocate.
     pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
@@ -148,3 +183,5 @@ impl SoftRegion<'_> {
         Some(parts.map(|(addr, len)| unsafe { SgeMut::from_raw(addr, len, self.lkey) }))
     }
 }
+
+crate::memory::region_by_inherent_methods!(SoftRegion<'_>);
