@@ -273,12 +273,6 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.done_seq
     }
 
-    /// The most recently posted receive, if it has not completed yet.
-    #[cfg(feature = "alloc")]
-    pub(crate) fn last_pending_recv(&self) -> Option<Ticket> {
-        (self.recv_next > self.recv_done).then(|| self.ticket(Work::Recv(self.recv_next - 1)))
-    }
-
     /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.
     pub fn batch<'b>(&mut self) -> Batch<'_, 'b, P, B, R> {
         Batch::new(self)

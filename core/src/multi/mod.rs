@@ -82,6 +82,10 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     chans: Vec<Channel<P, B, R>>,
     /// Rank -> index into `chans` (`NONE` where there is no channel): O(1) lookup.
     index: Vec<u32>,
+    /// Per channel, the last send-queue ticket of the multi-peer call in progress: the call
+    /// waits for exactly that (and what came before it on that queue), not for receives
+    /// posted by others (a node's messaging rings).
+    last: Vec<Option<Ticket>>,
 }
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChannel<P, B, R> {
@@ -123,7 +127,8 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             }
             index[r] = i as u32;
         }
-        Ok(Self { chans, index })
+        let last = vec![None; chans.len()];
+        Ok(Self { chans, index, last })
     }
 
     /// Number of peers.
@@ -258,18 +263,23 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (u32, T)>,
     {
-        let mut guard = Settle::new(&mut self.chans, &self.index);
+        let mut guard = Settle::new(&mut self.chans, &self.index, &mut self.last);
         let mut first = None;
         for (rank, item) in ops {
             let r = match guard.channel(rank) {
                 None => Err(MultiError::UnknownRank(rank)),
-                Some(c) => {
+                Some((c, last)) => {
                     let mut b = c.batch();
                     add(&mut b, item)
                         // SAFETY: the items' buffers are borrowed for 'a, beyond this call,
                         // and the guard settles every channel before the call returns or
                         // unwinds.
-                        .and_then(|()| unsafe { b.post() }.map(|_| ()))
+                        .and_then(|()| unsafe { b.post() })
+                        .map(|t| {
+                            if t.is_some() {
+                                *last = t;
+                            }
+                        })
                         .map_err(at(rank))
                 }
             };
@@ -332,22 +342,24 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (u32, &'a mut [SgeMut<'a>])>,
     {
-        let mut guard = Settle::new(&mut self.chans, &self.index);
+        let mut guard = Settle::new(&mut self.chans, &self.index, &mut self.last);
         let mut first = None;
         for (rank, sges) in ops {
             let r = match guard.channel(rank) {
                 None => Err(MultiError::UnknownRank(rank)),
                 // SAFETY: 'a outlives this call, and the guard settles every channel before
                 // the call returns or unwinds.
-                Some(c) => unsafe { c.post_recv(sges) }.map(|_| ()).map_err(at(rank)),
+                Some((c, last)) => unsafe { c.post_recv(sges) }
+                    .map(|t| *last = Some(t))
+                    .map_err(at(rank)),
             };
             if let Err(e) = r {
                 first = Some(e);
                 break;
             }
         }
-        for c in guard.chans.iter_mut() {
-            let Some(t) = c.last_pending_recv() else {
+        for (c, last) in guard.chans.iter_mut().zip(guard.last.iter_mut()) {
+            let Some(t) = last.take() else {
                 continue;
             };
             let rank = rank_of(c);
@@ -370,33 +382,44 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
 struct Settle<'m, P: Provider, B: Backoff + Clone, const R: usize> {
     chans: &'m mut [Channel<P, B, R>],
     index: &'m [u32],
+    /// The last ticket the call posted on each channel.
+    last: &'m mut [Option<Ticket>],
     unwinding: bool,
 }
 
 impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
-    fn new(chans: &'m mut [Channel<P, B, R>], index: &'m [u32]) -> Self {
+    fn new(
+        chans: &'m mut [Channel<P, B, R>],
+        index: &'m [u32],
+        last: &'m mut [Option<Ticket>],
+    ) -> Self {
+        last.fill(None);
         Self {
             chans,
             index,
+            last,
             unwinding: true,
         }
     }
 
-    fn channel(&mut self, rank: u32) -> Option<&mut Channel<P, B, R>> {
+    fn channel(&mut self, rank: u32) -> Option<(&mut Channel<P, B, R>, &mut Option<Ticket>)> {
         match self.index.get(rank as usize) {
-            Some(&i) if i != NONE => self.chans.get_mut(i as usize),
+            Some(&i) if i != NONE => {
+                let i = i as usize;
+                Some((self.chans.get_mut(i)?, self.last.get_mut(i)?))
+            }
             _ => None,
         }
     }
 
-    /// The normal exit: waits (at most each channel's timeout) for everything outstanding on
-    /// every channel with work in flight, and reports the first failure.
+    /// The normal exit: waits (at most each channel's timeout) for the last ticket the call
+    /// posted on each channel, and reports the first failure.
     fn wait_all(&mut self) -> Result<(), MultiError> {
         self.unwinding = false;
         let mut first = None;
-        for c in self.chans.iter_mut() {
-            if c.outstanding_sends() > 0 || c.outstanding_recvs() > 0 {
-                if let Err(error) = c.wait_all() {
+        for (c, last) in self.chans.iter_mut().zip(self.last.iter_mut()) {
+            if let Some(t) = last.take() {
+                if let Err(error) = c.wait(t) {
                     let rank = rank_of(c);
                     first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
                 }
@@ -408,8 +431,14 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> Drop for Settle<'_, P, B, R> {
     fn drop(&mut self) {
-        for c in self.chans.iter_mut() {
-            c.settle(self.unwinding);
+        if !self.unwinding {
+            // `wait_all` waited for (or drained) everything the call posted.
+            return;
+        }
+        for (c, last) in self.chans.iter_mut().zip(self.last.iter()) {
+            if last.is_some() {
+                c.settle(true);
+            }
         }
     }
 }
