@@ -2,7 +2,7 @@
 
 use core::time::Duration;
 
-use rverbs_core::node::{Node, NodeConfig, NodeError, PreparedNode};
+use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, VerbsNode};
 use rverbs_core::verbs::{open_device, DeviceList};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
@@ -63,7 +63,7 @@ impl ConnectOptions {
 #[derive(Debug)]
 pub struct Connected {
     /// The node.
-    pub node: Node<StdBackoff>,
+    pub node: VerbsNode<StdBackoff>,
     /// The TCP session, still open (use it for out-of-band all-gathers or close it).
     pub session: Session,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).

@@ -28,7 +28,7 @@ use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig, Sessi
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
-use rverbs_core::node::{Event, Node, NodeError};
+use rverbs_core::node::{Event, NodeError, VerbsNode};
 use rverbs_core::params::{RetryCount, RnrRetry};
 use rverbs_core::poll::{Clock, Deadline};
 use rverbs_core::verbs::AccessFlags;
@@ -345,7 +345,7 @@ fn names(e: &ChannelError, rank: u32) -> bool {
 /// Blocks in `wait` on rank 1, which the parent kills meanwhile, and checks what comes back.
 fn survivor(
     wait: &str,
-    node: &mut Node<StdBackoff>,
+    node: &mut VerbsNode<StdBackoff>,
     session: &mut Session,
     mark: &Path,
     retries: Duration,
@@ -493,7 +493,12 @@ fn payload(seq: u32) -> Vec<u8> {
     m
 }
 
-fn messaging(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic, rank: u32) {
+fn messaging(
+    node: &mut VerbsNode<StdBackoff>,
+    session: &mut Session,
+    clock: &Monotonic,
+    rank: u32,
+) {
     let peer = 1 - rank;
     // Too many slots on a fresh node: refused, and nothing posted.
     let cap = node.channel(peer).unwrap().recv_capacity();
@@ -534,11 +539,26 @@ fn messaging(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monoton
 
 /// Rank 0: each round's messages, then waits until rank 1 has them all (its completions,
 /// then the out-of-band round), so at most one round (never more than `SLOTS`) is in flight.
-fn send_rounds(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic) {
+fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut Session, clock: &Monotonic) {
     let mut seq = 0;
     for n in ROUNDS {
         for _ in 0..n {
-            let _ = node.post_send_inline(1, &payload(seq)).unwrap();
+            // Without credit (rank 1 has not returned it yet) the send waits its turn.
+            let deadline = Deadline::after(clock, Duration::from_secs(30));
+            while let Err(e) = node.post_send_inline(1, &payload(seq)) {
+                assert!(
+                    matches!(e, NodeError::WouldBlock { rank: 1 }),
+                    "rank 0: {e}"
+                );
+                assert!(!deadline.passed(clock), "rank 0: no credit from rank 1");
+                node.progress(64, |ev| {
+                    assert!(
+                        matches!(ev, Event::SendsCompleted { rank: 1, .. }),
+                        "{ev:?}"
+                    )
+                })
+                .unwrap();
+            }
             seq += 1;
         }
         // Counts every send request of the channel, the first barrier's included.
@@ -571,7 +591,7 @@ enum Seen {
 }
 
 /// Rank 1: the handler panics on the first message; every later one must still arrive.
-fn receive_rounds(node: &mut Node<StdBackoff>, session: &mut Session, clock: &Monotonic) {
+fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut Session, clock: &Monotonic) {
     let seen = RefCell::new(Seen::Nothing);
     let deadline = Deadline::after(clock, Duration::from_secs(30));
     eprintln!("rank 1: the handler panics on purpose on the first message:");

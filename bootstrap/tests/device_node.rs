@@ -190,7 +190,7 @@ fn child_rank() {
 }
 
 fn timeout(
-    node: &mut rverbs_core::node::Node<StdBackoff>,
+    node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
     clock: &rverbs_std_shim::Monotonic,
     rank: u32,
 ) {
@@ -228,7 +228,7 @@ fn timeout(
 }
 
 fn full(
-    node: &mut rverbs_core::node::Node<StdBackoff>,
+    node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
     clock: &rverbs_std_shim::Monotonic,
     rank: u32,
     world: u32,
@@ -481,6 +481,30 @@ fn full(
     let mut bad = 0u32;
     let mut completions_seen = 0u64;
     for round in 0..rounds {
+        let got: [std::cell::Cell<u32>; 8] =
+            core::array::from_fn(|i| std::cell::Cell::new(next_from[i]));
+        let bad_seen = std::cell::Cell::new(0u32);
+        let completions = std::cell::Cell::new(0u64);
+        let on_event = |ev: rverbs_core::node::Event<'_>| match ev {
+            rverbs_core::node::Event::Message {
+                rank: from,
+                data,
+                imm: None,
+            } if data.len() == 12 => {
+                let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
+                let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
+                let to = u32::from_le_bytes(data[8..].try_into().unwrap());
+                let g = &got[from as usize];
+                if sender != from || to != rank || seq != g.get() {
+                    bad_seen.set(bad_seen.get() + 1);
+                }
+                g.set(g.get() + 1);
+            }
+            rverbs_core::node::Event::SendsCompleted { .. } => {
+                completions.set(completions.get() + 1)
+            }
+            other => panic!("rank {rank}: unexpected event {other:?}"),
+        };
         for r in (0..world).filter(|&r| r != rank) {
             for k in 0..per_round {
                 let seq = round * per_round + k;
@@ -488,42 +512,31 @@ fn full(
                 m[..4].copy_from_slice(&rank.to_le_bytes());
                 m[4..8].copy_from_slice(&seq.to_le_bytes());
                 m[8..].copy_from_slice(&r.to_le_bytes());
-                // Completion shows up as an Event::SendsCompleted in progress.
-                let _ = node.post_send_inline(r, &m).unwrap();
+                // Completion shows up as an Event::SendsCompleted in progress; without
+                // credit (the receiver has not returned it yet) the send waits its turn.
+                let deadline = rverbs_core::poll::Deadline::after(clock, tmo);
+                loop {
+                    match node.post_send_inline(r, &m) {
+                        Ok(_) => break,
+                        Err(NodeError::WouldBlock { .. }) => {
+                            assert!(!deadline.passed(clock), "rank {rank}: no credit from {r}");
+                            node.progress(64, on_event).unwrap();
+                        }
+                        Err(e) => panic!("rank {rank}: send to {r}: {e}"),
+                    }
+                }
             }
         }
         let want = (round + 1) * per_round;
         let deadline = rverbs_core::poll::Deadline::after(clock, tmo);
-        let got: [std::cell::Cell<u32>; 8] =
-            core::array::from_fn(|i| std::cell::Cell::new(next_from[i]));
-        node.progress_until(
-            clock,
-            deadline,
-            |ev| match ev {
-                rverbs_core::node::Event::Message {
-                    rank: from,
-                    data,
-                    imm: None,
-                } if data.len() == 12 => {
-                    let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
-                    let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
-                    let to = u32::from_le_bytes(data[8..].try_into().unwrap());
-                    let g = &got[from as usize];
-                    if sender != from || to != rank || seq != g.get() {
-                        bad += 1;
-                    }
-                    g.set(g.get() + 1);
-                }
-                rverbs_core::node::Event::SendsCompleted { .. } => completions_seen += 1,
-                other => panic!("rank {rank}: unexpected event {other:?}"),
-            },
-            || {
-                (0..world)
-                    .filter(|&r| r != rank)
-                    .all(|r| got[r as usize].get() >= want)
-            },
-        )
+        node.progress_until(clock, deadline, on_event, || {
+            (0..world)
+                .filter(|&r| r != rank)
+                .all(|r| got[r as usize].get() >= want)
+        })
         .unwrap_or_else(|e| panic!("rank {rank} round {round}: {e}"));
+        bad += bad_seen.get();
+        completions_seen += completions.get();
         next_from = core::array::from_fn(|i| got[i].get());
     }
     assert_eq!(bad, 0, "rank {rank}: messages out of order or misaddressed");

@@ -119,7 +119,7 @@ pub mod memory;
 #[allow(unsafe_code)]
 pub mod multi;
 // Receive rings are posted through `Channel::post_recv` and read after completion.
-#[cfg(feature = "verbs")]
+#[cfg(feature = "alloc")]
 #[allow(unsafe_code)]
 pub mod node;
 pub mod params;

@@ -73,6 +73,8 @@ pub enum BarrierError {
     UnorderedPeers,
     /// The member list names a rank twice.
     DuplicatePeers,
+    /// A barrier started with [`BarrierState::start`] has not finished yet.
+    AlreadyStarted,
     /// A member is not a rank of this world.
     RankOutOfRange(u32),
     /// The deadline passed before every awaited rank arrived.
@@ -100,6 +102,7 @@ impl fmt::Display for BarrierError {
             Self::SelfNotInGroup => f.write_str("this rank is not in the barrier's member list"),
             Self::UnorderedPeers => f.write_str("barrier members must be sorted ascending"),
             Self::DuplicatePeers => f.write_str("barrier members must not repeat"),
+            Self::AlreadyStarted => f.write_str("a barrier is already in progress"),
             Self::RankOutOfRange(r) => write!(f, "rank {r} is not in this world"),
             Self::Timeout {
                 missing,
@@ -140,6 +143,64 @@ pub struct BarrierState {
     sent: Vec<u64>,
     expected: Vec<u64>,
     poisoned: bool,
+    pending: Option<Pending>,
+}
+
+/// A barrier in progress: which stage, whether its notifications went out, and its deadline.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    alg: BarrierAlgorithm,
+    /// This rank's index in the member list.
+    i: usize,
+    stage: u32,
+    entered: bool,
+    deadline: Deadline,
+}
+
+/// Ranks of one side of a stage, as positions in the member list (no allocation).
+#[derive(Clone, Copy, Debug)]
+enum Set {
+    None,
+    One(usize),
+    Span(usize, usize),
+}
+
+impl Set {
+    fn iter(self) -> impl Iterator<Item = usize> {
+        let (a, b) = match self {
+            Set::None => (0, 0),
+            Set::One(k) => (k, k + 1),
+            Set::Span(a, b) => (a, b),
+        };
+        a..b
+    }
+}
+
+/// Stage `k` of algorithm `alg` for member `i` of `n`: whom to notify on entering it, then
+/// whom to wait for; `None` after the last stage.
+fn stage(alg: BarrierAlgorithm, n: usize, i: usize, k: u32) -> Option<(Set, Set)> {
+    match alg {
+        BarrierAlgorithm::Centralized => match (i, k) {
+            (0, 0) => Some((Set::None, Set::Span(1, n))),
+            (0, 1) => Some((Set::Span(1, n), Set::None)),
+            (_, 0) => Some((Set::One(0), Set::One(0))),
+            _ => None,
+        },
+        BarrierAlgorithm::Dissemination => {
+            let d = 1usize.checked_shl(k).filter(|&d| d < n)?;
+            Some((Set::One((i + d) % n), Set::One((i + n - d) % n)))
+        }
+        BarrierAlgorithm::BinaryTree => {
+            let kids = Set::Span((2 * i + 1).min(n), (2 * i + 3).min(n));
+            match k {
+                0 => Some((Set::None, kids)),
+                1 if i > 0 => Some((Set::One((i - 1) / 2), Set::One((i - 1) / 2))),
+                1 => Some((Set::None, Set::None)),
+                2 => Some((kids, Set::None)),
+                _ => None,
+            }
+        }
+    }
 }
 
 impl BarrierState {
@@ -150,6 +211,7 @@ impl BarrierState {
             sent: vec![0; world as usize],
             expected: vec![0; world as usize],
             poisoned: false,
+            pending: None,
         }
     }
 
@@ -184,7 +246,8 @@ impl BarrierState {
         }
     }
 
-    /// Runs one barrier over `members` (validated first). Does not allocate.
+    /// Runs one barrier over `members` (validated first), waiting with `backoff` between
+    /// rounds of polling. Does not allocate.
     pub fn run<T: BarrierTransport, C: Clock, B: Backoff>(
         &mut self,
         t: &mut T,
@@ -194,122 +257,131 @@ impl BarrierState {
         timeout: Duration,
         backoff: &mut B,
     ) -> Result<(), BarrierError> {
-        if self.poisoned {
-            return Err(BarrierError::Poisoned);
-        }
-        self.validate(members)?;
-        let deadline = Deadline::after(clock, timeout);
-        let r = self.run_unchecked(t, members, alg, clock, deadline, backoff);
-        if r.is_err() {
-            self.poisoned = true;
-        }
-        r
-    }
-
-    fn run_unchecked<T: BarrierTransport, C: Clock, B: Backoff>(
-        &mut self,
-        t: &mut T,
-        m: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        deadline: Deadline,
-        backoff: &mut B,
-    ) -> Result<(), BarrierError> {
-        let n = m.len();
-        if n <= 1 {
-            return Ok(());
-        }
-        let i = m.iter().position(|&r| r == self.me).unwrap_or(0);
-        let mut w = Waiter {
-            clock,
-            deadline,
-            backoff,
-        };
-        match alg {
-            BarrierAlgorithm::Centralized => {
-                let leader = m[0];
-                if i == 0 {
-                    self.wait(t, &m[1..], &mut w)?;
-                    for &r in &m[1..] {
-                        self.notify(t, r)?;
-                    }
-                } else {
-                    self.notify(t, leader)?;
-                    self.wait(t, &[leader], &mut w)?;
-                }
-            }
-            BarrierAlgorithm::Dissemination => {
-                let mut d = 1;
-                while d < n {
-                    self.notify(t, m[(i + d) % n])?;
-                    self.wait(t, &[m[(i + n - d) % n]], &mut w)?;
-                    d *= 2;
-                }
-            }
-            BarrierAlgorithm::BinaryTree => {
-                let (c1, c2) = (2 * i + 1, 2 * i + 2);
-                let kids = &m[c1.min(n)..(c2 + 1).min(n)];
-                self.wait(t, kids, &mut w)?;
-                if i > 0 {
-                    let parent = m[(i - 1) / 2];
-                    self.notify(t, parent)?;
-                    self.wait(t, &[parent], &mut w)?;
-                }
-                for &k in kids {
-                    self.notify(t, k)?;
-                }
-            }
+        self.start(t, members, alg, clock, timeout)?;
+        backoff.reset();
+        while !self.poll(t, members, clock)? {
+            backoff.snooze();
         }
         Ok(())
     }
 
-    fn notify<T: BarrierTransport>(&mut self, t: &mut T, rank: u32) -> Result<(), BarrierError> {
-        let c = &mut self.sent[rank as usize];
-        *c += 1;
-        t.notify(rank, *c)
-    }
-
-    fn wait<T: BarrierTransport, C: Clock, B: Backoff>(
+    /// Starts a barrier over `members` (validated first) and sends what it can without
+    /// waiting; [`BarrierState::poll`] with the same members finishes it. Does not allocate.
+    pub fn start<T: BarrierTransport, C: Clock>(
         &mut self,
         t: &mut T,
-        ranks: &[u32],
-        w: &mut Waiter<'_, C, B>,
+        members: &[u32],
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
     ) -> Result<(), BarrierError> {
-        for &r in ranks {
-            self.expected[r as usize] += 1;
+        if self.poisoned {
+            return Err(BarrierError::Poisoned);
         }
-        w.backoff.reset();
-        loop {
-            if ranks
-                .iter()
-                .all(|&r| t.arrived(r) >= self.expected[r as usize])
-            {
-                return Ok(());
+        if self.pending.is_some() {
+            return Err(BarrierError::AlreadyStarted);
+        }
+        self.validate(members)?;
+        if members.len() <= 1 {
+            return Ok(());
+        }
+        self.pending = Some(Pending {
+            alg,
+            i: members.iter().position(|&r| r == self.me).unwrap_or(0),
+            stage: 0,
+            entered: false,
+            deadline: Deadline::after(clock, timeout),
+        });
+        self.advance(t, members).map(|_| ())
+    }
+
+    /// Advances the barrier in progress: `Ok(true)` once it completed (also when none is in
+    /// progress), `Ok(false)` while ranks are still awaited, an error (which poisons the
+    /// state) on a transport failure or when the deadline passed. Never waits. Does not
+    /// allocate.
+    pub fn poll<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        members: &[u32],
+        clock: &C,
+    ) -> Result<bool, BarrierError> {
+        let Some(p) = self.pending else {
+            return Ok(true);
+        };
+        if self.advance(t, members)? {
+            return Ok(true);
+        }
+        if p.deadline.passed(clock) {
+            return Err(self.fail(self.timeout_error(t, members)));
+        }
+        if let Err(e) = t.progress() {
+            return Err(self.fail(e));
+        }
+        self.advance(t, members)
+    }
+
+    fn fail(&mut self, e: BarrierError) -> BarrierError {
+        self.poisoned = true;
+        self.pending = None;
+        e
+    }
+
+    /// Runs stages while their awaited ranks have arrived; true when the last one is done.
+    fn advance<T: BarrierTransport>(&mut self, t: &mut T, m: &[u32]) -> Result<bool, BarrierError> {
+        let Some(mut p) = self.pending else {
+            return Ok(true);
+        };
+        let n = m.len();
+        while let Some((notify, wait)) = stage(p.alg, n, p.i, p.stage) {
+            if !p.entered {
+                for k in notify.iter() {
+                    let r = m[k];
+                    let c = &mut self.sent[r as usize];
+                    *c += 1;
+                    let count = *c;
+                    if let Err(e) = t.notify(r, count) {
+                        return Err(self.fail(e));
+                    }
+                }
+                for k in wait.iter() {
+                    self.expected[m[k] as usize] += 1;
+                }
+                p.entered = true;
             }
-            if w.deadline.passed(w.clock) {
-                let mut missing = heapless::Vec::new();
-                let mut missing_count = 0;
-                for &r in ranks {
+            let all_in = wait
+                .iter()
+                .all(|k| t.arrived(m[k]) >= self.expected[m[k] as usize]);
+            if !all_in {
+                self.pending = Some(p);
+                return Ok(false);
+            }
+            p.stage += 1;
+            p.entered = false;
+        }
+        self.pending = None;
+        Ok(true)
+    }
+
+    /// The timeout error of the stage in progress: which of its ranks never arrived.
+    fn timeout_error<T: BarrierTransport>(&self, t: &T, m: &[u32]) -> BarrierError {
+        let mut missing = heapless::Vec::new();
+        let mut missing_count = 0;
+        if let Some(p) = self.pending {
+            if let Some((_, wait)) = stage(p.alg, m.len(), p.i, p.stage) {
+                for k in wait.iter() {
+                    let r = m[k];
                     if t.arrived(r) < self.expected[r as usize] {
                         missing_count += 1;
                         let _ = missing.push(r);
                     }
                 }
-                return Err(BarrierError::Timeout {
-                    missing,
-                    missing_count,
-                });
             }
-            t.progress()?;
-            w.backoff.snooze();
+        }
+        BarrierError::Timeout {
+            missing,
+            missing_count,
         }
     }
-}
-
-struct Waiter<'a, C, B> {
-    clock: &'a C,
-    deadline: Deadline,
-    backoff: &'a mut B,
 }
 
 #[cfg(test)]

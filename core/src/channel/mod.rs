@@ -314,7 +314,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// This channel's identity (the one its tickets carry).
-    #[cfg(feature = "verbs")]
+    #[cfg(feature = "alloc")]
     #[inline]
     pub(crate) fn id(&self) -> usize {
         self.id
@@ -358,6 +358,17 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[inline]
     pub fn outstanding_recvs(&self) -> u64 {
         self.recv_next - self.recv_done
+    }
+
+    /// Whether `n` more send-queue requests fit without waiting, after one poll if they do
+    /// not fit yet (a failed poll breaks the channel and answers `false`). For callers that
+    /// must never spin inside a post. Does not allocate.
+    pub fn send_room(&mut self, n: usize) -> bool {
+        let fits = |c: &Self| c.next_seq + n as u64 - c.done_seq <= c.sq_depth;
+        if fits(self) {
+            return true;
+        }
+        self.poll().is_ok() && fits(self)
     }
 
     /// Polls both completion queues once and retires what completed. Returns the number of

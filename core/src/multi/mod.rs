@@ -151,16 +151,23 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         }
     }
 
+    /// The position of `rank`'s channel in the list given to [`MultiChannel::new`].
+    #[inline]
+    pub(crate) fn position(&self, rank: u32) -> Option<usize> {
+        match self.index.get(rank as usize) {
+            Some(&i) if i != NONE => Some(i as usize),
+            _ => None,
+        }
+    }
+
     /// The channel at position `i` of the list given to [`MultiChannel::new`] (for layers
     /// that keep per-peer state in arrays of the same order).
-    #[cfg(feature = "verbs")]
     #[inline]
     pub(crate) fn by_index(&mut self, i: usize) -> Option<&mut Channel<P, B, R>> {
         self.chans.get_mut(i)
     }
 
     /// The identities of the channels, in the order given to [`MultiChannel::new`].
-    #[cfg(feature = "verbs")]
     pub(crate) fn ids(&self) -> impl Iterator<Item = usize> + '_ {
         self.chans.iter().map(Channel::id)
     }

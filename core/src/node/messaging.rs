@@ -1,34 +1,46 @@
-//! Messaging for a busy-polling thread: receive rings per peer, re-posted automatically, and
-//! [`Node::progress`], which hands completions to a handler with bounded work per call.
+//! Messaging for a busy-polling thread: a receive ring per peer, re-posted automatically,
+//! credit-based flow control, and [`Node::progress`], which hands completions to a handler
+//! with bounded work per call.
 //!
-//! [`Node::start_messaging`] registers one ring of `slots` receive buffers of `slot_size`
-//! bytes per peer and posts them all. A peer's send (or write with immediate) consumes the
-//! oldest; `progress` delivers it as an [`Event`] and re-posts the buffer at once. A sender
-//! may have at most `slots` messages in flight to one receiver; beyond that the receiver's
-//! device answers "receiver not ready" and the sender retries (see
-//! [`crate::params::RnrRetry`]). Once messaging has started, the node owns the receive queues:
-//! do not post receives on its channels yourself.
+//! [`Node::start_messaging_in`] cuts one region into a ring of `slots` receive buffers of
+//! `slot_size` bytes per peer and posts them all. Every rank must start messaging with the
+//! same `slots`: it is the number of messages a sender may have in flight to one receiver.
 //!
-//! The ring memory lives in the node, which drops its queue pairs first, so no receive ever
-//! points into freed memory: not when a handler panics (the slot it was reading is re-posted
-//! by the next `progress`), and not when `start_messaging` fails (it checks its arguments
-//! and every channel before it posts anything).
+//! # Flow control
+//! A sender holds `slots` credits per receiver. [`Node::post_send_inline`] spends one, or,
+//! with none left, returns [`NodeError::WouldBlock`] at once (nothing was posted; call
+//! `progress` and retry): so in steady state no send ever finds the receiver without a
+//! posted buffer, and no "receiver not ready" retry happens. A receiver returns credits by
+//! writing how many of the peer's messages it has consumed into the peer's flag array (an
+//! 8-byte inline write once half a ring of that peer's messages was consumed since the last
+//! one), and the sender reads that count before each send.
+//!
+//! # Fairness
+//! `progress` starts each call where the previous one stopped (a round-robin cursor), so a
+//! budget smaller than the traffic does not starve high ranks.
+//!
+//! # Memory
+//! The ring memory lives in the node, and the node drains every channel before it frees it.
+//! A handler that panics leaves its slot out of the ring; the next `progress` re-posts it.
+//! Once messaging has started, the node owns the receive queues: do not post receives on
+//! its channels yourself (a peer's message would land in the oldest posted receive). A write
+//! with immediate from a peer consumes a ring slot too and arrives as [`Event::Written`];
+//! send those only when the receiver's protocol leaves room for them (they bypass credits).
 
+use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{rank_of, Node, NodeError};
-use crate::channel::{ChannelError, Ticket};
+use super::{Node, NodeError};
+use crate::channel::{ChannelError, Done, Ticket};
+use crate::memory::{AccessFlags, Region};
 use crate::multi::MultiChannel;
 use crate::poll::{Backoff, Clock, Deadline};
-use crate::provider::verbs::VerbsProvider;
-use crate::verbs::mr::OwnedRegion;
-use crate::verbs::AccessFlags;
+use crate::provider::Provider;
 
 /// What [`Node::progress`] delivers.
 #[derive(Debug)]
 pub enum Event<'a> {
-    /// A message arrived from `rank` (a send, or a write with immediate whose bytes went to
-    /// the window and whose `data` here is empty).
+    /// A message arrived from `rank` (a send, with its immediate if it carried one).
     Message {
         /// The sender.
         rank: u32,
@@ -36,6 +48,16 @@ pub enum Event<'a> {
         data: &'a [u8],
         /// The immediate, if the message carried one.
         imm: Option<u32>,
+    },
+    /// `rank` wrote `len` bytes into our memory with an immediate (an RDMA write with
+    /// immediate): the bytes are where the peer wrote them; no payload came with this event.
+    Written {
+        /// The writer.
+        rank: u32,
+        /// The immediate.
+        imm: u32,
+        /// Bytes written.
+        len: u32,
     },
     /// Send-queue requests to `rank` completed: every request below `completed` is done.
     SendsCompleted {
@@ -53,11 +75,13 @@ pub enum Event<'a> {
     },
 }
 
-pub(super) struct Rings {
-    // Declared (and dropped) after the node's channels: see Node's field order.
-    region: OwnedRegion,
+/// Per-peer state of messaging, indexed by the channel's position in the node's list.
+pub(super) struct Rings<M> {
+    region: M,
     slots: usize,
     slot_size: usize,
+    /// The ranks of the channels, in order.
+    ranks: Vec<u32>,
     tickets: Vec<Option<Ticket>>,
     head: Vec<usize>,
     sends_seen: Vec<u64>,
@@ -69,74 +93,93 @@ pub(super) struct Rings {
     /// and its memory is leaked rather than freed while the displaced channel may still
     /// receive into it.
     chan_ids: Vec<usize>,
+    /// Messages sent to each peer.
+    sent: Vec<u64>,
+    /// Messages (and writes with immediate) of each peer consumed.
+    consumed: Vec<u64>,
+    /// The consumed count last written back to each peer.
+    reported: Vec<u64>,
+    /// Where the next `progress` starts.
+    cursor: usize,
 }
 
-impl Rings {
+impl<M> Rings<M> {
     /// Whether every channel is still the one its ring was posted on.
     pub(super) fn channels_unchanged(&self, ids: impl Iterator<Item = usize>) -> bool {
         ids.eq(self.chan_ids.iter().copied())
     }
 }
 
-impl<B: Backoff + Clone> Node<B> {
-    /// Registers a ring of `slots` receive buffers of `slot_size` bytes for every peer and
-    /// posts them. Allocates (setup); messaging itself does not.
+impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
+    /// Starts messaging in `region`: a ring of `slots` receive buffers of `slot_size` bytes
+    /// for every peer (the region must hold `(world - 1) * slots * slot_size` bytes, with
+    /// local write access and no remote write or atomic access), all posted. Every rank must
+    /// use the same `slots` (the credits it grants each sender). Allocates (setup);
+    /// messaging itself does not.
     ///
     /// Checks everything before it posts: `slots` must fit every channel's receive queue
     /// (and slot table), and every channel must be healthy; otherwise it returns an error and
     /// changes nothing. If the device still refuses a post half way, the channels that got
     /// receives are flushed and drained (they are broken afterwards) before the ring memory
     /// is freed.
-    pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
+    pub fn start_messaging_in(
+        &mut self,
+        region: M,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<(), NodeError> {
         if self.rings.is_some() {
             return Err(NodeError::MessagingStarted);
         }
-        if slots == 0 || slot_size == 0 {
-            return Err(NodeError::InvalidArgument {
-                what: "messaging needs at least one slot of at least one byte",
-            });
+        let bad = |what| Err(NodeError::InvalidArgument { what });
+        if slots == 0 || slot_size == 0 || slot_size > u32::MAX as usize {
+            return bad("messaging needs at least one slot of 1 byte to 4 GiB");
+        }
+        let access = region.access();
+        if !access.contains(AccessFlags::LOCAL_WRITE)
+            || access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        {
+            return bad("ring memory needs local write access and no remote write access");
         }
         let peers = self.multi.peers();
-        let me = self.rank;
-        for p in 0..peers {
-            let rank = rank_of(me, p);
-            let chan = self.multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-            if let Some(error) = chan.failure() {
-                return Err(NodeError::Channel { rank, error });
-            }
-            if chan.outstanding_recvs() + slots as u64 > chan.recv_capacity() {
-                return Err(NodeError::InvalidArgument {
-                    what: "more ring slots than a channel's free receive queue entries",
-                });
-            }
-        }
         let len = peers
             .checked_mul(slots)
-            .and_then(|n| n.checked_mul(slot_size))
-            .ok_or(NodeError::InvalidArgument {
-                what: "ring size overflows",
-            })?;
-        let region = super::page_region(&self.pd, len, AccessFlags::LOCAL_WRITE)?;
+            .and_then(|n| n.checked_mul(slot_size));
+        if len.is_none_or(|l| l > region.len()) {
+            return bad("the ring region is smaller than (world - 1) * slots * slot_size");
+        }
+        for c in self.multi.channels() {
+            let rank = c.peer().unwrap_or(u32::MAX);
+            if let Some(error) = c.failure() {
+                return Err(NodeError::Channel { rank, error });
+            }
+            if c.outstanding_recvs() + slots as u64 > c.recv_capacity() {
+                return bad("more ring slots than a channel's free receive queue entries");
+            }
+        }
         let mut rings = Rings {
             region,
             slots,
             slot_size,
-            tickets: (0..peers * slots).map(|_| None).collect(),
-            head: alloc::vec![0; peers],
-            sends_seen: alloc::vec![0; peers],
-            failure_reported: alloc::vec![false; peers],
+            ranks: self.multi.ranks().collect(),
+            tickets: vec![None; peers * slots],
+            head: vec![0; peers],
+            sends_seen: vec![0; peers],
+            failure_reported: vec![false; peers],
             repost: None,
             chan_ids: self.multi.ids().collect(),
+            sent: vec![0; peers],
+            consumed: vec![0; peers],
+            reported: vec![0; peers],
+            cursor: 0,
         };
         for p in 0..peers {
             for i in 0..slots {
-                if let Err(e) = post_slot(&mut self.multi, &mut rings, me, p, i) {
+                if let Err(e) = post_slot(&mut self.multi, &mut rings, p, i) {
                     // Receives of peers 0..=p point into the ring: take them back from the
                     // device before the memory goes.
-                    for q in 0..=p {
-                        if let Some(c) = self.multi.by_index(q) {
-                            c.settle(true);
-                        }
+                    for c in self.multi.channels().take(p + 1) {
+                        c.settle(true);
                     }
                     return Err(e);
                 }
@@ -146,19 +189,64 @@ impl<B: Backoff + Clone> Node<B> {
         Ok(())
     }
 
-    /// Polls every peer once and hands up to `budget` events to `handler`; returns how many
-    /// it handed. Received buffers are re-posted right after their handler call (or, if the
-    /// handler panicked, at the start of the next call). Does not allocate.
+    /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
+    /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
+    /// Once messaging has started it spends a credit: with none left, or with the send queue
+    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Does not
+    /// allocate.
+    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
+        let p = self
+            .multi
+            .position(rank)
+            .ok_or(NodeError::UnknownRank(rank))?;
+        if let Some(rings) = &self.rings {
+            let returned = self
+                .flags
+                .load_u64(8 * (self.world as usize + rank as usize))
+                .unwrap_or(0);
+            let in_flight = rings.sent[p].saturating_sub(returned);
+            if in_flight >= rings.slots as u64 {
+                return Err(NodeError::WouldBlock { rank });
+            }
+        }
+        let chan = self.channel(rank)?;
+        if !chan.send_room(1) {
+            return match chan.failure() {
+                Some(error) => Err(NodeError::Channel { rank, error }),
+                None => Err(NodeError::WouldBlock { rank }),
+            };
+        }
+        let t = chan
+            .post_send_inline(data)
+            .map_err(|error| NodeError::Channel { rank, error })?;
+        if let Some(rings) = &mut self.rings {
+            rings.sent[p] += 1;
+        }
+        Ok(t)
+    }
+
+    /// Polls the peers, starting where the last call stopped, and hands up to `budget`
+    /// events to `handler`; returns how many it handed. Received buffers are re-posted right
+    /// after their handler call (or, if the handler panicked, at the start of the next
+    /// call), and consumed messages are credited back to their senders. Does not allocate.
     pub fn progress(
         &mut self,
         budget: usize,
         mut handler: impl FnMut(Event<'_>),
     ) -> Result<usize, NodeError> {
         let me = self.rank;
+        let world = self.world;
         let Some(rings) = self.rings.as_mut() else {
             return Err(NodeError::MessagingNotStarted);
         };
-        progress_rings(&mut self.multi, rings, me, budget, &mut handler)
+        progress_rings(
+            &mut self.multi,
+            rings,
+            &self.peer_flags,
+            (me, world),
+            budget,
+            &mut handler,
+        )
     }
 
     /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
@@ -186,113 +274,190 @@ impl<B: Backoff + Clone> Node<B> {
     }
 }
 
-fn progress_rings<B: Backoff + Clone>(
-    multi: &mut MultiChannel<VerbsProvider, B>,
-    rings: &mut Rings,
-    me: u32,
+fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
-            post_slot(multi, rings, me, p, i)?;
+            post_slot(multi, rings, p, i)?;
         }
     }
+    let peers = rings.ranks.len();
     let mut handed = 0;
-    for p in 0..multi.peers() {
-        let rank = rank_of(me, p);
+    for step in 0..peers {
         if handed >= budget {
             break;
         }
-        let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-        if chan.id() != rings.chan_ids[p] {
-            // The caller swapped this peer's channel out: its ring slots are posted on
-            // another channel, so none of them may be read or re-posted again.
-            if !rings.failure_reported[p] {
-                rings.failure_reported[p] = true;
-                handler(Event::Failed {
-                    rank,
-                    error: ChannelError::ForeignTicket,
-                });
-                handed += 1;
-            }
-            continue;
+        let p = (rings.cursor + step) % peers;
+        handed += serve_peer(multi, rings, p, budget - handed, handler)?;
+        credit_back(multi, rings, peer_flags, (me, world), p);
+        if handed >= budget {
+            // The next call starts after the peer that used up the budget.
+            rings.cursor = (p + 1) % peers;
+            return Ok(handed);
         }
-        if let Some(error) = chan.failure() {
-            // A broken channel is reported once, then left alone.
-            if !rings.failure_reported[p] {
-                rings.failure_reported[p] = true;
-                handler(Event::Failed { rank, error });
-                handed += 1;
-            }
-            continue;
-        }
-        if let Err(error) = chan.poll() {
+    }
+    rings.cursor = (rings.cursor + 1) % peers.max(1);
+    Ok(handed)
+}
+
+/// Polls peer `p`'s channel and hands out its events, at most `budget`.
+fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    p: usize,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    let rank = rings.ranks[p];
+    let mut handed = 0;
+    let Some(chan) = multi.by_index(p) else {
+        return Ok(0);
+    };
+    let mut fail = |rings: &mut Rings<M>, error, handed: &mut usize| {
+        // A broken channel is reported once, then left alone.
+        if !rings.failure_reported[p] {
             rings.failure_reported[p] = true;
             handler(Event::Failed { rank, error });
-            handed += 1;
-            continue;
+            *handed += 1;
         }
-        let done = chan.sends_completed();
-        if done > rings.sends_seen[p] && handed < budget {
-            rings.sends_seen[p] = done;
-            handler(Event::SendsCompleted {
-                rank,
-                completed: done,
-            });
-            handed += 1;
-        }
-        while handed < budget {
-            let i = rings.head[p];
-            let Some(t) = rings.tickets[p * rings.slots + i] else {
-                break;
-            };
-            let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-            let Some(result) = chan.try_wait(t) else {
-                break;
-            };
-            // The slot leaves the ring before the handler runs, so a panicking handler
-            // neither sees it twice nor loses it: `repost` brings it back.
-            rings.tickets[p * rings.slots + i] = None;
-            rings.head[p] = (i + 1) % rings.slots;
-            match result {
-                Ok(info) => {
-                    rings.repost = Some((p, i));
-                    let at = (p * rings.slots + i) * rings.slot_size;
-                    let len = (info.byte_len as usize).min(rings.slot_size);
-                    // SAFETY: this slot's receive completed and it is not re-posted until
-                    // after the handler returns; the region grants no remote access.
-                    let data = unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
-                    handler(Event::Message {
-                        rank,
-                        data,
-                        imm: info.imm,
-                    });
+    };
+    if chan.id() != rings.chan_ids[p] {
+        // The caller swapped this peer's channel out: its ring slots are posted on another
+        // channel, so none of them may be read or re-posted again.
+        fail(rings, ChannelError::ForeignTicket, &mut handed);
+        return Ok(handed);
+    }
+    if let Some(error) = chan.failure() {
+        fail(rings, error, &mut handed);
+        return Ok(handed);
+    }
+    if let Err(error) = chan.poll() {
+        fail(rings, error, &mut handed);
+        return Ok(handed);
+    }
+    let done = chan.sends_completed();
+    if done > rings.sends_seen[p] && handed < budget {
+        rings.sends_seen[p] = done;
+        handler(Event::SendsCompleted {
+            rank,
+            completed: done,
+        });
+        handed += 1;
+    }
+    while handed < budget {
+        let i = rings.head[p];
+        let Some(t) = rings.tickets[p * rings.slots + i] else {
+            break;
+        };
+        let Some(chan) = multi.by_index(p) else {
+            break;
+        };
+        let Some(result) = chan.try_wait(t) else {
+            break;
+        };
+        // The slot leaves the ring before the handler runs, so a panicking handler neither
+        // sees it twice nor loses it: `repost` brings it back.
+        rings.tickets[p * rings.slots + i] = None;
+        rings.head[p] = (i + 1) % rings.slots;
+        match result {
+            Ok(info) => {
+                rings.consumed[p] += 1;
+                rings.repost = Some((p, i));
+                deliver(rings, rank, p, i, info, handler);
+                handed += 1;
+                rings.repost = None;
+                post_slot(multi, rings, p, i)?;
+            }
+            Err(error) => {
+                if !rings.failure_reported[p] {
+                    rings.failure_reported[p] = true;
+                    handler(Event::Failed { rank, error });
                     handed += 1;
-                    rings.repost = None;
-                    post_slot(multi, rings, me, p, i)?;
                 }
-                Err(error) => {
-                    if !rings.failure_reported[p] {
-                        rings.failure_reported[p] = true;
-                        handler(Event::Failed { rank, error });
-                        handed += 1;
-                    }
-                    break;
-                }
+                break;
             }
         }
     }
     Ok(handed)
 }
 
-fn post_slot<B: Backoff + Clone>(
-    multi: &mut MultiChannel<VerbsProvider, B>,
-    rings: &mut Rings,
-    me: u32,
+/// Hands slot `i` of peer `p` (whose receive completed with `info`) to the handler.
+fn deliver<M: Region>(
+    rings: &Rings<M>,
+    rank: u32,
+    p: usize,
+    i: usize,
+    info: Done,
+    handler: &mut impl FnMut(Event<'_>),
+) {
+    if info.written {
+        handler(Event::Written {
+            rank,
+            imm: info.imm.unwrap_or(0),
+            len: info.byte_len,
+        });
+        return;
+    }
+    let at = (p * rings.slots + i) * rings.slot_size;
+    let len = (info.byte_len as usize).min(rings.slot_size);
+    // SAFETY: this slot's receive completed and it is not re-posted until after the handler
+    // returns; the region grants no remote write access (checked when messaging started).
+    let data = unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
+    handler(Event::Message {
+        rank,
+        data,
+        imm: info.imm,
+    });
+}
+
+/// Writes peer `p`'s consumed count into its flag array if it changed: the credit return.
+fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
+    p: usize,
+) {
+    let consumed = rings.consumed[p];
+    // Half a ring at a time: a sender that ran out of credits has a full ring in flight, so
+    // its credits come back after at most half of it was consumed.
+    if consumed - rings.reported[p] < rings.slots.div_ceil(2) as u64 {
+        return;
+    }
+    let rank = rings.ranks[p];
+    let Some(slot) = peer_flags
+        .get(rank as usize)
+        .and_then(|f| f.slice(8 * (u64::from(world) + u64::from(me)), 8))
+    else {
+        return;
+    };
+    let Some(chan) = multi.by_index(p) else {
+        return;
+    };
+    // Credits never need to wait: a full send queue defers the return to the next call,
+    // and a failure shows up as the channel's `Failed` event.
+    if chan.send_room(1)
+        && chan
+            .post_write_inline(&consumed.to_le_bytes(), slot)
+            .is_ok()
+    {
+        rings.reported[p] = consumed;
+    }
+}
+
+fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
     p: usize,
     i: usize,
 ) -> Result<(), NodeError> {
+    let rank = rings.ranks[p];
     let at = (p * rings.slots + i) * rings.slot_size;
     let mut sge =
         [rings
@@ -301,10 +466,10 @@ fn post_slot<B: Backoff + Clone>(
             .ok_or(NodeError::InvalidArgument {
                 what: "ring slot outside the ring",
             })?];
-    let rank = rank_of(me, p);
     let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-    // SAFETY: the ring memory is owned by the node and dropped after its channels (field
-    // order), and this slot is read only after its receive completed, then re-posted.
+    // SAFETY: the ring memory is owned by the node, which drains every channel before it
+    // frees it (or leaks it if a channel was swapped out), and this slot is read only after
+    // its receive completed, then re-posted.
     let t =
         unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
     rings.tickets[p * rings.slots + i] = Some(t);

@@ -1,61 +1,60 @@
 //! [`Node`]: one rank of a connected world — a [`MultiChannel`] to every other rank, a
-//! registered data window every peer can write, and barriers.
+//! registered data window every peer can write, barriers and messaging.
 //!
-//! Lifecycle: [`PreparedNode::new`] (open queue pairs, register memory) → [`PreparedNode::blob`]
-//! (bytes to publish; see [`crate::wire::node`]) → exchange blobs out of band (for example
-//! with `rverbs-bootstrap`) → [`PreparedNode::handshake`] → [`Node`]. After that nothing
-//! allocates: barriers, window writes and channel operations reuse what setup made.
+//! The node is written against the provider seam ([`Provider`], [`Region`]), so the same
+//! barriers and messaging run on a device and on the software model. Building one on a
+//! device is [`verbs`]'s job: [`PreparedNode::new`] (open queue pairs, register memory) →
+//! [`PreparedNode::blob`] (bytes to publish; see [`crate::wire::node`]) → exchange blobs out
+//! of band (for example with `rverbs-bootstrap`) → [`PreparedNode::handshake`] → [`Node`].
+//! Any other provider hands its connected channels and regions to [`Node::from_parts`].
+//! After that nothing allocates: barriers, window writes, messaging and channel operations
+//! reuse what setup made.
+//!
+//! # The flag array
+//! Every rank registers `16 * world` bytes peers may write: slot `r` (bytes `8r..8r+8`)
+//! holds the count of barrier notifications rank `r` sent us; slot `world + r` how many of
+//! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress)).
 
 mod messaging;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 pub use messaging::Event;
+#[cfg(feature = "verbs")]
+pub use verbs::{NodeConfig, PreparedNode, VerbsNode};
 
-use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 use core::time::Duration;
 
 use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransport};
-use crate::channel::{Channel, ChannelConfig, ChannelError, Done, Ticket};
-use crate::memory::PageMemory;
+use crate::channel::{Channel, ChannelError, Done, Ticket};
+use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock, StaticClock};
-use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
+use crate::poll::{Backoff, Clock};
+use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge};
-use crate::verbs::mr::OwnedRegion;
-use crate::verbs::{AccessFlags, Context, Pd, QpConfig, VerbsError};
-use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
+#[cfg(feature = "verbs")]
+use crate::verbs::VerbsError;
+use crate::wire::node::NodeBlobError;
 
-/// Node settings.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub struct NodeConfig {
-    /// Queue-pair knobs for every peer connection.
-    pub qp: QpConfig,
-    /// Channel settings for every peer.
-    pub channel: ChannelConfig,
-    /// Bytes of the data window peers may write into (0 for none; rounded up to a page).
-    pub window_len: usize,
-    /// Default barrier algorithm.
-    pub algorithm: BarrierAlgorithm,
+/// Bytes of a world's flag array: barrier counters, then credit returns.
+pub(crate) const fn flags_len(world: u32) -> usize {
+    16 * world as usize
 }
 
-impl Default for NodeConfig {
-    fn default() -> Self {
-        Self {
-            qp: QpConfig::default(),
-            channel: ChannelConfig::default(),
-            window_len: 64 * 1024,
-            algorithm: BarrierAlgorithm::default(),
-        }
-    }
-}
+const FLAG_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
+#[cfg(feature = "verbs")]
+const WINDOW_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
 
 /// Why building or connecting a node failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeError {
     /// A verb failed.
+    #[cfg(feature = "verbs")]
     Verbs(VerbsError),
     /// A peer's blob is malformed.
     Blob {
@@ -72,6 +71,7 @@ pub enum NodeError {
         got: usize,
     },
     /// Connecting the queue pair to a peer failed.
+    #[cfg(feature = "verbs")]
     Connect {
         /// The peer.
         rank: u32,
@@ -104,10 +104,16 @@ pub enum NodeError {
         /// Bytes asked for.
         bytes: usize,
     },
-    /// [`Node::start_messaging`] was called twice.
+    /// [`Node::start_messaging_in`] was called twice.
     MessagingStarted,
-    /// [`Node::progress`] before [`Node::start_messaging`].
+    /// [`Node::progress`] before messaging started.
     MessagingNotStarted,
+    /// A message to `rank` cannot go now: its ring has no free slot for us (no credit), or
+    /// our send queue to it is full. Nothing was posted; call [`Node::progress`] and retry.
+    WouldBlock {
+        /// The peer.
+        rank: u32,
+    },
     /// An argument is out of range; nothing was changed.
     InvalidArgument {
         /// What is wrong.
@@ -127,11 +133,13 @@ pub enum NodeError {
 impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "verbs")]
             Self::Verbs(e) => write!(f, "{e}"),
             Self::Blob { rank, error } => write!(f, "endpoint blob of rank {rank}: {error}"),
             Self::BlobCount { expected, got } => {
                 write!(f, "{got} endpoint blobs for a world of {expected}")
             }
+            #[cfg(feature = "verbs")]
             Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
             Self::InvalidWorld { rank, world } => write!(
                 f,
@@ -148,6 +156,11 @@ impl fmt::Display for NodeError {
             Self::OutOfMemory { bytes } => write!(f, "no memory for a region of {bytes} bytes"),
             Self::MessagingStarted => f.write_str("messaging has already started"),
             Self::MessagingNotStarted => f.write_str("messaging has not started"),
+            Self::WouldBlock { rank } => write!(
+                f,
+                "rank {rank} has no free receive slot for us (or our send queue is full); \
+                 progress and retry"
+            ),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
             Self::Barrier(e) => write!(f, "{e}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
@@ -157,6 +170,7 @@ impl fmt::Display for NodeError {
 
 impl core::error::Error for NodeError {}
 
+#[cfg(feature = "verbs")]
 impl From<VerbsError> for NodeError {
     fn from(e: VerbsError) -> Self {
         Self::Verbs(e)
@@ -169,218 +183,71 @@ impl From<BarrierError> for NodeError {
     }
 }
 
-/// Zeroed page memory of `len` bytes (rounded up to pages), registered with `access`.
-pub(super) fn page_region(
-    pd: &Pd,
-    len: usize,
-    access: AccessFlags,
-) -> Result<OwnedRegion, NodeError> {
-    let mem = PageMemory::zeroed(len).ok_or(NodeError::OutOfMemory { bytes: len })?;
-    Ok(pd.register_shared(mem, access)?)
-}
-
-const FLAG_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
-const WINDOW_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
-
-/// A node whose queue pairs wait for the peers' blobs.
-pub struct PreparedNode<B: Backoff + Clone> {
-    rank: u32,
-    world: u32,
-    cfg: NodeConfig,
-    backoff: B,
-    clock: StaticClock,
-    pd: Pd,
-    qps: Vec<Option<PreparedVerbs>>,
-    flags: OwnedRegion,
-    window: OwnedRegion,
-}
-
-impl<B: Backoff + Clone> fmt::Debug for PreparedNode<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PreparedNode")
-            .field("rank", &self.rank)
-            .field("world", &self.world)
-            .finish()
-    }
-}
-
-impl<B: Backoff + Clone> PreparedNode<B> {
-    /// Creates one queue pair per other rank and registers the flag array and data window.
-    /// `backoff` is cloned into every channel and used by barriers; every channel measures
-    /// its timeouts ([`ChannelConfig::timeout`]) on `clock`.
-    pub fn new(
-        ctx: &Context,
-        rank: u32,
-        world: u32,
-        cfg: NodeConfig,
-        backoff: B,
-        clock: StaticClock,
-    ) -> Result<Self, NodeError> {
-        if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
-            return Err(NodeError::InvalidWorld { rank, world });
-        }
-        let pd = ctx.alloc_pd()?;
-        let mut qp = cfg.qp;
-        // Barrier notifications are 8-byte inline writes.
-        qp.max_inline_data = qp.max_inline_data.max(8);
-        let mut qps = Vec::with_capacity(world as usize);
-        for r in 0..world {
-            qps.push(if r == rank {
-                None
-            } else {
-                Some(PreparedVerbs::new(ctx, &pd, &qp)?)
-            });
-        }
-        let flags = page_region(&pd, 8 * world as usize, FLAG_ACCESS)?;
-        let window = page_region(&pd, cfg.window_len.max(64), WINDOW_ACCESS)?;
-        Ok(Self {
-            rank,
-            world,
-            cfg,
-            backoff,
-            clock,
-            pd,
-            qps,
-            flags,
-            window,
-        })
-    }
-
-    /// The bytes to publish to every other rank.
-    pub fn blob(&self) -> Vec<u8> {
-        let mut out = vec![0u8; node_blob_len(self.world)];
-        let ok = NodeBlob::encode_into(
-            &mut out,
-            self.rank,
-            self.world,
-            |r| match &self.qps[r as usize] {
-                Some(q) => q.endpoint(),
-                None => unreachable!("the encoder skips this rank's own slot"),
-            },
-            self.flags.remote(),
-            self.window.remote(),
-        );
-        debug_assert!(ok.is_ok(), "rank and world were validated in new()");
-        out
-    }
-
-    /// Connects to every peer; `blobs[r]` is rank `r`'s blob (our own entry is ignored).
-    pub fn handshake<T: AsRef<[u8]>>(self, blobs: &[T]) -> Result<Node<B>, NodeError> {
-        if blobs.len() != self.world as usize {
-            return Err(NodeError::BlobCount {
-                expected: self.world,
-                got: blobs.len(),
-            });
-        }
-        let mut decoded = Vec::with_capacity(blobs.len());
-        for (r, b) in blobs.iter().enumerate() {
-            let r = r as u32;
-            if r == self.rank {
-                decoded.push(None);
-                continue;
-            }
-            let d =
-                NodeBlob::decode(b.as_ref()).map_err(|error| NodeError::Blob { rank: r, error })?;
-            if d.rank != r || d.world != self.world {
-                return Err(NodeError::Blob {
-                    rank: r,
-                    error: if d.world != self.world {
-                        NodeBlobError::WorldMismatch {
-                            expected: self.world,
-                            got: d.world,
-                        }
-                    } else {
-                        NodeBlobError::BadRank(d.rank)
-                    },
-                });
-            }
-            decoded.push(Some(d));
-        }
-        let mut chans = Vec::with_capacity(self.world as usize - 1);
-        let mut peer_flags = vec![RemoteMemory::default(); self.world as usize];
-        let mut peer_windows = vec![RemoteMemory::default(); self.world as usize];
-        for (r, (qp, d)) in self.qps.into_iter().zip(decoded).enumerate() {
-            let (Some(qp), Some(d)) = (qp, d) else {
-                continue;
-            };
-            let ep = d.endpoint_for(self.rank).ok_or(NodeError::Blob {
-                rank: r as u32,
-                error: NodeBlobError::BadRank(self.rank),
-            })?;
-            let p = qp.handshake(&ep).map_err(|error| NodeError::Connect {
-                rank: r as u32,
-                error,
-            })?;
-            let mut ccfg = self.cfg.channel;
-            ccfg.peer = Some(r as u32);
-            chans.push(Channel::with_backoff(
-                p,
-                ccfg,
-                self.backoff.clone(),
-                self.clock,
-            ));
-            peer_flags[r] = d.flags;
-            peer_windows[r] = d.window;
-        }
-        Ok(Node {
-            rank: self.rank,
-            world: self.world,
-            algorithm: self.cfg.algorithm,
-            multi: MultiChannel::new(chans).map_err(|_| NodeError::InvalidWorld {
-                rank: self.rank,
-                world: self.world,
-            })?,
-            rings: None,
-            barrier: BarrierState::new(self.rank, self.world),
-            all: (0..self.world).collect(),
-            backoff: self.backoff,
-            peer_flags,
-            peer_windows,
-            flags: self.flags,
-            window: self.window,
-            pd: self.pd,
-        })
-    }
+/// What a node is made of, for [`Node::from_parts`].
+#[derive(Debug)]
+pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// One connected channel per other rank, each naming its rank
+    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
+    pub channels: Vec<Channel<P, B>>,
+    /// Our flag array: at least [`16 * world`](self#the-flag-array) bytes, 8-aligned, with
+    /// local and remote write access, zeroed.
+    pub flags: M,
+    /// Our data window (peers write and read it).
+    pub window: M,
+    /// Every rank's flag array, indexed by rank (our own entry is ignored).
+    pub peer_flags: Vec<RemoteMemory>,
+    /// Every rank's data window, indexed by rank (our own entry is ignored).
+    pub peer_windows: Vec<RemoteMemory>,
+    /// Default barrier algorithm.
+    pub algorithm: BarrierAlgorithm,
+    /// What waits do between empty polls.
+    pub backoff: B,
 }
 
 // A node moves to the thread that will poll it (and so does each of its channels).
-static_assertions::assert_impl_all!(Node<crate::poll::Spin>: Send);
-static_assertions::assert_impl_all!(Channel<VerbsProvider>: Send);
+#[cfg(feature = "verbs")]
+static_assertions::assert_impl_all!(VerbsNode<crate::poll::Spin>: Send);
 
 /// One connected rank. See the [module docs](self).
-pub struct Node<B: Backoff + Clone> {
+pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     rank: u32,
     world: u32,
     algorithm: BarrierAlgorithm,
-    multi: MultiChannel<VerbsProvider, B>,
-    // After `multi`: the channels' queue pairs are destroyed before the ring memory is freed.
-    rings: Option<messaging::Rings>,
+    multi: MultiChannel<P, B>,
+    rings: Option<messaging::Rings<M>>,
     barrier: BarrierState,
     all: Vec<u32>,
     backoff: B,
     peer_flags: Vec<RemoteMemory>,
     peer_windows: Vec<RemoteMemory>,
-    flags: OwnedRegion,
-    window: OwnedRegion,
-    pd: Pd,
+    flags: M,
+    window: M,
 }
 
-impl<B: Backoff + Clone> Drop for Node<B> {
+impl<P: Provider, M: Region, B: Backoff + Clone> Drop for Node<P, M, B> {
     fn drop(&mut self) {
-        // The fields drop next, the channels before the ring memory. If the caller swapped a
-        // channel out, that channel may outlive the node with receives posted into the ring:
-        // then the ring memory must never be freed.
-        if let Some(rings) = &self.rings {
-            if !rings.channels_unchanged(self.multi.ids()) {
-                core::mem::forget(self.rings.take());
+        let Some(rings) = &self.rings else {
+            return;
+        };
+        if rings.channels_unchanged(self.multi.ids()) {
+            // Nothing may still receive into the ring memory once it is freed: flush and
+            // drain every channel (or abort), whatever dropping the provider would do.
+            for c in self.multi.channels() {
+                c.settle(true);
             }
+        } else {
+            // The caller swapped a channel out: it may outlive the node with receives posted
+            // into the ring, so the ring memory must never be freed.
+            core::mem::forget(self.rings.take());
         }
     }
 }
 
-impl<B: Backoff + Clone> fmt::Debug for Node<B> {
+impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Node")
             .field("rank", &self.rank)
@@ -391,22 +258,11 @@ impl<B: Backoff + Clone> fmt::Debug for Node<B> {
     }
 }
 
-struct Transport<'a, B: Backoff + Clone> {
+struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     me: u32,
-    multi: &'a mut MultiChannel<VerbsProvider, B>,
-    flags: &'a OwnedRegion,
+    multi: &'a mut MultiChannel<P, B>,
+    flags: &'a M,
     peer_flags: &'a [RemoteMemory],
-}
-
-/// The rank of the channel at position `peer` of the node's list (ranks in order, without
-/// this node's own).
-#[inline]
-pub(super) fn rank_of(me: u32, peer: usize) -> u32 {
-    if (peer as u32) < me {
-        peer as u32
-    } else {
-        peer as u32 + 1
-    }
 }
 
 fn barrier_error(e: MultiError) -> BarrierError {
@@ -423,7 +279,7 @@ fn barrier_error(e: MultiError) -> BarrierError {
     }
 }
 
-impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
+impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<'_, P, M, B> {
     #[inline]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
         let slot = self
@@ -450,7 +306,80 @@ impl<B: Backoff + Clone> BarrierTransport for Transport<'_, B> {
     }
 }
 
-impl<B: Backoff + Clone> Node<B> {
+impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
+    /// Assembles a node from connected channels and registered memory (see [`NodeParts`]);
+    /// checks that there is exactly one channel per other rank and that every flag array is
+    /// large enough. Allocates (setup).
+    pub fn from_parts(parts: NodeParts<P, M, B>) -> Result<Self, NodeError> {
+        let NodeParts {
+            rank,
+            world,
+            channels,
+            flags,
+            window,
+            peer_flags,
+            peer_windows,
+            algorithm,
+            backoff,
+        } = parts;
+        if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
+            return Err(NodeError::InvalidWorld { rank, world });
+        }
+        let bad = |what| Err(NodeError::InvalidArgument { what });
+        if channels.len() != world as usize - 1 {
+            return bad("a node needs exactly one channel per other rank");
+        }
+        if channels.iter().any(|c| c.peer() == Some(rank)) {
+            return bad("a channel to this node's own rank");
+        }
+        if peer_flags.len() != world as usize || peer_windows.len() != world as usize {
+            return bad("peer flag arrays and windows are indexed by rank");
+        }
+        let need = flags_len(world);
+        if flags.len() < need || !flags.access().contains(FLAG_ACCESS) {
+            return bad("the flag array needs 16 bytes per rank and local and remote write");
+        }
+        for (r, f) in peer_flags.iter().enumerate() {
+            if r as u32 != rank && (f.len as usize) < need {
+                return Err(NodeError::Blob {
+                    rank: r as u32,
+                    error: NodeBlobError::FlagsTooSmall,
+                });
+            }
+        }
+        let multi = MultiChannel::new(channels).map_err(|e| match e {
+            MultiError::DuplicateRank(_) | MultiError::ChannelWithoutRank => {
+                NodeError::InvalidArgument {
+                    what: "every channel must name a distinct peer rank",
+                }
+            }
+            MultiError::UnknownRank(r) => NodeError::UnknownRank(r),
+            MultiError::Peer(p) => NodeError::Channel {
+                rank: p.rank,
+                error: p.error,
+            },
+        })?;
+        if multi.ranks().any(|r| r >= world) {
+            return Err(NodeError::InvalidArgument {
+                what: "a channel names a rank outside the world",
+            });
+        }
+        Ok(Self {
+            rank,
+            world,
+            algorithm,
+            multi,
+            rings: None,
+            barrier: BarrierState::new(rank, world),
+            all: (0..world).collect(),
+            backoff,
+            peer_flags,
+            peer_windows,
+            flags,
+            window,
+        })
+    }
+
     /// This rank.
     #[inline]
     pub fn rank(&self) -> u32 {
@@ -461,11 +390,6 @@ impl<B: Backoff + Clone> Node<B> {
     #[inline]
     pub fn world_size(&self) -> u32 {
         self.world
-    }
-
-    /// The protection domain (register more memory with it).
-    pub fn pd(&self) -> &Pd {
-        &self.pd
     }
 
     /// The default barrier algorithm.
@@ -484,24 +408,15 @@ impl<B: Backoff + Clone> Node<B> {
     }
 
     /// The channels to every other rank, addressed by rank.
-    pub fn multi(&mut self) -> &mut MultiChannel<VerbsProvider, B> {
+    pub fn multi(&mut self) -> &mut MultiChannel<P, B> {
         &mut self.multi
     }
 
     /// The channel to `rank`.
-    pub fn channel(&mut self, rank: u32) -> Result<&mut Channel<VerbsProvider, B>, NodeError> {
+    pub fn channel(&mut self, rank: u32) -> Result<&mut Channel<P, B>, NodeError> {
         self.multi
             .channel(rank)
             .map_err(|_| NodeError::UnknownRank(rank))
-    }
-
-    /// Posts an inline send of `data` to `rank` (no registered memory; at most the QP's
-    /// inline limit) and returns its ticket without waiting: the lowest-latency send. Does
-    /// not allocate.
-    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
-        self.channel(rank)?
-            .post_send_inline(data)
-            .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Waits for a ticket of one of this node's channels (it names its rank), at most the
@@ -514,12 +429,12 @@ impl<B: Backoff + Clone> Node<B> {
     }
 
     /// Our data window (peers write into it).
-    pub fn window(&self) -> &OwnedRegion {
+    pub fn window(&self) -> &M {
         &self.window
     }
 
     /// Our data window, to hand out scatter entries.
-    pub fn window_mut(&mut self) -> &mut OwnedRegion {
+    pub fn window_mut(&mut self) -> &mut M {
         &mut self.window
     }
 
@@ -564,6 +479,58 @@ impl<B: Backoff + Clone> Node<B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         self.run_barrier(Some(members), alg, clock, timeout)
+    }
+
+    /// Starts a barrier over all ranks with the default algorithm without waiting: call
+    /// [`Node::barrier_poll`] until it answers `true`. For a thread that has other work
+    /// while the barrier completes (and for simulating many ranks on one thread). Does not
+    /// allocate.
+    pub fn barrier_start<C: Clock>(
+        &mut self,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        let alg = self.algorithm;
+        let Self {
+            rank,
+            multi,
+            barrier,
+            all,
+            peer_flags,
+            flags,
+            ..
+        } = self;
+        let mut t = Transport {
+            me: *rank,
+            multi,
+            flags,
+            peer_flags,
+        };
+        barrier
+            .start(&mut t, all, alg, clock, timeout)
+            .map_err(NodeError::Barrier)
+    }
+
+    /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
+    /// every rank it waits for arrived, a timeout error (naming the ranks still missing) once
+    /// its deadline passed. Does not allocate.
+    pub fn barrier_poll<C: Clock>(&mut self, clock: &C) -> Result<bool, NodeError> {
+        let Self {
+            rank,
+            multi,
+            barrier,
+            all,
+            peer_flags,
+            flags,
+            ..
+        } = self;
+        let mut t = Transport {
+            me: *rank,
+            multi,
+            flags,
+            peer_flags,
+        };
+        barrier.poll(&mut t, all, clock).map_err(NodeError::Barrier)
     }
 
     /// Runs a barrier over `members`, or over every rank when `None`.

@@ -67,7 +67,7 @@ struct Registration {
     lkey: u32,
     rkey: u32,
     access: AccessFlags,
-    _pd: Pd,
+    pd: Pd,
 }
 
 impl Registration {
@@ -108,7 +108,7 @@ impl Registration {
             lkey,
             rkey,
             access,
-            _pd: pd.clone(),
+            pd: pd.clone(),
         })
     }
 
@@ -356,6 +356,12 @@ pub type OwnedRegion = SharedRegion<'static>;
 unsafe impl Send for SharedRegion<'_> {}
 
 impl SharedRegion<'_> {
+    /// The protection domain the region is registered on (the region keeps it alive).
+    #[inline]
+    pub fn pd(&self) -> &Pd {
+        &self.reg.pd
+    }
+
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {

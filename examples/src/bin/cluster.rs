@@ -443,7 +443,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
 
 /// Rank 0's multicast: register the message and send it to every peer with one call.
 fn multicast(
-    node: &mut rverbs_core::node::Node<StdBackoff>,
+    node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
     pd: &rverbs_core::verbs::Pd,
     msg: &[u8],
     world: u32,
@@ -457,7 +457,7 @@ fn multicast(
 
 /// Spins until our window's first word reaches `want`.
 fn spin_for(
-    node: &mut rverbs_core::node::Node<StdBackoff>,
+    node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
     want: u64,
     start: Instant,
     timeout: Duration,

@@ -1,0 +1,235 @@
+//! Building a [`Node`] on a device: the only part of the node layer that needs libibverbs.
+//!
+//! [`PreparedNode::new`] opens one queue pair per other rank and registers the flag array and
+//! the data window; [`PreparedNode::blob`] is what to publish; [`PreparedNode::handshake`]
+//! connects to every peer's blob and hands the parts to the provider-neutral
+//! [`Node::from_parts`].
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt;
+
+use super::{flags_len, Node, NodeError, NodeParts};
+use crate::barrier::BarrierAlgorithm;
+use crate::channel::{Channel, ChannelConfig};
+use crate::memory::{AccessFlags, PageMemory};
+use crate::poll::{Backoff, StaticClock};
+use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
+use crate::sge::RemoteMemory;
+use crate::verbs::mr::OwnedRegion;
+use crate::verbs::{Context, Pd, QpConfig};
+use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
+
+/// A node on a device: verbs queue pairs, page memory registered on its protection domain.
+pub type VerbsNode<B> = Node<VerbsProvider, OwnedRegion, B>;
+
+/// Node settings.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct NodeConfig {
+    /// Queue-pair knobs for every peer connection.
+    pub qp: QpConfig,
+    /// Channel settings for every peer.
+    pub channel: ChannelConfig,
+    /// Bytes of the data window peers may write into (0 for none; rounded up to a page).
+    pub window_len: usize,
+    /// Default barrier algorithm.
+    pub algorithm: BarrierAlgorithm,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            qp: QpConfig::default(),
+            channel: ChannelConfig::default(),
+            window_len: 64 * 1024,
+            algorithm: BarrierAlgorithm::default(),
+        }
+    }
+}
+
+/// Zeroed page memory of `len` bytes (rounded up to pages), registered with `access`.
+fn page_region(pd: &Pd, len: usize, access: AccessFlags) -> Result<OwnedRegion, NodeError> {
+    let mem = PageMemory::zeroed(len).ok_or(NodeError::OutOfMemory { bytes: len })?;
+    Ok(pd.register_shared(mem, access)?)
+}
+
+/// A node whose queue pairs wait for the peers' blobs.
+pub struct PreparedNode<B: Backoff + Clone> {
+    rank: u32,
+    world: u32,
+    cfg: NodeConfig,
+    backoff: B,
+    clock: StaticClock,
+    qps: Vec<Option<PreparedVerbs>>,
+    flags: OwnedRegion,
+    window: OwnedRegion,
+}
+
+impl<B: Backoff + Clone> fmt::Debug for PreparedNode<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedNode")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish()
+    }
+}
+
+impl<B: Backoff + Clone> PreparedNode<B> {
+    /// Creates one queue pair per other rank and registers the flag array and data window.
+    /// `backoff` is cloned into every channel and used by barriers; every channel measures
+    /// its timeouts ([`ChannelConfig::timeout`]) on `clock`.
+    pub fn new(
+        ctx: &Context,
+        rank: u32,
+        world: u32,
+        cfg: NodeConfig,
+        backoff: B,
+        clock: StaticClock,
+    ) -> Result<Self, NodeError> {
+        if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
+            return Err(NodeError::InvalidWorld { rank, world });
+        }
+        let pd = ctx.alloc_pd()?;
+        let mut qp = cfg.qp;
+        // Barrier notifications and credit returns are 8-byte inline writes.
+        qp.max_inline_data = qp.max_inline_data.max(8);
+        let mut qps = Vec::with_capacity(world as usize);
+        for r in 0..world {
+            qps.push(if r == rank {
+                None
+            } else {
+                Some(PreparedVerbs::new(ctx, &pd, &qp)?)
+            });
+        }
+        let flags = page_region(&pd, flags_len(world), super::FLAG_ACCESS)?;
+        let window = page_region(&pd, cfg.window_len.max(64), super::WINDOW_ACCESS)?;
+        Ok(Self {
+            rank,
+            world,
+            cfg,
+            backoff,
+            clock,
+            qps,
+            flags,
+            window,
+        })
+    }
+
+    /// The bytes to publish to every other rank.
+    pub fn blob(&self) -> Vec<u8> {
+        let mut out = vec![0u8; node_blob_len(self.world)];
+        let ok = NodeBlob::encode_into(
+            &mut out,
+            self.rank,
+            self.world,
+            |r| match &self.qps[r as usize] {
+                Some(q) => q.endpoint(),
+                None => unreachable!("the encoder skips this rank's own slot"),
+            },
+            self.flags.remote(),
+            self.window.remote(),
+        );
+        debug_assert!(ok.is_ok(), "rank and world were validated in new()");
+        out
+    }
+
+    /// Connects to every peer; `blobs[r]` is rank `r`'s blob (our own entry is ignored).
+    pub fn handshake<T: AsRef<[u8]>>(self, blobs: &[T]) -> Result<VerbsNode<B>, NodeError> {
+        if blobs.len() != self.world as usize {
+            return Err(NodeError::BlobCount {
+                expected: self.world,
+                got: blobs.len(),
+            });
+        }
+        let mut decoded = Vec::with_capacity(blobs.len());
+        for (r, b) in blobs.iter().enumerate() {
+            let r = r as u32;
+            if r == self.rank {
+                decoded.push(None);
+                continue;
+            }
+            let d =
+                NodeBlob::decode(b.as_ref()).map_err(|error| NodeError::Blob { rank: r, error })?;
+            if d.rank != r || d.world != self.world {
+                return Err(NodeError::Blob {
+                    rank: r,
+                    error: if d.world != self.world {
+                        NodeBlobError::WorldMismatch {
+                            expected: self.world,
+                            got: d.world,
+                        }
+                    } else {
+                        NodeBlobError::BadRank(d.rank)
+                    },
+                });
+            }
+            decoded.push(Some(d));
+        }
+        let mut channels = Vec::with_capacity(self.world as usize - 1);
+        let mut peer_flags = vec![RemoteMemory::default(); self.world as usize];
+        let mut peer_windows = vec![RemoteMemory::default(); self.world as usize];
+        for (r, (qp, d)) in self.qps.into_iter().zip(decoded).enumerate() {
+            let (Some(qp), Some(d)) = (qp, d) else {
+                continue;
+            };
+            let rank = r as u32;
+            let ep = d.endpoint_for(self.rank).ok_or(NodeError::Blob {
+                rank,
+                error: NodeBlobError::BadRank(self.rank),
+            })?;
+            let p = qp
+                .handshake(&ep)
+                .map_err(|error| NodeError::Connect { rank, error })?;
+            let mut ccfg = self.cfg.channel;
+            ccfg.peer = Some(rank);
+            channels.push(Channel::with_backoff(
+                p,
+                ccfg,
+                self.backoff.clone(),
+                self.clock,
+            ));
+            peer_flags[r] = d.flags;
+            peer_windows[r] = d.window;
+        }
+        Node::from_parts(NodeParts {
+            rank: self.rank,
+            world: self.world,
+            channels,
+            flags: self.flags,
+            window: self.window,
+            peer_flags,
+            peer_windows,
+            algorithm: self.cfg.algorithm,
+            backoff: self.backoff,
+        })
+    }
+}
+
+impl<B: Backoff + Clone> VerbsNode<B> {
+    /// The protection domain (register more memory with it).
+    pub fn pd(&self) -> &Pd {
+        self.window.pd()
+    }
+
+    /// Starts messaging with a ring of `slots` receive buffers of `slot_size` bytes per
+    /// peer, in page memory registered on the node's protection domain (see
+    /// [`Node::start_messaging_in`]). Allocates (setup).
+    pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
+        let peers = self.world as usize - 1;
+        let len = peers
+            .max(1)
+            .checked_mul(slots)
+            .and_then(|n| n.checked_mul(slot_size))
+            .ok_or(NodeError::InvalidArgument {
+                what: "ring size overflows",
+            })?;
+        if len == 0 {
+            return Err(NodeError::InvalidArgument {
+                what: "messaging needs at least one slot of at least one byte",
+            });
+        }
+        let region = page_region(self.window.pd(), len, AccessFlags::LOCAL_WRITE)?;
+        self.start_messaging_in(region, slots, slot_size)
+    }
+}
