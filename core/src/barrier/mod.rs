@@ -84,6 +84,8 @@ pub enum BarrierError {
         /// How many ranks were still awaited.
         missing_count: usize,
     },
+    /// Polling the completion queues the node's channels share failed.
+    Completions(crate::provider::ProviderError),
     /// Notifying a rank failed.
     Transport {
         /// The rank.
@@ -118,6 +120,7 @@ impl fmt::Display for BarrierError {
                 Ok(())
             }
             Self::Transport { rank, error } => write!(f, "notifying rank {rank} failed: {error}"),
+            Self::Completions(e) => write!(f, "shared completion queues: {e}"),
         }
     }
 }

@@ -332,6 +332,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         &self.p
     }
 
+    /// The provider, to poll queues it shares with other channels.
+    #[cfg(feature = "alloc")]
+    #[inline]
+    pub(crate) fn provider_mut(&mut self) -> &mut P {
+        &mut self.p
+    }
+
     /// The first failure, if the channel is broken.
     pub fn failure(&self) -> Option<ChannelError> {
         self.broken.map(|b| match b {

@@ -183,6 +183,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             .then(|| self.wait_for(ticket, None))
     }
 
+    /// The result of `ticket` if what the channel already polled completed it; never polls.
+    #[cfg(feature = "alloc")]
+    pub(crate) fn take_if_complete(
+        &mut self,
+        ticket: Ticket,
+    ) -> Option<Result<Done, ChannelError>> {
+        self.is_complete(ticket)
+            .then(|| self.wait_for(ticket, None))
+    }
+
     /// Whether this channel's `ticket` completed (false for another channel's).
     pub(super) fn is_complete(&self, ticket: Ticket) -> bool {
         if ticket.chan != self.id {

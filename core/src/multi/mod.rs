@@ -20,7 +20,8 @@ use core::fmt;
 
 use crate::channel::{Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::Backoff;
-use crate::provider::Provider;
+use crate::provider::shared::QpTable;
+use crate::provider::{Provider, ProviderError};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
 /// A channel operation that failed on one peer.
@@ -59,6 +60,8 @@ pub enum MultiError {
     ChannelWithoutRank,
     /// [`MultiChannel::new`] was given two channels to one rank.
     DuplicateRank(u32),
+    /// Polling the completion queues the channels share failed (every peer is affected).
+    Completions(ProviderError),
 }
 
 impl fmt::Display for MultiError {
@@ -68,6 +71,7 @@ impl fmt::Display for MultiError {
             Self::Peer(e) => write!(f, "{e}"),
             Self::ChannelWithoutRank => f.write_str("a channel has no peer rank"),
             Self::DuplicateRank(r) => write!(f, "two channels to rank {r}"),
+            Self::Completions(e) => write!(f, "shared completion queues: {e}"),
         }
     }
 }
@@ -86,6 +90,10 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     /// waits for exactly that (and what came before it on that queue), not for receives
     /// posted by others (a node's messaging rings).
     last: Vec<Option<Ticket>>,
+    /// Queue-pair number -> position, for providers that share completion queues.
+    qpns: QpTable,
+    /// Positions named ready by a shared poll (capacity: one per channel).
+    ready: Vec<u32>,
 }
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChannel<P, B, R> {
@@ -128,7 +136,18 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             index[r] = i as u32;
         }
         let last = vec![None; chans.len()];
-        Ok(Self { chans, index, last })
+        let mut qpns = QpTable::new(chans.len());
+        for (i, c) in chans.iter().enumerate() {
+            qpns.insert(c.provider().qp_num(), i as u32);
+        }
+        let ready = Vec::with_capacity(chans.len());
+        Ok(Self {
+            chans,
+            index,
+            last,
+            qpns,
+            ready,
+        })
     }
 
     /// Number of peers.
@@ -177,12 +196,68 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.iter_mut()
     }
 
-    /// Polls every channel once; returns the completions seen. Does not allocate.
+    /// Polls for completions once and retires them; returns how many. With completion
+    /// queues shared by the channels ([`crate::provider::shared`]) that is one poll of each
+    /// shared queue plus the channels that got something, whatever the number of peers;
+    /// otherwise every channel is polled. Fails with the first channel that failed. Does not
+    /// allocate.
     pub fn poll(&mut self) -> Result<usize, MultiError> {
+        let mut first = None;
+        let n = self.poll_ready(|p, r| {
+            if let Err(e) = r {
+                first.get_or_insert(MultiError::Peer(PeerError {
+                    rank: p.1,
+                    error: e,
+                }));
+            }
+        })?;
+        first.map_or(Ok(n), Err)
+    }
+
+    /// Like [`MultiChannel::poll`], and calls `f((position, rank), result)` for every channel
+    /// it polled that had completions, or whose poll failed (the channel is then broken).
+    /// Positions are in the order given to [`MultiChannel::new`]. Does not allocate.
+    pub fn poll_ready(
+        &mut self,
+        mut f: impl FnMut((usize, u32), Result<usize, ChannelError>),
+    ) -> Result<usize, MultiError> {
+        let Some(first) = self.chans.first_mut() else {
+            return Ok(0);
+        };
+        let (table, ready) = (&self.qpns, &mut self.ready);
+        ready.clear();
+        let shared = first
+            .provider_mut()
+            .poll_shared(&mut |qpn| {
+                if let Some(i) = table.get(qpn) {
+                    if ready.len() < ready.capacity() {
+                        ready.push(i);
+                    }
+                }
+            })
+            .map_err(MultiError::Completions)?;
         let mut n = 0;
-        for c in self.chans.iter_mut() {
+        let mut one = |i: usize, c: &mut Channel<P, B, R>| {
             let rank = rank_of(c);
-            n += c.poll().map_err(at(rank))?;
+            match c.poll() {
+                Ok(0) => {}
+                Ok(k) => {
+                    n += k;
+                    f((i, rank), Ok(k));
+                }
+                Err(e) => f((i, rank), Err(e)),
+            }
+        };
+        if shared.is_some() {
+            for &i in self.ready.iter() {
+                if let Some(c) = self.chans.get_mut(i as usize) {
+                    one(i as usize, c);
+                }
+            }
+        } else {
+            for (i, c) in self.chans.iter_mut().enumerate() {
+                one(i, c);
+            }
         }
         Ok(n)
     }

@@ -15,9 +15,13 @@
 //! 8-byte inline write once half a ring of that peer's messages was consumed since the last
 //! one), and the sender reads that count before each send.
 //!
-//! # Fairness
-//! `progress` starts each call where the previous one stopped (a round-robin cursor), so a
-//! budget smaller than the traffic does not starve high ranks.
+//! # Cost and fairness
+//! `progress` polls once (one poll of each completion queue the channels share, see
+//! [`crate::provider::shared`]) and serves only the peers whose channels got completions,
+//! in the order they got them; a peer a budget cut short goes to the back of that list, so
+//! a budget smaller than the traffic does not starve anyone. An idle `progress` costs the
+//! same for 2 peers and for 2000. It also looks at one more peer per call, round-robin,
+//! which delivers what a direct call on a channel polled on the node's behalf.
 //!
 //! # Memory
 //! The ring memory lives in the node, and the node drains every channel before it frees it.
@@ -33,7 +37,7 @@ use alloc::vec::Vec;
 use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
-use crate::multi::MultiChannel;
+use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, Deadline};
 use crate::provider::Provider;
 
@@ -99,8 +103,37 @@ pub(super) struct Rings<M> {
     consumed: Vec<u64>,
     /// The consumed count last written back to each peer.
     reported: Vec<u64>,
-    /// Where the next `progress` starts.
-    cursor: usize,
+    /// Peers to serve, oldest first: those whose channels had completions, and those a
+    /// budget cut short. `queued[p]` says whether `p` is in it.
+    todo: Vec<usize>,
+    todo_head: usize,
+    todo_len: usize,
+    queued: Vec<bool>,
+    /// The peer the next `progress` also looks at, whether or not it had completions: one
+    /// per call, round-robin, so completions a direct channel call took are delivered too.
+    sweep: usize,
+}
+
+impl<M> Rings<M> {
+    fn push_todo(&mut self, p: usize) {
+        if !self.queued[p] {
+            self.queued[p] = true;
+            let n = self.todo.len();
+            self.todo[(self.todo_head + self.todo_len) % n] = p;
+            self.todo_len += 1;
+        }
+    }
+
+    fn pop_todo(&mut self) -> Option<usize> {
+        if self.todo_len == 0 {
+            return None;
+        }
+        let p = self.todo[self.todo_head];
+        self.todo_head = (self.todo_head + 1) % self.todo.len();
+        self.todo_len -= 1;
+        self.queued[p] = false;
+        Some(p)
+    }
 }
 
 impl<M> Rings<M> {
@@ -171,7 +204,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             sent: vec![0; peers],
             consumed: vec![0; peers],
             reported: vec![0; peers],
-            cursor: 0,
+            todo: vec![0; peers.max(1)],
+            todo_head: 0,
+            todo_len: 0,
+            queued: vec![false; peers],
+            sweep: 0,
         };
         for p in 0..peers {
             for i in 0..slots {
@@ -288,25 +325,46 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
         }
     }
     let peers = rings.ranks.len();
+    if peers == 0 {
+        return Ok(0);
+    }
+    // One poll of the shared queues (or of every channel, for providers with queues of
+    // their own); channels that got completions or failed join the list.
+    multi
+        .poll_ready(|(p, _), _| rings.push_todo(p))
+        .map_err(|e| match e {
+            MultiError::Peer(p) => NodeError::Channel {
+                rank: p.rank,
+                error: p.error,
+            },
+            MultiError::Completions(e) => NodeError::Completions(e),
+            // poll_ready fails only on the shared queues; channel failures go to the list.
+            _ => NodeError::UnknownRank(u32::MAX),
+        })?;
+    let sweep = rings.sweep;
+    rings.sweep = (sweep + 1) % peers;
+    rings.push_todo(sweep);
     let mut handed = 0;
-    for step in 0..peers {
+    // Each peer in the list at most once per call; one cut short goes to the back.
+    for _ in 0..rings.todo_len {
         if handed >= budget {
             break;
         }
-        let p = (rings.cursor + step) % peers;
-        handed += serve_peer(multi, rings, p, budget - handed, handler)?;
+        let Some(p) = rings.pop_todo() else {
+            break;
+        };
+        let left = budget - handed;
+        let n = serve_peer(multi, rings, p, left, handler)?;
+        handed += n;
         credit_back(multi, rings, peer_flags, (me, world), p);
-        if handed >= budget {
-            // The next call starts after the peer that used up the budget.
-            rings.cursor = (p + 1) % peers;
-            return Ok(handed);
+        if n >= left {
+            rings.push_todo(p);
         }
     }
-    rings.cursor = (rings.cursor + 1) % peers.max(1);
     Ok(handed)
 }
 
-/// Polls peer `p`'s channel and hands out its events, at most `budget`.
+/// Hands out peer `p`'s events (whatever its channel has already polled), at most `budget`.
 fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -337,10 +395,6 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         fail(rings, error, &mut handed);
         return Ok(handed);
     }
-    if let Err(error) = chan.poll() {
-        fail(rings, error, &mut handed);
-        return Ok(handed);
-    }
     let done = chan.sends_completed();
     if done > rings.sends_seen[p] && handed < budget {
         rings.sends_seen[p] = done;
@@ -358,7 +412,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         let Some(chan) = multi.by_index(p) else {
             break;
         };
-        let Some(result) = chan.try_wait(t) else {
+        let Some(result) = chan.take_if_complete(t) else {
             break;
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither

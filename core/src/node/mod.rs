@@ -21,7 +21,7 @@ mod verbs;
 
 pub use messaging::Event;
 #[cfg(feature = "verbs")]
-pub use verbs::{NodeConfig, PreparedNode, VerbsNode};
+pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
 
 use alloc::vec::Vec;
 use core::fmt;
@@ -121,6 +121,9 @@ pub enum NodeError {
     },
     /// A barrier failed.
     Barrier(BarrierError),
+    /// Polling the completion queues the node's channels share failed (every peer is
+    /// affected).
+    Completions(crate::provider::ProviderError),
     /// A channel operation failed.
     Channel {
         /// The peer.
@@ -163,6 +166,7 @@ impl fmt::Display for NodeError {
             ),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
             Self::Barrier(e) => write!(f, "{e}"),
+            Self::Completions(e) => write!(f, "shared completion queues: {e}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
         }
     }
@@ -272,6 +276,7 @@ fn barrier_error(e: MultiError) -> BarrierError {
             error: p.error,
         },
         MultiError::UnknownRank(r) => BarrierError::RankOutOfRange(r),
+        MultiError::Completions(e) => BarrierError::Completions(e),
         // Node builds its MultiChannel itself from one channel per rank: neither can happen.
         MultiError::ChannelWithoutRank | MultiError::DuplicateRank(_) => {
             BarrierError::RankOutOfRange(u32::MAX)
@@ -358,6 +363,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 rank: p.rank,
                 error: p.error,
             },
+            MultiError::Completions(e) => NodeError::Completions(e),
         })?;
         if multi.ranks().any(|r| r >= world) {
             return Err(NodeError::InvalidArgument {

@@ -1,9 +1,10 @@
 //! Building a [`Node`] on a device: the only part of the node layer that needs libibverbs.
 //!
-//! [`PreparedNode::new`] opens one queue pair per other rank and registers the flag array and
-//! the data window; [`PreparedNode::blob`] is what to publish; [`PreparedNode::handshake`]
-//! connects to every peer's blob and hands the parts to the provider-neutral
-//! [`Node::from_parts`].
+//! [`PreparedNode::new`] opens one queue pair per other rank, all completing into one send
+//! and one receive completion queue (sized to the sum of their queues, routed by queue-pair
+//! number: [`crate::provider::shared`]), and registers the flag array and the data window;
+//! [`PreparedNode::blob`] is what to publish; [`PreparedNode::handshake`] connects to every
+//! peer's blob and hands the parts to the provider-neutral [`Node::from_parts`].
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -14,14 +15,19 @@ use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::{AccessFlags, PageMemory};
 use crate::poll::{Backoff, StaticClock};
-use crate::provider::verbs::{PreparedVerbs, VerbsProvider};
+use crate::provider::shared::{RoutedQp, SharedCqs};
 use crate::sge::RemoteMemory;
 use crate::verbs::mr::OwnedRegion;
-use crate::verbs::{Context, Pd, QpConfig};
+use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, VerbsError};
 use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
 
-/// A node on a device: verbs queue pairs, page memory registered on its protection domain.
-pub type VerbsNode<B> = Node<VerbsProvider, OwnedRegion, B>;
+/// A node on a device: verbs queue pairs on two completion queues the node shares, page
+/// memory registered on its protection domain.
+pub type VerbsNode<B> = Node<VerbsQp, OwnedRegion, B>;
+
+/// A node's queue pair to one peer: a verbs queue pair on the node's shared completion
+/// queues.
+pub type VerbsQp = RoutedQp<Qp, Cq>;
 
 /// Node settings.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +67,9 @@ pub struct PreparedNode<B: Backoff + Clone> {
     cfg: NodeConfig,
     backoff: B,
     clock: StaticClock,
-    qps: Vec<Option<PreparedVerbs>>,
+    qps: Vec<Option<PreparedQp>>,
+    send_cq: Cq,
+    recv_cq: Cq,
     flags: OwnedRegion,
     window: OwnedRegion,
 }
@@ -94,12 +102,23 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         let mut qp = cfg.qp;
         // Barrier notifications and credit returns are 8-byte inline writes.
         qp.max_inline_data = qp.max_inline_data.max(8);
+        // One send and one receive queue for every peer's queue pair, deep enough for all of
+        // their queues at once, so neither can overflow.
+        let peers = world - 1;
+        let depth = |per: u32| {
+            per.checked_mul(peers.max(1))
+                .ok_or(NodeError::Verbs(VerbsError::InvalidArgument {
+                    what: "the completion queues for this world would exceed 2^32 entries",
+                }))
+        };
+        let send_cq = ctx.create_cq(depth(qp.max_send_wr)?)?;
+        let recv_cq = ctx.create_cq(depth(qp.max_recv_wr)?)?;
         let mut qps = Vec::with_capacity(world as usize);
         for r in 0..world {
             qps.push(if r == rank {
                 None
             } else {
-                Some(PreparedVerbs::new(ctx, &pd, &qp)?)
+                Some(pd.create_rc_qp(&send_cq, &recv_cq, &qp)?)
             });
         }
         let flags = page_region(&pd, flags_len(world), super::FLAG_ACCESS)?;
@@ -111,6 +130,8 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             backoff,
             clock,
             qps,
+            send_cq,
+            recv_cq,
             flags,
             window,
         })
@@ -166,7 +187,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             }
             decoded.push(Some(d));
         }
-        let mut channels = Vec::with_capacity(self.world as usize - 1);
+        let peers = self.world as usize - 1;
+        let shared = SharedCqs::new(self.send_cq, self.recv_cq, peers);
+        let mut channels = Vec::with_capacity(peers);
         let mut peer_flags = vec![RemoteMemory::default(); self.world as usize];
         let mut peer_windows = vec![RemoteMemory::default(); self.world as usize];
         for (r, (qp, d)) in self.qps.into_iter().zip(decoded).enumerate() {
@@ -178,9 +201,20 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 rank,
                 error: NodeBlobError::BadRank(self.rank),
             })?;
-            let p = qp
+            let qp = qp
                 .handshake(&ep)
                 .map_err(|error| NodeError::Connect { rank, error })?;
+            let p = shared.add(qp).map_err(|(_, e)| NodeError::Connect {
+                rank,
+                error: VerbsError::InvalidArgument {
+                    what: match e {
+                        crate::provider::shared::SharedCqError::TooSmall { .. } => {
+                            "the device granted deeper queues than the shared CQs hold"
+                        }
+                        _ => "the shared completion queues refused the queue pair",
+                    },
+                },
+            })?;
             let mut ccfg = self.cfg.channel;
             ccfg.peer = Some(rank);
             channels.push(Channel::with_backoff(

@@ -13,6 +13,8 @@ use crate::completion::Completion;
 use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
+#[cfg(feature = "alloc")]
+pub mod shared;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
@@ -88,4 +90,14 @@ pub trait Provider: QueuePair {
 
     /// Polls receive completions into `out`; returns how many.
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
+
+    /// For a queue pair whose completion queues are shared with others ([`shared`]): polls
+    /// them once, keeps every completion for its queue pair, and calls `ready(qp_num)` for
+    /// each queue pair with completions waiting. Returns how many completions it took, or
+    /// `None` for a provider with queues of its own (the default), whose caller polls each
+    /// queue pair instead.
+    fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
+        let _ = ready;
+        Ok(None)
+    }
 }

@@ -162,3 +162,46 @@ impl Provider for VerbsProvider {
             .map_err(|e| provider_error(e, Verb::PollCq))
     }
 }
+
+/// A verbs completion queue can be shared by a node's queue pairs
+/// ([`crate::provider::shared::SharedCqs`]).
+impl crate::provider::CompletionQueue for Cq {
+    #[inline]
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        Cq::poll(self, out).map_err(|e| provider_error(e, Verb::PollCq))
+    }
+
+    #[inline]
+    fn capacity(&self) -> u32 {
+        Cq::capacity(self)
+    }
+}
+
+/// A connected verbs queue pair, for completion queues it shares with others.
+impl QueuePair for Qp {
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        Qp::qp_num(self)
+    }
+
+    #[inline]
+    fn caps(&self) -> QpCaps {
+        Qp::caps(self)
+    }
+
+    #[inline]
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the caller upholds the posting contract.
+        unsafe { Qp::post_send(self, wrs) }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the caller upholds the posting contract.
+        unsafe { Qp::post_recv(self, wrs) }
+    }
+
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        Qp::set_error(self).map_err(|e| provider_error(e, Verb::ModifyQpErr))
+    }
+}

@@ -1,0 +1,496 @@
+//! One send and one receive completion queue shared by many queue pairs (a node's), with
+//! completions routed to their queue pair by number in O(1).
+//!
+//! [`SharedCqs`] owns the two queues and a mailbox per queue pair; [`RoutedQp`] is a queue
+//! pair on them that is a full [`Provider`], so a [`Channel`](crate::channel::Channel) runs on
+//! it unchanged. Polling a `RoutedQp` first empties its own mailbox; only when that is empty
+//! does it poll the shared queue, keeping its own completions and dropping the others' into
+//! their mailboxes (each such queue pair then goes on a ready list). A layer that serves many
+//! queue pairs ([`MultiChannel::poll_ready`](crate::multi::MultiChannel::poll_ready)) polls
+//! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
+//! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
+//!
+//! # Capacity
+//! Mailboxes are sized to their queue pair's queues and the completion queues to the sum, so
+//! neither can overflow while every queue pair keeps at most its queue depth in flight (the
+//! engine does). If a mailbox ever is full, the poll fails with `EOVERFLOW` rather than drop
+//! a completion.
+//!
+//! # Threads
+//! The queue pairs of one `SharedCqs` may move to different threads (each is `Send` if its
+//! parts are). The shared state is behind a try-lock: a poll that finds it taken by another
+//! thread returns no completions rather than wait (that thread routes them to the mailboxes).
+
+use alloc::sync::Arc;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::fmt;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use crate::completion::Completion;
+use crate::params::QpCaps;
+use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
+use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+
+const EOVERFLOW: i32 = 75;
+/// Completions taken from a shared queue per poll.
+const POLL_BATCH: usize = 32;
+
+/// Queue-pair number -> mailbox index: open addressing, linear probing, built at setup.
+#[derive(Debug)]
+pub(crate) struct QpTable {
+    keys: Vec<u32>,
+    vals: Vec<u32>,
+    mask: usize,
+}
+
+const EMPTY_KEY: u32 = u32::MAX;
+
+impl QpTable {
+    pub(crate) fn new(entries: usize) -> Self {
+        let cap = (entries * 2).next_power_of_two().max(2);
+        Self {
+            keys: vec![EMPTY_KEY; cap],
+            vals: vec![0; cap],
+            mask: cap - 1,
+        }
+    }
+
+    fn home(&self, qpn: u32) -> usize {
+        (qpn.wrapping_mul(0x9e37_79b1) as usize) & self.mask
+    }
+
+    /// Adds `qpn -> val`; false if the number is already there (or the table is full).
+    pub(crate) fn insert(&mut self, qpn: u32, val: u32) -> bool {
+        let mut i = self.home(qpn);
+        for _ in 0..=self.mask {
+            if self.keys[i] == qpn {
+                return false;
+            }
+            if self.keys[i] == EMPTY_KEY {
+                self.keys[i] = qpn;
+                self.vals[i] = val;
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+        false
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, qpn: u32) -> Option<u32> {
+        let mut i = self.home(qpn);
+        for _ in 0..=self.mask {
+            match self.keys[i] {
+                k if k == qpn => return Some(self.vals[i]),
+                EMPTY_KEY => return None,
+                _ => i = (i + 1) & self.mask,
+            }
+        }
+        None
+    }
+}
+
+/// A fixed ring (of completions, or of mailbox indices for the ready list).
+struct Ring<T: Copy> {
+    buf: Vec<T>,
+    head: usize,
+    len: usize,
+}
+
+type Mailbox = Ring<Completion>;
+
+impl<T: Copy> Ring<T> {
+    fn new(cap: u32, fill: T) -> Self {
+        Self {
+            buf: vec![fill; cap.max(1) as usize],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, c: T) -> bool {
+        if self.len == self.buf.len() {
+            return false;
+        }
+        let at = (self.head + self.len) % self.buf.len();
+        self.buf[at] = c;
+        self.len += 1;
+        true
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        let c = self.buf[self.head];
+        self.head = (self.head + 1) % self.buf.len();
+        self.len -= 1;
+        Some(c)
+    }
+}
+
+struct Slot {
+    send: Mailbox,
+    recv: Mailbox,
+    qp_num: u32,
+    /// On the ready list.
+    queued: bool,
+}
+
+struct State<C> {
+    send_cq: C,
+    recv_cq: C,
+    table: QpTable,
+    slots: Vec<Slot>,
+    /// Slots with completions in their mailboxes, oldest first (each at most once).
+    ready: Ring<u32>,
+    overflowed: bool,
+}
+
+impl<C: CompletionQueue> State<C> {
+    /// Moves a completion of another queue pair into its mailbox (unknown numbers are not
+    /// ours: dropped).
+    fn route(&mut self, c: Completion, recv: bool) {
+        let Some(i) = self.table.get(c.qp_num) else {
+            return;
+        };
+        let slot = &mut self.slots[i as usize];
+        let ok = if recv {
+            slot.recv.push(c)
+        } else {
+            slot.send.push(c)
+        };
+        if !ok {
+            self.overflowed = true;
+            return;
+        }
+        self.enqueue(i as usize);
+    }
+
+    /// Puts slot `i` on the ready list unless it is there.
+    fn enqueue(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if !slot.queued {
+            slot.queued = true;
+            // The list holds every slot at most once and has room for all of them.
+            let _ = self.ready.push(i as u32);
+        }
+    }
+
+    /// Polls one shared queue once, routing everything into mailboxes.
+    fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
+        let mut wc = [Completion::EMPTY; POLL_BATCH];
+        let n = if recv {
+            self.recv_cq.poll(&mut wc)?
+        } else {
+            self.send_cq.poll(&mut wc)?
+        };
+        for c in &wc[..n] {
+            self.route(*c, recv);
+        }
+        Ok(n)
+    }
+
+    /// Takes `slot`'s completions of one kind into `out`; polls the shared queue first when
+    /// the mailbox is empty.
+    fn take(
+        &mut self,
+        slot: usize,
+        recv: bool,
+        out: &mut [Completion],
+    ) -> Result<usize, ProviderError> {
+        let empty = |s: &Slot| {
+            if recv {
+                s.recv.len == 0
+            } else {
+                s.send.len == 0
+            }
+        };
+        if empty(&self.slots[slot]) {
+            self.poll_into_mailboxes(recv)?;
+        }
+        if self.overflowed {
+            return Err(ProviderError {
+                verb: Verb::PollCq,
+                errno: EOVERFLOW,
+            });
+        }
+        let s = &mut self.slots[slot];
+        let mbox = if recv { &mut s.recv } else { &mut s.send };
+        let mut n = 0;
+        while n < out.len() {
+            match mbox.pop() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if s.send.len + s.recv.len > 0 {
+            // More than `out` held: whoever serves the ready list comes back for the rest.
+            self.enqueue(slot);
+        }
+        Ok(n)
+    }
+}
+
+struct Inner<C> {
+    busy: AtomicBool,
+    state: UnsafeCell<State<C>>,
+}
+
+// SAFETY: the state is reached only under the `busy` try-lock (see `with`), so at most one
+// thread touches it at a time; it holds the completion queues, which must be `Send`.
+unsafe impl<C: Send> Sync for Inner<C> {}
+// SAFETY: as above; moving the `Arc` between threads moves no access with it.
+unsafe impl<C: Send> Send for Inner<C> {}
+
+impl<C> Inner<C> {
+    /// Runs `f` on the state if no other thread holds it; `None` if one does.
+    fn with<T>(&self, f: impl FnOnce(&mut State<C>) -> T) -> Option<T> {
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return None;
+        }
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _release = Release(&self.busy);
+        // SAFETY: the try-lock above is held until `_release` drops, so this is the only
+        // reference to the state.
+        Some(f(unsafe { &mut *self.state.get() }))
+    }
+}
+
+/// Two completion queues shared by many queue pairs. See the [module docs](self).
+pub struct SharedCqs<C: CompletionQueue> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: CompletionQueue> fmt::Debug for SharedCqs<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedCqs").finish_non_exhaustive()
+    }
+}
+
+/// Why a queue pair could not be added to a [`SharedCqs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SharedCqError {
+    /// Another queue pair with this number is already routed here.
+    DuplicateQpNum(u32),
+    /// The queue pairs added so far would need more entries than the completion queues
+    /// hold.
+    TooSmall {
+        /// Entries the queue pairs need.
+        needed: u64,
+        /// Entries the completion queue holds.
+        capacity: u32,
+    },
+    /// More queue pairs than the table was built for.
+    Full,
+}
+
+impl fmt::Display for SharedCqError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DuplicateQpNum(n) => write!(f, "queue pair {n} is already routed here"),
+            Self::TooSmall { needed, capacity } => write!(
+                f,
+                "the queue pairs need {needed} completion entries, the queue holds {capacity}"
+            ),
+            Self::Full => f.write_str("more queue pairs than the shared queues were built for"),
+        }
+    }
+}
+
+impl core::error::Error for SharedCqError {}
+
+impl<C: CompletionQueue> SharedCqs<C> {
+    /// Shares `send_cq` and `recv_cq` among at most `max_qps` queue pairs. Allocates.
+    pub fn new(send_cq: C, recv_cq: C, max_qps: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                busy: AtomicBool::new(false),
+                state: UnsafeCell::new(State {
+                    send_cq,
+                    recv_cq,
+                    table: QpTable::new(max_qps),
+                    slots: Vec::with_capacity(max_qps),
+                    ready: Ring::new(max_qps as u32, 0),
+                    overflowed: false,
+                }),
+            }),
+        }
+    }
+
+    /// Routes `qp`'s completions (its queues must complete into this object's CQs) and
+    /// returns it as a [`Provider`] whose queue depths are at most an equal share of the
+    /// CQs (capacity / `max_qps`), so that all of them together cannot overflow the CQs even
+    /// if the device granted deeper queues than asked for. Allocates (its mailboxes).
+    pub fn add<Q: QueuePair>(&self, qp: Q) -> Result<RoutedQp<Q, C>, (Q, SharedCqError)> {
+        let mut caps = qp.caps();
+        let qpn = qp.qp_num();
+        let r = self.inner.with(|st| {
+            let share = |cap: u32| cap / (st.slots.capacity().max(1) as u32);
+            caps.max_send_wr = caps.max_send_wr.min(share(st.send_cq.capacity()));
+            caps.max_recv_wr = caps.max_recv_wr.min(share(st.recv_cq.capacity()));
+            if st.slots.len() == st.slots.capacity() {
+                return Err(SharedCqError::Full);
+            }
+            let (mut send, mut recv) = (u64::from(caps.max_send_wr), u64::from(caps.max_recv_wr));
+            for s in &st.slots {
+                send += s.send.buf.len() as u64;
+                recv += s.recv.buf.len() as u64;
+            }
+            for (needed, capacity) in [(send, st.send_cq.capacity()), (recv, st.recv_cq.capacity())]
+            {
+                if needed > u64::from(capacity) {
+                    return Err(SharedCqError::TooSmall { needed, capacity });
+                }
+            }
+            let i = st.slots.len() as u32;
+            if !st.table.insert(qpn, i) {
+                return Err(SharedCqError::DuplicateQpNum(qpn));
+            }
+            st.slots.push(Slot {
+                send: Mailbox::new(caps.max_send_wr, Completion::EMPTY),
+                recv: Mailbox::new(caps.max_recv_wr, Completion::EMPTY),
+                qp_num: qpn,
+                queued: false,
+            });
+            Ok(i as usize)
+        });
+        match r {
+            Some(Ok(slot)) => Ok(RoutedQp {
+                qp,
+                caps,
+                slot,
+                shared: Arc::clone(&self.inner),
+            }),
+            Some(Err(e)) => Err((qp, e)),
+            None => Err((qp, SharedCqError::Full)),
+        }
+    }
+}
+
+/// A queue pair whose completions go to [`SharedCqs`]: a [`Provider`] like one with its own
+/// queues. Field order is drop order: the queue pair goes before the shared queues it uses.
+pub struct RoutedQp<Q: QueuePair, C: CompletionQueue> {
+    qp: Q,
+    /// The queue pair's caps, clamped to its share of the completion queues.
+    caps: QpCaps,
+    slot: usize,
+    shared: Arc<Inner<C>>,
+}
+
+impl<Q: QueuePair + fmt::Debug, C: CompletionQueue> fmt::Debug for RoutedQp<Q, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoutedQp")
+            .field("qp", &self.qp)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
+    /// The queue pair.
+    pub fn qp(&self) -> &Q {
+        &self.qp
+    }
+}
+
+impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
+    #[inline]
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+    #[inline]
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract.
+        unsafe { self.qp.post_send(wrs) }
+    }
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp.set_error()
+    }
+}
+
+impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
+    /// This queue pair's send completions: its mailbox, else one poll of the shared queue.
+    /// Does not allocate.
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        let slot = self.slot;
+        self.shared
+            .with(|st| st.take(slot, false, out))
+            .unwrap_or(Ok(0))
+    }
+
+    /// This queue pair's receive completions: its mailbox, else one poll of the shared
+    /// queue. Does not allocate.
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        let slot = self.slot;
+        self.shared
+            .with(|st| st.take(slot, true, out))
+            .unwrap_or(Ok(0))
+    }
+
+    /// Polls both shared queues once and names every queue pair with completions waiting in
+    /// its mailbox (each once, oldest first). Does not allocate.
+    fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
+        self.shared
+            .with(|st| {
+                let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
+                if st.overflowed {
+                    return Err(ProviderError {
+                        verb: Verb::PollCq,
+                        errno: EOVERFLOW,
+                    });
+                }
+                while let Some(i) = st.ready.pop() {
+                    let s = &mut st.slots[i as usize];
+                    s.queued = false;
+                    ready(s.qp_num);
+                }
+                Ok(Some(n))
+            })
+            .unwrap_or(Ok(Some(0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QpTable;
+
+    #[test]
+    fn the_table_finds_every_number_it_was_given_and_no_other() {
+        let mut t = QpTable::new(300);
+        for i in 0..300u32 {
+            // Numbers that collide in the low bits, as QP numbers of one device do.
+            assert!(t.insert(0x11 + i * 1024, i));
+        }
+        assert!(!t.insert(0x11, 7), "a number routes to one queue pair");
+        for i in 0..300u32 {
+            assert_eq!(t.get(0x11 + i * 1024), Some(i));
+        }
+        assert_eq!(t.get(0x12), None);
+        assert_eq!(t.get(u32::MAX - 1), None);
+    }
+}
