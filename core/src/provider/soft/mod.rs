@@ -46,8 +46,8 @@
 //!
 //! # When work executes
 //! Deterministically, inside the provider calls, never behind the caller's back:
-//! - every call ([`Provider::post_send`], [`Provider::post_recv`], the polls,
-//!   [`Provider::set_error`]) runs both send queues (side A's, then side B's) from their
+//! - every call ([`QueuePair::post_send`], [`QueuePair::post_recv`], the polls,
+//!   [`QueuePair::set_error`]) runs both send queues (side A's, then side B's) from their
 //!   heads as far as they can go: posts and `set_error` after doing their own job, polls
 //!   before they look at their completion queue. So a write, read or a send that
 //!   finds a receive completes inside the `post_send` that posted it, and a send blocked by a
@@ -93,7 +93,7 @@
 //!   pair enters the error state, and every outstanding send and receive of that queue pair
 //!   then completes with [`WcStatus::Flushed`], signaled or not (as rxe does). Error
 //!   completions have kind [`CompletionKind::Other`] (verbs leaves the opcode undefined).
-//! - **Error state**: [`Provider::set_error`] flushes everything outstanding. Posting in the
+//! - **Error state**: [`QueuePair::set_error`] flushes everything outstanding. Posting in the
 //!   error state is allowed, and the requests complete flushed (as verbs does). A queue pair
 //!   stays in the error state for the life of the fabric.
 //! - [`SoftFabric::kill`] makes a side dead (its queues are flushed, as if its process
@@ -102,7 +102,7 @@
 //!   treated the same way, as a real responder in the error state drops requests.
 //!
 //! # Capacities
-//! Queues are fixed arrays of [`QUEUE_CAP`] entries; [`SoftEnd::caps`](Provider::caps)
+//! Queues are fixed arrays of [`QUEUE_CAP`] entries; [`SoftEnd::caps`](QueuePair::caps)
 //! reports the requested caps clamped to [`QUEUE_CAP`], [`MAX_SGE`] and [`MAX_INLINE`]. Each
 //! completion queue holds [`QUEUE_CAP`] entries, and cannot overflow: every completion
 //! belongs to a request that still occupies its queue (occupancy ends only when that
@@ -133,13 +133,15 @@ use core::fmt;
 #[cfg(doc)]
 use crate::{
     completion::{CompletionKind, WcStatus},
-    provider::Provider,
+    provider::{Provider, QueuePair},
     wr::{PostFailure, MAX_BATCH},
 };
 
+mod entry;
 mod execute;
 mod fabric;
 mod keys;
+mod pair;
 mod queues;
 mod region;
 mod spans;
