@@ -1,6 +1,7 @@
 //! Work-queue entries as the models store them, and the checks and copies that make one
-//! from a work request at post time. Shared by the models, which may store the parts of an
-//! entry in different places.
+//! from a work request at post time. Shared by [`SoftFabric`](super::SoftFabric) and the
+//! net, which store the parts of an entry in different places (one array per entry, or
+//! storage sized from the caps).
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;

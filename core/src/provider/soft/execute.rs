@@ -3,9 +3,9 @@
 //! [Semantics](super#semantics)).
 //!
 //! The rules are written once, against [`Wiring`], which the two queue pairs of a
-//! [`SoftFabric`](super::SoftFabric) implement (`pair.rs`) and other arrangements of queue
-//! pairs can. Which calls run which queues, and where completions go, is the business of
-//! each model.
+//! [`SoftFabric`](super::SoftFabric) implement (`pair.rs`), and so do the many of a
+//! `SoftNet` (`net/calls.rs`). Which calls run which queues, and where completions go, is
+//! the business of each model.
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::{QpCaps, RetryCount, RnrRetry};

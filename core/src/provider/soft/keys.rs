@@ -1,5 +1,6 @@
 //! Memory keys: (generation, kind, side, slot) scrambled into one `u32`, so that a stale,
-//! foreign or wrong-kind key does not resolve.
+//! foreign or wrong-kind key does not resolve. The scrambling is shared with the net's keys
+//! (`net::region`), which pack other fields.
 
 const KEY_MIX: u32 = 0x9e37_79b9;
 const KEY_UNMIX: u32 = inverse_odd(KEY_MIX);

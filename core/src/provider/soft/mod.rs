@@ -6,6 +6,9 @@
 //! what the engine relies on (in-order execution and completion, selective signaling, error
 //! state with flushes, RNR and transport retries); it models no timing, congestion or MTU.
 //!
+//! For a whole world (many nodes connected pairwise, a protection domain and two shared
+//! completion queues per node), the `net` module (feature `alloc`) runs the same rules.
+//!
 //! ```
 //! use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
@@ -141,6 +144,8 @@ mod entry;
 mod execute;
 mod fabric;
 mod keys;
+#[cfg(feature = "alloc")]
+pub mod net;
 mod pair;
 mod queues;
 mod region;
@@ -149,6 +154,8 @@ mod spans;
 mod tests;
 
 pub use fabric::{SoftEnd, SoftFabric};
+#[cfg(feature = "alloc")]
+pub use net::{NetCq, NetQp, NetRegion, SoftNet, SoftNetConfig};
 pub use region::SoftRegion;
 
 /// Entries of every queue (send, receive and both completion queues) of each side.
@@ -207,8 +214,14 @@ pub enum SoftError {
     EmptyBuffer,
     /// `REMOTE_WRITE` without `LOCAL_WRITE`.
     RemoteWriteNeedsLocalWrite,
-    /// All [`MAX_REGIONS`] slots of the side are in use.
+    /// All slots of the region table are in use ([`MAX_REGIONS`] per side of a fabric,
+    /// `max_regions` per node of a net).
     TableFull,
+    /// A net has no node of that number.
+    NoSuchNode,
+    /// A net has issued all its key generations (one per registration; see "Memory and
+    /// keys" in the docs of the `net` module).
+    KeysExhausted,
 }
 
 impl fmt::Display for SoftError {
@@ -218,7 +231,9 @@ impl fmt::Display for SoftError {
             Self::RemoteWriteNeedsLocalWrite => {
                 "soft register: remote write access needs local write access too"
             }
-            Self::TableFull => "soft register: the region table of this side is full",
+            Self::TableFull => "soft register: the region table is full",
+            Self::NoSuchNode => "soft register: no node of that number in the net",
+            Self::KeysExhausted => "soft register: the net has issued all its key generations",
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Registered memory: the table slot the model resolves keys against, and the region as its
-//! owner sees it (keys, scatter/gather entries, volatile copies).
+//! owner sees it (keys, scatter/gather entries, volatile copies). Shared by the fabric's
+//! [`SoftRegion`] and the net's `NetRegion`.
 
 use core::fmt;
 use core::ops::Range;
@@ -125,6 +126,19 @@ impl Registered {
         // registered while the entries borrow it mutably; the ranges are pairwise disjoint,
         // and the `&mut self` borrow keeps the CPU out of the bytes meanwhile.
         Some(parts.map(|(addr, len)| unsafe { SgeMut::from_raw(addr, len, self.lkey) }))
+    }
+
+    /// # Safety
+    /// Nobody may write the range while the slice lives.
+    #[cfg(feature = "alloc")] // Only the net's regions offer it (for `memory::Region`).
+    pub(super) unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        let (_, len) = self.bytes().entry(&range)?;
+        // SAFETY: `entry` checked the range against the region, which stays registered (and
+        // its buffer borrowed) while `self` is; the caller guarantees nobody writes the bytes
+        // meanwhile, and the model creates no reference to them.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), len as usize)
+        })
     }
 }
 
