@@ -1,15 +1,113 @@
-//! How work executes: posting, polling, and running the send queues (see
-//! [When work executes](super#when-work-executes) and [Semantics](super#semantics)).
+//! How work executes, whatever holds the queue pairs: posting, running a send queue, one
+//! attempt at its head, flushing (see [When work executes](super#when-work-executes) and
+//! [Semantics](super#semantics)).
+//!
+//! The rules are written once, against [`Wiring`], which the two queue pairs of a
+//! [`SoftFabric`](super::SoftFabric) implement (`pair.rs`), and so do the many of a
+//! `SoftNet` (`net/calls.rs`). Which calls run which queues, and where completions go, is
+//! the business of each model.
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
-use crate::provider::{ProviderError, Verb};
-use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::params::{QpCaps, RetryCount, RnrRetry};
+use crate::sge::Sge;
+use crate::wr::{Opcode, PostFailure, RecvRequest, WorkRequest, MAX_BATCH};
 
-use super::fabric::Shared;
+use super::entry::{build_send, check_send, completion, RawSge, SendHeader, NO_SGE};
 use super::keys::KeyKind;
-use super::queues::{completion, QpState, RawSge, SendCqe, SendWqe, NO_RECV, NO_SEND};
-use super::spans::{copy_spans, resolve_local, Spans};
-use super::{AccessFlags, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::spans::{copy_spans, gather, Spans};
+use super::{AccessFlags, SoftStats, EINVAL, ENOMEM, MAX_SGE};
+
+/// How many retries a blocked request gets.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Limits {
+    /// Retries after an RNR NAK; `None`: retry forever.
+    pub(super) rnr: Option<u8>,
+    /// Retries when the peer does not answer.
+    pub(super) retry: u8,
+}
+
+impl Limits {
+    pub(super) const fn new(rnr_retry: RnrRetry, retry_count: RetryCount) -> Self {
+        Self {
+            rnr: match rnr_retry {
+                RnrRetry::Infinite => None,
+                r => Some(r.code()),
+            },
+            retry: retry_count.get(),
+        }
+    }
+}
+
+/// Queue pairs, named by index, as the execution rules see them. A model implements it over
+/// its own storage; every method is O(1) or O(entries of one request) and does not allocate.
+pub(super) trait Wiring {
+    /// The caps of every queue pair (after clamping).
+    fn caps(&self) -> QpCaps;
+    /// Retry limits of every queue pair.
+    fn limits(&self) -> Limits;
+    /// The number completions of `q` carry.
+    fn qp_num(&self, q: usize) -> u32;
+    /// The other end of `q`'s connection.
+    fn peer(&self, q: usize) -> usize;
+    /// Whether `q` is in the error state.
+    fn in_error(&self, q: usize) -> bool;
+    /// Moves `q` to the error state (without flushing: [`enter_error`] does that).
+    fn mark_error(&mut self, q: usize);
+    /// Whether `q` answers no requests (its process is dead, or it is in the error state).
+    fn unreachable(&self, q: usize) -> bool;
+    /// Resolves `addr..addr+len` by `key` against the memory `q` may use (its side's or
+    /// node's region table), needing `need`.
+    fn resolve(
+        &self,
+        q: usize,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<*mut u8>;
+    /// Send-queue slots of `q` in use (posted, not retired by a polled completion).
+    fn send_used(&self, q: usize) -> u64;
+    /// Receive-queue slots of `q` in use.
+    fn recv_used(&self, q: usize) -> u64;
+    /// Appends an entry to `q`'s send queue: `fill` writes its entries or inline bytes into
+    /// the storage it is given and returns its header. `Err` with `fill`'s errno, or
+    /// `ENOMEM` if the queue is full.
+    fn push_send(
+        &mut self,
+        q: usize,
+        fill: impl FnOnce(&mut [RawSge], &mut [u8]) -> Result<SendHeader, i32>,
+    ) -> Result<(), i32>;
+    /// Appends a receive to `q`'s receive queue; `Err(ENOMEM)` if it is full.
+    fn push_recv(&mut self, q: usize, wr_id: u64, sges: &[Sge<'_>]) -> Result<(), i32>;
+    /// Copies the head of `q`'s send queue out (execution changes the queues while it reads
+    /// the request): its entries into `sges`, its inline bytes into `inline`. Returns the
+    /// header and the head's position in the send queue, or `None` if the queue is empty.
+    fn load_send_head(
+        &self,
+        q: usize,
+        sges: &mut [RawSge; MAX_SGE],
+        inline: &mut [u8],
+    ) -> Option<(SendHeader, u64)>;
+    /// The header of the head of `q`'s send queue, for its retry state.
+    fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader>;
+    /// Removes the head of `q`'s send queue; its `(wr_id, position)`.
+    fn pop_send(&mut self, q: usize) -> Option<(u64, u64)>;
+    /// Whether `q` has a receive posted.
+    fn has_recv(&self, q: usize) -> bool;
+    /// Copies the entries of `q`'s oldest receive into `sges`; how many, or `None`.
+    fn load_recv_head(&self, q: usize, sges: &mut [RawSge; MAX_SGE]) -> Option<usize>;
+    /// Removes `q`'s oldest receive; its `wr_id`.
+    fn pop_recv(&mut self, q: usize) -> Option<u64>;
+    /// Delivers a send completion of `q`, which retires `q`'s send queue up to `seq` when
+    /// polled.
+    fn push_send_cqe(&mut self, q: usize, wc: Completion, seq: u64);
+    /// Delivers a receive completion of `q`.
+    fn push_recv_cqe(&mut self, q: usize, wc: Completion);
+    /// The counters `q`'s work counts into (`None` only for a queue pair that does not
+    /// exist).
+    fn stats(&mut self, q: usize) -> Option<&mut SoftStats>;
+}
 
 /// What a send-queue head attempt came to.
 enum Outcome {
@@ -30,404 +128,295 @@ const fn done(status: WcStatus) -> Outcome {
     }
 }
 
-/// Moves `s` to the error state and flushes everything outstanding on it.
-pub(super) fn enter_error(st: &mut [QpState; 2], s: usize) {
-    let qp = &mut st[s];
-    qp.error = true;
-    while let Some(w) = qp.sq.pop() {
-        qp.push_send_cqe(SendCqe {
-            wc: completion(w.wr_id, WcStatus::Flushed, CompletionKind::Other, s),
-            seq: w.seq,
+/// Posts send requests to `q` (checks, occupancy, inline copies); runs nothing.
+///
+/// # Safety
+/// The posting contract.
+pub(super) unsafe fn post_send<W: Wiring>(
+    w: &mut W,
+    q: usize,
+    wrs: &[WorkRequest<'_>],
+) -> Result<(), PostFailure> {
+    if wrs.len() > MAX_BATCH {
+        return Err(PostFailure {
+            posted: 0,
+            errno: EINVAL,
         });
     }
-    while let Some(r) = qp.rq.pop() {
-        qp.push_recv_cqe(completion(
-            r.wr_id,
-            WcStatus::Flushed,
-            CompletionKind::Other,
-            s,
-        ));
-    }
-}
-
-/// Fails the receive at the head of `p`'s queue with `status` and moves `p` to the error
-/// state (a responder-side error that consumed a receive).
-fn fail_recv(st: &mut [QpState; 2], p: usize, status: WcStatus) {
-    if let Some(r) = st[p].rq.pop() {
-        st[p].push_recv_cqe(completion(r.wr_id, status, CompletionKind::Other, p));
-    }
-    enter_error(st, p);
-}
-
-impl Shared {
-    /// Builds the queue entry for `wr`, or the errno that rejects it.
-    ///
-    /// # Safety
-    /// The posting contract: inline entries must name readable memory.
-    unsafe fn build_send(&self, wr: &WorkRequest<'_>) -> Result<SendWqe, i32> {
-        if wr.sges.len() > self.caps.max_send_sge as usize {
-            return Err(EINVAL);
+    let caps = w.caps();
+    for (i, wr) in wrs.iter().enumerate() {
+        let posted = check_send(&caps, wr).and_then(|()| {
+            if w.send_used(q) >= u64::from(caps.max_send_wr) {
+                return Err(ENOMEM);
+            }
+            w.push_send(q, |sges, inline| {
+                // SAFETY: forwarded posting contract.
+                unsafe { build_send(wr, sges, inline) }
+            })
+        });
+        if let Err(errno) = posted {
+            return Err(PostFailure { posted: i, errno });
         }
-        let mut w = NO_SEND;
-        w.wr_id = wr.wr_id;
-        w.opcode = wr.opcode;
-        w.signaled = wr.flags.contains(SendFlags::SIGNALED);
-        w.remote = wr.remote;
-        if wr.flags.contains(SendFlags::INLINE) {
-            if wr.opcode == Opcode::Read {
-                return Err(EINVAL);
-            }
-            let total: u64 = wr.sges.iter().map(|s| u64::from(s.len())).sum();
-            if total > u64::from(self.caps.max_inline_data) {
-                return Err(EINVAL);
-            }
-            w.inline = true;
-            for s in wr.sges {
-                let len = s.len() as usize;
-                if len == 0 {
+        if let Some(stats) = w.stats(q) {
+            stats.sends_posted += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Posts receives to `q`; runs nothing.
+pub(super) fn post_recv<W: Wiring>(
+    w: &mut W,
+    q: usize,
+    wrs: &[RecvRequest<'_>],
+) -> Result<(), PostFailure> {
+    if wrs.len() > MAX_BATCH {
+        return Err(PostFailure {
+            posted: 0,
+            errno: EINVAL,
+        });
+    }
+    let caps = w.caps();
+    for (i, wr) in wrs.iter().enumerate() {
+        let errno = if wr.sges.len() > caps.max_recv_sge as usize {
+            EINVAL
+        } else if w.recv_used(q) >= u64::from(caps.max_recv_wr) {
+            ENOMEM
+        } else {
+            match w.push_recv(q, wr.wr_id, wr.sges) {
+                Ok(()) => {
+                    if let Some(stats) = w.stats(q) {
+                        stats.recvs_posted += 1;
+                    }
                     continue;
                 }
-                let addr = usize::try_from(s.addr()).map_err(|_| EINVAL)?;
-                let dst = w
-                    .inline_data
-                    .get_mut(w.inline_len..w.inline_len + len)
-                    .ok_or(EINVAL)?;
-                let src = core::ptr::with_exposed_provenance::<u8>(addr);
-                // SAFETY: the posting contract makes `addr..addr+len` of an inline entry
-                // readable memory for the duration of the post; the engine makes inline
-                // entries from a live slice with `as_ptr() as u64`, which exposes its
-                // provenance for `with_exposed_provenance` to pick up. `dst` is our own array,
-                // so the ranges do not overlap.
-                unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len) };
-                w.inline_len += len;
+                Err(errno) => errno,
             }
+        };
+        return Err(PostFailure { posted: i, errno });
+    }
+    Ok(())
+}
+
+/// Moves `q` to the error state and flushes everything outstanding on it, signaled or not.
+pub(super) fn enter_error<W: Wiring>(w: &mut W, q: usize) {
+    w.mark_error(q);
+    let qp_num = w.qp_num(q);
+    while let Some((wr_id, seq)) = w.pop_send(q) {
+        let wc = completion(wr_id, WcStatus::Flushed, CompletionKind::Other, qp_num);
+        w.push_send_cqe(q, wc, seq);
+    }
+    while let Some(wr_id) = w.pop_recv(q) {
+        let wc = completion(wr_id, WcStatus::Flushed, CompletionKind::Other, qp_num);
+        w.push_recv_cqe(q, wc);
+    }
+}
+
+/// Fails the oldest receive of `p` with `status` and moves `p` to the error state (a
+/// responder-side error that consumed a receive).
+fn fail_recv<W: Wiring>(w: &mut W, p: usize, status: WcStatus) {
+    if let Some(wr_id) = w.pop_recv(p) {
+        let wc = completion(wr_id, status, CompletionKind::Other, w.qp_num(p));
+        w.push_recv_cqe(p, wc);
+    }
+    enter_error(w, p);
+}
+
+/// Runs `q`'s send queue from its head as far as it goes. `tick`: `q`'s retry timer fires
+/// in this call (one retry for a blocked head). `inline` is scratch room for one inline
+/// payload (at least `max_inline_data` bytes).
+///
+/// Returns with the queue empty, or with its head blocked (tried, waiting for a receive at
+/// the peer or for its retries to run out).
+pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, mut tick: bool) {
+    let limits = w.limits();
+    let qp_num = w.qp_num(q);
+    let mut sges = [NO_SGE; MAX_SGE];
+    loop {
+        if w.in_error(q) {
+            // Requests posted in the error state, or left over by an error elsewhere.
+            enter_error(w, q);
+            return;
+        }
+        let Some((h, seq)) = w.load_send_head(q, &mut sges, inline) else {
+            return;
+        };
+        let local = if h.inline {
+            Local::Inline(inline.get(..usize::from(h.inline_len)).unwrap_or(&[]))
         } else {
-            for (d, s) in w.sges.iter_mut().zip(wr.sges) {
-                *d = RawSge {
-                    addr: s.addr(),
-                    len: s.len(),
-                    key: s.lkey(),
+            Local::Entries(sges.get(..usize::from(h.nsge)).unwrap_or(&[]))
+        };
+        let (status, byte_len) = match execute(w, q, &h, local) {
+            Outcome::Done { status, byte_len } => (status, byte_len),
+            blocked => {
+                let (limit, fail) = match blocked {
+                    Outcome::Rnr => (limits.rnr, WcStatus::RnrRetryExceeded),
+                    _ => (Some(limits.retry), WcStatus::RetryExceeded),
                 };
-            }
-            w.nsge = wr.sges.len();
-        }
-        Ok(w)
-    }
-
-    /// # Safety
-    /// The posting contract.
-    pub(super) unsafe fn post_send(
-        &self,
-        side: usize,
-        wrs: &[WorkRequest<'_>],
-    ) -> Result<(), PostFailure> {
-        if wrs.len() > MAX_BATCH {
-            return Err(PostFailure {
-                posted: 0,
-                errno: EINVAL,
-            });
-        }
-        let mut st = self.state.borrow_mut();
-        let mut result = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            let fail = |errno| PostFailure { posted: i, errno };
-            // SAFETY: forwarded posting contract.
-            let mut w = match unsafe { self.build_send(wr) } {
-                Ok(w) => w,
-                Err(errno) => {
-                    result = Err(fail(errno));
-                    break;
-                }
-            };
-            let qp = &mut st[side];
-            if qp.sq_posted - qp.sq_retired >= u64::from(self.caps.max_send_wr) {
-                result = Err(fail(ENOMEM));
-                break;
-            }
-            w.seq = qp.sq_posted;
-            if qp.sq.push(w).is_err() {
-                result = Err(fail(ENOMEM));
-                break;
-            }
-            qp.sq_posted += 1;
-            qp.stats.sends_posted += 1;
-        }
-        self.progress(&mut st, None);
-        result
-    }
-
-    pub(super) fn post_recv(
-        &self,
-        side: usize,
-        wrs: &[RecvRequest<'_>],
-    ) -> Result<(), PostFailure> {
-        if wrs.len() > MAX_BATCH {
-            return Err(PostFailure {
-                posted: 0,
-                errno: EINVAL,
-            });
-        }
-        let mut st = self.state.borrow_mut();
-        let mut result = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            let qp = &mut st[side];
-            let errno = if wr.sges.len() > self.caps.max_recv_sge as usize {
-                EINVAL
-            } else if qp.rq_posted - qp.rq_retired >= u64::from(self.caps.max_recv_wr) {
-                ENOMEM
-            } else {
-                let mut r = NO_RECV;
-                r.wr_id = wr.wr_id;
-                for (d, s) in r.sges.iter_mut().zip(wr.sges) {
-                    *d = RawSge {
-                        addr: s.addr(),
-                        len: s.len(),
-                        key: s.lkey(),
-                    };
-                }
-                r.nsge = wr.sges.len();
-                match qp.rq.push(r) {
-                    Ok(()) => {
-                        qp.rq_posted += 1;
-                        qp.stats.recvs_posted += 1;
-                        continue;
-                    }
-                    Err(_) => ENOMEM,
-                }
-            };
-            result = Err(PostFailure { posted: i, errno });
-            break;
-        }
-        self.progress(&mut st, None);
-        result
-    }
-
-    pub(super) fn poll_send(
-        &self,
-        side: usize,
-        out: &mut [Completion],
-    ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        self.progress(&mut st, Some(side));
-        let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(ProviderError {
-                verb: Verb::PollCq,
-                errno: EOVERFLOW,
-            });
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.scq.pop() else { break };
-            *slot = c.wc;
-            qp.sq_retired = qp.sq_retired.max(c.seq + 1);
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    pub(super) fn poll_recv(
-        &self,
-        side: usize,
-        out: &mut [Completion],
-    ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        self.progress(&mut st, None);
-        let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(ProviderError {
-                verb: Verb::PollCq,
-                errno: EOVERFLOW,
-            });
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.rcq.pop() else { break };
-            *slot = c;
-            qp.rq_retired += 1;
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    pub(super) fn set_error(&self, side: usize) {
-        let mut st = self.state.borrow_mut();
-        enter_error(&mut st, side);
-        self.progress(&mut st, None);
-    }
-
-    /// Runs both send queues as far as they go; `tick` names the side whose retry timer
-    /// fires in this call.
-    fn progress(&self, st: &mut [QpState; 2], tick: Option<usize>) {
-        for s in 0..2 {
-            self.run_send_queue(st, s, tick == Some(s));
-        }
-    }
-
-    fn run_send_queue(&self, st: &mut [QpState; 2], s: usize, mut tick: bool) {
-        loop {
-            if st[s].error {
-                // Requests posted in the error state, or left over by an error elsewhere.
-                enter_error(st, s);
-                return;
-            }
-            let Some(head) = st[s].sq.front_mut() else {
-                return;
-            };
-            // A copy: execution reads the inline bytes while it changes the queues.
-            let w = *head;
-            let (status, byte_len) = match self.execute(st, s, &w) {
-                Outcome::Done { status, byte_len } => (status, byte_len),
-                blocked => {
-                    let (limit, fail) = match blocked {
-                        Outcome::Rnr => (self.rnr_limit, WcStatus::RnrRetryExceeded),
-                        _ => (Some(self.retry_limit), WcStatus::RetryExceeded),
-                    };
-                    let qp = &mut st[s];
-                    let Some(head) = qp.sq.front_mut() else {
-                        return;
-                    };
-                    if !head.tried {
-                        head.tried = true;
-                    } else if tick {
-                        tick = false;
-                        head.retries = head.retries.saturating_add(1);
+                let Some(head) = w.send_head_mut(q) else {
+                    return;
+                };
+                let retried = if !head.tried {
+                    head.tried = true;
+                    false
+                } else if tick {
+                    head.retries = head.retries.saturating_add(1);
+                    true
+                } else {
+                    return;
+                };
+                let retries = head.retries;
+                if retried {
+                    tick = false;
+                    if let Some(stats) = w.stats(q) {
                         if fail == WcStatus::RnrRetryExceeded {
-                            qp.stats.rnr_retries += 1;
+                            stats.rnr_retries += 1;
                         } else {
-                            qp.stats.transport_retries += 1;
+                            stats.transport_retries += 1;
                         }
-                    } else {
-                        return;
-                    }
-                    match limit {
-                        Some(l) if head.retries >= l => (fail, 0),
-                        _ => return,
                     }
                 }
-            };
-            let qp = &mut st[s];
-            let _ = qp.sq.pop();
-            let kind = match w.opcode {
-                Opcode::Send | Opcode::SendImm(_) => CompletionKind::Send,
-                Opcode::Write | Opcode::WriteImm(_) => CompletionKind::Write,
-                Opcode::Read => CompletionKind::Read,
-            };
-            if status.is_success() {
-                if w.signaled {
-                    let mut wc = completion(w.wr_id, status, kind, s);
-                    wc.byte_len = byte_len;
-                    qp.push_send_cqe(SendCqe { wc, seq: w.seq });
+                match limit {
+                    Some(l) if retries >= l => (fail, 0),
+                    _ => return,
                 }
-            } else {
-                let wc = completion(w.wr_id, status, CompletionKind::Other, s);
-                qp.push_send_cqe(SendCqe { wc, seq: w.seq });
-                enter_error(st, s);
             }
+        };
+        let _ = w.pop_send(q);
+        let kind = match h.opcode {
+            Opcode::Send | Opcode::SendImm(_) => CompletionKind::Send,
+            Opcode::Write | Opcode::WriteImm(_) => CompletionKind::Write,
+            Opcode::Read => CompletionKind::Read,
+        };
+        if status.is_success() {
+            if h.signaled {
+                let mut wc = completion(h.wr_id, status, kind, qp_num);
+                wc.byte_len = byte_len;
+                w.push_send_cqe(q, wc, seq);
+            }
+        } else {
+            let wc = completion(h.wr_id, status, CompletionKind::Other, qp_num);
+            w.push_send_cqe(q, wc, seq);
+            enter_error(w, q);
         }
     }
+}
 
-    /// One attempt at the request `w` at the head of `s`'s send queue.
-    fn execute(&self, st: &mut [QpState; 2], s: usize, w: &SendWqe) -> Outcome {
-        let p = 1 - s;
-        let sges = &w.sges[..w.nsge.min(MAX_SGE)];
-        // The local side of the transfer: gathered (sends, writes) or scattered (reads).
-        let local = if w.inline {
-            Spans::one(w.inline_data.as_ptr().cast_mut(), w.inline_len)
-        } else {
-            let need = if w.opcode == Opcode::Read {
+/// The local side of a request: its payload, copied at post time, or its entries.
+#[derive(Clone, Copy)]
+enum Local<'a> {
+    Inline(&'a [u8]),
+    Entries(&'a [RawSge]),
+}
+
+/// Resolves local entries of `q` (lkeys), each needing `need`.
+fn resolve_local<W: Wiring>(w: &W, q: usize, sges: &[RawSge], need: AccessFlags) -> Option<Spans> {
+    gather(sges, |s| {
+        w.resolve(q, KeyKind::Local, s.key, s.addr, u64::from(s.len), need)
+    })
+}
+
+/// One attempt at the request `h` at the head of `s`'s send queue.
+fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> Outcome {
+    let p = w.peer(s);
+    // The local side of the transfer: gathered (sends, writes) or scattered (reads).
+    let local = match local {
+        Local::Inline(bytes) => Spans::one(bytes.as_ptr().cast_mut(), bytes.len()),
+        Local::Entries(sges) => {
+            let need = if h.opcode == Opcode::Read {
                 AccessFlags::LOCAL_WRITE
             } else {
                 AccessFlags::empty()
             };
-            match resolve_local(&st[s], s, sges, need) {
+            match resolve_local(w, s, sges, need) {
                 Some(l) => l,
                 None => return done(WcStatus::LocalProtection),
             }
-        };
-        let Ok(total) = u32::try_from(local.total) else {
-            return done(WcStatus::LocalLength);
-        };
-        if st[p].error || st[p].dead {
-            return Outcome::NoAck;
         }
-        if w.opcode.consumes_remote_recv() && st[p].rq.is_empty() {
-            return Outcome::Rnr;
-        }
-        let remote = if w.opcode.is_rdma() && total > 0 {
-            let need = if w.opcode == Opcode::Read {
-                AccessFlags::REMOTE_READ
-            } else {
-                AccessFlags::REMOTE_WRITE
-            };
-            let r = &w.remote;
-            match st[p].resolve(p, KeyKind::Remote, r.rkey, r.addr, u64::from(total), need) {
-                Some(ptr) => Spans::one(ptr, total as usize),
-                None => {
-                    // Class C responder error: NAK to the requester, responder to error.
-                    enter_error(st, p);
-                    return done(WcStatus::RemoteAccess);
-                }
-            }
+    };
+    let Ok(total) = u32::try_from(local.total) else {
+        return done(WcStatus::LocalLength);
+    };
+    if w.unreachable(p) {
+        return Outcome::NoAck;
+    }
+    if h.opcode.consumes_remote_recv() && !w.has_recv(p) {
+        return Outcome::Rnr;
+    }
+    let remote = if h.opcode.is_rdma() && total > 0 {
+        let need = if h.opcode == Opcode::Read {
+            AccessFlags::REMOTE_READ
         } else {
-            Spans::EMPTY
+            AccessFlags::REMOTE_WRITE
         };
-        let imm = match w.opcode {
-            Opcode::SendImm(i) | Opcode::WriteImm(i) => Some(i),
-            _ => None,
-        };
-        match w.opcode {
-            Opcode::Send | Opcode::SendImm(_) => {
-                let Some(r) = st[p].rq.front_mut().map(|r| *r) else {
-                    return Outcome::Rnr;
-                };
-                let rsges = &r.sges[..r.nsge.min(MAX_SGE)];
-                let Some(dst) = resolve_local(&st[p], p, rsges, AccessFlags::LOCAL_WRITE) else {
-                    fail_recv(st, p, WcStatus::LocalProtection);
-                    return done(WcStatus::RemoteOperation);
-                };
-                if dst.total < local.total {
-                    fail_recv(st, p, WcStatus::LocalLength);
-                    return done(WcStatus::RemoteInvalidRequest);
-                }
-                // SAFETY: `local` spans are resolved, live registered ranges of `s` (or our
-                // copy of the inline bytes), `dst` live ranges of `p` with local write
-                // access; the posting contract keeps the buffers valid and unreferenced
-                // while the requests are outstanding.
-                unsafe { copy_spans(local.as_slice(), dst.as_slice()) };
-                self.complete_recv(st, p, CompletionKind::Recv, total, imm);
-            }
-            Opcode::Write | Opcode::WriteImm(_) => {
-                // SAFETY: as above; `remote` is a live range of `p` granting remote write.
-                unsafe { copy_spans(local.as_slice(), remote.as_slice()) };
-                if imm.is_some() {
-                    self.complete_recv(st, p, CompletionKind::RecvWriteImm, total, imm);
-                }
-            }
-            Opcode::Read => {
-                // SAFETY: as above; `remote` grants remote read, `local` local write.
-                unsafe { copy_spans(remote.as_slice(), local.as_slice()) };
+        match w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, u64::from(total), need) {
+            Some(ptr) => Spans::one(ptr, total as usize),
+            None => {
+                // Class C responder error: NAK to the requester, responder to error.
+                enter_error(w, p);
+                return done(WcStatus::RemoteAccess);
             }
         }
-        Outcome::Done {
-            status: WcStatus::Success,
-            byte_len: total,
+    } else {
+        Spans::EMPTY
+    };
+    let imm = match h.opcode {
+        Opcode::SendImm(i) | Opcode::WriteImm(i) => Some(i),
+        _ => None,
+    };
+    match h.opcode {
+        Opcode::Send | Opcode::SendImm(_) => {
+            let mut rsges = [NO_SGE; MAX_SGE];
+            let Some(n) = w.load_recv_head(p, &mut rsges) else {
+                return Outcome::Rnr;
+            };
+            let rsges = rsges.get(..n).unwrap_or(&[]);
+            let Some(dst) = resolve_local(w, p, rsges, AccessFlags::LOCAL_WRITE) else {
+                fail_recv(w, p, WcStatus::LocalProtection);
+                return done(WcStatus::RemoteOperation);
+            };
+            if dst.total < local.total {
+                fail_recv(w, p, WcStatus::LocalLength);
+                return done(WcStatus::RemoteInvalidRequest);
+            }
+            // SAFETY: `local` spans are resolved, live registered ranges of `s`'s memory (or
+            // the caller's copy of the inline bytes), `dst` live ranges of `p`'s with local
+            // write access; the posting contract keeps the buffers valid and unreferenced
+            // while the requests are outstanding.
+            unsafe { copy_spans(local.as_slice(), dst.as_slice()) };
+            complete_recv(w, p, CompletionKind::Recv, total, imm);
+        }
+        Opcode::Write | Opcode::WriteImm(_) => {
+            // SAFETY: as above; `remote` is a live range of `p`'s memory granting remote
+            // write.
+            unsafe { copy_spans(local.as_slice(), remote.as_slice()) };
+            if imm.is_some() {
+                complete_recv(w, p, CompletionKind::RecvWriteImm, total, imm);
+            }
+        }
+        Opcode::Read => {
+            // SAFETY: as above; `remote` grants remote read, `local` local write.
+            unsafe { copy_spans(remote.as_slice(), local.as_slice()) };
         }
     }
+    Outcome::Done {
+        status: WcStatus::Success,
+        byte_len: total,
+    }
+}
 
-    fn complete_recv(
-        &self,
-        st: &mut [QpState; 2],
-        p: usize,
-        kind: CompletionKind,
-        byte_len: u32,
-        imm: Option<u32>,
-    ) {
-        if let Some(r) = st[p].rq.pop() {
-            let mut wc = completion(r.wr_id, WcStatus::Success, kind, p);
-            wc.byte_len = byte_len;
-            wc.imm = imm;
-            st[p].push_recv_cqe(wc);
-        }
+/// Completes the oldest receive of `p` successfully.
+fn complete_recv<W: Wiring>(
+    w: &mut W,
+    p: usize,
+    kind: CompletionKind,
+    byte_len: u32,
+    imm: Option<u32>,
+) {
+    if let Some(wr_id) = w.pop_recv(p) {
+        let mut wc = completion(wr_id, WcStatus::Success, kind, w.qp_num(p));
+        wc.byte_len = byte_len;
+        wc.imm = imm;
+        w.push_recv_cqe(p, wc);
     }
 }

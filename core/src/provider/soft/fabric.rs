@@ -12,18 +12,17 @@ use crate::params::{QpCaps, RetryCount, RnrRetry};
 use crate::provider::{Provider, ProviderError, QueuePair};
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-use super::execute::enter_error;
+use super::execute::{enter_error, Limits};
 use super::keys::{make_key, KeyKind, GEN_MASK};
-use super::queues::{QpState, RegionSlot};
+use super::queues::QpState;
+use super::region::{check_registration, RegionSlot, Registered};
 use super::{AccessFlags, Side, SoftError, SoftRegion, SoftStats, MAX_INLINE, MAX_SGE, QUEUE_CAP};
 
 /// The state both ends share (no lifetime: the region table holds raw pointers whose
 /// validity [`SoftFabric`]'s `'m` vouches for).
 pub(super) struct Shared {
     pub(super) caps: QpCaps,
-    /// `None`: retry forever.
-    pub(super) rnr_limit: Option<u8>,
-    pub(super) retry_limit: u8,
+    pub(super) limits: Limits,
     pub(super) state: RefCell<[QpState; 2]>,
 }
 
@@ -48,8 +47,8 @@ impl fmt::Debug for SoftFabric<'_> {
         let st = self.shared.state.borrow();
         f.debug_struct("SoftFabric")
             .field("caps", &self.shared.caps)
-            .field("rnr_limit", &self.shared.rnr_limit)
-            .field("retry_limit", &self.shared.retry_limit)
+            .field("rnr_limit", &self.shared.limits.rnr)
+            .field("retry_limit", &self.shared.limits.retry)
             .field("a", &QpDebug(&st[0]))
             .field("b", &QpDebug(&st[1]))
             .finish()
@@ -92,15 +91,10 @@ impl<'m> SoftFabric<'m> {
             max_recv_sge: min_u32(caps.max_recv_sge, MAX_SGE as u32),
             max_inline_data: min_u32(caps.max_inline_data, MAX_INLINE as u32),
         };
-        let rnr_limit = match rnr_retry {
-            RnrRetry::Infinite => None,
-            r => Some(r.code()),
-        };
         Self {
             shared: Shared {
                 caps,
-                rnr_limit,
-                retry_limit: retry_count.get(),
+                limits: Limits::new(rnr_retry, retry_count),
                 state: RefCell::new([QpState::new(), QpState::new()]),
             },
             ends_taken: core::cell::Cell::new(false),
@@ -141,13 +135,7 @@ impl<'m> SoftFabric<'m> {
         buf: &'m mut [u8],
         access: AccessFlags,
     ) -> Result<SoftRegion<'_>, SoftError> {
-        if buf.is_empty() {
-            return Err(SoftError::EmptyBuffer);
-        }
-        if access.contains(AccessFlags::REMOTE_WRITE) && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(SoftError::RemoteWriteNeedsLocalWrite);
-        }
+        check_registration(buf.len(), access)?;
         let len = buf.len();
         // One pointer for the model's table and the region's view, so neither invalidates
         // the other (Miri's aliasing models check this).
@@ -177,11 +165,13 @@ impl<'m> SoftFabric<'m> {
             shared: &self.shared,
             side,
             slot,
-            ptr: base,
-            len,
-            lkey: make_key(gen, KeyKind::Local, s, slot),
-            rkey: make_key(gen, KeyKind::Remote, s, slot),
-            access,
+            reg: Registered {
+                ptr: base,
+                len,
+                lkey: make_key(gen, KeyKind::Local, s, slot),
+                rkey: make_key(gen, KeyKind::Remote, s, slot),
+                access,
+            },
         })
     }
 
@@ -190,7 +180,7 @@ impl<'m> SoftFabric<'m> {
     pub fn kill(&self, side: Side) {
         let mut st = self.shared.state.borrow_mut();
         st[side.index()].dead = true;
-        enter_error(&mut st, side.index());
+        enter_error(&mut self.shared.pair(&mut st), side.index());
     }
 
     /// Whether `side`'s queue pair is in the error state.

@@ -1,5 +1,6 @@
 //! Memory keys: (generation, kind, side, slot) scrambled into one `u32`, so that a stale,
-//! foreign or wrong-kind key does not resolve.
+//! foreign or wrong-kind key does not resolve. The scrambling is shared with the net's keys
+//! (`net::region`), which pack other fields.
 
 const KEY_MIX: u32 = 0x9e37_79b9;
 const KEY_UNMIX: u32 = inverse_odd(KEY_MIX);
@@ -17,6 +18,19 @@ const fn inverse_odd(a: u32) -> u32 {
     x
 }
 
+/// Scrambles packed key fields, so that neighbouring registrations get unrelated keys (and
+/// off-by-one mistakes in a test do not hit a live key by accident).
+pub(super) const fn scramble(raw: u32) -> u32 {
+    raw.wrapping_mul(KEY_MIX)
+}
+
+/// The packed fields of a scrambled key.
+pub(super) const fn unscramble(key: u32) -> u32 {
+    key.wrapping_mul(KEY_UNMIX)
+}
+
+/// Whether a key names local memory (an lkey, for the owner's own work requests) or remote
+/// memory (an rkey, for peers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum KeyKind {
     Local,
@@ -31,12 +45,12 @@ pub(super) const fn make_key(gen: u32, kind: KeyKind, side: usize, slot: usize) 
         KeyKind::Remote => 1,
     };
     let raw = ((gen & GEN_MASK) << 10) | (kind << 9) | ((side as u32 & 1) << 8) | slot as u32;
-    raw.wrapping_mul(KEY_MIX)
+    scramble(raw)
 }
 
 /// (gen, kind, side, slot) of a key.
 pub(super) const fn split_key(key: u32) -> (u32, KeyKind, usize, usize) {
-    let raw = key.wrapping_mul(KEY_UNMIX);
+    let raw = unscramble(key);
     let kind = if raw & (1 << 9) == 0 {
         KeyKind::Local
     } else {

@@ -6,6 +6,9 @@
 //! what the engine relies on (in-order execution and completion, selective signaling, error
 //! state with flushes, RNR and transport retries); it models no timing, congestion or MTU.
 //!
+//! For a whole world (many nodes connected pairwise, a protection domain and two shared
+//! completion queues per node), the `net` module (feature `alloc`) runs the same rules.
+//!
 //! ```
 //! use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
@@ -46,8 +49,8 @@
 //!
 //! # When work executes
 //! Deterministically, inside the provider calls, never behind the caller's back:
-//! - every call ([`Provider::post_send`], [`Provider::post_recv`], the polls,
-//!   [`Provider::set_error`]) runs both send queues (side A's, then side B's) from their
+//! - every call ([`QueuePair::post_send`], [`QueuePair::post_recv`], the polls,
+//!   [`QueuePair::set_error`]) runs both send queues (side A's, then side B's) from their
 //!   heads as far as they can go: posts and `set_error` after doing their own job, polls
 //!   before they look at their completion queue. So a write, read or a send that
 //!   finds a receive completes inside the `post_send` that posted it, and a send blocked by a
@@ -93,7 +96,7 @@
 //!   pair enters the error state, and every outstanding send and receive of that queue pair
 //!   then completes with [`WcStatus::Flushed`], signaled or not (as rxe does). Error
 //!   completions have kind [`CompletionKind::Other`] (verbs leaves the opcode undefined).
-//! - **Error state**: [`Provider::set_error`] flushes everything outstanding. Posting in the
+//! - **Error state**: [`QueuePair::set_error`] flushes everything outstanding. Posting in the
 //!   error state is allowed, and the requests complete flushed (as verbs does). A queue pair
 //!   stays in the error state for the life of the fabric.
 //! - [`SoftFabric::kill`] makes a side dead (its queues are flushed, as if its process
@@ -102,7 +105,7 @@
 //!   treated the same way, as a real responder in the error state drops requests.
 //!
 //! # Capacities
-//! Queues are fixed arrays of [`QUEUE_CAP`] entries; [`SoftEnd::caps`](Provider::caps)
+//! Queues are fixed arrays of [`QUEUE_CAP`] entries; [`SoftEnd::caps`](QueuePair::caps)
 //! reports the requested caps clamped to [`QUEUE_CAP`], [`MAX_SGE`] and [`MAX_INLINE`]. Each
 //! completion queue holds [`QUEUE_CAP`] entries, and cannot overflow: every completion
 //! belongs to a request that still occupies its queue (occupancy ends only when that
@@ -133,13 +136,17 @@ use core::fmt;
 #[cfg(doc)]
 use crate::{
     completion::{CompletionKind, WcStatus},
-    provider::Provider,
+    provider::{Provider, QueuePair},
     wr::{PostFailure, MAX_BATCH},
 };
 
+mod entry;
 mod execute;
 mod fabric;
 mod keys;
+#[cfg(feature = "alloc")]
+pub mod net;
+mod pair;
 mod queues;
 mod region;
 mod spans;
@@ -147,6 +154,8 @@ mod spans;
 mod tests;
 
 pub use fabric::{SoftEnd, SoftFabric};
+#[cfg(feature = "alloc")]
+pub use net::{NetCq, NetQp, NetRegion, SoftNet, SoftNetConfig};
 pub use region::SoftRegion;
 
 /// Entries of every queue (send, receive and both completion queues) of each side.
@@ -205,8 +214,14 @@ pub enum SoftError {
     EmptyBuffer,
     /// `REMOTE_WRITE` without `LOCAL_WRITE`.
     RemoteWriteNeedsLocalWrite,
-    /// All [`MAX_REGIONS`] slots of the side are in use.
+    /// All slots of the region table are in use ([`MAX_REGIONS`] per side of a fabric,
+    /// `max_regions` per node of a net).
     TableFull,
+    /// A net has no node of that number.
+    NoSuchNode,
+    /// A net has issued all its key generations (one per registration; see "Memory and
+    /// keys" in the docs of the `net` module).
+    KeysExhausted,
 }
 
 impl fmt::Display for SoftError {
@@ -216,7 +231,9 @@ impl fmt::Display for SoftError {
             Self::RemoteWriteNeedsLocalWrite => {
                 "soft register: remote write access needs local write access too"
             }
-            Self::TableFull => "soft register: the region table of this side is full",
+            Self::TableFull => "soft register: the region table is full",
+            Self::NoSuchNode => "soft register: no node of that number in the net",
+            Self::KeysExhausted => "soft register: the net has issued all its key generations",
         })
     }
 }

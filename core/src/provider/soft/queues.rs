@@ -1,12 +1,12 @@
 //! The queues of one queue pair (fixed rings of work and completion entries), its region
 //! table, and the state that ties them together.
 
-use crate::completion::{Completion, CompletionKind, WcStatus};
-use crate::sge::RemoteMemory;
-use crate::wr::Opcode;
+use crate::completion::Completion;
 
+use super::entry::{RawSge, SendHeader, NO_HEADER, NO_SGE};
 use super::keys::{split_key, KeyKind};
-use super::{AccessFlags, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QP_NUMS, QUEUE_CAP};
+use super::region::{RegionSlot, NO_REGION};
+use super::{AccessFlags, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP};
 
 /// A fixed-capacity FIFO. A full ring hands the rejected value back.
 pub(super) struct Ring<T: Copy> {
@@ -33,6 +33,14 @@ impl<T: Copy> Ring<T> {
         Ok(())
     }
 
+    pub(super) fn front(&self) -> Option<&T> {
+        if self.len == 0 {
+            None
+        } else {
+            Some(&self.buf[self.head])
+        }
+    }
+
     pub(super) fn front_mut(&mut self) -> Option<&mut T> {
         if self.len == 0 {
             None
@@ -56,54 +64,18 @@ impl<T: Copy> Ring<T> {
     }
 }
 
-#[derive(Clone, Copy)]
-pub(super) struct RawSge {
-    pub(super) addr: u64,
-    pub(super) len: u32,
-    pub(super) key: u32,
-}
-
-const NO_SGE: RawSge = RawSge {
-    addr: 0,
-    len: 0,
-    key: 0,
-};
-
+/// A send-queue entry: header, entries and inline payload in one array element.
 #[derive(Clone, Copy)]
 pub(super) struct SendWqe {
-    /// Position in this side's send queue (for occupancy accounting).
-    pub(super) seq: u64,
-    pub(super) wr_id: u64,
-    pub(super) opcode: Opcode,
-    pub(super) signaled: bool,
-    pub(super) inline: bool,
-    pub(super) nsge: usize,
+    pub(super) hdr: SendHeader,
     pub(super) sges: [RawSge; MAX_SGE],
-    pub(super) inline_len: usize,
     pub(super) inline_data: [u8; MAX_INLINE],
-    pub(super) remote: RemoteMemory,
-    /// Whether the first attempt happened (later ones are retries).
-    pub(super) tried: bool,
-    pub(super) retries: u8,
 }
 
 pub(super) const NO_SEND: SendWqe = SendWqe {
-    seq: 0,
-    wr_id: 0,
-    opcode: Opcode::Send,
-    signaled: false,
-    inline: false,
-    nsge: 0,
+    hdr: NO_HEADER,
     sges: [NO_SGE; MAX_SGE],
-    inline_len: 0,
     inline_data: [0; MAX_INLINE],
-    remote: RemoteMemory {
-        addr: 0,
-        len: 0,
-        rkey: 0,
-    },
-    tried: false,
-    retries: 0,
 };
 
 #[derive(Clone, Copy)]
@@ -129,25 +101,6 @@ pub(super) struct SendCqe {
 const NO_SEND_CQE: SendCqe = SendCqe {
     wc: Completion::EMPTY,
     seq: 0,
-};
-
-#[derive(Clone, Copy)]
-pub(super) struct RegionSlot {
-    /// The registered buffer (with the provenance of the `&'m mut [u8]` it came from).
-    pub(super) ptr: *mut u8,
-    pub(super) len: usize,
-    pub(super) access: AccessFlags,
-    /// Generation of the current (or last) registration; 0 = never used.
-    pub(super) gen: u32,
-    pub(super) live: bool,
-}
-
-const NO_REGION: RegionSlot = RegionSlot {
-    ptr: core::ptr::null_mut(),
-    len: 0,
-    access: AccessFlags::empty(),
-    gen: 0,
-    live: false,
 };
 
 pub(super) struct QpState {
@@ -217,37 +170,9 @@ impl QpState {
         need: AccessFlags,
     ) -> Option<*mut u8> {
         let (gen, k, s, slot) = split_key(key);
-        let r = self.regions.get(slot)?;
-        if k != kind || s != side || gen == 0 || !r.live || r.gen != gen {
+        if k != kind || s != side {
             return None;
         }
-        if !r.access.contains(need) {
-            return None;
-        }
-        let off = addr.checked_sub(r.ptr.addr() as u64)?;
-        let end = off.checked_add(len)?;
-        if end > r.len as u64 {
-            return None;
-        }
-        // In bounds of the registered buffer, so this keeps its provenance and stays inside
-        // the allocation (wrapping_add only because it needs no unsafe).
-        Some(r.ptr.wrapping_add(off as usize))
-    }
-}
-
-pub(super) const fn completion(
-    wr_id: u64,
-    status: WcStatus,
-    kind: CompletionKind,
-    qp: usize,
-) -> Completion {
-    Completion {
-        wr_id,
-        status,
-        vendor_err: 0,
-        kind,
-        byte_len: 0,
-        imm: None,
-        qp_num: QP_NUMS[qp],
+        self.regions.get(slot)?.reach(gen, addr, len, need)
     }
 }

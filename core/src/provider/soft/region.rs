@@ -1,4 +1,6 @@
-//! Registered memory as its owner sees it: keys, scatter/gather entries, volatile copies.
+//! Registered memory: the table slot the model resolves keys against, and the region as its
+//! owner sees it (keys, scatter/gather entries, volatile copies). Shared by the fabric's
+//! [`SoftRegion`] and the net's `NetRegion`.
 
 use core::fmt;
 use core::ops::Range;
@@ -10,7 +12,145 @@ use crate::sge::{RemoteMemory, Sge, SgeMut};
 use super::fabric::Shared;
 #[cfg(doc)]
 use super::SoftFabric;
-use super::{AccessFlags, Side};
+use super::{AccessFlags, Side, SoftError};
+
+/// Checks a buffer and access flags before registration.
+pub(super) fn check_registration(len: usize, access: AccessFlags) -> Result<(), SoftError> {
+    if len == 0 {
+        return Err(SoftError::EmptyBuffer);
+    }
+    if access.contains(AccessFlags::REMOTE_WRITE) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(SoftError::RemoteWriteNeedsLocalWrite);
+    }
+    Ok(())
+}
+
+/// One entry of a region table, what keys resolve against.
+#[derive(Clone, Copy)]
+pub(super) struct RegionSlot {
+    /// The registered buffer (with the provenance of the `&'m mut [u8]` it came from).
+    pub(super) ptr: *mut u8,
+    pub(super) len: usize,
+    pub(super) access: AccessFlags,
+    /// Generation of the current (or last) registration; 0 = never used.
+    pub(super) gen: u32,
+    pub(super) live: bool,
+}
+
+pub(super) const NO_REGION: RegionSlot = RegionSlot {
+    ptr: core::ptr::null_mut(),
+    len: 0,
+    access: AccessFlags::empty(),
+    gen: 0,
+    live: false,
+};
+
+impl RegionSlot {
+    /// A pointer to `addr..addr+len` if the slot holds a live registration of generation
+    /// `gen` (never 0) that grants `need` and covers the range.
+    pub(super) fn reach(
+        &self,
+        gen: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<*mut u8> {
+        if gen == 0 || !self.live || self.gen != gen || !self.access.contains(need) {
+            return None;
+        }
+        let off = addr.checked_sub(self.ptr.addr() as u64)?;
+        let end = off.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // In bounds of the registered buffer, so this keeps its provenance and stays inside
+        // the allocation (wrapping_add only because it needs no unsafe).
+        Some(self.ptr.wrapping_add(off as usize))
+    }
+
+    /// Ends the registration: its keys stop resolving.
+    pub(super) fn release(&mut self) {
+        self.live = false;
+        self.ptr = core::ptr::null_mut();
+    }
+}
+
+/// A registration as its owner holds it: the bytes and the keys.
+pub(super) struct Registered {
+    pub(super) ptr: NonNull<u8>,
+    pub(super) len: usize,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
+    pub(super) access: AccessFlags,
+}
+
+impl Registered {
+    /// The CPU's volatile view of the bytes (the same implementation as the device's
+    /// `SharedRegion`).
+    #[inline]
+    pub(super) fn bytes(&self) -> VolatileBytes {
+        // SAFETY: the buffer is borrowed for the model's 'm, which outlives the region that
+        // holds this, and no reference to it exists while the model owns it.
+        unsafe { VolatileBytes::new(self.ptr, self.len) }
+    }
+
+    pub(super) fn remote(&self) -> RemoteMemory {
+        self.bytes().remote(self.rkey)
+    }
+
+    pub(super) fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+        let (addr, len) = self.bytes().entry(&range)?;
+        // SAFETY: the range lies inside this region, whose lkey stays valid while the entry
+        // borrows it; the model never writes through a gather entry.
+        Some(unsafe { Sge::from_raw(addr, len, self.lkey) })
+    }
+
+    pub(super) fn sges_mut<const N: usize>(
+        &mut self,
+        ranges: [Range<usize>; N],
+    ) -> Option<[SgeMut<'_>; N]> {
+        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
+            return None;
+        }
+        let mut parts = [(0u64, 0u32); N];
+        for (i, r) in ranges.iter().enumerate() {
+            parts[i] = self.bytes().entry(r)?;
+            let overlaps = ranges[..i]
+                .iter()
+                .any(|o| r.start < o.end && o.start < r.end);
+            if overlaps {
+                return None;
+            }
+        }
+        // SAFETY: each range lies inside this region, which has local write access and stays
+        // registered while the entries borrow it mutably; the ranges are pairwise disjoint,
+        // and the `&mut self` borrow keeps the CPU out of the bytes meanwhile.
+        Some(parts.map(|(addr, len)| unsafe { SgeMut::from_raw(addr, len, self.lkey) }))
+    }
+
+    /// # Safety
+    /// Nobody may write the range while the slice lives.
+    pub(super) unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        let (_, len) = self.bytes().entry(&range)?;
+        // SAFETY: `entry` checked the range against the region, which stays registered (and
+        // its buffer borrowed) while `self` is; the caller guarantees nobody writes the bytes
+        // meanwhile, and the model creates no reference to them.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), len as usize)
+        })
+    }
+}
+
+impl fmt::Debug for Registered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registered")
+            .field("len", &self.len)
+            .field("lkey", &self.lkey)
+            .field("rkey", &self.rkey)
+            .field("access", &self.access)
+            .finish()
+    }
+}
 
 /// Memory registered with one side of a [`SoftFabric`]; deregistered on drop.
 ///
@@ -41,21 +181,17 @@ pub struct SoftRegion<'f> {
     pub(super) shared: &'f Shared,
     pub(super) side: Side,
     pub(super) slot: usize,
-    pub(super) ptr: NonNull<u8>,
-    pub(super) len: usize,
-    pub(super) lkey: u32,
-    pub(super) rkey: u32,
-    pub(super) access: AccessFlags,
+    pub(super) reg: Registered,
 }
 
 impl fmt::Debug for SoftRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SoftRegion")
             .field("side", &self.side)
-            .field("len", &self.len)
-            .field("lkey", &self.lkey)
-            .field("rkey", &self.rkey)
-            .field("access", &self.access)
+            .field("len", &self.reg.len)
+            .field("lkey", &self.reg.lkey)
+            .field("rkey", &self.reg.rkey)
+            .field("access", &self.reg.access)
             .finish()
     }
 }
@@ -64,8 +200,7 @@ impl Drop for SoftRegion<'_> {
     fn drop(&mut self) {
         let mut st = self.shared.state.borrow_mut();
         if let Some(r) = st[self.side.index()].regions.get_mut(self.slot) {
-            r.live = false;
-            r.ptr = core::ptr::null_mut();
+            r.release();
         }
     }
 }
@@ -74,13 +209,13 @@ impl SoftRegion<'_> {
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.reg.len
     }
 
     /// Whether the region is empty (never: registration rejects empty buffers).
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.reg.len == 0
     }
 
     /// The side it is registered with.
@@ -92,38 +227,30 @@ impl SoftRegion<'_> {
     /// Local key.
     #[inline]
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        self.reg.lkey
     }
 
     /// Remote key.
     #[inline]
     pub fn rkey(&self) -> u32 {
-        self.rkey
+        self.reg.rkey
     }
 
     /// Access the region was registered with.
     #[inline]
     pub fn access(&self) -> AccessFlags {
-        self.access
+        self.reg.access
     }
 
     /// The descriptor the peer needs to RDMA the region (which succeeds only with the
     /// matching remote access).
     pub fn remote(&self) -> RemoteMemory {
-        self.bytes().remote(self.rkey)
+        self.reg.remote()
     }
 
-    /// The CPU's volatile view of the bytes (the same implementation as the device's
-    /// `SharedRegion`).
     #[inline]
     fn bytes(&self) -> VolatileBytes {
-        // SAFETY: the buffer is borrowed for the fabric's 'm, which outlives this region, and
-        // no reference to it exists while the model owns it.
-        unsafe { VolatileBytes::new(self.ptr, self.len) }
-    }
-
-    fn range(&self, range: &Range<usize>) -> Option<(u64, u32)> {
-        self.bytes().entry(range)
+        self.reg.bytes()
     }
 
     volatile_byte_accessors!();
@@ -134,27 +261,20 @@ impl SoftRegion<'_> {
     /// Nobody may write the range while the slice lives: no peer (the region grants no
     /// remote write, or the protocol rules it out) and no local work request.
     pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        let (_, len) = self.range(&range)?;
-        // SAFETY: the range lies inside the region, whose buffer is borrowed for the fabric's
-        // lifetime; the caller guarantees nobody writes it while the slice lives.
-        Some(unsafe {
-            core::slice::from_raw_parts(self.ptr.as_ptr().add(range.start), len as usize)
-        })
+        // SAFETY: forwarded contract.
+        unsafe { self.reg.slice_unchecked(range) }
     }
 
     /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
     /// Does not allocate.
     pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (addr, len) = self.range(&range)?;
-        // SAFETY: the range lies inside this region, whose lkey stays valid while the entry
-        // borrows it; the model never writes through a gather entry.
-        Some(unsafe { Sge::from_raw(addr, len, self.lkey) })
+        self.reg.sge(range)
     }
 
     /// A scatter entry (the queue pair writes) for `range`, or `None` if out of bounds or
     /// the region lacks local write access. Does not allocate.
     pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        let [e] = self.sges_mut([range])?;
+        let [e] = self.reg.sges_mut([range])?;
         Some(e)
     }
 
@@ -164,23 +284,7 @@ impl SoftRegion<'_> {
         &mut self,
         ranges: [Range<usize>; N],
     ) -> Option<[SgeMut<'_>; N]> {
-        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
-            return None;
-        }
-        let mut parts = [(0u64, 0u32); N];
-        for (i, r) in ranges.iter().enumerate() {
-            parts[i] = self.range(r)?;
-            let overlaps = ranges[..i]
-                .iter()
-                .any(|o| r.start < o.end && o.start < r.end);
-            if overlaps {
-                return None;
-            }
-        }
-        // SAFETY: each range lies inside this region, which has local write access and stays
-        // registered while the entries borrow it mutably; the ranges are pairwise disjoint,
-        // and the `&mut self` borrow keeps the CPU out of the bytes meanwhile.
-        Some(parts.map(|(addr, len)| unsafe { SgeMut::from_raw(addr, len, self.lkey) }))
+        self.reg.sges_mut(ranges)
     }
 }
 

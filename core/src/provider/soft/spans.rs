@@ -1,8 +1,7 @@
 //! Spans: resolved memory, ready to copy.
 
-use super::keys::KeyKind;
-use super::queues::{QpState, RawSge};
-use super::{AccessFlags, MAX_SGE};
+use super::entry::RawSge;
+use super::MAX_SGE;
 
 #[derive(Clone, Copy)]
 pub(super) struct Span {
@@ -42,19 +41,19 @@ impl Spans {
     }
 }
 
-/// Resolves a list of local entries of `side` (lkeys), each needing `need`.
-pub(super) fn resolve_local(
-    qp: &QpState,
-    side: usize,
+/// Resolves a list of entries into spans with `resolve` (which checks key, bounds and
+/// access), skipping zero-length entries (which are not checked). `None` if one does not
+/// resolve.
+pub(super) fn gather(
     sges: &[RawSge],
-    need: AccessFlags,
+    mut resolve: impl FnMut(&RawSge) -> Option<*mut u8>,
 ) -> Option<Spans> {
     let mut out = Spans::EMPTY;
     for s in sges {
         if s.len == 0 {
             continue;
         }
-        let ptr = qp.resolve(side, KeyKind::Local, s.key, s.addr, u64::from(s.len), need)?;
+        let ptr = resolve(s)?;
         *out.list.get_mut(out.n)? = Span {
             ptr,
             len: s.len as usize,

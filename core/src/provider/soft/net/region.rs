@@ -1,0 +1,170 @@
+//! Memory registered with a node of a net: its keys, and the region as its owner sees it.
+
+use core::cell::RefCell;
+use core::fmt;
+use core::ops::Range;
+
+use crate::memory::{volatile_byte_accessors, VolatileBytes};
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+
+use super::super::keys::{scramble, unscramble, KeyKind};
+use super::super::region::Registered;
+use super::super::AccessFlags;
+use super::calls::NetState;
+#[cfg(doc)]
+use super::SoftNet;
+
+/// Bits of a key that name the slot in the node's region table.
+pub(super) const SLOT_BITS: u32 = 10;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+/// Bits of a key that hold the registration's generation (all but the slot and the kind).
+const GEN_BITS: u32 = 32 - SLOT_BITS - 1;
+/// The largest generation; generation 0 is never issued.
+pub(super) const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+
+/// Scrambles (generation, kind, slot) into a key. The node is not in the key: generations
+/// are unique in the net, so the slot of another node that the key names holds another
+/// generation (or nothing).
+pub(super) const fn net_key(gen: u32, kind: KeyKind, slot: usize) -> u32 {
+    let kind = match kind {
+        KeyKind::Local => 0,
+        KeyKind::Remote => 1,
+    };
+    scramble(
+        ((gen & GEN_MASK) << (SLOT_BITS + 1)) | (kind << SLOT_BITS) | (slot as u32 & SLOT_MASK),
+    )
+}
+
+/// (generation, kind, slot) of a key.
+pub(super) const fn split_net_key(key: u32) -> (u32, KeyKind, usize) {
+    let raw = unscramble(key);
+    let kind = if raw & (1 << SLOT_BITS) == 0 {
+        KeyKind::Local
+    } else {
+        KeyKind::Remote
+    };
+    (raw >> (SLOT_BITS + 1), kind, (raw & SLOT_MASK) as usize)
+}
+
+/// Memory registered with one node of a [`SoftNet`]: its keys work on every queue pair of
+/// that node, and on no other node's. Deregistered on drop.
+///
+/// Peers may write it (with [`AccessFlags::REMOTE_WRITE`]) whenever the model runs, so the CPU
+/// reaches its bytes only through volatile copies, never through a slice (except the
+/// `unsafe` [`NetRegion::slice_unchecked`]).
+pub struct NetRegion<'n> {
+    pub(super) state: &'n RefCell<NetState>,
+    pub(super) node: u32,
+    pub(super) slot: usize,
+    pub(super) reg: Registered,
+}
+
+impl fmt::Debug for NetRegion<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetRegion")
+            .field("node", &self.node)
+            .field("len", &self.reg.len)
+            .field("lkey", &self.reg.lkey)
+            .field("rkey", &self.reg.rkey)
+            .field("access", &self.reg.access)
+            .finish()
+    }
+}
+
+impl Drop for NetRegion<'_> {
+    fn drop(&mut self) {
+        let mut st = self.state.borrow_mut();
+        if let Some(node) = st.world.nodes.get_mut(self.node as usize) {
+            if let Some(r) = node.regions.get_mut(self.slot) {
+                r.release();
+            }
+        }
+    }
+}
+
+impl NetRegion<'_> {
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.reg.len
+    }
+
+    /// Whether the region is empty (never: registration rejects empty buffers).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.reg.len == 0
+    }
+
+    /// The node it is registered with.
+    #[inline]
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// Local key: good in work requests of any queue pair of [`NetRegion::node`].
+    #[inline]
+    pub fn lkey(&self) -> u32 {
+        self.reg.lkey
+    }
+
+    /// Remote key: good in work requests that any peer of [`NetRegion::node`] sends it.
+    #[inline]
+    pub fn rkey(&self) -> u32 {
+        self.reg.rkey
+    }
+
+    /// Access the region was registered with.
+    #[inline]
+    pub fn access(&self) -> AccessFlags {
+        self.reg.access
+    }
+
+    /// The descriptor peers need to RDMA the region (which succeeds only with the matching
+    /// remote access). One descriptor serves every peer.
+    pub fn remote(&self) -> RemoteMemory {
+        self.reg.remote()
+    }
+
+    #[inline]
+    fn bytes(&self) -> VolatileBytes {
+        self.reg.bytes()
+    }
+
+    volatile_byte_accessors!();
+
+    /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
+    /// Does not allocate.
+    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+        self.reg.sge(range)
+    }
+
+    /// A scatter entry (the queue pair writes) for `range`, or `None` if out of bounds or
+    /// the region lacks local write access. Does not allocate.
+    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+        let [e] = self.reg.sges_mut([range])?;
+        Some(e)
+    }
+
+    /// Several scatter entries at once, for scatter lists into one region: `None` if one is
+    /// out of bounds, two overlap, or the region lacks local write access. Does not allocate.
+    pub fn sges_mut<const N: usize>(
+        &mut self,
+        ranges: [Range<usize>; N],
+    ) -> Option<[SgeMut<'_>; N]> {
+        self.reg.sges_mut(ranges)
+    }
+
+    /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
+    ///
+    /// # Safety
+    /// Nobody may write the range while the slice lives: no peer (the region grants no
+    /// remote write, or the protocol rules it out) and no local work request (no receive or
+    /// read targets it until the slice is gone). The model writes only inside the calls of
+    /// the net's handles, so calling none that could write the range suffices.
+    pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        // SAFETY: forwarded contract.
+        unsafe { self.reg.slice_unchecked(range) }
+    }
+}
+
+crate::memory::region_by_inherent_methods!(NetRegion<'_>);

@@ -1,0 +1,253 @@
+//! The fabric's two queue pairs as a [`Wiring`], and its calls: which queues each call runs
+//! (both, every time) and how its per-queue-pair completion queues are polled.
+
+use crate::completion::Completion;
+use crate::params::QpCaps;
+use crate::provider::{ProviderError, Verb};
+use crate::sge::Sge;
+use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+
+use super::entry::{RawSge, SendHeader};
+use super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
+use super::fabric::Shared;
+use super::keys::KeyKind;
+use super::queues::{QpState, SendCqe, NO_RECV, NO_SEND};
+use super::{AccessFlags, SoftStats, ENOMEM, EOVERFLOW, MAX_INLINE, MAX_SGE, QP_NUMS};
+
+/// Both queue pairs, borrowed for one call: queue pair `s` is side `s`, its peer `1 - s`.
+pub(super) struct Pair<'s> {
+    st: &'s mut [QpState; 2],
+    caps: QpCaps,
+    limits: Limits,
+}
+
+impl Wiring for Pair<'_> {
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn qp_num(&self, q: usize) -> u32 {
+        QP_NUMS[q & 1]
+    }
+
+    fn peer(&self, q: usize) -> usize {
+        1 - (q & 1)
+    }
+
+    fn in_error(&self, q: usize) -> bool {
+        self.st[q].error
+    }
+
+    fn mark_error(&mut self, q: usize) {
+        self.st[q].error = true;
+    }
+
+    fn unreachable(&self, q: usize) -> bool {
+        self.st[q].error || self.st[q].dead
+    }
+
+    fn resolve(
+        &self,
+        q: usize,
+        kind: KeyKind,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<*mut u8> {
+        self.st[q].resolve(q, kind, key, addr, len, need)
+    }
+
+    fn send_used(&self, q: usize) -> u64 {
+        self.st[q].sq_posted - self.st[q].sq_retired
+    }
+
+    fn recv_used(&self, q: usize) -> u64 {
+        self.st[q].rq_posted - self.st[q].rq_retired
+    }
+
+    fn push_send(
+        &mut self,
+        q: usize,
+        fill: impl FnOnce(&mut [RawSge], &mut [u8]) -> Result<SendHeader, i32>,
+    ) -> Result<(), i32> {
+        let mut w = NO_SEND;
+        w.hdr = fill(&mut w.sges, &mut w.inline_data)?;
+        let qp = &mut self.st[q];
+        qp.sq.push(w).map_err(|_| ENOMEM)?;
+        qp.sq_posted += 1;
+        Ok(())
+    }
+
+    fn push_recv(&mut self, q: usize, wr_id: u64, sges: &[Sge<'_>]) -> Result<(), i32> {
+        let mut r = NO_RECV;
+        r.wr_id = wr_id;
+        for (d, s) in r.sges.iter_mut().zip(sges) {
+            *d = RawSge::of(s);
+        }
+        r.nsge = sges.len();
+        let qp = &mut self.st[q];
+        qp.rq.push(r).map_err(|_| ENOMEM)?;
+        qp.rq_posted += 1;
+        Ok(())
+    }
+
+    fn load_send_head(
+        &self,
+        q: usize,
+        sges: &mut [RawSge; MAX_SGE],
+        inline: &mut [u8],
+    ) -> Option<(SendHeader, u64)> {
+        let qp = &self.st[q];
+        let w = qp.sq.front()?;
+        *sges = w.sges;
+        let n = usize::from(w.hdr.inline_len);
+        if let (Some(d), Some(s)) = (inline.get_mut(..n), w.inline_data.get(..n)) {
+            d.copy_from_slice(s);
+        }
+        // The ring holds the requests not yet executed, the newest at position
+        // `sq_posted - 1`.
+        Some((w.hdr, qp.sq_posted - qp.sq.len as u64))
+    }
+
+    fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader> {
+        self.st[q].sq.front_mut().map(|w| &mut w.hdr)
+    }
+
+    fn pop_send(&mut self, q: usize) -> Option<(u64, u64)> {
+        let qp = &mut self.st[q];
+        let seq = qp.sq_posted - qp.sq.len as u64;
+        qp.sq.pop().map(|w| (w.hdr.wr_id, seq))
+    }
+
+    fn has_recv(&self, q: usize) -> bool {
+        !self.st[q].rq.is_empty()
+    }
+
+    fn load_recv_head(&self, q: usize, sges: &mut [RawSge; MAX_SGE]) -> Option<usize> {
+        let r = self.st[q].rq.front()?;
+        *sges = r.sges;
+        Some(r.nsge.min(MAX_SGE))
+    }
+
+    fn pop_recv(&mut self, q: usize) -> Option<u64> {
+        self.st[q].rq.pop().map(|r| r.wr_id)
+    }
+
+    fn push_send_cqe(&mut self, q: usize, wc: Completion, seq: u64) {
+        self.st[q].push_send_cqe(SendCqe { wc, seq });
+    }
+
+    fn push_recv_cqe(&mut self, q: usize, wc: Completion) {
+        self.st[q].push_recv_cqe(wc);
+    }
+
+    fn stats(&mut self, q: usize) -> Option<&mut SoftStats> {
+        self.st.get_mut(q).map(|qp| &mut qp.stats)
+    }
+}
+
+/// Runs both send queues as far as they go; `tick` names the side whose retry timer fires
+/// in this call.
+fn progress(w: &mut Pair<'_>, tick: Option<usize>) {
+    let mut inline = [0u8; MAX_INLINE];
+    for s in 0..2 {
+        run_send_queue(w, &mut inline, s, tick == Some(s));
+    }
+}
+
+const OVERFLOW: ProviderError = ProviderError {
+    verb: Verb::PollCq,
+    errno: EOVERFLOW,
+};
+
+impl Shared {
+    /// Both queue pairs as a [`Wiring`], for one call.
+    pub(super) fn pair<'s>(&self, st: &'s mut [QpState; 2]) -> Pair<'s> {
+        Pair {
+            st,
+            caps: self.caps,
+            limits: self.limits,
+        }
+    }
+
+    /// # Safety
+    /// The posting contract.
+    pub(super) unsafe fn post_send(
+        &self,
+        side: usize,
+        wrs: &[WorkRequest<'_>],
+    ) -> Result<(), PostFailure> {
+        let mut st = self.state.borrow_mut();
+        let mut w = self.pair(&mut st);
+        // SAFETY: forwarded posting contract.
+        let result = unsafe { execute::post_send(&mut w, side, wrs) };
+        progress(&mut w, None);
+        result
+    }
+
+    pub(super) fn post_recv(
+        &self,
+        side: usize,
+        wrs: &[RecvRequest<'_>],
+    ) -> Result<(), PostFailure> {
+        let mut st = self.state.borrow_mut();
+        let mut w = self.pair(&mut st);
+        let result = execute::post_recv(&mut w, side, wrs);
+        progress(&mut w, None);
+        result
+    }
+
+    pub(super) fn poll_send(
+        &self,
+        side: usize,
+        out: &mut [Completion],
+    ) -> Result<usize, ProviderError> {
+        let mut st = self.state.borrow_mut();
+        progress(&mut self.pair(&mut st), Some(side));
+        let qp = &mut st[side];
+        if qp.cq_overflow {
+            return Err(OVERFLOW);
+        }
+        let mut n = 0;
+        for slot in out.iter_mut() {
+            let Some(c) = qp.scq.pop() else { break };
+            *slot = c.wc;
+            qp.sq_retired = qp.sq_retired.max(c.seq + 1);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    pub(super) fn poll_recv(
+        &self,
+        side: usize,
+        out: &mut [Completion],
+    ) -> Result<usize, ProviderError> {
+        let mut st = self.state.borrow_mut();
+        progress(&mut self.pair(&mut st), None);
+        let qp = &mut st[side];
+        if qp.cq_overflow {
+            return Err(OVERFLOW);
+        }
+        let mut n = 0;
+        for slot in out.iter_mut() {
+            let Some(c) = qp.rcq.pop() else { break };
+            *slot = c;
+            qp.rq_retired += 1;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    pub(super) fn set_error(&self, side: usize) {
+        let mut st = self.state.borrow_mut();
+        let mut w = self.pair(&mut st);
+        enter_error(&mut w, side);
+        progress(&mut w, None);
+    }
+}
