@@ -264,9 +264,10 @@ fn send_recv_ping_pong_through_receive_rings_without_unsafe() {
     let (ctx, pd) = setup!("send_recv_ping_pong_through_receive_rings_without_unsafe");
     let (a, b) = support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
     let ring = |chan| {
-        let mem = rverbs_core::memory::PageMemory::zeroed(16 * 64).unwrap();
+        // One page: 16 slots of 256 bytes.
+        let mem = rverbs_core::memory::PageMemory::zeroed(4096).unwrap();
         let mr = pd.register_shared(mem, AccessFlags::LOCAL_WRITE).unwrap();
-        rverbs_core::channel::RecvRing::new(chan, mr, 64).unwrap()
+        rverbs_core::channel::RecvRing::new(chan, mr, 256).unwrap()
     };
     let (mut ping, mut pong) = (ring(a), ring(b));
     assert_eq!(ping.slots(), 16);
