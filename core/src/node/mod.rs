@@ -16,10 +16,12 @@
 //! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress)).
 
 mod messaging;
+mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
 
 pub use messaging::Event;
+pub use soft::{soft_world, soft_world_bytes, SoftNode};
 #[cfg(feature = "verbs")]
 pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
 
@@ -497,30 +499,46 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         let alg = self.algorithm;
-        let Self {
-            rank,
-            multi,
-            barrier,
-            all,
-            peer_flags,
-            flags,
-            ..
-        } = self;
-        let mut t = Transport {
-            me: *rank,
-            multi,
-            flags,
-            peer_flags,
-        };
-        barrier
-            .start(&mut t, all, alg, clock, timeout)
-            .map_err(NodeError::Barrier)
+        self.barrier_step(None, Some((alg, timeout)), clock).map(|_| ())
     }
 
     /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
     /// every rank it waits for arrived, a timeout error (naming the ranks still missing) once
     /// its deadline passed. Does not allocate.
     pub fn barrier_poll<C: Clock>(&mut self, clock: &C) -> Result<bool, NodeError> {
+        self.barrier_step(None, None, clock)
+    }
+
+    /// [`Node::barrier_start`] over `members` (sorted, containing this rank) with `alg`.
+    pub fn barrier_group_start<C: Clock>(
+        &mut self,
+        members: &[u32],
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        self.barrier_step(Some(members), Some((alg, timeout)), clock)
+            .map(|_| ())
+    }
+
+    /// [`Node::barrier_poll`] for a barrier begun with [`Node::barrier_group_start`]; pass
+    /// the same members.
+    pub fn barrier_group_poll<C: Clock>(
+        &mut self,
+        members: &[u32],
+        clock: &C,
+    ) -> Result<bool, NodeError> {
+        self.barrier_step(Some(members), None, clock)
+    }
+
+    /// Starts (with `start`) or advances the non-blocking barrier over `members` (every rank
+    /// when `None`).
+    fn barrier_step<C: Clock>(
+        &mut self,
+        members: Option<&[u32]>,
+        start: Option<(BarrierAlgorithm, Duration)>,
+        clock: &C,
+    ) -> Result<bool, NodeError> {
         let Self {
             rank,
             multi,
@@ -536,7 +554,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             peer_flags,
         };
-        barrier.poll(&mut t, all, clock).map_err(NodeError::Barrier)
+        let m = members.unwrap_or(all);
+        match start {
+            Some((alg, timeout)) => barrier.start(&mut t, m, alg, clock, timeout).map(|()| false),
+            None => barrier.poll(&mut t, m, clock),
+        }
+        .map_err(NodeError::Barrier)
     }
 
     /// Runs a barrier over `members`, or over every rank when `None`.

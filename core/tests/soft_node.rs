@@ -1,0 +1,282 @@
+//! The node layer on the software model: a world of 256 ranks in one process and one
+//! thread (5 under Miri), every barrier algorithm with ranks arriving in random order,
+//! sub-groups, a rank that stops, and messaging under credit flow control with one slow
+//! receiver. Ranks are interleaved by hand through the non-blocking barrier and `progress`,
+//! so every schedule is reproducible from its seed.
+#![allow(clippy::std_instead_of_core)]
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::node::{soft_world, soft_world_bytes, Event, NodeError, SoftNode};
+use rverbs_core::params::QpCaps;
+use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+
+macro_rules! clock {
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+        &CLOCK as StaticClock
+    }};
+}
+
+const WORLD: u32 = if cfg!(miri) { 5 } else { 256 };
+const TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    }
+}
+
+fn net<'m>(world: u32) -> SoftNet<'m> {
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    SoftNet::new(SoftNetConfig::new(world, caps))
+}
+
+fn world<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    soft_world(
+        net,
+        arena,
+        64,
+        ChannelConfig::default(),
+        BarrierAlgorithm::default(),
+        Spin,
+        clock,
+    )
+    .unwrap()
+}
+
+/// Runs one barrier over `members` with ranks starting in random order and polled in random
+/// order; checks that no member completes before the last member started.
+fn barrier_in_random_order(
+    nodes: &mut [SoftNode<'_, Spin>],
+    members: &[u32],
+    alg: BarrierAlgorithm,
+    rng: &mut Rng,
+    clock: StaticClock,
+) -> usize {
+    let n = members.len();
+    let mut started = vec![false; n];
+    let mut done = vec![false; n];
+    let (mut n_started, mut n_done, mut steps) = (0, 0, 0);
+    while n_done < n {
+        steps += 1;
+        let k = rng.below(n);
+        let r = members[k] as usize;
+        if !started[k] {
+            // Late arrivals: a rank starts only on some of the steps that pick it.
+            if rng.below(4) == 0 {
+                nodes[r]
+                    .barrier_group_start(members, alg, &clock, TIMEOUT)
+                    .unwrap();
+                started[k] = true;
+                n_started += 1;
+            }
+            continue;
+        }
+        if done[k] {
+            continue;
+        }
+        if nodes[r].barrier_group_poll(members, &clock).unwrap() {
+            assert_eq!(
+                n_started,
+                n,
+                "{}: rank {r} left the barrier before every member arrived",
+                alg.name()
+            );
+            done[k] = true;
+            n_done += 1;
+        }
+    }
+    steps
+}
+
+#[test]
+fn every_algorithm_at_256_ranks_with_random_arrivals() {
+    let net = net(WORLD);
+    let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    let all: Vec<u32> = (0..WORLD).collect();
+    let mut rng = Rng(0x5eed_1234);
+    for alg in BarrierAlgorithm::ALL {
+        for round in 0..3 {
+            let steps = barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+            eprintln!(
+                "{} ranks, {}, round {round}: {steps} random steps",
+                WORLD,
+                alg.name()
+            );
+        }
+    }
+    // Counters stay in step across algorithms: a blocking-style barrier still works.
+    for n in &nodes {
+        assert!(!n.is_poisoned());
+    }
+}
+
+#[test]
+fn sub_groups_run_side_by_side() {
+    let net = net(WORLD);
+    let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    let evens: Vec<u32> = (0..WORLD).step_by(2).collect();
+    let odds: Vec<u32> = (1..WORLD).step_by(2).collect();
+    let mut rng = Rng(77);
+    for alg in BarrierAlgorithm::ALL {
+        barrier_in_random_order(&mut nodes, &evens, alg, &mut rng, clock);
+        barrier_in_random_order(&mut nodes, &odds, alg, &mut rng, clock);
+    }
+    // Then the whole world again, over the same counters.
+    let all: Vec<u32> = (0..WORLD).collect();
+    barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng, clock);
+}
+
+#[test]
+fn a_rank_that_stops_is_named_by_the_timeout() {
+    let world_size = if cfg!(miri) { 4 } else { 32 };
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    let stopped = world_size - 1;
+    let timeout = Duration::from_millis(5);
+    for n in nodes.iter_mut().filter(|n| n.rank() != stopped) {
+        n.set_algorithm(BarrierAlgorithm::Centralized);
+        n.barrier_start(&clock, timeout).unwrap();
+    }
+    // The leader waits for everyone; the stopped rank never arrives.
+    let leader = loop {
+        match nodes[0].barrier_poll(&clock) {
+            Ok(false) => {}
+            Ok(true) => panic!("the barrier completed without rank {stopped}"),
+            Err(e) => break e,
+        }
+    };
+    match leader {
+        NodeError::Barrier(BarrierError::Timeout {
+            missing,
+            missing_count,
+        }) => {
+            assert_eq!(missing_count, 1);
+            assert_eq!(missing.as_slice(), &[stopped]);
+        }
+        other => panic!("expected a timeout naming rank {stopped}, got {other}"),
+    }
+    assert!(nodes[0].is_poisoned());
+    // A follower times out waiting for the leader, naming it.
+    let follower = loop {
+        match nodes[1].barrier_poll(&clock) {
+            Ok(false) => {}
+            Ok(true) => panic!("released without the leader"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&follower, NodeError::Barrier(BarrierError::Timeout { missing, .. }) if missing.as_slice() == [0]),
+        "{follower}"
+    );
+}
+
+#[test]
+fn messaging_with_one_slow_receiver_provokes_no_rnr() {
+    const SLOTS: usize = 4;
+    const SLOT: usize = 32;
+    const PER_PEER: u32 = if cfg!(miri) { 6 } else { 12 };
+    let world_size = WORLD;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let ring_len = (world_size as usize - 1) * SLOTS * SLOT;
+    let mut rings = vec![0u8; world_size as usize * ring_len];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(ring_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    // Every rank sends PER_PEER numbered messages to rank 0 (the slow receiver, served one
+    // step in 16) and to its right neighbour.
+    let w = world_size as usize;
+    let targets = |r: usize| {
+        let right = (r + 1) % w;
+        if right == 0 || r == 0 {
+            vec![(r + 1) % w]
+        } else {
+            vec![0, right]
+        }
+    };
+    let mut next_out: Vec<Vec<u32>> = (0..w).map(|r| vec![0; targets(r).len()]).collect();
+    let got: Vec<Vec<Cell<u32>>> = (0..w).map(|_| (0..w).map(|_| Cell::new(0)).collect()).collect();
+    let expected_total: u32 = (0..w).map(|r| targets(r).len() as u32 * PER_PEER).sum();
+    let received = Cell::new(0u32);
+    let mut would_block = 0u64;
+    let mut rng = Rng(99);
+    let mut steps = 0u64;
+    while received.get() < expected_total {
+        steps += 1;
+        assert!(steps < 50_000_000, "messaging made no progress");
+        let r = rng.below(w);
+        if r == 0 && rng.below(16) != 0 {
+            continue; // rank 0 is slow
+        }
+        let node = &mut nodes[r];
+        // One send attempt per step, to the next target with messages left.
+        for (k, &to) in targets(r).iter().enumerate() {
+            if next_out[r][k] < PER_PEER {
+                let mut m = [0u8; 8];
+                m[..4].copy_from_slice(&(r as u32).to_le_bytes());
+                m[4..].copy_from_slice(&next_out[r][k].to_le_bytes());
+                match node.post_send_inline(to as u32, &m) {
+                    Ok(_) => next_out[r][k] += 1,
+                    Err(NodeError::WouldBlock { .. }) => would_block += 1,
+                    Err(e) => panic!("rank {r} -> {to}: {e}"),
+                }
+                break;
+            }
+        }
+        node.progress(8, |ev| match ev {
+            Event::Message { rank: from, data, .. } => {
+                let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
+                let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
+                assert_eq!(sender, from);
+                let g = &got[r][from as usize];
+                assert_eq!(seq, g.get(), "rank {r}: message {seq} from {from} out of order");
+                g.set(seq + 1);
+                received.set(received.get() + 1);
+            }
+            Event::SendsCompleted { .. } => {}
+            other => panic!("rank {r}: unexpected {other:?}"),
+        })
+        .unwrap();
+    }
+    let rnr: u64 = (0..world_size).map(|n| net.stats(n).rnr_retries).sum();
+    eprintln!(
+        "{world_size} ranks: {expected_total} messages in {steps} steps, {would_block} sends \
+         refused for lack of credit, {rnr} RNR retries"
+    );
+    assert_eq!(rnr, 0, "a send found no posted receive");
+    assert!(would_block > 0, "the slow receiver never ran a sender out of credit");
+}
