@@ -8,13 +8,15 @@ use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::exchange::{exchange, ExchangeOptions, Session};
+use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Session};
 
 /// Settings for [`connect`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConnectOptions {
-    /// The TCP exchange (job id, timeouts). The job id defaults to the config's.
+    /// The TCP exchange (job id, timeouts). The job id defaults to the config's. Its
+    /// `personalize` is always [`NodeBlobs`]: each rank receives only the endpoint every peer
+    /// made for it, O(world) bytes instead of O(world²).
     pub exchange: ExchangeOptions,
     /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
     /// rank's config entry.
@@ -50,6 +52,7 @@ impl ConnectOptions {
         Self {
             exchange: ExchangeOptions {
                 job_id: config.job_id(),
+                personalize: Some(&NodeBlobs),
                 ..ExchangeOptions::default()
             },
             node: NodeConfig::default(),
@@ -97,7 +100,12 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     let backoff: StdBackoff = opts.wait.backoff();
     let prepared =
         PreparedNode::new(&ctx, rank, world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
-    let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &opts.exchange)?;
+    // The blob is a node blob whatever the caller left in `personalize`.
+    let exchange_opts = ExchangeOptions {
+        personalize: Some(&NodeBlobs),
+        ..opts.exchange.clone()
+    };
+    let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &exchange_opts)?;
     let mut node = prepared.handshake(&blobs).map_err(rdma)?;
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected")?;

@@ -31,6 +31,13 @@
 //! With the `verbs` feature, [`connect()`] does all of the above plus opening the device,
 //! connecting every queue pair and a first barrier, returning a ready `Node`.
 //!
+//! Every rank above receives every blob whole. For blobs that hold one part per
+//! peer, such as rverbs-core's node blobs (32 bytes per rank), set
+//! [`ExchangeOptions::personalize`] to [`NodeBlobs`] (or another [`Personalize`]):
+//! rank 0 then sends each rank only the parts meant for it, about 104 bytes per
+//! peer instead of a whole blob, and the frame limits follow from the world size.
+//! `connect()` always does.
+//!
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
 //! layouts), [`launcher`] finds rank and world size, [`exchange`](mod@exchange)
 //! runs the rendezvous, [`wire`] defines and decodes the frames.
@@ -74,6 +81,8 @@ pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 #[cfg(feature = "verbs")]
 pub use connect::{connect, ConnectOptions, Connected};
 pub use error::{BootstrapError, Result};
-pub use exchange::{exchange, exchange_at, ExchangeOptions, Rendezvous, Session};
+pub use exchange::{
+    exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
+};
 pub use launcher::{LaunchInfo, LaunchSource};
 pub use wire::WireError;

@@ -15,7 +15,10 @@
 //!
 //! Payloads by kind: `Hello` and `Sync` carry the sender's opaque bytes; `Reject`
 //! carries a UTF-8 reason (at most [`REJECT_REASON_MAX`] bytes); `Table` carries
-//! the table layout described at [`decode_table`].
+//! the table layout described at [`encode_table`]: one entry per rank, rank `i`'s
+//! blob in entry `i`, or, when the exchange is personalized (see
+//! [`Personalize`](crate::exchange::Personalize)), the part of rank `i`'s blob
+//! meant for the receiver, with the receiver's own entry empty.
 //!
 //! The decoders are total: they return a [`WireError`] for every malformed input
 //! and never panic, and they check every length against a limit before
@@ -42,7 +45,8 @@ pub const TABLE_ENTRY_OVERHEAD: usize = 8;
 pub enum FrameKind {
     /// A rank introduces itself to rank 0 with its endpoint blob.
     Hello,
-    /// Rank 0 sends every rank's blob, indexed by rank.
+    /// Rank 0 sends every rank's blob, indexed by rank (or, in a personalized
+    /// exchange, what each blob holds for the receiver).
     Table,
     /// Rank 0 refuses a connection or aborts a round; the payload says why.
     Reject,
@@ -363,16 +367,35 @@ pub fn encode_table<B: AsRef<[u8]>>(blobs: &[B]) -> Result<Vec<u8>, WireError> {
         .ok_or(WireError::PayloadUnencodable { len: usize::MAX })?;
     let count =
         u32::try_from(blobs.len()).map_err(|_| WireError::PayloadUnencodable { len: total })?;
-    let mut out = Vec::with_capacity(total);
+    encode_table_with(count, total, |rank, out| {
+        out.extend_from_slice(blobs[rank as usize].as_ref());
+    })
+}
+
+/// Encodes a table payload of `count` entries (the layout of [`encode_table`])
+/// without a buffer per entry: `entry(rank, out)` appends entry `rank`'s bytes
+/// to `out` and leaves what is there alone. `capacity` is a size hint.
+///
+/// # Errors
+/// [`WireError::PayloadUnencodable`] as soon as the table exceeds [`MAX_PAYLOAD`].
+pub fn encode_table_with(
+    count: u32,
+    capacity: usize,
+    mut entry: impl FnMut(u32, &mut Vec<u8>),
+) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(capacity.min(MAX_PAYLOAD as usize));
     out.extend_from_slice(&count.to_le_bytes());
-    for (rank, blob) in (0u32..).zip(blobs) {
-        let blob = blob.as_ref();
-        // Fits: the total, which includes this length, is below MAX_PAYLOAD.
-        let len = u32::try_from(blob.len())
-            .map_err(|_| WireError::PayloadUnencodable { len: blob.len() })?;
+    for rank in 0..count {
         out.extend_from_slice(&rank.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(blob);
+        let len_at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        entry(rank, &mut out);
+        if out.len() > MAX_PAYLOAD as usize {
+            return Err(WireError::PayloadUnencodable { len: out.len() });
+        }
+        // Fits: the whole table, this entry included, is below MAX_PAYLOAD.
+        let len = (out.len() - len_at - 4) as u32;
+        out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
     }
     Ok(out)
 }
@@ -572,6 +595,16 @@ mod tests {
         let payload = encode_table(&blobs).unwrap();
         assert_eq!(decode_table(&payload, 100).unwrap(), blobs);
         assert!(payload.len() <= table_payload_limit(3, 100) as usize);
+    }
+
+    #[test]
+    fn table_built_entry_by_entry_matches() {
+        let blobs = vec![vec![1u8, 2, 3], Vec::new(), vec![9u8; 100]];
+        let built = encode_table_with(3, 0, |rank, out| {
+            out.extend_from_slice(&blobs[rank as usize]);
+        })
+        .unwrap();
+        assert_eq!(built, encode_table(&blobs).unwrap());
     }
 
     #[test]

@@ -9,9 +9,13 @@ use std::time::Instant;
 
 use rverbs_bootstrap::wire::{self, FrameKind, Header, HEADER_LEN};
 use rverbs_bootstrap::{
-    exchange, exchange_at, BootstrapError, ClusterConfig, ExchangeOptions, RankConfig, Rendezvous,
-    Session, WireError,
+    exchange, exchange_at, BootstrapError, ClusterConfig, ExchangeOptions, NodeBlobs, RankConfig,
+    Rendezvous, Session, WireError,
 };
+use rverbs_core::params::{Mtu, Psn};
+use rverbs_core::sge::RemoteMemory;
+use rverbs_core::wire::node::{node_blob_len, NodeBlob, ADDRESSED_BLOB_LEN};
+use rverbs_core::wire::Endpoint;
 
 type Outcome = Result<(Session, Vec<Vec<u8>>), BootstrapError>;
 
@@ -258,10 +262,19 @@ fn reject_reason(stream: &mut TcpStream) -> String {
 
 /// Starts rank 0 of a world of `n` on a thread; returns its port and handle.
 fn root(n: u32, options: ExchangeOptions) -> (u16, thread::JoinHandle<(Outcome, Duration)>) {
+    root_with(n, options, b"root".to_vec())
+}
+
+/// As [`root`], with rank 0's blob.
+fn root_with(
+    n: u32,
+    options: ExchangeOptions,
+    blob: Vec<u8>,
+) -> (u16, thread::JoinHandle<(Outcome, Duration)>) {
     let (listener, port) = listener();
     let handle = thread::spawn(move || {
         let start = Instant::now();
-        let outcome = exchange_at(Rendezvous::Listener(listener), 0, n, b"root", &options);
+        let outcome = exchange_at(Rendezvous::Listener(listener), 0, n, &blob, &options);
         (outcome, start.elapsed())
     });
     (port, handle)
@@ -317,7 +330,7 @@ fn oversized_length_prefix_is_refused_without_allocating() {
     expect_refused(&bytes, "exceeds the limit");
     let mut bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"");
     bytes[24..28].copy_from_slice(&(64 * 1024 + 1u32).to_le_bytes());
-    expect_refused(&bytes, "65537");
+    expect_refused(&bytes, "rank 1 (of 2) announces 65537 bytes");
 }
 
 #[test]
@@ -515,6 +528,11 @@ fn peer_error(port: u16) -> (BootstrapError, Duration) {
     (err, start.elapsed())
 }
 
+/// As [`peer_error`], for rank 1 of 2 exchanging node blobs.
+fn node_peer_error(port: u16) -> BootstrapError {
+    exchange_at(at(port), 1, 2, &node_blob(1, 2), &personalized(quick())).unwrap_err()
+}
+
 #[test]
 fn root_disconnecting_mid_exchange() {
     let (port, fake) = fake_root(|_, _| {});
@@ -622,6 +640,30 @@ fn root_with_wrong_table_size_or_job() {
 }
 
 #[test]
+fn peer_reconnects_when_reset_before_an_answer() {
+    let (listener, port) = listener();
+    let fake = thread::spawn(move || {
+        // Dropping a connection with its hello unread makes the kernel reset it,
+        // as it does to connections a flooded listen queue could not keep.
+        let (mut first, _) = listener.accept().unwrap();
+        let mut part = [0u8; 10];
+        first.read_exact(&mut part).unwrap();
+        drop(first);
+        let (mut second, _) = listener.accept().unwrap();
+        let (header, payload) = read_frame(&mut second).unwrap();
+        assert_eq!((header.kind, header.sender), (FrameKind::Hello, 1));
+        assert_eq!(payload, b"one");
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        second
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (_, blobs) = exchange_at(at(port), 1, 2, b"one", &quick()).unwrap();
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    fake.join().unwrap();
+}
+
+#[test]
 fn root_that_never_answers() {
     let (port, fake) = fake_root(|_, _| thread::sleep(Duration::from_secs(3)));
     let (err, took) = peer_error(port);
@@ -642,4 +684,309 @@ fn no_rendezvous_at_all() {
         "{err:?}"
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+// ---- node blobs, each rank receiving only what the others made for it ----
+
+fn personalized(options: ExchangeOptions) -> ExchangeOptions {
+    ExchangeOptions {
+        personalize: Some(&NodeBlobs),
+        ..options
+    }
+}
+
+/// The endpoint rank `from` made for rank `to`: distinct for every pair.
+fn endpoint(from: u32, to: u32) -> Endpoint {
+    Endpoint {
+        qpn: (from << 12) | to,
+        psn: Psn::new((to << 12) | from).unwrap(),
+        lid: from as u16 + 1,
+        gid: [0; 16],
+        global: false,
+        mtu: Mtu::B4096,
+    }
+}
+
+fn flags_of(rank: u32, world: u32) -> RemoteMemory {
+    RemoteMemory {
+        addr: 0x10_0000 * (u64::from(rank) + 1),
+        len: 8 * u64::from(world),
+        rkey: 2 * rank + 1,
+    }
+}
+
+fn window_of(rank: u32) -> RemoteMemory {
+    RemoteMemory {
+        addr: 0x4000_0000 + 0x10_0000 * u64::from(rank),
+        len: 1 << 16,
+        rkey: 2 * rank + 2,
+    }
+}
+
+/// Rank `rank`'s full node blob, as `PreparedNode::blob` would make it.
+fn node_blob(rank: u32, world: u32) -> Vec<u8> {
+    let mut out = vec![0; node_blob_len(world)];
+    NodeBlob::encode_into(
+        &mut out,
+        rank,
+        world,
+        |to| endpoint(rank, to),
+        flags_of(rank, world),
+        window_of(rank),
+    )
+    .unwrap();
+    out
+}
+
+/// Checks that `blobs` is what rank `me` of `world` must get, and returns the
+/// bytes of the table frame that carried it.
+fn check_node_table(me: u32, world: u32, blobs: &[Vec<u8>]) -> usize {
+    assert_eq!(blobs.len(), world as usize, "rank {me}");
+    assert_eq!(
+        blobs[me as usize],
+        node_blob(me, world),
+        "rank {me}'s own entry"
+    );
+    let mut wire = HEADER_LEN + 4 + wire::TABLE_ENTRY_OVERHEAD * world as usize;
+    for (from, blob) in (0..world).zip(blobs) {
+        if from == me {
+            continue;
+        }
+        wire += blob.len();
+        let d = NodeBlob::decode(blob).unwrap_or_else(|e| panic!("rank {me}, entry {from}: {e}"));
+        assert_eq!(blob.len(), ADDRESSED_BLOB_LEN);
+        assert_eq!((d.rank, d.world, d.addressee()), (from, world, Some(me)));
+        assert_eq!(
+            d.endpoint_for(me),
+            Some(endpoint(from, me)),
+            "rank {me}, from {from}"
+        );
+        assert_eq!(d.endpoint_for((me + 1) % world), None);
+        assert_eq!(
+            (d.flags, d.window),
+            (flags_of(from, world), window_of(from))
+        );
+    }
+    wire
+}
+
+/// Exchanges node blobs among `n` ranks on threads; every rank checks its table
+/// and drops it. Returns the table frame size rank 1 saw.
+fn node_exchange(n: u32) -> usize {
+    let options = personalized(ExchangeOptions {
+        timeout: Duration::from_secs(120),
+        io_timeout: Duration::from_secs(60),
+        ..quick()
+    });
+    let (listener, port) = listener();
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let options = options.clone();
+            let rendezvous = if rank == 0 {
+                Rendezvous::Listener(listener.try_clone().unwrap())
+            } else {
+                at(port)
+            };
+            // Small stacks: a thousand threads of the default 2 MiB reserve 2 GiB.
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let blob = node_blob(rank, n);
+                    let (session, blobs) = exchange_at(rendezvous, rank, n, &blob, &options)
+                        .unwrap_or_else(|error| panic!("{error}"));
+                    let wire = check_node_table(rank, n, &blobs);
+                    drop(session);
+                    wire
+                })
+                .unwrap()
+        })
+        .collect();
+    drop(listener);
+    let sizes: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    sizes[1]
+}
+
+#[test]
+fn node_blobs_among_1024_ranks() {
+    let n = 1024;
+    let start = Instant::now();
+    let received = node_exchange(n);
+    let took = start.elapsed();
+    eprintln!(
+        "{n}-rank node-blob exchange on 127.0.0.1 took {took:?}; each rank received a {received}-byte table ({} bytes per full blob)",
+        node_blob_len(n)
+    );
+    // Each rank gets one addressed blob per peer, not every full blob.
+    assert_eq!(
+        received,
+        HEADER_LEN + 4 + 8 * n as usize + ADDRESSED_BLOB_LEN * (n as usize - 1)
+    );
+}
+
+#[test]
+fn node_blobs_then_plain_rounds() {
+    let n = 5;
+    let (listener, port) = listener();
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let rendezvous = if rank == 0 {
+                Rendezvous::Listener(listener.try_clone().unwrap())
+            } else {
+                at(port)
+            };
+            thread::spawn(move || {
+                let options = personalized(quick_long());
+                let (mut session, blobs) =
+                    exchange_at(rendezvous, rank, n, &node_blob(rank, n), &options).unwrap();
+                check_node_table(rank, n, &blobs);
+                // Later rounds are plain all-gathers, whatever the exchange was.
+                let all = session.allgather(&[rank as u8; 3]).unwrap();
+                let expected: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8; 3]).collect();
+                assert_eq!(all, expected);
+                session.close().unwrap();
+            })
+        })
+        .collect();
+    drop(listener);
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
+#[test]
+fn node_blob_hello_limit_follows_the_world_size() {
+    let world = 4096;
+    let full = node_blob_len(world);
+    let options = personalized(ExchangeOptions {
+        timeout: Duration::from_secs(2),
+        ..quick()
+    });
+    let (port, handle) = root_with(world, options, node_blob(0, world));
+    // A real hello at the largest world fits, far over the 64 KiB plain limit...
+    let mut fits = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    fits.write_all(&frame(
+        FrameKind::Hello,
+        0x5eed,
+        1,
+        world,
+        &node_blob(1, world),
+    ))
+    .unwrap();
+    // ...one byte more does not, and the refusal names the rank...
+    let mut over = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut head = frame(FrameKind::Hello, 0x5eed, 2, world, b"");
+    head[24..28].copy_from_slice(&(full as u32 + 1).to_le_bytes());
+    over.write_all(&head).unwrap();
+    let reason = reject_reason(&mut over);
+    assert!(
+        reason.contains(&format!(
+            "rank 2 (of 4096) announces {} bytes, which exceeds the limit of {full} bytes",
+            full + 1
+        )),
+        "{reason}"
+    );
+    // ...and neither does a blob that is not this rank's.
+    let mut wrong = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wrong
+        .write_all(&frame(
+            FrameKind::Hello,
+            0x5eed,
+            3,
+            world,
+            &node_blob(4, world),
+        ))
+        .unwrap();
+    let reason = reject_reason(&mut wrong);
+    assert!(
+        reason.contains("rank 3's blob is refused by NodeBlobs: node blob of rank 4 of 4096"),
+        "{reason}"
+    );
+    let (outcome, _) = handle.join().unwrap();
+    let err = outcome.unwrap_err();
+    match &err {
+        BootstrapError::Timeout {
+            rank: 0, missing, ..
+        } => assert_eq!(missing, &(2..world).collect::<Vec<_>>()),
+        other => panic!("expected a rank-0 timeout, got {other:?}"),
+    }
+    // Rank 1 was admitted: it hears the timeout, not a refusal.
+    let reason = reject_reason(&mut fits);
+    assert!(reason.contains("timed out"), "{reason}");
+}
+
+#[test]
+fn node_blob_argument_errors() {
+    let options = personalized(quick());
+    let (listener, _) = listener();
+    let too_long = vec![0; node_blob_len(2) + 1];
+    let err = exchange_at(Rendezvous::Listener(listener), 0, 2, &too_long, &options).unwrap_err();
+    assert!(
+        matches!(err, BootstrapError::BlobTooLarge { rank: 0, len, limit } if len == limit + 1 && limit == node_blob_len(2)),
+        "{err:?}"
+    );
+    let err = exchange_at(at(1), 1, 3, &node_blob(1, 2), &options).unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::InvalidArgument { rank: 1, reason } if reason.contains("rank 1 of 2, sent as rank 1 of 3")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn personalized_peer_refuses_a_plain_or_oversized_table() {
+    // A personalized table leaves rank 1's own entry empty.
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let err = node_peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("own entry")),
+        "{err:?}"
+    );
+    // An entry longer than an addressed blob.
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[node_blob(0, 2), Vec::new()]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let err = node_peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Protocol {
+                source: WireError::TableEntryTooLarge {
+                    index: 0,
+                    limit: ADDRESSED_BLOB_LEN,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // A table frame larger than two addressed entries can need.
+    let (port, fake) = fake_root(|stream, header| {
+        let mut head = frame(FrameKind::Table, header.job_id, 0, 2, b"");
+        head[24..28].copy_from_slice(&4000u32.to_le_bytes());
+        stream.write_all(&head).unwrap();
+    });
+    let err = node_peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Protocol {
+                rank: 1,
+                peer: Some(0),
+                source: WireError::PayloadTooLarge { len: 4000, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::error::BootstrapError;
-use crate::wire::{decode_header_with_limit, Header, WireError, HEADER_LEN, MAGIC};
+use crate::wire::{decode_header, Header, WireError, HEADER_LEN, MAGIC};
 
 use super::clock::Clock;
 
@@ -16,6 +16,9 @@ use super::clock::Clock;
 pub(super) const READ_SLICE: Duration = Duration::from_millis(250);
 /// Smallest timeout handed to the OS (zero means "block forever" to some calls).
 pub(super) const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+/// A payload buffer grows by at most this much ahead of the bytes received, so a
+/// frame that announces a large payload and stalls costs no more than this.
+const PAYLOAD_STEP: usize = 64 * 1024;
 
 /// Why reading a frame failed, before it is given rank and address context.
 #[derive(Debug)]
@@ -24,6 +27,11 @@ pub(super) enum ReadError {
     Timeout,
     Eof,
     Wire(WireError),
+    /// A well-formed header announcing a payload over the limit in force.
+    Oversize {
+        header: Header,
+        limit: u32,
+    },
 }
 
 impl ReadError {
@@ -33,6 +41,10 @@ impl ReadError {
             Self::Timeout => "sent no complete frame in time".to_owned(),
             Self::Eof => "closed the connection mid-frame".to_owned(),
             Self::Wire(error) => error.to_string(),
+            Self::Oversize { header, limit } => format!(
+                "{:?} frame from rank {} (of {}) announces {} bytes, which exceeds the limit of {limit} bytes",
+                header.kind, header.sender, header.world_size, header.payload_len
+            ),
         }
     }
 
@@ -68,6 +80,15 @@ impl ReadError {
                 peer,
                 addr: addr.to_owned(),
                 source,
+            },
+            Self::Oversize { header, limit } => BootstrapError::Protocol {
+                rank,
+                peer,
+                addr: addr.to_owned(),
+                source: WireError::PayloadTooLarge {
+                    len: header.payload_len,
+                    limit,
+                },
             },
         }
     }
@@ -117,7 +138,8 @@ fn read_exact_by(
 }
 
 /// Reads one frame whose payload may not exceed `limit` bytes. The payload
-/// buffer is allocated only after the header's length passed that check.
+/// buffer grows with the bytes that arrive, after the header's length passed
+/// that check, never far ahead of them.
 pub(super) fn read_frame(
     stream: &mut TcpStream,
     first_byte_by: Instant,
@@ -137,10 +159,18 @@ pub(super) fn read_frame(
     }
     let by = (Instant::now() + stall).min(hard);
     read_exact_by(stream, rest, by, hard, stall, tick)?;
-    let header = decode_header_with_limit(&head, limit).map_err(ReadError::Wire)?;
-    let mut payload = vec![0u8; header.payload_len as usize];
-    let by = (Instant::now() + stall).min(hard);
-    read_exact_by(stream, &mut payload, by, hard, stall, tick)?;
+    let header = decode_header(&head).map_err(ReadError::Wire)?;
+    if header.payload_len > limit {
+        return Err(ReadError::Oversize { header, limit });
+    }
+    let len = header.payload_len as usize;
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let start = payload.len();
+        payload.resize(len.min(start + PAYLOAD_STEP), 0);
+        let by = (Instant::now() + stall).min(hard);
+        read_exact_by(stream, &mut payload[start..], by, hard, stall, tick)?;
+    }
     Ok((header, payload))
 }
 

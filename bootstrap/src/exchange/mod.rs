@@ -7,6 +7,12 @@
 //! sends every peer the `Table` of all blobs. That is `N - 1` connections in all,
 //! kept open in the returned [`Session`] for later [`Session::allgather`] rounds.
 //!
+//! A table of every blob is N blobs to each of N ranks. When each blob holds
+//! something per peer, as rverbs-core's node blobs do, that grows as N² per rank;
+//! with a [`Personalize`] (such as [`NodeBlobs`]) rank 0 sends each rank only what
+//! the others' blobs hold for it, O(N) bytes per rank, and the frame limits follow
+//! from the world size.
+//!
 //! Each accepted connection is read on its own short-lived thread, so a peer that
 //! connects and stalls, or a foreign client, cannot hold up the others; every
 //! read and write has a deadline, and a failure names the ranks concerned.
@@ -15,10 +21,13 @@
 // rank 0's side (the join, its hello readers, later rounds), `peer` every other
 // rank's, `session` what an exchange leaves open, `frame_io` one frame moved
 // under deadlines, `progress` the lines printed during waits, `clock` a round's
-// start and deadline.
+// start and deadline; `personalize` the per-rank tables and `node_blobs` the
+// one rverbs-core needs.
 mod clock;
 mod frame_io;
+mod node_blobs;
 mod peer;
+mod personalize;
 mod progress;
 mod root;
 mod session;
@@ -28,16 +37,18 @@ use std::net::TcpListener;
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::wire::{FrameKind, MAX_PAYLOAD};
+use crate::wire::MAX_PAYLOAD;
 
 use self::clock::Clock;
 use self::progress::Progress;
-use self::session::{Link, PeerLink};
+use self::session::Link;
 
+pub use self::node_blobs::NodeBlobs;
+pub use self::personalize::Personalize;
 pub use self::session::Session;
 
 /// Knobs of an exchange and of the session's later rounds.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ExchangeOptions {
     /// Identifies the job; frames with another job id are refused. All ranks
     /// must agree (see [`ClusterConfig::job_id`]). Default 0.
@@ -54,11 +65,17 @@ pub struct ExchangeOptions {
     pub io_timeout: Duration,
     /// Pause between connection attempts to rank 0. Default 200 ms.
     pub retry_interval: Duration,
-    /// Largest blob accepted from anyone, in bytes. Default 64 KiB.
+    /// Largest blob accepted from anyone, in bytes: in the exchange unless
+    /// [`personalize`](Self::personalize) sets its own limit, and in every
+    /// all-gather round. Default 64 KiB.
     pub max_blob_size: usize,
     /// Print a progress line to stderr during long waits (at most every 5 s,
     /// only after 5 s) and when rank 0 refuses a connection. Default on.
     pub progress: bool,
+    /// How rank 0 cuts the exchange's table for each rank, and the blob and
+    /// entry limits that go with it; see [`Personalize`]. All ranks must agree.
+    /// Default `None`: every rank receives every blob whole.
+    pub personalize: Option<&'static dyn Personalize>,
 }
 
 impl Default for ExchangeOptions {
@@ -70,6 +87,18 @@ impl Default for ExchangeOptions {
             retry_interval: Duration::from_millis(200),
             max_blob_size: 64 * 1024,
             progress: true,
+            personalize: None,
+        }
+    }
+}
+
+impl ExchangeOptions {
+    /// The largest blob the exchange (not a later round) takes in a world of
+    /// `world_size` ranks.
+    fn hello_limit(&self, world_size: u32) -> usize {
+        match self.personalize {
+            Some(p) => p.blob_limit(world_size).min(MAX_PAYLOAD as usize),
+            None => self.max_blob_size,
         }
     }
 }
@@ -92,7 +121,8 @@ pub enum Rendezvous {
 
 /// Exchanges blobs with every rank of `config`, rank 0 of the configuration
 /// being the rendezvous. Returns the open session and the blobs indexed by rank
-/// (entry `rank` is `blob` itself).
+/// (entry `rank` is `blob` itself; the others are cut for this rank if
+/// [`ExchangeOptions::personalize`] is set).
 ///
 /// # Errors
 /// As [`exchange_at`].
@@ -116,7 +146,8 @@ pub fn exchange(
 ///
 /// # Errors
 /// Argument errors ([`BootstrapError::RankOutOfRange`],
-/// [`BootstrapError::BlobTooLarge`], [`BootstrapError::InvalidArgument`]);
+/// [`BootstrapError::BlobTooLarge`], [`BootstrapError::InvalidArgument`], also
+/// for a blob [`Personalize::check`] refuses);
 /// on rank 0 [`BootstrapError::Bind`], and [`BootstrapError::Timeout`] naming
 /// the ranks that never joined; on other ranks [`BootstrapError::Connect`],
 /// [`BootstrapError::Rejected`] and [`BootstrapError::Timeout`]; on both
@@ -141,12 +172,20 @@ pub fn exchange_at(
             ),
         });
     }
-    if blob.len() > options.max_blob_size {
+    let limit = options.hello_limit(world_size);
+    if blob.len() > limit {
         return Err(BootstrapError::BlobTooLarge {
             rank,
             len: blob.len(),
-            limit: options.max_blob_size,
+            limit,
         });
+    }
+    if let Some(p) = options.personalize {
+        p.check(rank, world_size, blob)
+            .map_err(|reason| BootstrapError::InvalidArgument {
+                rank,
+                reason: format!("{p:?} refuses this rank's blob: {reason}"),
+            })?;
     }
     if world_size == 1 {
         let session = Session::new(rank, world_size, options.clone(), Link::Alone);
@@ -176,15 +215,10 @@ pub fn exchange_at(
             });
         };
         let addr = fmt_addr(&host, port);
-        let stream = peer::connect(&host, port, &addr, rank, options, clock, &mut progress)?;
-        let mut link = PeerLink {
-            rank: 0,
+        let (link, blobs) = peer::peer_join(
+            &host,
+            port,
             addr,
-            stream,
-        };
-        let blobs = peer::peer_round(
-            &mut link,
-            FrameKind::Hello,
             rank,
             world_size,
             blob,

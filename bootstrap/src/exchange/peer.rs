@@ -7,10 +7,13 @@ use std::thread;
 use std::time::Instant;
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::{decode_table, encode_frame, table_payload_limit, FrameKind, REJECT_REASON_MAX};
+use crate::wire::{
+    decode_table, encode_frame, table_payload_limit, FrameKind, MAX_PAYLOAD, REJECT_REASON_MAX,
+};
 
 use super::clock::Clock;
 use super::frame_io::{read_frame, write_frame, MIN_TIMEOUT};
+use super::personalize::Personalize;
 use super::progress::Progress;
 use super::session::PeerLink;
 use super::ExchangeOptions;
@@ -59,12 +62,82 @@ pub(super) fn connect(
     }
 }
 
+/// A non-root rank's exchange: connect to rank 0, send the hello, get the table.
+///
+/// A connection reset before rank 0 answered is tried again on a new connection
+/// until the deadline. Rank 0 closes a connection it has read only after
+/// answering (a table or a `Reject`), so such a reset means rank 0 never read
+/// our hello: it dropped the connection unread under a flood, or the kernel
+/// did. The latter is what a thousand ranks connecting at once get from Linux:
+/// the listen queue (128 with std) overflows, SYN cookies stand in for it, and
+/// a cookie connection whose first data segment was dropped is reset when the
+/// hello's next segment arrives.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn peer_join(
+    host: &str,
+    port: u16,
+    addr: String,
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Result<(PeerLink, Vec<Vec<u8>>)> {
+    loop {
+        let stream = connect(host, port, &addr, rank, options, clock, progress)?;
+        let mut link = PeerLink {
+            rank: 0,
+            addr: addr.clone(),
+            stream,
+        };
+        let outcome = peer_round(
+            &mut link,
+            FrameKind::Hello,
+            options.personalize,
+            rank,
+            world_size,
+            blob,
+            options,
+            clock,
+            progress,
+        );
+        match outcome {
+            Ok(blobs) => return Ok((link, blobs)),
+            Err(error) if reset_unanswered(&error) && Instant::now() < clock.deadline => {
+                progress.note(&format!(
+                    "rank {rank}: {error}; rank 0 never answered, connecting again"
+                ));
+                thread::sleep(options.retry_interval.min(clock.remaining()));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Whether the connection was reset (not closed) while sending the hello or
+/// reading the answer.
+fn reset_unanswered(error: &BootstrapError) -> bool {
+    matches!(
+        error,
+        BootstrapError::Io { op: "send hello" | "table", source, .. }
+            if matches!(
+                source.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+            )
+    )
+}
+
 /// A non-root rank's round: send our frame (`Hello` or `Sync`), then read the
-/// table (or a rejection) from rank 0 and check it.
+/// table (or a rejection) from rank 0 and check it. With `personalize` (only
+/// ever the exchange's round) the table is cut for this rank.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn peer_round(
     link: &mut PeerLink,
     kind: FrameKind,
+    personalize: Option<&dyn Personalize>,
     rank: u32,
     world_size: u32,
     own: &[u8],
@@ -93,8 +166,10 @@ pub(super) fn peer_round(
         }
     })?;
 
-    let limit =
-        table_payload_limit(world_size, options.max_blob_size).max(REJECT_REASON_MAX as u32);
+    let entry_limit = personalize.map_or(options.max_blob_size, |p| {
+        p.entry_limit(world_size).min(MAX_PAYLOAD as usize)
+    });
+    let limit = table_payload_limit(world_size, entry_limit).max(REJECT_REASON_MAX as u32);
     let addr = link.addr.clone();
     let (header, payload) = read_frame(
         &mut link.stream,
@@ -131,23 +206,34 @@ pub(super) fn peer_round(
                     header.sender, header.world_size, header.job_id, options.job_id
                 )));
             }
-            let blobs = decode_table(&payload, options.max_blob_size).map_err(|source| {
-                BootstrapError::Protocol {
+            let mut blobs =
+                decode_table(&payload, entry_limit).map_err(|source| BootstrapError::Protocol {
                     rank,
                     peer: Some(0),
                     addr: link.addr.clone(),
                     source,
-                }
-            })?;
+                })?;
             if blobs.len() != world_size as usize {
                 return Err(unexpected(format!(
                     "table holds {} entries for a world of {world_size}",
                     blobs.len()
                 )));
             }
-            if blobs[rank as usize] != own {
+            // A plain table echoes our blob, which catches a rank 0 that mixed
+            // up the entries; a personalized one leaves our entry empty (each
+            // entry's own format names its sender and addressee, if it cares).
+            let mine = &mut blobs[rank as usize];
+            if personalize.is_some() {
+                if !mine.is_empty() {
+                    return Err(unexpected(format!(
+                        "the table carries {} bytes in this rank's own entry, which a personalized table leaves empty (does every rank set the same `personalize`?)",
+                        mine.len()
+                    )));
+                }
+                own.clone_into(mine);
+            } else if mine != own {
                 return Err(unexpected(
-                    "the table does not echo this rank's blob unchanged".to_owned(),
+                    "the table does not echo this rank's blob unchanged (does every rank set the same `personalize`?)".to_owned(),
                 ));
             }
             Ok(blobs)

@@ -125,6 +125,7 @@ impl Session {
             Link::Peer(link) => peer_round(
                 link,
                 FrameKind::Sync,
+                None,
                 self.rank,
                 self.world_size,
                 bytes,

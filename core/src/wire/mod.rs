@@ -8,4 +8,4 @@ pub mod endpoint;
 pub mod node;
 
 pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN, REMOTE_MEMORY_LEN};
-pub use node::{node_blob_len, NodeBlob, NodeBlobError, MAX_WORLD};
+pub use node::{node_blob_len, NodeBlob, NodeBlobError, ADDRESSED_BLOB_LEN, MAX_WORLD};

@@ -15,7 +15,7 @@ use crate::exchange::frame_io::{read_frame, ReadError};
 use crate::exchange::ExchangeOptions;
 use crate::wire::Header;
 
-use super::blob_limit;
+use super::hello_limit;
 
 /// Hello readers rank 0 runs at once at least (more for large worlds).
 const MIN_READERS: usize = 256;
@@ -28,24 +28,26 @@ pub(super) struct Arrival {
     pub(super) outcome: core::result::Result<(Header, Vec<u8>), ReadError>,
 }
 
-/// The hello readers of one join: how many are running, how many may, and
-/// the channel their arrivals come back on.
+/// The hello readers of one join: how many are running, how many may, the
+/// largest hello they read, and the channel their arrivals come back on.
 #[derive(Debug)]
 pub(super) struct HelloReaders {
     tx: mpsc::Sender<Arrival>,
     rx: mpsc::Receiver<Arrival>,
     in_flight: Arc<AtomicUsize>,
     max: usize,
+    limit: u32,
 }
 
 impl HelloReaders {
-    pub(super) fn new(world_size: u32) -> Self {
+    pub(super) fn new(world_size: u32, options: &ExchangeOptions) -> Self {
         let (tx, rx) = mpsc::channel();
         Self {
             tx,
             rx,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max: (world_size as usize).saturating_mul(4).max(MIN_READERS),
+            limit: hello_limit(options, world_size),
         }
     }
 
@@ -66,6 +68,7 @@ impl HelloReaders {
             stream,
             addr,
             options,
+            self.limit,
             clock,
             self.tx.clone(),
             &self.in_flight,
@@ -89,6 +92,7 @@ fn spawn_hello_reader(
     mut stream: TcpStream,
     addr: SocketAddr,
     options: &ExchangeOptions,
+    limit: u32,
     clock: Clock,
     tx: mpsc::Sender<Arrival>,
     readers: &Arc<AtomicUsize>,
@@ -98,7 +102,6 @@ fn spawn_hello_reader(
     // Latency, not throughput, matters for these small frames.
     let _ = stream.set_nodelay(true);
     let stall = options.io_timeout;
-    let limit = blob_limit(options);
     let first_byte_by = (Instant::now() + stall).min(clock.deadline);
     let in_flight = InFlight::enter(readers);
     thread::Builder::new()

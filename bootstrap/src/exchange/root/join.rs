@@ -15,7 +15,7 @@ use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
 
 use super::hello::{Arrival, HelloReaders};
-use super::{reject_frame, send_reject, send_table};
+use super::{answer_join, reject_frame, send_reject};
 
 /// How long rank 0 sleeps between accept attempts when nothing happens.
 const POLL: Duration = Duration::from_millis(5);
@@ -46,7 +46,7 @@ pub(in crate::exchange) fn root_join(
             source,
         })?;
 
-    let readers = HelloReaders::new(world_size);
+    let readers = HelloReaders::new(world_size, options);
     let mut lobby = Lobby::new(world_size);
     let mut last_liveness = Instant::now();
     while lobby.waiting() {
@@ -65,8 +65,8 @@ pub(in crate::exchange) fn root_join(
     }
 
     let (mut peers, blobs) = lobby.into_table(blob);
-    send_table(&mut peers, world_size, &blobs, options)?;
-    Ok((peers, blobs))
+    let table = answer_join(&mut peers, world_size, blobs, options)?;
+    Ok((peers, table))
 }
 
 /// The ranks that have joined so far, and the connections turned away meanwhile.
@@ -149,6 +149,7 @@ impl Lobby {
         let verdict = match outcome {
             Err(error) => Err(error.describe()),
             Ok((header, payload)) => check_hello(&header, &self.joined, self.world_size, options)
+                .and_then(|()| check_blob(header.sender, self.world_size, &payload, options))
                 .map(|()| (header.sender, payload)),
         };
         match verdict {
@@ -292,6 +293,20 @@ fn check_hello(
         ));
     }
     Ok(())
+}
+
+/// Why the blob of a hello that is otherwise fine is refused, if it is.
+fn check_blob(
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+) -> core::result::Result<(), String> {
+    let Some(p) = options.personalize else {
+        return Ok(());
+    };
+    p.check(rank, world_size, blob)
+        .map_err(|reason| format!("rank {rank}'s blob is refused by {p:?}: {reason}"))
 }
 
 /// Whether the peer has not closed its end, probed without consuming data.

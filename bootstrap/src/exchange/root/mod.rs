@@ -10,41 +10,104 @@ use std::net::TcpStream;
 
 use crate::error::{BootstrapError, Result};
 use crate::exchange::frame_io::write_frame;
+use crate::exchange::personalize::Personalize;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
-use crate::wire::{encode_frame, encode_table, FrameKind, MAX_PAYLOAD, REJECT_REASON_MAX};
+use crate::wire::{
+    encode_frame, encode_table, encode_table_with, table_payload_limit, FrameKind, WireError,
+    MAX_PAYLOAD, REJECT_REASON_MAX,
+};
 
 pub(super) use self::join::root_join;
 pub(super) use self::round::root_round;
 
+/// Ends the join: sends every peer its table and returns rank 0's. `blobs` are
+/// every rank's blobs whole, by rank.
+fn answer_join(
+    peers: &mut [PeerLink],
+    world_size: u32,
+    blobs: Vec<Vec<u8>>,
+    options: &ExchangeOptions,
+) -> Result<Vec<Vec<u8>>> {
+    let Some(p) = options.personalize else {
+        send_table(peers, world_size, &blobs, options)?;
+        return Ok(blobs);
+    };
+    // One table at a time, so rank 0 holds the blobs and a single O(N) table,
+    // never all N of them.
+    for peer in peers.iter_mut() {
+        let payload = personal_table(p, peer.rank, world_size, &blobs);
+        let frame = table_frame(payload, world_size, options)?;
+        send_frame(peer, &frame, options)?;
+    }
+    let mut own = Vec::with_capacity(blobs.len());
+    for (from, blob) in (0u32..).zip(&blobs) {
+        let mut entry = Vec::new();
+        if from == 0 {
+            entry.clone_from(blob);
+        } else {
+            p.cut(0, from, blob, &mut entry);
+        }
+        own.push(entry);
+    }
+    Ok(own)
+}
+
+/// Rank `for_rank`'s table: entry `j` is what rank `j`'s blob holds for it,
+/// its own entry empty.
+fn personal_table(
+    p: &dyn Personalize,
+    for_rank: u32,
+    world_size: u32,
+    blobs: &[Vec<u8>],
+) -> core::result::Result<Vec<u8>, WireError> {
+    let capacity = table_payload_limit(world_size, p.entry_limit(world_size)) as usize;
+    encode_table_with(world_size, capacity, |from, out| {
+        if from != for_rank {
+            p.cut(for_rank, from, &blobs[from as usize], out);
+        }
+    })
+}
+
+/// Sends every peer the same table of `blobs`.
 fn send_table(
     peers: &mut [PeerLink],
     world_size: u32,
     blobs: &[Vec<u8>],
     options: &ExchangeOptions,
 ) -> Result<()> {
-    let payload = encode_table(blobs).map_err(|source| BootstrapError::InvalidArgument {
+    let frame = table_frame(encode_table(blobs), world_size, options)?;
+    for peer in peers {
+        send_frame(peer, &frame, options)?;
+    }
+    Ok(())
+}
+
+fn table_frame(
+    payload: core::result::Result<Vec<u8>, WireError>,
+    world_size: u32,
+    options: &ExchangeOptions,
+) -> Result<Vec<u8>> {
+    let payload = payload.map_err(|source| BootstrapError::InvalidArgument {
         rank: 0,
         reason: format!("cannot encode the table: {source}"),
     })?;
-    let frame = encode_frame(FrameKind::Table, options.job_id, 0, world_size, &payload).map_err(
-        |source| BootstrapError::InvalidArgument {
+    encode_frame(FrameKind::Table, options.job_id, 0, world_size, &payload).map_err(|source| {
+        BootstrapError::InvalidArgument {
             rank: 0,
             reason: format!("cannot frame the table: {source}"),
-        },
-    )?;
-    for peer in peers {
-        write_frame(&mut peer.stream, &frame, options.io_timeout).map_err(|source| {
-            BootstrapError::Io {
-                rank: 0,
-                peer: Some(peer.rank),
-                addr: peer.addr.clone(),
-                op: "send table",
-                source,
-            }
-        })?;
-    }
-    Ok(())
+        }
+    })
+}
+
+fn send_frame(peer: &mut PeerLink, frame: &[u8], options: &ExchangeOptions) -> Result<()> {
+    write_frame(&mut peer.stream, frame, options.io_timeout).map_err(|source| BootstrapError::Io {
+        rank: 0,
+        peer: Some(peer.rank),
+        addr: peer.addr.clone(),
+        op: "send table",
+        source,
+    })
 }
 
 fn reject_frame(job_id: u64, world_size: u32, reason: &str) -> Vec<u8> {
@@ -71,7 +134,13 @@ fn send_reject(stream: &mut TcpStream, frame: &[u8], options: &ExchangeOptions) 
     );
 }
 
-fn blob_limit(options: &ExchangeOptions) -> u32 {
+/// The largest `Hello` payload rank 0 reads in a world of `world_size`.
+fn hello_limit(options: &ExchangeOptions, world_size: u32) -> u32 {
+    u32::try_from(options.hello_limit(world_size)).unwrap_or(MAX_PAYLOAD)
+}
+
+/// The largest `Sync` payload rank 0 reads in an all-gather round.
+fn round_limit(options: &ExchangeOptions) -> u32 {
     u32::try_from(options.max_blob_size).unwrap_or(MAX_PAYLOAD)
 }
 

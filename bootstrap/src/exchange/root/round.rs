@@ -11,7 +11,7 @@ use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
 
-use super::{blob_limit, reject_frame, send_reject, send_table};
+use super::{reject_frame, round_limit, send_reject, send_table};
 
 /// What reading one peer's contribution came to.
 type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
@@ -47,7 +47,7 @@ fn read_contributions(
     clock: Clock,
     progress: &mut Progress,
 ) -> Vec<Option<Outcome>> {
-    let limit = blob_limit(options);
+    let limit = round_limit(options);
     let stall = options.io_timeout;
     let mut outcomes: Vec<Option<Outcome>> = (0..peers.len()).map(|_| None).collect();
     thread::scope(|scope| {
