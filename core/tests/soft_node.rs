@@ -280,3 +280,30 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
     assert_eq!(rnr, 0, "a send found no posted receive");
     assert!(would_block > 0, "the slow receiver never ran a sender out of credit");
 }
+
+#[test]
+fn messages_per_barrier_per_algorithm() {
+    let sizes: &[u32] = if cfg!(miri) { &[2, 5] } else { &[2, 16, 128, 256] };
+    eprintln!("ranks | centralized | dissemination | binary-tree   (notification writes per barrier)");
+    for &n in sizes {
+        let net = net(n);
+        let mut arena = vec![0u8; soft_world_bytes(n, 64)];
+        let clock = clock!();
+        let mut nodes = world(&net, &mut arena, clock);
+        let all: Vec<u32> = (0..n).collect();
+        let mut rng = Rng(3);
+        let mut counts = Vec::new();
+        for alg in BarrierAlgorithm::ALL {
+            let before: u64 = (0..n).map(|r| net.stats(r).sends_posted).sum();
+            barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+            let after: u64 = (0..n).map(|r| net.stats(r).sends_posted).sum();
+            counts.push(after - before);
+        }
+        eprintln!("{n:5} | {:11} | {:13} | {:11}", counts[0], counts[1], counts[2]);
+        let n64 = u64::from(n);
+        let rounds = u64::from(n.next_power_of_two().trailing_zeros());
+        assert_eq!(counts[0], 2 * (n64 - 1), "centralized: in and out of the leader");
+        assert_eq!(counts[1], n64 * rounds, "dissemination: one per rank per round");
+        assert_eq!(counts[2], 2 * (n64 - 1), "binary tree: up and down every edge");
+    }
+}
