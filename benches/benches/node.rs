@@ -138,7 +138,10 @@ fn idle_progress(c: &mut Criterion) {
 
 fn barrier_poll(c: &mut Criterion) {
     let mut g = c.benchmark_group("node_barrier_poll_waiting");
-    for alg in [BarrierAlgorithm::Dissemination, BarrierAlgorithm::Centralized] {
+    for alg in [
+        BarrierAlgorithm::Dissemination,
+        BarrierAlgorithm::Centralized,
+    ] {
         for peers in PEERS {
             let world = peers + 1;
             let mut bufs = buffers(world, false);

@@ -150,7 +150,13 @@ fn sub_groups_run_side_by_side() {
     }
     // Then the whole world again, over the same counters.
     let all: Vec<u32> = (0..WORLD).collect();
-    barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng, clock);
+    barrier_in_random_order(
+        &mut nodes,
+        &all,
+        BarrierAlgorithm::Dissemination,
+        &mut rng,
+        clock,
+    );
 }
 
 #[test]
@@ -229,7 +235,9 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
         }
     };
     let mut next_out: Vec<Vec<u32>> = (0..w).map(|r| vec![0; targets(r).len()]).collect();
-    let got: Vec<Vec<Cell<u32>>> = (0..w).map(|_| (0..w).map(|_| Cell::new(0)).collect()).collect();
+    let got: Vec<Vec<Cell<u32>>> = (0..w)
+        .map(|_| (0..w).map(|_| Cell::new(0)).collect())
+        .collect();
     let expected_total: u32 = (0..w).map(|r| targets(r).len() as u32 * PER_PEER).sum();
     let received = Cell::new(0u32);
     let mut would_block = 0u64;
@@ -258,12 +266,18 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
             }
         }
         node.progress(8, |ev| match ev {
-            Event::Message { rank: from, data, .. } => {
+            Event::Message {
+                rank: from, data, ..
+            } => {
                 let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
                 let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
                 assert_eq!(sender, from);
                 let g = &got[r][from as usize];
-                assert_eq!(seq, g.get(), "rank {r}: message {seq} from {from} out of order");
+                assert_eq!(
+                    seq,
+                    g.get(),
+                    "rank {r}: message {seq} from {from} out of order"
+                );
                 g.set(seq + 1);
                 received.set(received.get() + 1);
             }
@@ -278,13 +292,22 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
          refused for lack of credit, {rnr} RNR retries"
     );
     assert_eq!(rnr, 0, "a send found no posted receive");
-    assert!(would_block > 0, "the slow receiver never ran a sender out of credit");
+    assert!(
+        would_block > 0,
+        "the slow receiver never ran a sender out of credit"
+    );
 }
 
 #[test]
 fn messages_per_barrier_per_algorithm() {
-    let sizes: &[u32] = if cfg!(miri) { &[2, 5] } else { &[2, 16, 128, 256] };
-    eprintln!("ranks | centralized | dissemination | binary-tree   (notification writes per barrier)");
+    let sizes: &[u32] = if cfg!(miri) {
+        &[2, 5]
+    } else {
+        &[2, 16, 128, 256]
+    };
+    eprintln!(
+        "ranks | centralized | dissemination | binary-tree   (notification writes per barrier)"
+    );
     for &n in sizes {
         let net = net(n);
         let mut arena = vec![0u8; soft_world_bytes(n, 64)];
@@ -299,11 +322,26 @@ fn messages_per_barrier_per_algorithm() {
             let after: u64 = (0..n).map(|r| net.stats(r).sends_posted).sum();
             counts.push(after - before);
         }
-        eprintln!("{n:5} | {:11} | {:13} | {:11}", counts[0], counts[1], counts[2]);
+        eprintln!(
+            "{n:5} | {:11} | {:13} | {:11}",
+            counts[0], counts[1], counts[2]
+        );
         let n64 = u64::from(n);
         let rounds = u64::from(n.next_power_of_two().trailing_zeros());
-        assert_eq!(counts[0], 2 * (n64 - 1), "centralized: in and out of the leader");
-        assert_eq!(counts[1], n64 * rounds, "dissemination: one per rank per round");
-        assert_eq!(counts[2], 2 * (n64 - 1), "binary tree: up and down every edge");
+        assert_eq!(
+            counts[0],
+            2 * (n64 - 1),
+            "centralized: in and out of the leader"
+        );
+        assert_eq!(
+            counts[1],
+            n64 * rounds,
+            "dissemination: one per rank per round"
+        );
+        assert_eq!(
+            counts[2],
+            2 * (n64 - 1),
+            "binary tree: up and down every edge"
+        );
     }
 }

@@ -499,7 +499,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         let alg = self.algorithm;
-        self.barrier_step(None, Some((alg, timeout)), clock).map(|_| ())
+        self.barrier_step(None, Some((alg, timeout)), clock)
+            .map(|_| ())
     }
 
     /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
@@ -556,7 +557,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         };
         let m = members.unwrap_or(all);
         match start {
-            Some((alg, timeout)) => barrier.start(&mut t, m, alg, clock, timeout).map(|()| false),
+            Some((alg, timeout)) => barrier
+                .start(&mut t, m, alg, clock, timeout)
+                .map(|()| false),
             None => barrier.poll(&mut t, m, clock),
         }
         .map_err(NodeError::Barrier)

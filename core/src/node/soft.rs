@@ -43,7 +43,9 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     }
     let bad = |what| NodeError::InvalidArgument { what };
     if arena.len() < soft_world_bytes(world, window_len) {
-        return Err(bad("the arena is smaller than soft_world_bytes(world, window_len)"));
+        return Err(bad(
+            "the arena is smaller than soft_world_bytes(world, window_len)",
+        ));
     }
     // Flag arrays hold u64 counters: carve from an 8-aligned start.
     let skip = arena.as_ptr().align_offset(8).min(8);
@@ -55,7 +57,10 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
         let (f, more) = rest.split_at_mut(flags_len(world));
         let (w, more) = more.split_at_mut(window_len);
         rest = more;
-        let reg = |buf, access| net.register(r, buf, access).map_err(|_| bad("soft register"));
+        let reg = |buf, access| {
+            net.register(r, buf, access)
+                .map_err(|_| bad("soft register"))
+        };
         flags.push(reg(f, super::FLAG_ACCESS)?);
         windows.push(reg(
             w,
