@@ -1,5 +1,9 @@
 //! Endpoint exchange on 127.0.0.1, each rank on its own thread, plus fake peers
 //! and fake rendezvous that misbehave on purpose.
+//!
+//! One file of about 1000 lines, on purpose: every test drives the same loopback harness
+//! (ports, configs, fake clients), and one integration-test binary links and starts once,
+//! which keeps the host-test step of CI short.
 
 use core::time::Duration;
 use std::io::{Read, Write};
