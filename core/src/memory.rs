@@ -368,11 +368,24 @@ mod tests {
     }
 }
 
-/// Registered memory as the node layer uses it, on the device (`SharedRegion`) or on the
-/// software model: a key for peers, volatile loads of flags peers write, and entries for
-/// local work requests. Implemented by the region types; callers use the inherent methods of
-/// the same names.
-pub trait Region {
+/// Registered memory as the node layer and receive rings use it, on the device
+/// (`SharedRegion`) or on the software model: a key for peers, volatile loads of flags peers
+/// write, and entries for local work requests. Implemented by rverbs' region types.
+///
+/// # Safety
+/// [`RecvRing`](crate::channel::RecvRing) and [`Node`](crate::node::Node) hand the device
+/// entries from this trait and, when a caller swapped a channel out from under them, leak the
+/// region instead of dropping it. Implementors promise that:
+/// - the entries ([`sge`](Self::sge), [`sge_mut`](Self::sge_mut)) and slices point into
+///   memory the region owns or borrows for at least as long as any queue pair that could use
+///   them exists, **and that leaking the region (`mem::forget`) keeps that memory allocated
+///   and unused by anything else for ever** (owned memory: leaked with it; borrowed memory:
+///   borrowed for the life of the whole fabric, as the software model's are);
+/// - [`len`](Self::len) and [`access`](Self::access) tell the truth about the registration.
+///
+/// A region over a plain borrow (`MemoryRegion<'b>`) cannot promise the first point: leaking
+/// it ends the borrow while the device may still write.
+pub unsafe trait Region {
     /// Length in bytes.
     fn len(&self) -> usize;
     /// Whether the region is empty.
@@ -405,7 +418,10 @@ pub trait Region {
 /// names (which take precedence over the trait's in `Self::` paths).
 macro_rules! region_by_inherent_methods {
     ($t:ty) => {
-        impl $crate::memory::Region for $t {
+        // SAFETY: the region owns its memory (or borrows it for the fabric's whole life) and
+        // leaking it leaks that memory; its length and access are those it was registered
+        // with (see each type's registration).
+        unsafe impl $crate::memory::Region for $t {
             #[inline]
             fn len(&self) -> usize {
                 Self::len(self)

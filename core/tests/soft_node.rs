@@ -345,3 +345,28 @@ fn messages_per_barrier_per_algorithm() {
         );
     }
 }
+
+#[test]
+fn a_barrier_is_polled_only_with_the_members_it_started_with() {
+    let net = net(4);
+    let mut arena = vec![0u8; soft_world_bytes(4, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    nodes[0]
+        .barrier_group_start(&[0, 1], BarrierAlgorithm::BinaryTree, &clock, TIMEOUT)
+        .unwrap();
+    for other in [&[0u32, 2][..], &[0, 1, 2], &[0, 1000]] {
+        assert_eq!(
+            nodes[0].barrier_group_poll(other, &clock),
+            Err(NodeError::Barrier(BarrierError::MembersChanged))
+        );
+    }
+    // Nothing was changed: the right members still finish it.
+    nodes[1]
+        .barrier_group_start(&[0, 1], BarrierAlgorithm::BinaryTree, &clock, TIMEOUT)
+        .unwrap();
+    while !(nodes[0].barrier_group_poll(&[0, 1], &clock).unwrap()
+        & nodes[1].barrier_group_poll(&[0, 1], &clock).unwrap())
+    {}
+    assert!(!nodes[0].is_poisoned());
+}

@@ -75,6 +75,9 @@ pub enum BarrierError {
     DuplicatePeers,
     /// A barrier started with [`BarrierState::start`] has not finished yet.
     AlreadyStarted,
+    /// [`BarrierState::poll`] was given other members than the barrier it advances started
+    /// with (nothing was changed).
+    MembersChanged,
     /// A member is not a rank of this world.
     RankOutOfRange(u32),
     /// The deadline passed before every awaited rank arrived.
@@ -105,6 +108,9 @@ impl fmt::Display for BarrierError {
             Self::UnorderedPeers => f.write_str("barrier members must be sorted ascending"),
             Self::DuplicatePeers => f.write_str("barrier members must not repeat"),
             Self::AlreadyStarted => f.write_str("a barrier is already in progress"),
+            Self::MembersChanged => {
+                f.write_str("a barrier must be polled with the members it started with")
+            }
             Self::RankOutOfRange(r) => write!(f, "rank {r} is not in this world"),
             Self::Timeout {
                 missing,
@@ -158,6 +164,16 @@ struct Pending {
     stage: u32,
     entered: bool,
     deadline: Deadline,
+    /// The member list it started with (length and a fingerprint), checked on every poll.
+    members: (usize, u64),
+}
+
+/// A fingerprint of a member list (FNV-1a over the ranks).
+fn fingerprint(m: &[u32]) -> (usize, u64) {
+    let h = m.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
+        (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (m.len(), h)
 }
 
 /// Ranks of one side of a stage, as positions in the member list (no allocation).
@@ -294,6 +310,7 @@ impl BarrierState {
             stage: 0,
             entered: false,
             deadline: Deadline::after(clock, timeout),
+            members: fingerprint(members),
         });
         self.advance(t, members).map(|_| ())
     }
@@ -311,6 +328,9 @@ impl BarrierState {
         let Some(p) = self.pending else {
             return Ok(true);
         };
+        if p.members != fingerprint(members) {
+            return Err(BarrierError::MembersChanged);
+        }
         if self.advance(t, members)? {
             return Ok(true);
         }

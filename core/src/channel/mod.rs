@@ -222,6 +222,8 @@ pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     max_post: usize,
     next_seq: u64,
     done_seq: u64,
+    /// Posted requests that consume a receive at the peer (sends, writes with immediate).
+    remote_recvs_used: u64,
     since_signal: u32,
     broken: Option<Broken>,
     recv_next: u64,
@@ -280,6 +282,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             max_post,
             next_seq: 0,
             done_seq: 0,
+            remote_recvs_used: 0,
             since_signal: 0,
             broken: None,
             recv_next: 0,
@@ -365,6 +368,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[inline]
     pub fn outstanding_recvs(&self) -> u64 {
         self.recv_next - self.recv_done
+    }
+
+    /// Requests posted so far that consume a receive at the peer (sends, sends and writes
+    /// with immediate): what a receiver's credit returns are counted against.
+    #[inline]
+    pub fn remote_recvs_used(&self) -> u64 {
+        self.remote_recvs_used
     }
 
     /// Whether `n` more send-queue requests fit without waiting, after one poll if they do
@@ -491,7 +501,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             }
         }
         // SAFETY: forwarded contract.
-        match unsafe { self.p.post_send(wrs) } {
+        let r = unsafe { self.p.post_send(wrs) };
+        let posted = match r {
+            Ok(()) => wrs.len(),
+            Err(f) => f.posted.min(wrs.len()),
+        };
+        self.remote_recvs_used += wrs[..posted]
+            .iter()
+            .filter(|w| w.opcode.consumes_remote_recv())
+            .count() as u64;
+        match r {
             Ok(()) => {
                 self.next_seq += need;
                 Ok(self.ticket(Work::Sends {

@@ -182,8 +182,10 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         if self.chan.id != self.chan_id {
             return Err(ChannelError::ForeignTicket);
         }
-        if let Some(i) = self.lent.take() {
+        if let Some(i) = self.lent {
+            // Forgotten only once posted: a failed post leaves it for the next call.
             self.post(i)?;
+            self.lent = None;
         }
         Ok(())
     }

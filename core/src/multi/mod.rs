@@ -441,12 +441,16 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             }
         }
         for (c, last) in guard.chans.iter_mut().zip(guard.last.iter_mut()) {
-            let Some(t) = last.take() else {
+            let Some(t) = *last else {
                 continue;
             };
             let rank = rank_of(c);
             // Bounded by the channel's timeout; on error the channel is already drained.
-            match c.wait(t) {
+            // The ticket is forgotten only once the wait returned: if the wait unwinds (a
+            // panic in the caller's back-off or clock), the guard still settles this channel.
+            let r = c.wait(t);
+            *last = None;
+            match r {
                 Ok(info) => on_recv(rank, info),
                 Err(error) => {
                     first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
@@ -497,29 +501,31 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
     /// The normal exit: waits (at most each channel's timeout) for the last ticket the call
     /// posted on each channel, and reports the first failure.
     fn wait_all(&mut self) -> Result<(), MultiError> {
-        self.unwinding = false;
         let mut first = None;
         for (c, last) in self.chans.iter_mut().zip(self.last.iter_mut()) {
-            if let Some(t) = last.take() {
-                if let Err(error) = c.wait(t) {
+            if let Some(t) = *last {
+                // Forgotten only after the wait returned: a wait that unwinds (a panic in the
+                // caller's back-off or clock) leaves the ticket for `Drop` to settle.
+                let r = c.wait(t);
+                *last = None;
+                if let Err(error) = r {
                     let rank = rank_of(c);
                     first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
                 }
             }
         }
+        self.unwinding = false;
         first.map_or(Ok(()), Err)
     }
 }
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> Drop for Settle<'_, P, B, R> {
     fn drop(&mut self) {
-        if !self.unwinding {
-            // `wait_all` waited for (or drained) everything the call posted.
-            return;
-        }
+        // Every ticket still here was not waited for to the end (the call is unwinding):
+        // flush its channel at once.
         for (c, last) in self.chans.iter_mut().zip(self.last.iter()) {
             if last.is_some() {
-                c.settle(true);
+                c.settle(self.unwinding);
             }
         }
     }

@@ -26,10 +26,14 @@
 //! # Memory
 //! The ring memory lives in the node, and the node drains every channel before it frees it.
 //! A handler that panics leaves its slot out of the ring; the next `progress` re-posts it.
-//! Once messaging has started, the node owns the receive queues: do not post receives on
-//! its channels yourself (a peer's message would land in the oldest posted receive). A write
-//! with immediate from a peer consumes a ring slot too and arrives as [`Event::Written`];
-//! send those only when the receiver's protocol leaves room for them (they bypass credits).
+//! Every rank must have started messaging before anyone sends to it (run a barrier after
+//! `start_messaging`): a message that finds no ring would wait for one as "receiver not
+//! ready". Once messaging has started, the node owns the receive queues: do not post
+//! receives on its channels yourself (a peer's message would land in the oldest posted receive). A write
+//! with immediate from a peer consumes a ring slot too and arrives as [`Event::Written`]; it
+//! spends a credit like a message (the sender counts every request that consumes a peer's
+//! receive, whichever call posted it), but only [`Node::post_send_inline`] checks credit
+//! first.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -97,8 +101,9 @@ pub(super) struct Rings<M> {
     /// and its memory is leaked rather than freed while the displaced channel may still
     /// receive into it.
     chan_ids: Vec<usize>,
-    /// Messages sent to each peer.
-    sent: Vec<u64>,
+    /// Each channel's count of requests that consume a peer's receive when messaging started:
+    /// what the peer's credit returns (which count from then) are measured from.
+    base: Vec<u64>,
     /// Messages (and writes with immediate) of each peer consumed.
     consumed: Vec<u64>,
     /// The consumed count last written back to each peer.
@@ -201,7 +206,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             failure_reported: vec![false; peers],
             repost: None,
             chan_ids: self.multi.ids().collect(),
-            sent: vec![0; peers],
+            base: self
+                .multi
+                .channels()
+                .map(|c| c.remote_recvs_used())
+                .collect(),
             consumed: vec![0; peers],
             reported: vec![0; peers],
             todo: vec![0; peers.max(1)],
@@ -236,30 +245,31 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
-        if let Some(rings) = &self.rings {
-            let returned = self
-                .flags
-                .load_u64(8 * (self.world as usize + rank as usize))
-                .unwrap_or(0);
-            let in_flight = rings.sent[p].saturating_sub(returned);
-            if in_flight >= rings.slots as u64 {
+        let credit = self.rings.as_ref().map(|r| (r.base[p], r.slots as u64));
+        let returned = self
+            .flags
+            .load_u64(8 * (self.world as usize + rank as usize))
+            .unwrap_or(0);
+        let chan = self.channel(rank)?;
+        if let Some((base, slots)) = credit {
+            // Every request that consumes one of the peer's ring slots counts, whichever
+            // call posted it (a send or a write with immediate on the channel directly too).
+            let in_flight = chan
+                .remote_recvs_used()
+                .saturating_sub(base)
+                .saturating_sub(returned);
+            if in_flight >= slots {
                 return Err(NodeError::WouldBlock { rank });
             }
         }
-        let chan = self.channel(rank)?;
         if !chan.send_room(1) {
             return match chan.failure() {
                 Some(error) => Err(NodeError::Channel { rank, error }),
                 None => Err(NodeError::WouldBlock { rank }),
             };
         }
-        let t = chan
-            .post_send_inline(data)
-            .map_err(|error| NodeError::Channel { rank, error })?;
-        if let Some(rings) = &mut self.rings {
-            rings.sent[p] += 1;
-        }
-        Ok(t)
+        chan.post_send_inline(data)
+            .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Polls the peers, starting where the last call stopped, and hands up to `budget`
@@ -321,7 +331,11 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
 ) -> Result<usize, NodeError> {
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
-            post_slot(multi, rings, p, i)?;
+            if let Err(e) = post_slot(multi, rings, p, i) {
+                // Not lost: the next call tries again.
+                rings.repost = Some((p, i));
+                return Err(e);
+            }
         }
     }
     let peers = rings.ranks.len();
@@ -425,8 +439,9 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
                 rings.repost = Some((p, i));
                 deliver(rings, rank, p, i, info, handler);
                 handed += 1;
-                rings.repost = None;
+                // On failure `repost` keeps the slot for the next call.
                 post_slot(multi, rings, p, i)?;
+                rings.repost = None;
             }
             Err(error) => {
                 if !rings.failure_reported[p] {

@@ -13,8 +13,12 @@
 //! # Capacity
 //! Mailboxes are sized to their queue pair's queues and the completion queues to the sum, so
 //! neither can overflow while every queue pair keeps at most its queue depth in flight (the
-//! engine does). If a mailbox ever is full, the poll fails with `EOVERFLOW` rather than drop
-//! a completion.
+//! engine does; a send mailbox has one more entry for the drain request of a flush). If a
+//! mailbox ever is full, that queue pair's polls fail with `EOVERFLOW` from then on rather
+//! than lose a completion silently; the other queue pairs go on.
+//!
+//! All channels of one [`MultiChannel`](crate::multi::MultiChannel) must share one
+//! `SharedCqs` (or none): its `poll_ready` polls the queues of the first channel's.
 //!
 //! # Threads
 //! The queue pairs of one `SharedCqs` may move to different threads (each is `Send` if its
@@ -61,8 +65,12 @@ impl QpTable {
         (qpn.wrapping_mul(0x9e37_79b1) as usize) & self.mask
     }
 
-    /// Adds `qpn -> val`; false if the number is already there (or the table is full).
+    /// Adds `qpn -> val`; false if the number is already there (or the table is full, or
+    /// the number is the empty marker, which no 24-bit queue-pair number is).
     pub(crate) fn insert(&mut self, qpn: u32, val: u32) -> bool {
+        if qpn == EMPTY_KEY {
+            return false;
+        }
         let mut i = self.home(qpn);
         for _ in 0..=self.mask {
             if self.keys[i] == qpn {
@@ -80,6 +88,9 @@ impl QpTable {
 
     #[inline]
     pub(crate) fn get(&self, qpn: u32) -> Option<u32> {
+        if qpn == EMPTY_KEY {
+            return None;
+        }
         let mut i = self.home(qpn);
         for _ in 0..=self.mask {
             match self.keys[i] {
@@ -137,6 +148,9 @@ struct Slot {
     qp_num: u32,
     /// On the ready list.
     queued: bool,
+    /// A completion for this queue pair found its mailbox full (cannot happen while the
+    /// queue pair keeps its depth; if it does, this queue pair's polls fail from then on).
+    overflowed: bool,
 }
 
 struct State<C> {
@@ -146,7 +160,6 @@ struct State<C> {
     slots: Vec<Slot>,
     /// Slots with completions in their mailboxes, oldest first (each at most once).
     ready: Ring<u32>,
-    overflowed: bool,
 }
 
 impl<C: CompletionQueue> State<C> {
@@ -163,8 +176,7 @@ impl<C: CompletionQueue> State<C> {
             slot.send.push(c)
         };
         if !ok {
-            self.overflowed = true;
-            return;
+            slot.overflowed = true;
         }
         self.enqueue(i as usize);
     }
@@ -211,7 +223,7 @@ impl<C: CompletionQueue> State<C> {
         if empty(&self.slots[slot]) {
             self.poll_into_mailboxes(recv)?;
         }
-        if self.overflowed {
+        if self.slots[slot].overflowed {
             return Err(ProviderError {
                 verb: Verb::PollCq,
                 errno: EOVERFLOW,
@@ -327,7 +339,6 @@ impl<C: CompletionQueue> SharedCqs<C> {
                     table: QpTable::new(max_qps),
                     slots: Vec::with_capacity(max_qps),
                     ready: Ring::new(max_qps as u32, 0),
-                    overflowed: false,
                 }),
             }),
         }
@@ -341,9 +352,19 @@ impl<C: CompletionQueue> SharedCqs<C> {
         let mut caps = qp.caps();
         let qpn = qp.qp_num();
         let r = self.inner.with(|st| {
+            // A send queue keeps one entry for the drain request a flush posts, which also
+            // completes here: a share of `cap` entries allows `cap - 1` requests.
             let share = |cap: u32| cap / (st.slots.capacity().max(1) as u32);
-            caps.max_send_wr = caps.max_send_wr.min(share(st.send_cq.capacity()));
+            caps.max_send_wr = caps
+                .max_send_wr
+                .min(share(st.send_cq.capacity()).saturating_sub(1));
             caps.max_recv_wr = caps.max_recv_wr.min(share(st.recv_cq.capacity()));
+            if caps.max_send_wr < 2 || caps.max_recv_wr < 1 {
+                return Err(SharedCqError::TooSmall {
+                    needed: 3 * st.slots.capacity() as u64,
+                    capacity: st.send_cq.capacity().min(st.recv_cq.capacity()),
+                });
+            }
             if st.slots.len() == st.slots.capacity() {
                 return Err(SharedCqError::Full);
             }
@@ -363,10 +384,12 @@ impl<C: CompletionQueue> SharedCqs<C> {
                 return Err(SharedCqError::DuplicateQpNum(qpn));
             }
             st.slots.push(Slot {
-                send: Mailbox::new(caps.max_send_wr, Completion::EMPTY),
+                // The drain request's completion on top of the queue's depth.
+                send: Mailbox::new(caps.max_send_wr + 1, Completion::EMPTY),
                 recv: Mailbox::new(caps.max_recv_wr, Completion::EMPTY),
                 qp_num: qpn,
                 queued: false,
+                overflowed: false,
             });
             Ok(i as usize)
         });
@@ -458,12 +481,6 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
         self.shared
             .with(|st| {
                 let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
-                if st.overflowed {
-                    return Err(ProviderError {
-                        verb: Verb::PollCq,
-                        errno: EOVERFLOW,
-                    });
-                }
                 while let Some(i) = st.ready.pop() {
                     let s = &mut st.slots[i as usize];
                     s.queued = false;
@@ -492,5 +509,8 @@ mod tests {
         }
         assert_eq!(t.get(0x12), None);
         assert_eq!(t.get(u32::MAX - 1), None);
+        // The empty marker is never a key.
+        assert!(!t.insert(u32::MAX, 1));
+        assert_eq!(t.get(u32::MAX), None);
     }
 }
