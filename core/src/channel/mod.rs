@@ -381,11 +381,17 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// not fit yet (a failed poll breaks the channel and answers `false`). For callers that
     /// must never spin inside a post. Does not allocate.
     pub fn send_room(&mut self, n: usize) -> bool {
-        let fits = |c: &Self| c.next_seq + n as u64 - c.done_seq <= c.sq_depth;
-        if fits(self) {
+        let n = n as u64;
+        if self.fits(n) {
             return true;
         }
-        self.poll().is_ok() && fits(self)
+        self.poll().is_ok() && self.fits(n)
+    }
+
+    /// Whether `n` more send-queue requests fit next to those not yet retired.
+    #[inline]
+    fn fits(&self, n: u64) -> bool {
+        self.next_seq + n - self.done_seq <= self.sq_depth
     }
 
     /// Polls both completion queues once and retires what completed. Returns the number of
@@ -479,9 +485,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         debug_assert!(n > 0 && n <= self.max_post);
         let need = n as u64;
         // Retire completed requests until n slots are free.
-        if self.next_seq + need - self.done_seq > self.sq_depth {
-            let (depth, next) = (self.sq_depth, self.next_seq);
-            self.poll_until(|c| next + need - c.done_seq <= depth, None)?;
+        if !self.fits(need) {
+            self.poll_until(|c| c.fits(need), None)?;
             if let Some(e) = self.failure() {
                 return Err(e);
             }

@@ -540,29 +540,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         start: Option<(BarrierAlgorithm, Duration)>,
         clock: &C,
     ) -> Result<bool, NodeError> {
-        let Self {
-            rank,
-            multi,
-            barrier,
-            all,
-            peer_flags,
-            flags,
-            ..
-        } = self;
-        let mut t = Transport {
-            me: *rank,
-            multi,
-            flags,
-            peer_flags,
-        };
-        let m = members.unwrap_or(all);
-        match start {
-            Some((alg, timeout)) => barrier
-                .start(&mut t, m, alg, clock, timeout)
-                .map(|()| false),
-            None => barrier.poll(&mut t, m, clock),
-        }
-        .map_err(NodeError::Barrier)
+        self.with_barrier(members, |barrier, t, m, _| match start {
+            Some((alg, timeout)) => barrier.start(t, m, alg, clock, timeout).map(|()| false),
+            None => barrier.poll(t, m, clock),
+        })
     }
 
     /// Runs a barrier over `members`, or over every rank when `None`.
@@ -573,6 +554,23 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         clock: &C,
         timeout: Duration,
     ) -> Result<(), NodeError> {
+        self.with_barrier(members, |barrier, t, m, backoff| {
+            barrier.run(t, m, alg, clock, timeout, backoff)
+        })
+    }
+
+    /// Lends `f` the barrier state, a transport over the node's channels and flag arrays, the
+    /// member list (`members`, or every rank) and the back-off.
+    fn with_barrier<T>(
+        &mut self,
+        members: Option<&[u32]>,
+        f: impl FnOnce(
+            &mut BarrierState,
+            &mut Transport<'_, P, M, B>,
+            &[u32],
+            &mut B,
+        ) -> Result<T, BarrierError>,
+    ) -> Result<T, NodeError> {
         let Self {
             rank,
             multi,
@@ -589,8 +587,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             peer_flags,
         };
-        barrier
-            .run(&mut t, members.unwrap_or(all), alg, clock, timeout, backoff)
-            .map_err(NodeError::Barrier)
+        f(barrier, &mut t, members.unwrap_or(all), backoff).map_err(NodeError::Barrier)
     }
 }

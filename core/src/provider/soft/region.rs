@@ -6,7 +6,7 @@ use core::fmt;
 use core::ops::Range;
 use core::ptr::NonNull;
 
-use crate::memory::{volatile_byte_accessors, VolatileBytes};
+use crate::memory::VolatileBytes;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
 use super::fabric::Shared;
@@ -206,17 +206,7 @@ impl Drop for SoftRegion<'_> {
 }
 
 impl SoftRegion<'_> {
-    /// Length in bytes.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.reg.len
-    }
-
-    /// Whether the region is empty (never: registration rejects empty buffers).
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
-    }
+    registered_accessors!();
 
     /// The side it is registered with.
     #[inline]
@@ -236,56 +226,82 @@ impl SoftRegion<'_> {
         self.reg.rkey
     }
 
-    /// Access the region was registered with.
-    #[inline]
-    pub fn access(&self) -> AccessFlags {
-        self.reg.access
-    }
-
     /// The descriptor the peer needs to RDMA the region (which succeeds only with the
     /// matching remote access).
     pub fn remote(&self) -> RemoteMemory {
         self.reg.remote()
     }
-
-    #[inline]
-    fn bytes(&self) -> VolatileBytes {
-        self.reg.bytes()
-    }
-
-    volatile_byte_accessors!();
-
-    /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
-    ///
-    /// # Safety
-    /// Nobody may write the range while the slice lives: no peer (the region grants no
-    /// remote write, or the protocol rules it out) and no local work request.
-    pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        // SAFETY: forwarded contract.
-        unsafe { self.reg.slice_unchecked(range) }
-    }
-
-    /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
-    /// Does not allocate.
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry (the queue pair writes) for `range`, or `None` if out of bounds or
-    /// the region lacks local write access. Does not allocate.
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        let [e] = self.reg.sges_mut([range])?;
-        Some(e)
-    }
-
-    /// Several scatter entries at once, for scatter lists into one region: `None` if one is
-    /// out of bounds, two overlap, or the region lacks local write access. Does not allocate.
-    pub fn sges_mut<const N: usize>(
-        &mut self,
-        ranges: [Range<usize>; N],
-    ) -> Option<[SgeMut<'_>; N]> {
-        self.reg.sges_mut(ranges)
-    }
 }
 
 crate::memory::region_by_inherent_methods!(SoftRegion<'_>);
+
+/// The accessors both region types (`SoftRegion`, the net's `NetRegion`) offer over their
+/// `reg: Registered` core: one set of docs and one behaviour, beside the methods that differ
+/// (keys, side or node).
+macro_rules! registered_accessors {
+    () => {
+        /// Length in bytes.
+        #[inline]
+        pub fn len(&self) -> usize {
+            self.reg.len
+        }
+
+        /// Whether the region is empty (never: registration rejects empty buffers).
+        #[inline]
+        pub fn is_empty(&self) -> bool {
+            self.reg.len == 0
+        }
+
+        /// Access the region was registered with.
+        #[inline]
+        pub fn access(&self) -> $crate::memory::AccessFlags {
+            self.reg.access
+        }
+
+        #[inline]
+        fn bytes(&self) -> $crate::memory::VolatileBytes {
+            self.reg.bytes()
+        }
+
+        $crate::memory::volatile_byte_accessors!();
+
+        /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
+        ///
+        /// # Safety
+        /// Nobody may write the range while the slice lives: no peer (the region grants no
+        /// remote write, or the protocol rules it out) and no local work request (no receive
+        /// or read targets it until the slice is gone). The model writes only inside calls of
+        /// its handles, so calling none that could write the range suffices.
+        pub unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
+            // SAFETY: forwarded contract.
+            unsafe { self.reg.slice_unchecked(range) }
+        }
+
+        /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
+        /// Does not allocate.
+        pub fn sge(&self, range: core::ops::Range<usize>) -> Option<$crate::sge::Sge<'_>> {
+            self.reg.sge(range)
+        }
+
+        /// A scatter entry (the queue pair writes) for `range`, or `None` if out of bounds or
+        /// the region lacks local write access. Does not allocate.
+        pub fn sge_mut(
+            &mut self,
+            range: core::ops::Range<usize>,
+        ) -> Option<$crate::sge::SgeMut<'_>> {
+            let [e] = self.reg.sges_mut([range])?;
+            Some(e)
+        }
+
+        /// Several scatter entries at once, for scatter lists into one region: `None` if one
+        /// is out of bounds, two overlap, or the region lacks local write access. Does not
+        /// allocate.
+        pub fn sges_mut<const N: usize>(
+            &mut self,
+            ranges: [core::ops::Range<usize>; N],
+        ) -> Option<[$crate::sge::SgeMut<'_>; N]> {
+            self.reg.sges_mut(ranges)
+        }
+    };
+}
+pub(super) use registered_accessors;

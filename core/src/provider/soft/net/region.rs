@@ -2,13 +2,12 @@
 
 use core::cell::RefCell;
 use core::fmt;
-use core::ops::Range;
 
-use crate::memory::{volatile_byte_accessors, VolatileBytes};
-use crate::sge::{RemoteMemory, Sge, SgeMut};
+use crate::sge::RemoteMemory;
 
 use super::super::keys::{scramble, unscramble, KeyKind};
 use super::super::region::Registered;
+#[cfg(doc)]
 use super::super::AccessFlags;
 use super::calls::NetState;
 #[cfg(doc)]
@@ -83,17 +82,7 @@ impl Drop for NetRegion<'_> {
 }
 
 impl NetRegion<'_> {
-    /// Length in bytes.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.reg.len
-    }
-
-    /// Whether the region is empty (never: registration rejects empty buffers).
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
-    }
+    super::super::region::registered_accessors!();
 
     /// The node it is registered with.
     #[inline]
@@ -113,57 +102,10 @@ impl NetRegion<'_> {
         self.reg.rkey
     }
 
-    /// Access the region was registered with.
-    #[inline]
-    pub fn access(&self) -> AccessFlags {
-        self.reg.access
-    }
-
     /// The descriptor peers need to RDMA the region (which succeeds only with the matching
     /// remote access). One descriptor serves every peer.
     pub fn remote(&self) -> RemoteMemory {
         self.reg.remote()
-    }
-
-    #[inline]
-    fn bytes(&self) -> VolatileBytes {
-        self.reg.bytes()
-    }
-
-    volatile_byte_accessors!();
-
-    /// A gather entry (the queue pair reads) for `range`, or `None` if out of bounds.
-    /// Does not allocate.
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry (the queue pair writes) for `range`, or `None` if out of bounds or
-    /// the region lacks local write access. Does not allocate.
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        let [e] = self.reg.sges_mut([range])?;
-        Some(e)
-    }
-
-    /// Several scatter entries at once, for scatter lists into one region: `None` if one is
-    /// out of bounds, two overlap, or the region lacks local write access. Does not allocate.
-    pub fn sges_mut<const N: usize>(
-        &mut self,
-        ranges: [Range<usize>; N],
-    ) -> Option<[SgeMut<'_>; N]> {
-        self.reg.sges_mut(ranges)
-    }
-
-    /// The bytes of `range` as a slice, or `None` if out of bounds. Does not allocate.
-    ///
-    /// # Safety
-    /// Nobody may write the range while the slice lives: no peer (the region grants no
-    /// remote write, or the protocol rules it out) and no local work request (no receive or
-    /// read targets it until the slice is gone). The model writes only inside the calls of
-    /// the net's handles, so calling none that could write the range suffices.
-    pub unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        // SAFETY: forwarded contract.
-        unsafe { self.reg.slice_unchecked(range) }
     }
 }
 
