@@ -40,6 +40,12 @@ pub enum Verb {
     PostRecv,
     /// `ibv_poll_cq`
     PollCq,
+    /// `ibv_create_comp_channel`
+    CreateCompChannel,
+    /// `ibv_req_notify_cq`
+    ReqNotifyCq,
+    /// `ibv_get_cq_event`
+    GetCqEvent,
 }
 
 impl Verb {
@@ -63,6 +69,9 @@ impl Verb {
             Self::PostSend => "ibv_post_send",
             Self::PostRecv => "ibv_post_recv",
             Self::PollCq => "ibv_poll_cq",
+            Self::CreateCompChannel => "ibv_create_comp_channel",
+            Self::ReqNotifyCq => "ibv_req_notify_cq",
+            Self::GetCqEvent => "ibv_get_cq_event",
         }
     }
 }

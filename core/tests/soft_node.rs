@@ -370,3 +370,47 @@ fn a_barrier_is_polled_only_with_the_members_it_started_with() {
     {}
     assert!(!nodes[0].is_poisoned());
 }
+
+#[test]
+fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
+    // Each barrier consumes up to two wake-up receives per peer; more barriers than the
+    // sixteen posted prove they are re-posted, for every algorithm and for sub-groups.
+    let world_size = if cfg!(miri) { 4 } else { 32 };
+    let rounds = if cfg!(miri) { 3 } else { 12 };
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let mut ring = vec![0u8; 4096];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    for n in nodes.iter_mut() {
+        assert!(!n.barrier_wakeups());
+        n.enable_barrier_wakeups().unwrap();
+        assert!(n.barrier_wakeups());
+    }
+    let all: Vec<u32> = (0..world_size).collect();
+    let evens: Vec<u32> = (0..world_size).step_by(2).collect();
+    let mut rng = Rng(4242);
+    for _ in 0..rounds {
+        for alg in BarrierAlgorithm::ALL {
+            barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+        }
+        barrier_in_random_order(
+            &mut nodes,
+            &evens,
+            BarrierAlgorithm::Dissemination,
+            &mut rng,
+            clock,
+        );
+    }
+    // Messages would land on receives without buffers: messaging is refused.
+    let region = net
+        .register(0, &mut ring, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    assert!(matches!(
+        nodes[0].start_messaging_in(region, 2, 64),
+        Err(NodeError::InvalidArgument { .. })
+    ));
+    for n in &nodes {
+        assert!(!n.is_poisoned());
+    }
+}

@@ -9,6 +9,7 @@
 //! | Thread pinned to a core nobody else uses (the production setup) | [`WaitPolicy::Spin`]: never give the core away; a yield or a sleep costs microseconds the wait does not have |
 //! | Ranks outnumber cores (a laptop, a CI VM, SoftRoCE tests) | [`WaitPolicy::Sleep`] `{ spins: 64, pause: 20 µs }`, the [default](WaitPolicy::default): spin briefly, then give the core to the peer that must make progress |
 //! | A core shared with other work, where a sleep's timer slack (Linux sleeps at least about 50 µs) costs too much | [`WaitPolicy::Yield`]: let other runnable threads go first without sleeping; the scheduler may hand the core straight back, so it does not reliably let an oversubscribed peer run |
+//! | Ranks outnumber cores and the queues have a completion channel (a node built with completion events, a channel whose back-off was [attached](rverbs_core::poll::Backoff::attach) to its queues' events) | [`WaitPolicy::Block`]: spin briefly, then sleep in the kernel until the NIC raises a completion event or the wait's deadline passes; the rank wakes when its peer's message lands, not at the next timer tick |
 //!
 //! Why sleep rather than yield when ranks outnumber cores: the rank a wait depends on is
 //! runnable but not running, and a yield often returns to the poller at once, so every wait
@@ -21,8 +22,9 @@
 //! `no_std` code that brings its own relax step uses `rverbs_core::poll::SpinThen` instead.
 
 use core::time::Duration;
+use std::sync::Arc;
 
-use rverbs_core::poll::Backoff;
+use rverbs_core::poll::{Backoff, Wakeup};
 
 /// What a wait does between empty polls, chosen at run time (from a flag or a config file)
 /// as one `Copy` value. [`backoff`](Self::backoff) builds the [`StdBackoff`] that does it.
@@ -46,7 +48,23 @@ pub enum WaitPolicy {
         /// How long each sleep lasts (Linux sleeps at least about 50 µs, whatever it says).
         pause: Duration,
     },
+    /// Spin `spins` empty polls, then arm the queues, poll once more, and sleep on their
+    /// completion channel until an event or the wait's deadline. Needs the queues' events
+    /// ([`Backoff::attach`]; a node built with completion events attaches them itself);
+    /// without them it sleeps [`BLOCK_FALLBACK_PAUSE`] like [`Sleep`](Self::Sleep).
+    Block {
+        /// Empty polls spent spinning first.
+        spins: u32,
+    },
 }
+
+/// What [`WaitPolicy::Block`] sleeps per empty poll when no completion events are attached
+/// (the software model, or queues created without a completion channel).
+pub const BLOCK_FALLBACK_PAUSE: Duration = Duration::from_micros(20);
+
+/// The longest one blocking sleep lasts when the wait gave no deadline (a flush drain): the
+/// wait then re-polls and sleeps again, so it stays bounded by its own limit.
+const MAX_BLOCK: Duration = Duration::from_millis(100);
 
 impl Default for WaitPolicy {
     /// `Sleep { spins: 64, pause: 20 µs }`: right when ranks may outnumber cores, and only
@@ -65,19 +83,22 @@ impl WaitPolicy {
         StdBackoff {
             policy: self,
             count: 0,
+            wakeup: None,
         }
     }
 }
 
 /// The [`Backoff`] a [`WaitPolicy`] builds: it counts empty polls since the last
-/// [`reset`](Backoff::reset) to know when spinning is over.
+/// [`reset`](Backoff::reset) to know when spinning is over, and holds the completion events
+/// [`WaitPolicy::Block`] sleeps on.
 ///
-/// `Copy` and `Send`, so a node clones it into every channel. Neither
-/// [`snooze`](Backoff::snooze) nor [`reset`](Backoff::reset) allocates.
-#[derive(Clone, Copy, Debug)]
+/// `Clone` and `Send`, so a node clones it into every channel (the clones share the events).
+/// Neither [`snooze`](Backoff::snooze) nor [`reset`](Backoff::reset) allocates.
+#[derive(Clone, Debug)]
 pub struct StdBackoff {
     policy: WaitPolicy,
     count: u32,
+    wakeup: Option<Arc<dyn Wakeup>>,
 }
 
 /// What one empty poll does; [`StdBackoff::next_step`] decides, [`Backoff::snooze`] acts.
@@ -86,6 +107,7 @@ enum Step {
     Spin,
     Yield,
     Sleep(Duration),
+    Block,
 }
 
 impl StdBackoff {
@@ -111,24 +133,88 @@ impl StdBackoff {
             WaitPolicy::Spin => Step::Spin,
             WaitPolicy::Yield { spins } => self.spin_then(spins, Step::Yield),
             WaitPolicy::Sleep { spins, pause } => self.spin_then(spins, Step::Sleep(pause)),
+            WaitPolicy::Block { spins } => self.spin_then(spins, Step::Block),
+        }
+    }
+
+    /// Whether completion events are attached ([`WaitPolicy::Block`] sleeps on them).
+    pub fn has_wakeup(&self) -> bool {
+        self.wakeup.is_some()
+    }
+
+    /// One blocking step: arm the queues (and return, so the caller polls once more), or,
+    /// once they are armed, sleep until an event or `left()`.
+    fn block(&mut self, left: &mut dyn FnMut() -> Duration) {
+        let Some(w) = &self.wakeup else {
+            std::thread::sleep(BLOCK_FALLBACK_PAUSE);
+            return;
+        };
+        match w.arm() {
+            // A queue was just armed: a completion that came before the arm raised no event,
+            // so the caller must poll again before anyone sleeps.
+            Ok(true) => return,
+            Ok(false) => {}
+            // Arming failed (the device is gone?): the wait's own poll will report it; do
+            // not spin hot meanwhile.
+            Err(_) => {
+                std::thread::sleep(BLOCK_FALLBACK_PAUSE);
+                return;
+            }
+        }
+        let limit = left().min(MAX_BLOCK);
+        if limit.is_zero() {
+            return;
+        }
+        if wait_readable(w.fd(), limit) {
+            // Errors surface in the wait's next poll; the events only tell it to look.
+            let _ = w.take_events();
         }
     }
 }
 
+/// Sleeps until `fd` is readable or `limit` passes; whether it became readable.
+fn wait_readable(fd: i32, limit: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: limit.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(limit.subsec_nanos() as i32),
+    };
+    // SAFETY: pfd and ts are valid for the call; no signal mask is changed (null).
+    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, core::ptr::null()) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}
+
 impl Backoff for StdBackoff {
-    /// Spins, yields or sleeps as the policy says; never allocates.
+    /// Spins, yields or sleeps as the policy says; never allocates. A blocking step without
+    /// a deadline sleeps at most 100 ms.
     #[inline]
     fn snooze(&mut self) {
-        match self.next_step() {
-            Step::Spin => core::hint::spin_loop(),
-            Step::Yield => std::thread::yield_now(),
-            Step::Sleep(pause) => std::thread::sleep(pause),
-        }
+        self.snooze_within(&mut || MAX_BLOCK);
     }
 
     #[inline]
     fn reset(&mut self) {
         self.count = 0;
+    }
+
+    /// As [`snooze`](Backoff::snooze); a blocking step returns within `left()`.
+    #[inline]
+    fn snooze_within(&mut self, left: &mut dyn FnMut() -> Duration) {
+        match self.next_step() {
+            Step::Spin => core::hint::spin_loop(),
+            Step::Yield => std::thread::yield_now(),
+            Step::Sleep(pause) => std::thread::sleep(pause),
+            Step::Block => self.block(left),
+        }
+    }
+
+    /// Keeps `wakeup` for [`WaitPolicy::Block`] (the other policies ignore it).
+    fn attach(&mut self, wakeup: &Arc<dyn Wakeup>) {
+        self.wakeup = Some(wakeup.clone());
     }
 }
 
@@ -182,15 +268,17 @@ mod tests {
     }
 
     #[test]
-    fn backoff_is_copy_and_send() {
+    fn policy_is_copy_and_backoff_is_clone_and_send() {
         fn assert_send_copy<T: Send + Copy + 'static>(_: &T) {}
+        fn assert_send_clone<T: Send + Clone + 'static>(_: &T) {}
         for p in [
             WaitPolicy::Spin,
             WaitPolicy::Yield { spins: 10 },
+            WaitPolicy::Block { spins: 10 },
             WaitPolicy::default(),
         ] {
             assert_send_copy(&p);
-            assert_send_copy(&p.backoff());
+            assert_send_clone(&p.backoff());
         }
     }
 

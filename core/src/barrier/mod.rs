@@ -234,6 +234,11 @@ impl BarrierState {
         }
     }
 
+    /// Whether a barrier was started and has not finished.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Whether an earlier barrier failed.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
@@ -279,7 +284,8 @@ impl BarrierState {
         self.start(t, members, alg, clock, timeout)?;
         backoff.reset();
         while !self.poll(t, members, clock)? {
-            backoff.snooze();
+            let deadline = self.pending.as_ref().map(|p| p.deadline);
+            backoff.snooze_within(&mut || deadline.map_or(Duration::MAX, |d| d.remaining(clock)));
         }
         Ok(())
     }

@@ -258,7 +258,15 @@ impl<P: Provider> Channel<P> {
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// A channel that calls `backoff` between empty polls (see [`crate::poll::backoff`]) and
     /// measures its timeouts on `clock`.
-    pub fn with_backoff(p: P, cfg: ChannelConfig, backoff: B, clock: StaticClock) -> Self {
+    ///
+    /// If the provider's queues raise completion events
+    /// ([`Provider::completion_events`]), they are attached to `backoff`, so a blocking
+    /// policy sleeps on them.
+    pub fn with_backoff(p: P, cfg: ChannelConfig, mut backoff: B, clock: StaticClock) -> Self {
+        #[cfg(feature = "alloc")]
+        if let Some(w) = p.completion_events() {
+            backoff.attach(&w);
+        }
         let caps = p.caps();
         // One send-queue slot stays free for the drain request of `flush_and_drain`.
         let depth = caps.max_send_wr.saturating_sub(1).max(1);

@@ -175,6 +175,29 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.post_inline(Opcode::Write, data, remote)
     }
 
+    /// Posts an inline write with immediate: `data` lands in the peer's `remote` memory and
+    /// `imm` consumes one of the peer's posted receives, raising a completion there (which
+    /// wakes a peer sleeping on completion events). Safe: the bytes are copied during the
+    /// post. Does not allocate.
+    pub fn post_write_imm_inline(
+        &mut self,
+        data: &[u8],
+        remote: RemoteMemory,
+        imm: u32,
+    ) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::WriteImm(imm), data, remote)
+    }
+
+    /// Posts a receive without a buffer and returns its ticket: it can take a write with
+    /// immediate (no bytes land in a receive buffer) but not a send with a payload, which
+    /// fails with a length error at this end and breaks the channel. Safe: it names no
+    /// memory. Does not allocate.
+    pub fn post_recv_empty(&mut self) -> Result<Ticket, ChannelError> {
+        // SAFETY: no scatter buffers, so nothing is lent to the device.
+        let r = unsafe { self.post_recv_sges(&[]) }?;
+        Ok(self.ticket(Work::Recv(r)))
+    }
+
     /// Posts a send of `sges` and returns its ticket. Does not allocate.
     ///
     /// # Safety

@@ -66,7 +66,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 }
             }
             empty = empty.wrapping_add(1);
-            self.backoff.snooze();
+            let (clock, timeout) = (self.clock, self.timeout);
+            self.backoff.snooze_within(&mut || {
+                deadline
+                    .get_or_insert_with(|| Deadline::after(clock, timeout))
+                    .remaining(clock)
+            });
         }
     }
 

@@ -170,6 +170,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return Err(NodeError::MessagingStarted);
         }
         let bad = |what| Err(NodeError::InvalidArgument { what });
+        if self.wakeups.is_some() {
+            // Messages would land on the wake-up receives, which have no buffer.
+            return bad("messaging needs a node built without barrier wake-ups");
+        }
         if slots == 0 || slot_size == 0 || slot_size > u32::MAX as usize {
             return bad("messaging needs at least one slot of 1 byte to 4 GiB");
         }
@@ -315,7 +319,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             if deadline.passed(clock) {
                 return Err(NodeError::ProgressTimedOut);
             }
-            backoff.snooze();
+            backoff.snooze_within(&mut || deadline.remaining(clock));
         }
         Ok(())
     }

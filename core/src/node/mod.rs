@@ -19,6 +19,7 @@ mod messaging;
 mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
+mod wakeups;
 
 pub use messaging::Event;
 pub use soft::{soft_world, soft_world_bytes, SoftNode};
@@ -225,6 +226,9 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     algorithm: BarrierAlgorithm,
     multi: MultiChannel<P, B>,
     rings: Option<messaging::Rings<M>>,
+    wakeups: Option<wakeups::Wakeups>,
+    /// The completion events the back-off sleeps on, if the queues have any.
+    wakeup: Option<alloc::sync::Arc<dyn crate::poll::Wakeup>>,
     barrier: BarrierState,
     all: Vec<u32>,
     backoff: B,
@@ -269,6 +273,7 @@ struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
+    wakeups: Option<&'a mut wakeups::Wakeups>,
 }
 
 fn barrier_error(e: MultiError) -> BarrierError {
@@ -296,10 +301,20 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
             .ok_or(BarrierError::RankOutOfRange(rank))?;
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
+        let data = count.to_le_bytes();
+        if self.wakeups.is_none() {
+            return self
+                .multi
+                .post_write_inline(rank, &data, slot)
+                .map(|_| ())
+                .map_err(barrier_error);
+        }
         self.multi
-            .post_write_inline(rank, &count.to_le_bytes(), slot)
+            .channel(rank)
+            .map_err(barrier_error)?
+            .post_write_imm_inline(&data, slot, wakeups::WAKE_IMM)
             .map(|_| ())
-            .map_err(barrier_error)
+            .map_err(|error| BarrierError::Transport { rank, error })
     }
 
     #[inline]
@@ -309,7 +324,21 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn progress(&mut self) -> Result<(), BarrierError> {
-        self.multi.poll().map(|_| ()).map_err(barrier_error)
+        let Some(w) = self.wakeups.as_deref_mut() else {
+            return self.multi.poll().map(|_| ()).map_err(barrier_error);
+        };
+        let mut first = None;
+        self.multi
+            .poll_ready(|(pos, rank), r| match r {
+                Ok(_) => w.mark(pos),
+                Err(error) => {
+                    first.get_or_insert(BarrierError::Transport { rank, error });
+                }
+            })
+            .map_err(barrier_error)?;
+        w.repost(self.multi)
+            .map_err(|(rank, error)| BarrierError::Transport { rank, error })?;
+        first.map_or(Ok(()), Err)
     }
 }
 
@@ -378,6 +407,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             algorithm,
             multi,
             rings: None,
+            wakeups: None,
+            wakeup: None,
             barrier: BarrierState::new(rank, world),
             all: (0..world).collect(),
             backoff,
@@ -386,6 +417,45 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             window,
         })
+    }
+
+    /// Makes every barrier notification raise a completion at its receiver, so a rank asleep
+    /// on completion events (`rverbs_std_shim::WaitPolicy::Block`) wakes the moment its peer
+    /// arrives instead of when its sleep runs out. Posts [`WAKE_RECVS`](wakeups) receives
+    /// without buffers on every channel, which the peers' notifications consume: every rank
+    /// of the world must enable it, before its first barrier (a notification that finds no
+    /// receive waits in receiver-not-ready retries). A node with wake-ups refuses messaging
+    /// (messages would land on those receives), so enable it on nodes that synchronise and
+    /// write windows. Allocates (setup); fails if messaging started or a barrier is in
+    /// progress.
+    pub fn enable_barrier_wakeups(&mut self) -> Result<(), NodeError> {
+        if self.rings.is_some() {
+            return Err(NodeError::InvalidArgument {
+                what: "barrier wake-ups need a node without messaging",
+            });
+        }
+        if self.barrier.is_pending() {
+            return Err(NodeError::InvalidArgument {
+                what: "barrier wake-ups cannot be enabled during a barrier",
+            });
+        }
+        if self.wakeups.is_none() {
+            self.wakeups = Some(wakeups::Wakeups::post_all(&mut self.multi)?);
+        }
+        Ok(())
+    }
+
+    /// The completion events of the node's queues (a node built with
+    /// `NodeConfig::completion_events`): their [`fd`](crate::poll::Wakeup::fd) is what to
+    /// hand `poll(2)`/`epoll` to sleep in an event loop of one's own (arm first; see
+    /// [`Wakeup`](crate::poll::Wakeup)).
+    pub fn completion_events(&self) -> Option<&dyn crate::poll::Wakeup> {
+        self.wakeup.as_deref()
+    }
+
+    /// Whether barrier notifications raise completions ([`Node::enable_barrier_wakeups`]).
+    pub fn barrier_wakeups(&self) -> bool {
+        self.wakeups.is_some()
     }
 
     /// This rank.
@@ -579,13 +649,22 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             backoff,
             peer_flags,
             flags,
+            wakeups,
             ..
         } = self;
+        if let Some(w) = wakeups.as_mut() {
+            // Completions other calls retired (a channel wait, `multi().poll()`) never reached
+            // the barrier's poll; re-post their wake-up receives before waiting on them.
+            if !barrier.is_pending() {
+                w.mark_all();
+            }
+        }
         let mut t = Transport {
             me: *rank,
             multi,
             flags,
             peer_flags,
+            wakeups: wakeups.as_mut(),
         };
         f(barrier, &mut t, members.unwrap_or(all), backoff).map_err(NodeError::Barrier)
     }

@@ -6,6 +6,7 @@
 //! [`PreparedNode::blob`] is what to publish; [`PreparedNode::handshake`] connects to every
 //! peer's blob and hands the parts to the provider-neutral [`Node::from_parts`].
 
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
@@ -14,11 +15,11 @@ use super::{flags_len, Node, NodeError, NodeParts};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::{AccessFlags, PageMemory};
-use crate::poll::{Backoff, StaticClock};
+use crate::poll::{Backoff, StaticClock, Wakeup};
 use crate::provider::shared::{RoutedQp, SharedCqs};
 use crate::sge::RemoteMemory;
 use crate::verbs::mr::OwnedRegion;
-use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, VerbsError};
+use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, VerbsError};
 use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
 
 /// A node on a device: verbs queue pairs on two completion queues the node shares, page
@@ -41,6 +42,15 @@ pub struct NodeConfig {
     pub window_len: usize,
     /// Default barrier algorithm.
     pub algorithm: BarrierAlgorithm,
+    /// Create the node's completion queues on a completion channel and
+    /// [attach](Backoff::attach) their events to the back-off, so a blocking policy
+    /// (`rverbs_std_shim::WaitPolicy::Block`) sleeps until a completion arrives. Off by
+    /// default: a pinned, spinning rank has no use for events.
+    pub completion_events: bool,
+    /// Make barrier notifications raise a completion at their receiver
+    /// ([`Node::enable_barrier_wakeups`]), so a rank asleep on events wakes when its peer
+    /// arrives. Every rank must set it alike; such a node refuses messaging.
+    pub barrier_wakeups: bool,
 }
 
 impl Default for NodeConfig {
@@ -50,6 +60,8 @@ impl Default for NodeConfig {
             channel: ChannelConfig::default(),
             window_len: 64 * 1024,
             algorithm: BarrierAlgorithm::default(),
+            completion_events: false,
+            barrier_wakeups: false,
         }
     }
 }
@@ -70,6 +82,7 @@ pub struct PreparedNode<B: Backoff + Clone> {
     qps: Vec<Option<PreparedQp>>,
     send_cq: Cq,
     recv_cq: Cq,
+    wakeup: Option<Arc<dyn Wakeup>>,
     flags: OwnedRegion,
     window: OwnedRegion,
 }
@@ -111,8 +124,17 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                     what: "the completion queues for this world would exceed 2^32 entries",
                 }))
         };
-        let send_cq = ctx.create_cq(depth(qp.max_send_wr)?)?;
-        let recv_cq = ctx.create_cq(depth(qp.max_recv_wr)?)?;
+        let (send_depth, recv_depth) = (depth(qp.max_send_wr)?, depth(qp.max_recv_wr)?);
+        let (send_cq, recv_cq, wakeup) = if cfg.completion_events {
+            let channel = ctx.create_completion_channel()?;
+            let send_cq = ctx.create_cq_on(send_depth, &channel)?;
+            let recv_cq = ctx.create_cq_on(recv_depth, &channel)?;
+            let events = CqEvents::new(&channel, &[&send_cq, &recv_cq], false)?;
+            let wakeup: Arc<dyn Wakeup> = Arc::new(events);
+            (send_cq, recv_cq, Some(wakeup))
+        } else {
+            (ctx.create_cq(send_depth)?, ctx.create_cq(recv_depth)?, None)
+        };
         let mut qps = Vec::with_capacity(world as usize);
         for r in 0..world {
             qps.push(if r == rank {
@@ -132,6 +154,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             qps,
             send_cq,
             recv_cq,
+            wakeup,
             flags,
             window,
         })
@@ -188,6 +211,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             decoded.push(Some(d));
         }
         let peers = self.world as usize - 1;
+        let mut backoff = self.backoff;
+        if let Some(w) = &self.wakeup {
+            backoff.attach(w);
+        }
         let shared = SharedCqs::new(self.send_cq, self.recv_cq, peers);
         let mut channels = Vec::with_capacity(peers);
         let mut peer_flags = vec![RemoteMemory::default(); self.world as usize];
@@ -217,16 +244,11 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             })?;
             let mut ccfg = self.cfg.channel;
             ccfg.peer = Some(rank);
-            channels.push(Channel::with_backoff(
-                p,
-                ccfg,
-                self.backoff.clone(),
-                self.clock,
-            ));
+            channels.push(Channel::with_backoff(p, ccfg, backoff.clone(), self.clock));
             peer_flags[r] = d.flags;
             peer_windows[r] = d.window;
         }
-        Node::from_parts(NodeParts {
+        let mut node = Node::from_parts(NodeParts {
             rank: self.rank,
             world: self.world,
             channels,
@@ -235,8 +257,13 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             peer_flags,
             peer_windows,
             algorithm: self.cfg.algorithm,
-            backoff: self.backoff,
-        })
+            backoff,
+        })?;
+        node.wakeup = self.wakeup;
+        if self.cfg.barrier_wakeups {
+            node.enable_barrier_wakeups()?;
+        }
+        Ok(node)
     }
 }
 

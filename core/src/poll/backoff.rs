@@ -9,12 +9,34 @@
 //! std programs do not build their own: `rverbs_std_shim::WaitPolicy` describes spin, yield
 //! or sleep as one `Copy` value, and its `StdBackoff` implements [`Backoff`] here.
 
+use core::time::Duration;
+
+use crate::provider::ProviderError;
+
 /// A waiting policy for busy-poll loops.
 pub trait Backoff {
     /// Called after a poll that found nothing.
     fn snooze(&mut self);
     /// Called after a poll that made progress: the next wait starts spinning again.
     fn reset(&mut self);
+
+    /// Called instead of [`snooze`](Self::snooze) by waits that have a deadline: `left`
+    /// tells how long remains. A back-off that may block (sleep on completion events) must
+    /// return within `left()`; one that does not ignores it, as this default does.
+    #[inline]
+    fn snooze_within(&mut self, left: &mut dyn FnMut() -> Duration) {
+        let _ = left;
+        self.snooze();
+    }
+
+    /// Hands the back-off the completion events of the queues its waits poll, so it can
+    /// sleep until one arrives instead of spinning or sleeping blindly. Called by setup code
+    /// (a node, or whoever creates queues with a completion channel) before the first
+    /// wait; the default ignores it. Allocates nothing itself; clones share `wakeup`.
+    #[cfg(feature = "alloc")]
+    fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
+        let _ = wakeup;
+    }
 }
 
 impl<B: Backoff + ?Sized> Backoff for &mut B {
@@ -26,6 +48,32 @@ impl<B: Backoff + ?Sized> Backoff for &mut B {
     fn reset(&mut self) {
         (**self).reset();
     }
+    #[inline]
+    fn snooze_within(&mut self, left: &mut dyn FnMut() -> Duration) {
+        (**self).snooze_within(left);
+    }
+    #[cfg(feature = "alloc")]
+    fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
+        (**self).attach(wakeup);
+    }
+}
+
+/// Completion queues a waiting thread can sleep on: armed, they make a file descriptor
+/// readable at their next completion (`rverbs_core::verbs::CqEvents` on a device). Core
+/// never blocks; a blocking back-off (`rverbs_std_shim::WaitPolicy::Block`) does:
+///
+/// 1. [`arm`](Self::arm); if it armed a queue, poll once more before sleeping (a
+///    completion that arrived before the arm raised no event);
+/// 2. sleep until [`fd`](Self::fd) is readable or the deadline;
+/// 3. [`take_events`](Self::take_events), which disarms the queues that fired.
+pub trait Wakeup: Send + Sync + core::fmt::Debug {
+    /// Arms every queue not armed yet; `Ok(true)` if one was, and the caller must poll once
+    /// more before it sleeps.
+    fn arm(&self) -> Result<bool, ProviderError>;
+    /// The descriptor that becomes readable when an armed queue completes something.
+    fn fd(&self) -> i32;
+    /// Takes and acknowledges every pending event without blocking; returns how many.
+    fn take_events(&self) -> Result<u32, ProviderError>;
 }
 
 /// Spins forever: the right choice for a thread pinned to a core of its own.

@@ -93,6 +93,17 @@ impl Deadline {
         self.at
     }
 
+    /// Time left until the deadline (zero once it passed; [`Duration::MAX`] for
+    /// [`never`](Self::never)).
+    #[inline]
+    pub fn remaining<C: Clock + ?Sized>(self, clock: &C) -> Duration {
+        if self.at == Instant(u64::MAX) {
+            Duration::MAX
+        } else {
+            self.at.saturating_duration_since(clock.now())
+        }
+    }
+
     /// Whether the deadline has passed.
     #[inline]
     pub fn passed<C: Clock + ?Sized>(self, clock: &C) -> bool {

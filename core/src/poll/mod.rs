@@ -3,7 +3,7 @@
 pub mod backoff;
 pub mod clock;
 
-pub use backoff::{Backoff, Spin, SpinThen};
+pub use backoff::{Backoff, Spin, SpinThen, Wakeup};
 #[cfg(target_has_atomic = "64")]
 pub use clock::StepClock;
 pub use clock::{Clock, Deadline, Instant, StaticClock};

@@ -100,4 +100,12 @@ pub trait Provider: QueuePair {
         let _ = ready;
         Ok(None)
     }
+
+    /// The completion events of this provider's queues, if they raise any: a channel built
+    /// on it [attaches](crate::poll::Backoff::attach) them to its back-off. `None` (the
+    /// default) for queues without a completion channel.
+    #[cfg(feature = "alloc")]
+    fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        None
+    }
 }

@@ -4,9 +4,10 @@ use crate::completion::Completion;
 use crate::params::Mtu;
 use crate::params::QpCaps;
 use crate::provider::{Provider, ProviderError, QueuePair, Verb};
-use crate::verbs::{Context, Cq, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError};
+use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+use alloc::sync::Arc;
 
 /// A queue pair of a [`VerbsProvider`] waiting for its peer's endpoint.
 #[derive(Debug)]
@@ -14,6 +15,7 @@ pub struct PreparedVerbs {
     qp: PreparedQp,
     send_cq: Cq,
     recv_cq: Cq,
+    events: Option<Arc<CqEvents>>,
 }
 
 impl PreparedVerbs {
@@ -25,6 +27,24 @@ impl PreparedVerbs {
             qp: pd.create_rc_qp(&send_cq, &recv_cq, cfg)?,
             send_cq,
             recv_cq,
+            events: None,
+        })
+    }
+
+    /// Like [`PreparedVerbs::new`], with both completion queues on a completion channel of
+    /// their own: the channel built on the provider sleeps on their events under a blocking
+    /// policy (`rverbs_std_shim::WaitPolicy::Block`), and
+    /// [`VerbsProvider::completion_events`] hands them out for an event loop.
+    pub fn with_events(ctx: &Context, pd: &Pd, cfg: &QpConfig) -> Result<Self, VerbsError> {
+        let channel = ctx.create_completion_channel()?;
+        let send_cq = ctx.create_cq_on(cfg.max_send_wr, &channel)?;
+        let recv_cq = ctx.create_cq_on(cfg.max_recv_wr, &channel)?;
+        let events = CqEvents::new(&channel, &[&send_cq, &recv_cq], false)?;
+        Ok(Self {
+            qp: pd.create_rc_qp(&send_cq, &recv_cq, cfg)?,
+            send_cq,
+            recv_cq,
+            events: Some(Arc::new(events)),
         })
     }
 
@@ -45,6 +65,7 @@ impl PreparedVerbs {
             qp: self.qp.handshake(remote)?,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
+            events: self.events,
         })
     }
 }
@@ -56,6 +77,7 @@ pub struct VerbsProvider {
     qp: Qp,
     send_cq: Cq,
     recv_cq: Cq,
+    events: Option<Arc<CqEvents>>,
 }
 
 impl VerbsProvider {
@@ -68,11 +90,24 @@ impl VerbsProvider {
                 what: "the completion queues are not this queue pair's alone",
             });
         }
+        let events = match (send_cq.channel(), recv_cq.channel()) {
+            (Some(a), Some(b)) if a.fd() == b.fd() => {
+                Some(Arc::new(CqEvents::new(&a, &[&send_cq, &recv_cq], false)?))
+            }
+            _ => None,
+        };
         Ok(Self {
             qp,
             send_cq,
             recv_cq,
+            events,
         })
+    }
+
+    /// The completion events of the two queues, if they were created on one completion
+    /// channel ([`PreparedVerbs::with_events`]).
+    pub fn events(&self) -> Option<&CqEvents> {
+        self.events.as_deref()
     }
 
     /// The queue pair.
@@ -160,6 +195,12 @@ impl Provider for VerbsProvider {
         self.recv_cq
             .poll(out)
             .map_err(|e| provider_error(e, Verb::PollCq))
+    }
+
+    fn completion_events(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
+        self.events
+            .clone()
+            .map(|e| e as Arc<dyn crate::poll::Wakeup>)
     }
 }
 

@@ -8,12 +8,15 @@ use core::ptr::NonNull;
 
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
+use super::event::{ChannelInner, CompletionChannel};
 use super::ffi::{self, errno, sys};
 use crate::completion::{Completion, CompletionKind, WcStatus};
 
 pub(crate) struct CqInner {
     pub(crate) raw: NonNull<sys::ibv_cq>,
     _ctx: Context,
+    // Dropped after the CQ is destroyed: a channel outlives its queues.
+    channel: Option<Arc<ChannelInner>>,
 }
 
 impl Drop for CqInner {
@@ -66,21 +69,26 @@ impl fmt::Debug for Cq {
 impl Context {
     /// Creates a completion queue with room for at least `min_entries` completions.
     pub fn create_cq(&self, min_entries: u32) -> Result<Cq> {
+        self.create_cq_with(min_entries, None)
+    }
+
+    pub(crate) fn create_cq_with(
+        &self,
+        min_entries: u32,
+        channel: Option<Arc<ChannelInner>>,
+    ) -> Result<Cq> {
         let n = core::ffi::c_int::try_from(min_entries.max(1)).map_err(|_| {
             VerbsError::InvalidArgument {
                 what: "completion queue size",
             }
         })?;
-        // SAFETY: the context is open; no completion channel, no CQ context.
-        let raw = unsafe {
-            sys::ibv_create_cq(
-                self.as_raw(),
-                n,
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                0,
-            )
-        };
+        let raw_channel = channel
+            .as_ref()
+            .map_or(core::ptr::null_mut(), |c| c.raw.as_ptr());
+        // SAFETY: the context is open; the channel, if any, is live and belongs to it (the
+        // Arc keeps it alive as long as the CQ); no CQ context.
+        let raw =
+            unsafe { sys::ibv_create_cq(self.as_raw(), n, core::ptr::null_mut(), raw_channel, 0) };
         let raw = NonNull::new(raw).ok_or(VerbsError::Call {
             verb: Verb::CreateCq,
             errno: errno(),
@@ -91,6 +99,7 @@ impl Context {
             inner: Arc::new(CqInner {
                 raw,
                 _ctx: self.clone(),
+                channel,
             }),
             capacity,
             _not_sync: PhantomData,
@@ -111,6 +120,22 @@ impl Cq {
     /// cannot poll it.
     pub(crate) fn keep_alive(&self) -> Arc<CqInner> {
         self.inner.clone()
+    }
+
+    /// The completion channel this queue raises its events on, if any.
+    pub fn channel(&self) -> Option<CompletionChannel> {
+        self.inner
+            .channel
+            .clone()
+            .map(CompletionChannel::from_inner)
+    }
+
+    /// Whether this queue raises its events on `channel`.
+    pub fn is_on(&self, channel: &CompletionChannel) -> bool {
+        self.inner
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.raw == channel.inner_raw())
     }
 
     /// Entries the device granted (at least what was asked for).

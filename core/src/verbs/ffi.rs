@@ -3,10 +3,11 @@
 //! Only the [`verbs`](super) module touches `ibverbs-sys`, and within it each file calls the
 //! verbs of the object it wraps: `device.rs` (device list, open, queries), `pd.rs`
 //! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `cq.rs`
-//! (`ibv_create_cq`/`ibv_destroy_cq`), `qp.rs` (`ibv_create_qp`, `ibv_modify_qp`,
-//! `ibv_destroy_qp`). This file re-exports the bindings and implements the three that are
-//! `static inline` in `verbs.h` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`): calls
-//! through the context's `ops` table. Everything above `verbs` is written against the
+//! (`ibv_create_cq`/`ibv_destroy_cq`), `event.rs` (completion channels and events), `qp.rs`
+//! (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`). This file re-exports the bindings
+//! and implements the four that are `static inline` in `verbs.h` (`ibv_post_send`,
+//! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`): calls through the context's `ops`
+//! table. Everything above `verbs` is written against the
 //! [`Provider`](crate::provider::Provider) seam and never sees the bindings.
 
 pub use ibverbs_sys as sys;
@@ -16,6 +17,45 @@ use core::ffi::c_int;
 extern "C" {
     /// glibc and musl both expose the thread's errno slot through this symbol.
     fn __errno_location() -> *mut c_int;
+    /// From the C library: core has no `libc` dependency for one call.
+    fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+}
+
+/// `EAGAIN` on Linux.
+pub(crate) const EAGAIN: i32 = 11;
+const F_GETFL: c_int = 3;
+const F_SETFL: c_int = 4;
+/// `O_NONBLOCK` on Linux (every architecture rverbs builds for).
+const O_NONBLOCK: c_int = 0o4000;
+
+/// Makes `fd` non-blocking; `Err(errno)` on failure.
+pub(crate) fn set_nonblocking(fd: c_int) -> Result<(), i32> {
+    // SAFETY: fcntl with F_GETFL/F_SETFL only reads and sets the descriptor's status flags;
+    // an invalid fd fails with EBADF.
+    unsafe {
+        let flags = fcntl(fd, F_GETFL);
+        if flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
+/// Arms `cq` for one completion event (`ibv_req_notify_cq`, `static inline` in `verbs.h`).
+/// Returns 0 or the errno.
+///
+/// # Safety
+/// `cq` must be a live CQ created on a completion channel.
+#[inline]
+pub(crate) unsafe fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: bool) -> i32 {
+    // SAFETY: the caller guarantees cq is live, so its context and ops table are valid.
+    unsafe {
+        let ctx = (*cq).context;
+        match (*ctx).ops.req_notify_cq {
+            Some(f) => f(cq, c_int::from(solicited_only)),
+            None => 38,
+        }
+    }
 }
 
 /// The calling thread's `errno`, read right after a verb returned NULL or -1.

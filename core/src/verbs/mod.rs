@@ -1,13 +1,15 @@
 //! The device layer: safe wrappers over `ibverbs-sys` (feature `verbs`).
 //!
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
-//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; RC queue pairs
+//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
+//! channels and events in [`event`]; RC queue pairs
 //! and posting in [`qp`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
 //! does not wrap, and [`ffi`] re-exports the bindings.
 
 pub mod cq;
 pub mod device;
 pub mod error;
+pub mod event;
 pub mod ffi;
 pub mod mr;
 pub mod pd;
@@ -20,6 +22,7 @@ pub use device::{
     LinkLayer, PortAttr, Route,
 };
 pub use error::{Verb, VerbsError};
+pub use event::{CompletionChannel, CqEvents};
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
 pub use qp::{PreparedQp, Qp, QpConfig};

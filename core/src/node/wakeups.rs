@@ -1,0 +1,123 @@
+//! Barrier wake-ups: notifications that raise a completion at the peer.
+//!
+//! A barrier notification is an 8-byte write into the peer's flag array. A plain write
+//! completes only at the writer, so a peer asleep on its completion channel would not wake
+//! until its sleep ran out. With wake-ups on, every notification is a write with immediate,
+//! which consumes one of the peer's posted receives and raises a receive completion there:
+//! the sleeping rank wakes the moment its peer arrives.
+//!
+//! Every queue pair keeps [`WAKE_RECVS`] receives without buffers posted for them, re-posted
+//! as they complete. A peer cannot get more than one barrier ahead of us (it needs our
+//! arrival to finish the next one), and it sends us at most two notifications per barrier
+//! (arrival and release), so at most four are in flight from one peer at any time; sixteen
+//! leave room for group barriers started back to back. Were they ever exhausted, the peer's
+//! write would wait in receiver-not-ready retries, not fail.
+//!
+//! Receives without buffers cannot take a message, so a node with wake-ups refuses
+//! messaging (its messages would land on them): [`NodeError::InvalidArgument`].
+
+use alloc::vec::Vec;
+
+use heapless::Deque;
+
+use super::NodeError;
+use crate::channel::{ChannelError, Ticket};
+use crate::multi::MultiChannel;
+use crate::poll::Backoff;
+use crate::provider::Provider;
+
+/// Receives without buffers each queue pair keeps posted for barrier wake-ups (fewer if the
+/// receive queue is shallower).
+pub(crate) const WAKE_RECVS: usize = 16;
+
+/// The fewest that cover one peer's notifications in flight (see the module docs).
+const MIN_WAKE_RECVS: usize = 4;
+
+/// The immediate of a barrier notification (the receiver does not read it: the flag array
+/// says who arrived).
+pub(super) const WAKE_IMM: u32 = 0x7276_4257; // "rvBW"
+
+/// The wake-up receives posted on every channel of a node, by channel position.
+#[derive(Debug)]
+pub(super) struct Wakeups {
+    posted: Vec<Deque<Ticket, WAKE_RECVS>>,
+    /// Positions of the channels the last poll found completions on.
+    ready: Vec<u32>,
+}
+
+impl Wakeups {
+    /// Posts [`WAKE_RECVS`] receives on every channel of `multi`. Allocates (setup).
+    pub(super) fn post_all<P: Provider, B: Backoff + Clone>(
+        multi: &mut MultiChannel<P, B>,
+    ) -> Result<Self, NodeError> {
+        let mut posted = Vec::with_capacity(multi.peers());
+        for c in multi.channels() {
+            let mut q = Deque::new();
+            let room = c.recv_capacity().saturating_sub(c.outstanding_recvs());
+            if room < MIN_WAKE_RECVS as u64 {
+                return Err(NodeError::InvalidArgument {
+                    what: "barrier wake-ups need room for 4 more receives on every queue pair",
+                });
+            }
+            for _ in 0..room.min(WAKE_RECVS as u64) {
+                let t = c.post_recv_empty().map_err(|error| NodeError::Channel {
+                    rank: c.peer().unwrap_or(u32::MAX),
+                    error,
+                })?;
+                // WAKE_RECVS tickets fit a deque of WAKE_RECVS.
+                let _ = q.push_back(t);
+            }
+            posted.push(q);
+        }
+        Ok(Self {
+            ready: Vec::with_capacity(posted.len()),
+            posted,
+        })
+    }
+
+    /// Notes that the channel at `pos` had completions in the last poll.
+    #[inline]
+    pub(super) fn mark(&mut self, pos: usize) {
+        if self.ready.len() < self.ready.capacity() {
+            self.ready.push(pos as u32);
+        }
+    }
+
+    /// Marks every channel, so the next [`repost`](Self::repost) looks at all of them (at
+    /// the start of a barrier: O(peers), once per barrier).
+    pub(super) fn mark_all(&mut self) {
+        self.ready.clear();
+        self.ready.extend(0..self.posted.len() as u32);
+    }
+
+    /// Re-posts the wake-up receives that completed on the channels [`mark`](Self::mark)ed
+    /// since the last call; fails with the first channel that failed (and its rank). Does not
+    /// allocate.
+    pub(super) fn repost<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        multi: &mut MultiChannel<P, B>,
+    ) -> Result<(), (u32, ChannelError)> {
+        for pos in self.ready.drain(..) {
+            let (Some(c), Some(q)) = (
+                multi.by_index(pos as usize),
+                self.posted.get_mut(pos as usize),
+            ) else {
+                continue;
+            };
+            let rank = c.peer().unwrap_or(u32::MAX);
+            while let Some(&t) = q.front() {
+                match c.take_if_complete(t) {
+                    None => break,
+                    Some(Err(e)) => return Err((rank, e)),
+                    Some(Ok(_)) => {
+                        q.pop_front();
+                        let t = c.post_recv_empty().map_err(|e| (rank, e))?;
+                        // One popped, one pushed: there is room.
+                        let _ = q.push_back(t);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

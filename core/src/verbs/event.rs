@@ -1,0 +1,266 @@
+//! Completion channels: completion queues that raise an event a sleeping thread can wait
+//! for (`ibv_create_comp_channel`, `ibv_req_notify_cq`, `ibv_get_cq_event`,
+//! `ibv_ack_cq_events`).
+//!
+//! The cycle, as the verbs man pages require it:
+//! 1. arm every queue the waiter depends on ([`CqEvents::arm`], `ibv_req_notify_cq`);
+//! 2. poll the queues once more: a completion that arrived before the arm raised no event;
+//! 3. sleep until the channel's descriptor ([`CompletionChannel::fd`]) is readable or the
+//!    deadline passes (std code: `rverbs_std_shim::WaitPolicy::Block`);
+//! 4. take the events ([`CqEvents::take_events`]): each one disarms its queue, and all of
+//!    them are acknowledged in one batch per queue before the call returns.
+//!
+//! Core never blocks: the descriptor is non-blocking, and sleeping on it is the caller's
+//! (`poll(2)`, `epoll`, or an event loop). Every event read is acknowledged before
+//! `take_events` returns, so destroying a queue (which waits for its acknowledgements)
+//! never waits on rverbs.
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::ffi::{c_int, c_void};
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use super::cq::{Cq, CqInner};
+use super::device::Context;
+use super::error::{Result, Verb, VerbsError};
+use super::ffi::{self, errno, sys};
+use crate::poll::Wakeup;
+use crate::provider::ProviderError;
+
+pub(crate) struct ChannelInner {
+    pub(crate) raw: NonNull<sys::ibv_comp_channel>,
+    _ctx: Context,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: every CQ created on this channel holds an Arc to it, so none is alive now,
+        // and destroying a channel without CQs cannot fail.
+        unsafe {
+            sys::ibv_destroy_comp_channel(self.raw.as_ptr());
+        }
+    }
+}
+
+// SAFETY: the channel is a file descriptor; reading events from it and destroying it from any
+// thread is allowed by libibverbs. The pointer is owned.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above; `ibv_get_cq_event` is a read(2) on the descriptor.
+unsafe impl Sync for ChannelInner {}
+
+/// A completion channel: completion queues created on it ([`Context::create_cq_on`]) raise
+/// an event on its file descriptor after they are armed and a completion arrives.
+#[derive(Clone)]
+pub struct CompletionChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+impl Context {
+    /// Creates a completion channel with a non-blocking descriptor.
+    pub fn create_completion_channel(&self) -> Result<CompletionChannel> {
+        // SAFETY: the context is open.
+        let raw = unsafe { sys::ibv_create_comp_channel(self.as_raw()) };
+        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+            verb: Verb::CreateCompChannel,
+            errno: errno(),
+        })?;
+        let inner = Arc::new(ChannelInner {
+            raw,
+            _ctx: self.clone(),
+        });
+        // SAFETY: raw is a live channel; fd is its descriptor.
+        let fd = unsafe { (*raw.as_ptr()).fd };
+        // Non-blocking, so `take_events` returns when the events are gone instead of waiting
+        // for the next one: sleeping is the caller's choice, with its own deadline.
+        ffi::set_nonblocking(fd).map_err(|errno| VerbsError::Call {
+            verb: Verb::CreateCompChannel,
+            errno,
+        })?;
+        Ok(CompletionChannel { inner })
+    }
+
+    /// Creates a completion queue with room for at least `min_entries` completions that
+    /// raises its events on `channel` (see [`CqEvents`]).
+    pub fn create_cq_on(&self, min_entries: u32, channel: &CompletionChannel) -> Result<Cq> {
+        self.create_cq_with(min_entries, Some(channel.inner.clone()))
+    }
+}
+
+impl CompletionChannel {
+    /// The descriptor that becomes readable when an armed queue has a completion; for
+    /// `poll(2)`/`epoll`. Non-blocking; owned by the channel (do not close it).
+    pub fn fd(&self) -> c_int {
+        // SAFETY: the channel is live while self is.
+        unsafe { (*self.inner.raw.as_ptr()).fd }
+    }
+
+    pub(crate) fn from_inner(inner: Arc<ChannelInner>) -> Self {
+        Self { inner }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ibv_comp_channel {
+        self.inner.raw.as_ptr()
+    }
+
+    pub(crate) fn inner_raw(&self) -> NonNull<sys::ibv_comp_channel> {
+        self.inner.raw
+    }
+}
+
+/// A queue a [`CqEvents`] arms, kept alive by it.
+struct Armed {
+    cq: Arc<CqInner>,
+    armed: AtomicBool,
+}
+
+/// The completion queues one waiter depends on, with the channel they raise events on: the
+/// [`Wakeup`] a blocking back-off sleeps on.
+///
+/// Holds the queues alive (not their polling: the owner of each [`Cq`] still polls it).
+/// `Send + Sync`, so the clones of a node's back-off share it.
+pub struct CqEvents {
+    channel: CompletionChannel,
+    cqs: Vec<Armed>,
+    solicited_only: bool,
+}
+
+impl fmt::Debug for CqEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqEvents")
+            .field("fd", &self.channel.fd())
+            .field("queues", &self.cqs.len())
+            .field("solicited_only", &self.solicited_only)
+            .finish()
+    }
+}
+
+/// Distinct queues whose events one `take_events` call acknowledges in one batch each
+/// (a further queue is acknowledged event by event).
+const ACK_BATCHES: usize = 4;
+
+impl CqEvents {
+    /// Events of `cqs`, which must all have been created on `channel`
+    /// ([`VerbsError::InvalidArgument`] otherwise). With `solicited_only`, a receive raises
+    /// an event only when the sender asked for one (`IBV_SEND_SOLICITED`); send completions
+    /// and errors always do. Allocates (setup).
+    pub fn new(channel: &CompletionChannel, cqs: &[&Cq], solicited_only: bool) -> Result<Self> {
+        let mut list = Vec::with_capacity(cqs.len());
+        for cq in cqs {
+            if !cq.is_on(channel) {
+                return Err(VerbsError::InvalidArgument {
+                    what: "a completion queue was not created on this completion channel",
+                });
+            }
+            list.push(Armed {
+                cq: cq.keep_alive(),
+                armed: AtomicBool::new(false),
+            });
+        }
+        Ok(Self {
+            channel: channel.clone(),
+            cqs: list,
+            solicited_only,
+        })
+    }
+
+    /// The channel's descriptor.
+    pub fn fd(&self) -> c_int {
+        self.channel.fd()
+    }
+
+    /// Arms every queue that is not armed yet; `Ok(true)` if it armed one, and then the
+    /// caller must poll once more before it sleeps. Does not allocate.
+    pub fn arm(&self) -> Result<bool> {
+        let mut newly = false;
+        for a in &self.cqs {
+            if a.armed.load(Ordering::Acquire) {
+                continue;
+            }
+            // SAFETY: the CQ is alive (held by `a.cq`).
+            let rc = unsafe { ffi::req_notify_cq(a.cq.raw.as_ptr(), self.solicited_only) };
+            if rc != 0 {
+                return Err(VerbsError::Call {
+                    verb: Verb::ReqNotifyCq,
+                    errno: rc,
+                });
+            }
+            a.armed.store(true, Ordering::Release);
+            newly = true;
+        }
+        Ok(newly)
+    }
+
+    /// Reads every pending event without blocking, disarms the queues that raised them, and
+    /// acknowledges all of them (in one batch per queue) before returning. Returns how many
+    /// it read. Does not allocate.
+    pub fn take_events(&self) -> Result<u32> {
+        let mut batches: heapless::Vec<(*mut sys::ibv_cq, u32), ACK_BATCHES> = heapless::Vec::new();
+        let mut total = 0u32;
+        let result = loop {
+            let mut cq: *mut sys::ibv_cq = core::ptr::null_mut();
+            let mut ctx: *mut c_void = core::ptr::null_mut();
+            // SAFETY: the channel is live; the out-pointers are valid locals.
+            let rc = unsafe { sys::ibv_get_cq_event(self.channel.raw(), &mut cq, &mut ctx) };
+            if rc != 0 {
+                let e = errno();
+                break if e == ffi::EAGAIN { Ok(total) } else { Err(e) };
+            }
+            total += 1;
+            if let Some(a) = self.cqs.iter().find(|a| a.cq.raw.as_ptr() == cq) {
+                a.armed.store(false, Ordering::Release);
+            }
+            match batches.iter_mut().find(|(c, _)| *c == cq) {
+                Some((_, n)) => *n += 1,
+                None => {
+                    if batches.push((cq, 1)).is_err() {
+                        // SAFETY: cq raised an event that is not yet acknowledged, so it is
+                        // alive (destroying it waits for this acknowledgement).
+                        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+                    }
+                }
+            }
+        };
+        for (cq, n) in batches {
+            // SAFETY: as above: every one of these events is still unacknowledged.
+            unsafe { sys::ibv_ack_cq_events(cq, n) };
+        }
+        result.map_err(|errno| VerbsError::Call {
+            verb: Verb::GetCqEvent,
+            errno,
+        })
+    }
+}
+
+fn provider_error(e: VerbsError, verb: Verb) -> ProviderError {
+    match e {
+        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
+        other => ProviderError {
+            verb,
+            errno: other.errno().unwrap_or(0),
+        },
+    }
+}
+
+impl Wakeup for CqEvents {
+    fn arm(&self) -> core::result::Result<bool, ProviderError> {
+        CqEvents::arm(self).map_err(|e| provider_error(e, Verb::ReqNotifyCq))
+    }
+
+    fn fd(&self) -> i32 {
+        CqEvents::fd(self)
+    }
+
+    fn take_events(&self) -> core::result::Result<u32, ProviderError> {
+        CqEvents::take_events(self).map_err(|e| provider_error(e, Verb::GetCqEvent))
+    }
+}
