@@ -22,7 +22,9 @@ pub struct ConnectOptions {
     /// rank's config entry.
     pub node: NodeConfig,
     /// What waits do between empty polls: [`WaitPolicy::Spin`] on dedicated cores, the
-    /// default `Sleep { spins: 64, pause: 20 µs }` when ranks may outnumber cores (see
+    /// default `Sleep { spins: 64, pause: 20 µs }` when ranks may outnumber cores, or
+    /// [`WaitPolicy::Block`], which turns on the node's completion events
+    /// ([`NodeConfig::completion_events`]) and sleeps on them (see
     /// [`rverbs_std_shim::backoff`]).
     pub wait: WaitPolicy,
     /// Deadline of the first barrier, which proves every connection works.
@@ -96,6 +98,10 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     node_cfg.qp.port = entry.ib_port;
     if let Some(g) = entry.gid_index {
         node_cfg.qp.gid_index = Some(g);
+    }
+    // A blocking policy sleeps on completion events: the queues must raise them.
+    if matches!(opts.wait, WaitPolicy::Block { .. }) {
+        node_cfg.completion_events = true;
     }
     let backoff: StdBackoff = opts.wait.backoff();
     let prepared =

@@ -402,6 +402,21 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
             clock,
         );
     }
+    // After the first full barrier every notification was a write with immediate: each
+    // consumed a wake-up receive at its peer, far more of them than were ever posted at once.
+    let imms: u64 = nodes
+        .iter_mut()
+        .map(|n| {
+            n.multi()
+                .channels()
+                .map(|c| c.remote_recvs_used())
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(
+        imms > 16 * u64::from(world_size),
+        "only {imms} notifications carried an immediate"
+    );
     // Messages would land on receives without buffers: messaging is refused.
     let region = net
         .register(0, &mut ring, AccessFlags::LOCAL_WRITE)

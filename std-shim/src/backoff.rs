@@ -84,6 +84,10 @@ impl WaitPolicy {
             policy: self,
             count: 0,
             wakeup: None,
+            sleeps: BlockedSleeps {
+                woken: 0,
+                expired: 0,
+            },
         }
     }
 }
@@ -99,6 +103,19 @@ pub struct StdBackoff {
     policy: WaitPolicy,
     count: u32,
     wakeup: Option<Arc<dyn Wakeup>>,
+    sleeps: BlockedSleeps,
+}
+
+/// What the blocking sleeps of one [`StdBackoff`] ended by ([`WaitPolicy::Block`] with
+/// completion events attached): a completion event, or the end of the time the wait allowed.
+/// A sleep that ran to its limit while the wait's deadline was still far away would be a lost
+/// wake-up; tests count them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockedSleeps {
+    /// Sleeps a completion event ended.
+    pub woken: u64,
+    /// Sleeps that lasted until the wait's deadline (or the 100 ms cap).
+    pub expired: u64,
 }
 
 /// What one empty poll does; [`StdBackoff::next_step`] decides, [`Backoff::snooze`] acts.
@@ -142,6 +159,11 @@ impl StdBackoff {
         self.wakeup.is_some()
     }
 
+    /// How this back-off's blocking sleeps ended so far.
+    pub fn blocked_sleeps(&self) -> BlockedSleeps {
+        self.sleeps
+    }
+
     /// One blocking step: arm the queues (and return, so the caller polls once more), or,
     /// once they are armed, sleep until an event or `left()`.
     fn block(&mut self, left: &mut dyn FnMut() -> Duration) {
@@ -166,10 +188,21 @@ impl StdBackoff {
             return;
         }
         if wait_readable(w.fd(), limit) {
+            self.sleeps.woken += 1;
             // Errors surface in the wait's next poll; the events only tell it to look.
             let _ = w.take_events();
+        } else {
+            self.sleeps.expired += 1;
         }
     }
+}
+
+/// The descriptor of `wakeup` for an event loop's `poll`/`epoll` (arm first, take the
+/// events after: see [`Wakeup`]). Borrowed: the completion channel owns and closes it.
+pub fn wakeup_fd(wakeup: &dyn Wakeup) -> std::os::fd::BorrowedFd<'_> {
+    // SAFETY: the descriptor belongs to the completion channel `wakeup` keeps alive, so it
+    // stays open for the borrow's lifetime.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(wakeup.fd()) }
 }
 
 /// Sleeps until `fd` is readable or `limit` passes; whether it became readable.

@@ -77,7 +77,7 @@ pub mod affinity;
 #[cfg(target_os = "linux")]
 pub mod buffer;
 
-pub use backoff::{StdBackoff, WaitPolicy};
+pub use backoff::{wakeup_fd, BlockedSleeps, StdBackoff, WaitPolicy, BLOCK_FALLBACK_PAUSE};
 pub use clock::{Monotonic, StdClock, MONOTONIC};
 
 #[cfg(target_os = "linux")]

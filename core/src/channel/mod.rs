@@ -300,6 +300,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    /// The back-off this channel waits with (to read what a policy recorded, such as
+    /// `rverbs_std_shim::StdBackoff::blocked_sleeps`).
+    pub fn backoff(&self) -> &B {
+        &self.backoff
+    }
+
     /// What the queue pair can hold.
     #[inline]
     pub fn caps(&self) -> QpCaps {

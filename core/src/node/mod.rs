@@ -302,7 +302,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
         let data = count.to_le_bytes();
-        if self.wakeups.is_none() {
+        if !self.wakeups.as_ref().is_some_and(|w| w.live) {
             return self
                 .multi
                 .post_write_inline(rank, &data, slot)
@@ -421,13 +421,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 
     /// Makes every barrier notification raise a completion at its receiver, so a rank asleep
     /// on completion events (`rverbs_std_shim::WaitPolicy::Block`) wakes the moment its peer
-    /// arrives instead of when its sleep runs out. Posts [`WAKE_RECVS`](wakeups) receives
-    /// without buffers on every channel, which the peers' notifications consume: every rank
-    /// of the world must enable it, before its first barrier (a notification that finds no
-    /// receive waits in receiver-not-ready retries). A node with wake-ups refuses messaging
-    /// (messages would land on those receives), so enable it on nodes that synchronise and
-    /// write windows. Allocates (setup); fails if messaging started or a barrier is in
-    /// progress.
+    /// arrives instead of when its sleep runs out.
+    ///
+    /// Collective: every rank enables it, then runs a barrier over the whole world;
+    /// notifications carry an immediate from the first such barrier that completes. It posts
+    /// up to sixteen receives without buffers on every channel, which the peers'
+    /// notifications consume, so from then on the node's channels carry one-sided traffic
+    /// only (writes, reads, atomics, barriers): messaging is refused, and a peer's send would
+    /// fail with a length error. Allocates (setup); fails if messaging started, a barrier is
+    /// in progress or a receive is outstanding.
     pub fn enable_barrier_wakeups(&mut self) -> Result<(), NodeError> {
         if self.rings.is_some() {
             return Err(NodeError::InvalidArgument {
@@ -610,10 +612,24 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         start: Option<(BarrierAlgorithm, Duration)>,
         clock: &C,
     ) -> Result<bool, NodeError> {
-        self.with_barrier(members, |barrier, t, m, _| match start {
+        let done = self.with_barrier(members, |barrier, t, m, _| match start {
             Some((alg, timeout)) => barrier.start(t, m, alg, clock, timeout).map(|()| false),
             None => barrier.poll(t, m, clock),
-        })
+        })?;
+        if done {
+            self.barrier_completed(members);
+        }
+        Ok(done)
+    }
+
+    /// After a barrier over `members` (every rank when `None`) completed: a full barrier
+    /// proves every rank enabled its wake-ups, so notifications may carry an immediate.
+    fn barrier_completed(&mut self, members: Option<&[u32]>) {
+        if members.is_none_or(|m| m.len() == self.world as usize) {
+            if let Some(w) = &mut self.wakeups {
+                w.live = true;
+            }
+        }
     }
 
     /// Runs a barrier over `members`, or over every rank when `None`.
@@ -626,7 +642,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<(), NodeError> {
         self.with_barrier(members, |barrier, t, m, backoff| {
             barrier.run(t, m, alg, clock, timeout, backoff)
-        })
+        })?;
+        self.barrier_completed(members);
+        Ok(())
     }
 
     /// Lends `f` the barrier state, a transport over the node's channels and flag arrays, the

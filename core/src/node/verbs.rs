@@ -48,8 +48,9 @@ pub struct NodeConfig {
     /// default: a pinned, spinning rank has no use for events.
     pub completion_events: bool,
     /// Make barrier notifications raise a completion at their receiver
-    /// ([`Node::enable_barrier_wakeups`]), so a rank asleep on events wakes when its peer
-    /// arrives. Every rank must set it alike; such a node refuses messaging.
+    /// ([`Node::enable_barrier_wakeups`], from the first barrier over the whole world), so a
+    /// rank asleep on events wakes when its peer arrives. Every rank must set it alike; the
+    /// node's channels then carry one-sided traffic only (no messaging, no sends).
     pub barrier_wakeups: bool,
 }
 

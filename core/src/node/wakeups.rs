@@ -13,8 +13,17 @@
 //! leave room for group barriers started back to back. Were they ever exhausted, the peer's
 //! write would wait in receiver-not-ready retries, not fail.
 //!
-//! Receives without buffers cannot take a message, so a node with wake-ups refuses
-//! messaging (its messages would land on them): [`NodeError::InvalidArgument`].
+//! Receives without buffers cannot take a message: once wake-ups are on, the node's channels
+//! carry one-sided traffic only (writes, reads, atomics, barriers). Messaging is refused
+//! ([`NodeError::InvalidArgument`]); a peer's send would land on a wake-up receive and fail
+//! with a length error, breaking that channel (an error, never a memory hazard: those
+//! receives name no memory).
+//!
+//! Turning wake-ups on is collective: until the first barrier over the whole world that
+//! completes after this rank enabled them, notifications stay plain writes (a peer that has
+//! not posted its wake-up receives yet would answer a write with immediate with
+//! receiver-not-ready). Completing that barrier proves every rank entered it, so every rank
+//! had enabled them before.
 
 use alloc::vec::Vec;
 
@@ -40,6 +49,8 @@ pub(super) const WAKE_IMM: u32 = 0x7276_4257; // "rvBW"
 /// The wake-up receives posted on every channel of a node, by channel position.
 #[derive(Debug)]
 pub(super) struct Wakeups {
+    /// Whether notifications carry an immediate yet (see the module docs).
+    pub(super) live: bool,
     posted: Vec<Deque<Ticket, WAKE_RECVS>>,
     /// Positions of the channels the last poll found completions on.
     ready: Vec<u32>,
@@ -51,6 +62,11 @@ impl Wakeups {
         multi: &mut MultiChannel<P, B>,
     ) -> Result<Self, NodeError> {
         let mut posted = Vec::with_capacity(multi.peers());
+        if multi.channels().any(|c| c.outstanding_recvs() > 0) {
+            return Err(NodeError::InvalidArgument {
+                what: "barrier wake-ups need every receive on the node's channels completed",
+            });
+        }
         for c in multi.channels() {
             let mut q = Deque::new();
             let room = c.recv_capacity().saturating_sub(c.outstanding_recvs());
@@ -70,6 +86,7 @@ impl Wakeups {
             posted.push(q);
         }
         Ok(Self {
+            live: false,
             ready: Vec::with_capacity(posted.len()),
             posted,
         })

@@ -55,9 +55,10 @@ struct Args {
     /// Empty polls spent spinning before yielding or sleeping.
     #[arg(long, default_value_t = 64)]
     spins: u32,
-    /// What a waiting rank does after --spins empty polls: spin (dedicated cores), yield, or
-    /// sleep (ranks outnumber cores, as in the test VM). The defaults of --wait, --spins and
-    /// --sleep-us are the library's default, WaitPolicy::default().
+    /// What a waiting rank does after --spins empty polls: spin (dedicated cores), yield,
+    /// sleep (ranks outnumber cores, as in the test VM), or block (sleep on completion events
+    /// until the NIC wakes the rank; best where ranks outnumber cores). The defaults of
+    /// --wait, --spins and --sleep-us are the library's default, WaitPolicy::default().
     #[arg(long, value_enum, default_value_t = Wait::Sleep)]
     wait: Wait,
     /// Sleep length in microseconds for --wait sleep.
@@ -73,6 +74,7 @@ enum Wait {
     Spin,
     Yield,
     Sleep,
+    Block,
 }
 
 impl Args {
@@ -85,6 +87,7 @@ impl Args {
                 spins: self.spins,
                 pause: Duration::from_micros(self.sleep_us),
             },
+            Wait::Block => WaitPolicy::Block { spins: self.spins },
         }
     }
 }
@@ -380,7 +383,12 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
         node.barrier(&clock, timeout)?;
     }
 
-    // 3. Barriers.
+    // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it: they must
+    // raise completions (every rank switches together; the first barrier below makes it
+    // live). The node carries no two-sided traffic from here on.
+    if args.wait == Wait::Block {
+        node.enable_barrier_wakeups()?;
+    }
     let mut barriers = Vec::new();
     for alg in BarrierAlgorithm::ALL {
         node.set_algorithm(alg);
