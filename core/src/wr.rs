@@ -1,5 +1,7 @@
 //! Work requests in a provider-neutral form: what the engine hands a provider to post.
 
+use core::fmt;
+
 use bitflags::bitflags;
 
 use crate::sge::{RemoteMemory, Sge};
@@ -37,13 +39,127 @@ pub enum Opcode {
     WriteImm(u32),
     /// One-sided read from `remote` into the scatter list.
     Read,
+    /// Remote atomic on the 8 bytes at `remote.addr`; the prior value lands in the one
+    /// 8-byte scatter entry. Build it with [`WorkRequest::atomic`], which checks it.
+    Atomic(AtomicOp),
+}
+
+/// A remote atomic operation on an 8-byte, 8-aligned word of the peer's memory, atomic with
+/// respect to every other atomic on that memory through the same device. The word is read
+/// and written in little-endian order (the host order of every platform rverbs supports, and
+/// what SoftRoCE uses); the value it held before the operation is returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// If the word equals `compare`, replace it with `swap` (`IBV_WR_ATOMIC_CMP_AND_SWP`).
+    CompareSwap {
+        /// The value the word must hold for the swap to happen.
+        compare: u64,
+        /// The value written if it does.
+        swap: u64,
+    },
+    /// Add to the word, wrapping (`IBV_WR_ATOMIC_FETCH_AND_ADD`).
+    FetchAdd(u64),
+}
+
+impl AtomicOp {
+    /// The word after the operation, given the word before it.
+    #[inline]
+    pub const fn apply(self, prior: u64) -> u64 {
+        match self {
+            Self::CompareSwap { compare, swap } if prior == compare => swap,
+            Self::CompareSwap { .. } => prior,
+            Self::FetchAdd(add) => prior.wrapping_add(add),
+        }
+    }
+}
+
+/// Bytes an atomic operates on, remotely and in the local result buffer.
+pub const ATOMIC_LEN: u32 = 8;
+
+/// Why an atomic was refused before posting (nothing was posted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AtomicFault {
+    /// The remote address is not 8-byte aligned.
+    RemoteMisaligned {
+        /// The remote address.
+        addr: u64,
+    },
+    /// The remote memory is shorter than the 8 bytes an atomic touches.
+    RemoteTooShort {
+        /// Its length.
+        len: u64,
+    },
+    /// The local result buffer is not 8-byte aligned.
+    ResultMisaligned {
+        /// Its address.
+        addr: u64,
+    },
+    /// The local result buffer is not exactly 8 bytes long.
+    ResultLength {
+        /// Its length.
+        len: u32,
+    },
+}
+
+impl fmt::Display for AtomicFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RemoteMisaligned { addr } => {
+                write!(f, "remote address {addr:#x} is not 8-byte aligned")
+            }
+            Self::RemoteTooShort { len } => {
+                write!(f, "remote memory of {len} bytes is shorter than 8")
+            }
+            Self::ResultMisaligned { addr } => {
+                write!(f, "result buffer at {addr:#x} is not 8-byte aligned")
+            }
+            Self::ResultLength { len } => {
+                write!(
+                    f,
+                    "result buffer of {len} bytes, an atomic returns exactly 8"
+                )
+            }
+        }
+    }
+}
+
+impl core::error::Error for AtomicFault {}
+
+/// Checks an atomic's target and result buffer: both 8-byte aligned, the remote at least and
+/// the result exactly 8 bytes. (Access is checked elsewhere: the result entry has local write
+/// access by construction, and the responder enforces `REMOTE_ATOMIC`.) Does not allocate.
+#[inline]
+pub const fn check_atomic(result: &Sge<'_>, remote: &RemoteMemory) -> Result<(), AtomicFault> {
+    if !remote.addr.is_multiple_of(8) {
+        Err(AtomicFault::RemoteMisaligned { addr: remote.addr })
+    } else if remote.len < ATOMIC_LEN as u64 {
+        Err(AtomicFault::RemoteTooShort { len: remote.len })
+    } else if !result.addr().is_multiple_of(8) {
+        Err(AtomicFault::ResultMisaligned {
+            addr: result.addr(),
+        })
+    } else if result.len() != ATOMIC_LEN {
+        Err(AtomicFault::ResultLength { len: result.len() })
+    } else {
+        Ok(())
+    }
 }
 
 impl Opcode {
     /// Whether the operation names remote memory.
     #[inline]
     pub const fn is_rdma(self) -> bool {
-        matches!(self, Self::Write | Self::WriteImm(_) | Self::Read)
+        matches!(
+            self,
+            Self::Write | Self::WriteImm(_) | Self::Read | Self::Atomic(_)
+        )
+    }
+
+    /// Whether the device writes the local entries (reads and atomics).
+    #[inline]
+    pub const fn writes_local(self) -> bool {
+        matches!(self, Self::Read | Self::Atomic(_))
     }
 
     /// Whether the operation consumes a receive at the peer.
@@ -66,6 +182,46 @@ pub struct WorkRequest<'a> {
     pub sges: &'a [Sge<'a>],
     /// Remote memory for writes and reads (ignored for sends).
     pub remote: RemoteMemory,
+}
+
+impl<'a> WorkRequest<'a> {
+    /// A request with id 0 (a channel assigns ids and the signaled flag when it posts).
+    #[inline]
+    pub const fn new(
+        opcode: Opcode,
+        flags: SendFlags,
+        sges: &'a [Sge<'a>],
+        remote: RemoteMemory,
+    ) -> Self {
+        Self {
+            wr_id: 0,
+            opcode,
+            flags,
+            sges,
+            remote,
+        }
+    }
+
+    /// The one place an atomic request is made: `op` on the 8 bytes at `remote.addr`, the
+    /// prior value landing in `result` (an entry the device writes: made from a scatter
+    /// entry, so from a region with local write access). Refused with the
+    /// [`AtomicFault`] of [`check_atomic`]. Does not allocate.
+    #[inline]
+    pub const fn atomic(
+        op: AtomicOp,
+        result: &'a Sge<'a>,
+        remote: RemoteMemory,
+    ) -> Result<Self, AtomicFault> {
+        match check_atomic(result, &remote) {
+            Ok(()) => Ok(Self::new(
+                Opcode::Atomic(op),
+                SendFlags::empty(),
+                core::slice::from_ref(result),
+                remote,
+            )),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// One receive-queue work request. The scatter list is written by the device.

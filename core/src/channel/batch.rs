@@ -56,20 +56,18 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         sges: &'b [Sge<'b>],
         remote: RemoteMemory,
     ) -> Result<&mut Self, ChannelError> {
+        self.push_wr(WorkRequest::new(opcode, flags, sges, remote))
+    }
+
+    /// Adds a request made by the caller.
+    pub(super) fn push_wr(&mut self, wr: WorkRequest<'b>) -> Result<&mut Self, ChannelError> {
         self.chan
-            .check_sges(sges.len(), self.chan.caps.max_send_sge)?;
+            .check_sges(wr.sges.len(), self.chan.caps.max_send_sge)?;
         if self.wrs.len() >= self.chan.max_post {
             return Err(ChannelError::BatchFull {
                 max: self.chan.max_post,
             });
         }
-        let wr = WorkRequest {
-            wr_id: 0,
-            opcode,
-            flags,
-            sges,
-            remote,
-        };
         self.wrs
             .push(wr)
             .map_err(|_| ChannelError::BatchFull { max: MAX_BATCH })?;

@@ -4,6 +4,7 @@ use core::fmt;
 
 use crate::completion::WcStatus;
 use crate::provider::ProviderError;
+use crate::wr::AtomicFault;
 
 /// A work request that completed with an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +89,9 @@ pub enum ChannelError {
         /// The peer's rank, if the channel knows it.
         peer: Option<u32>,
     },
+    /// An atomic was refused before posting (nothing was posted; the channel is intact):
+    /// its target or result buffer is misaligned or of the wrong length.
+    InvalidAtomic(AtomicFault),
     /// A [`RecvRing`](super::RecvRing) cannot be built on this memory or channel.
     InvalidRing {
         /// Why.
@@ -118,6 +122,7 @@ impl fmt::Display for ChannelError {
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
             Self::ForeignTicket => f.write_str("the ticket belongs to another channel"),
             Self::InvalidRing { what } => write!(f, "receive ring: {what}"),
+            Self::InvalidAtomic(e) => write!(f, "atomic refused before posting: {e}"),
             Self::TimedOut { peer } => write!(
                 f,
                 "timed out waiting for {}; outstanding work was flushed",

@@ -9,10 +9,10 @@
 //!
 //! | style | how | buffers |
 //! |---|---|---|
-//! | blocking | [`Channel::send`], [`Channel::write`], [`Channel::read`], [`Channel::recv`], and the `_inline`/`_imm` forms | borrowed for the call |
+//! | blocking | [`Channel::send`], [`Channel::write`], [`Channel::read`], [`Channel::recv`], [`Channel::compare_swap`], [`Channel::fetch_add`], and the `_inline`/`_imm` forms | borrowed for the call |
 //! | batched (one doorbell) | [`Channel::batch`], then [`Batch::run`] (waits) or `unsafe` [`Batch::post`] (ticket) | borrowed for the batch |
 //! | scoped | [`Channel::scope`]: [`Scope::send`], [`Scope::write_inline`], ... return tickets; the scope waits for everything before it returns, even on panic | borrowed for the scope |
-//! | ticket | [`Channel::post_send_inline`] and [`Channel::post_write_inline`] (safe: the bytes are copied), `unsafe` [`Channel::post_send`], [`Channel::post_write`], [`Channel::post_read`], [`Channel::post_recv`] | the caller's, under the [posting contract](crate#the-posting-contract) |
+//! | ticket | [`Channel::post_send_inline`] and [`Channel::post_write_inline`] (safe: the bytes are copied), `unsafe` [`Channel::post_send`], [`Channel::post_write`], [`Channel::post_read`], [`Channel::post_compare_swap`], [`Channel::post_fetch_add`], [`Channel::post_recv`] | the caller's, under the [posting contract](crate#the-posting-contract) |
 //!
 //! Every style takes inline payloads (copied at post time, no registered memory) and
 //! registered memory alike, all without `unsafe`:
@@ -91,6 +91,7 @@
 //!
 //! Nothing here allocates.
 
+mod atomic;
 mod batch;
 mod error;
 mod ops;

@@ -19,9 +19,14 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         sges: &[Sge<'_>],
         remote: RemoteMemory,
     ) -> Result<(), ChannelError> {
+        self.run_one(WorkRequest::new(opcode, flags, sges, remote))
+    }
+
+    /// Posts `wr` and waits for it: every blocking verb.
+    pub(super) fn run_one(&mut self, wr: WorkRequest<'_>) -> Result<(), ChannelError> {
         // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
         // the flush) before returning; the guard settles the channel if the wait unwinds.
-        let t = unsafe { self.post_one(opcode, flags, sges, remote) }?;
+        let t = unsafe { self.post_wr(wr) }?;
         let guard = SettleOnDrop(self);
         let r = guard.0.wait(t);
         core::mem::forget(guard);
@@ -40,16 +45,18 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         sges: &[Sge<'_>],
         remote: RemoteMemory,
     ) -> Result<Ticket, ChannelError> {
-        self.check_sges(sges.len(), self.caps.max_send_sge)?;
-        let mut wr = [WorkRequest {
-            wr_id: 0,
-            opcode,
-            flags,
-            sges,
-            remote,
-        }];
         // SAFETY: forwarded to the caller.
-        unsafe { self.post_send_wrs(&mut wr) }
+        unsafe { self.post_wr(WorkRequest::new(opcode, flags, sges, remote)) }
+    }
+
+    /// Posts one send-queue request made by the caller.
+    ///
+    /// # Safety
+    /// The posting contract for the buffers `wr` names.
+    pub(super) unsafe fn post_wr(&mut self, wr: WorkRequest<'_>) -> Result<Ticket, ChannelError> {
+        self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.post_send_wrs(&mut [wr]) }
     }
 
     /// Posts one inline request: safe, because the payload is copied into the work request

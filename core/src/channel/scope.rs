@@ -8,7 +8,7 @@ use super::{as_gather, Batch, Channel, ChannelError, Done, Ticket};
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
-use crate::wr::{Opcode, SendFlags};
+use crate::wr::{Opcode, SendFlags, WorkRequest};
 
 /// Posting inside [`Channel::scope`]. Buffers are borrowed for `'env`, which outlives the
 /// scope, so the memory they point into stays untouchable until the scope has polled
@@ -95,9 +95,14 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         sges: &'env [Sge<'env>],
         remote: RemoteMemory,
     ) -> Result<Ticket, ChannelError> {
+        self.post(WorkRequest::new(opcode, SendFlags::empty(), sges, remote))
+    }
+
+    /// Posts `wr`, whose buffers are borrowed for the scope's environment.
+    pub(super) fn post(&mut self, wr: WorkRequest<'env>) -> Result<Ticket, ChannelError> {
         // SAFETY: the buffers are borrowed for 'env, which outlives the scope, and the scope
         // polls this request to completion before it returns.
-        unsafe { self.chan.post_one(opcode, SendFlags::empty(), sges, remote) }
+        unsafe { self.chan.post_wr(wr) }
     }
 
     /// Posts a send.

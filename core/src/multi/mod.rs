@@ -309,6 +309,73 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.channel(rank)?.read(sges, remote).map_err(at(rank))
     }
 
+    /// Compare-and-swap on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
+    /// `result` (see [`Channel::compare_swap`]). Does not allocate.
+    pub fn compare_swap(
+        &mut self,
+        rank: u32,
+        result: &mut SgeMut<'_>,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Result<(), MultiError> {
+        self.channel(rank)?
+            .compare_swap(result, remote, compare, swap)
+            .map_err(at(rank))
+    }
+
+    /// Fetch-and-add on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
+    /// `result` (see [`Channel::fetch_add`]). Does not allocate.
+    pub fn fetch_add(
+        &mut self,
+        rank: u32,
+        result: &mut SgeMut<'_>,
+        remote: RemoteMemory,
+        add: u64,
+    ) -> Result<(), MultiError> {
+        self.channel(rank)?
+            .fetch_add(result, remote, add)
+            .map_err(at(rank))
+    }
+
+    /// Posts a compare-and-swap on `rank`'s memory and returns its ticket, for
+    /// [`MultiChannel::wait`] (see [`Channel::post_compare_swap`]). Does not allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract): the device writes `result` until
+    /// the wait for the ticket returned.
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_compare_swap(
+        &mut self,
+        rank: u32,
+        result: &mut SgeMut<'_>,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Result<Ticket, MultiError> {
+        let c = self.channel(rank)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { c.post_compare_swap(result, remote, compare, swap) }.map_err(at(rank))
+    }
+
+    /// Posts a fetch-and-add on `rank`'s memory and returns its ticket, for
+    /// [`MultiChannel::wait`] (see [`Channel::post_fetch_add`]). Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`MultiChannel::post_compare_swap`].
+    #[must_use = "wait for the ticket before touching the buffers it names"]
+    pub unsafe fn post_fetch_add(
+        &mut self,
+        rank: u32,
+        result: &mut SgeMut<'_>,
+        remote: RemoteMemory,
+        add: u64,
+    ) -> Result<Ticket, MultiError> {
+        let c = self.channel(rank)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { c.post_fetch_add(result, remote, add) }.map_err(at(rank))
+    }
+
     /// Posts an inline send to `rank` and returns its ticket (the lowest-latency send).
     /// Does not allocate.
     pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, MultiError> {

@@ -25,7 +25,7 @@ pub use error::{Verb, VerbsError};
 pub use event::{CompletionChannel, CqEvents};
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
-pub use qp::{PreparedQp, Qp, QpConfig};
+pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic};
 
 static_assertions::assert_eq_size!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
 static_assertions::assert_eq_align!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);

@@ -14,7 +14,7 @@ use super::mr::AccessFlags;
 use super::pd::Pd;
 use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
-use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 /// Typed queue-pair knobs. `Default` suits a low-latency RC link on one fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +44,9 @@ pub struct QpConfig {
     pub max_recv_sge: u32,
     /// Largest inline payload (the device may grant more).
     pub max_inline_data: u32,
-    /// Outstanding RDMA reads/atomics, as initiator and as responder.
+    /// Outstanding RDMA reads/atomics, as initiator and as responder: clamped to what the
+    /// device allows (`max_qp_init_rd_atom` as initiator, `max_qp_rd_atom` as responder,
+    /// from `ibv_query_device`) when the queue pair is created.
     pub max_rd_atomic: u8,
     /// Traffic class (RoCE DSCP/ECN bits; IB GRH traffic class).
     pub traffic_class: u8,
@@ -54,7 +56,8 @@ pub struct QpConfig {
     pub hop_limit: u8,
     /// First PSN we send; `None` derives one from the QP number.
     pub send_psn: Option<Psn>,
-    /// Remote access this QP accepts.
+    /// Remote access this QP accepts (by default remote read, write and atomics; each
+    /// region still grants its own).
     pub access: AccessFlags,
 }
 
@@ -80,9 +83,19 @@ impl Default for QpConfig {
             send_psn: None,
             access: AccessFlags::LOCAL_WRITE
                 .union(AccessFlags::REMOTE_WRITE)
-                .union(AccessFlags::REMOTE_READ),
+                .union(AccessFlags::REMOTE_READ)
+                .union(AccessFlags::REMOTE_ATOMIC),
         }
     }
+}
+
+/// How many RDMA reads and atomics a queue pair may have outstanding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RdAtomic {
+    /// As initiator (`max_rd_atomic`, at most the device's `max_qp_init_rd_atom`).
+    pub initiator: u8,
+    /// As responder (`max_dest_rd_atomic`, at most the device's `max_qp_rd_atom`).
+    pub responder: u8,
 }
 
 struct QpHandle {
@@ -109,6 +122,7 @@ pub struct PreparedQp {
     port_mtu: Mtu,
     psn: Psn,
     caps: QpCaps,
+    rd_atomic: RdAtomic,
     // Keep the CQs alive as long as the QP; polling them is their owners' business.
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
@@ -153,6 +167,15 @@ impl Pd {
     pub fn create_rc_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<PreparedQp> {
         let ctx = self.context();
         let port = ctx.query_port(cfg.port)?;
+        let dev = ctx.query_device()?;
+        let clamp = |limit: u32| {
+            cfg.max_rd_atomic
+                .min(u8::try_from(limit).unwrap_or(u8::MAX))
+        };
+        let rd_atomic = RdAtomic {
+            initiator: clamp(dev.max_qp_init_rd_atom),
+            responder: clamp(dev.max_qp_rd_atom),
+        };
         if !port.active {
             return Err(VerbsError::PortNotActive {
                 port: cfg.port,
@@ -230,6 +253,7 @@ impl Pd {
             port_mtu: port.active_mtu,
             psn,
             caps,
+            rd_atomic,
             send_cq: send_cq.keep_alive(),
             recv_cq: recv_cq.keep_alive(),
             pd: self.clone(),
@@ -247,6 +271,12 @@ impl PreparedQp {
     /// What the device granted.
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// Outstanding RDMA reads and atomics the queue pair will be set up for:
+    /// [`QpConfig::max_rd_atomic`] clamped to the device's limits.
+    pub fn rd_atomic(&self) -> RdAtomic {
+        self.rd_atomic
     }
 
     /// The route this side uses.
@@ -282,7 +312,7 @@ impl PreparedQp {
         attr.path_mtu = sys::ibv_mtu::from(mtu.code());
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = remote.psn.get();
-        attr.max_dest_rd_atomic = cfg.max_rd_atomic;
+        attr.max_dest_rd_atomic = self.rd_atomic.responder;
         attr.min_rnr_timer = cfg.rnr_timer.code();
         attr.ah_attr.dlid = remote.lid;
         attr.ah_attr.sl = cfg.service_level;
@@ -314,7 +344,7 @@ impl PreparedQp {
         attr.timeout = cfg.ack_timeout.code();
         attr.retry_cnt = cfg.retry_count.get();
         attr.rnr_retry = cfg.rnr_retry.code();
-        attr.max_rd_atomic = cfg.max_rd_atomic;
+        attr.max_rd_atomic = self.rd_atomic.initiator;
         modify(
             raw,
             &mut attr,
@@ -332,6 +362,7 @@ impl PreparedQp {
             caps: self.caps,
             route: self.route,
             path_mtu: mtu,
+            rd_atomic: self.rd_atomic,
             remote: *remote,
             handle: self.handle,
             _send_cq: self.send_cq,
@@ -347,6 +378,7 @@ pub struct Qp {
     caps: QpCaps,
     route: Route,
     path_mtu: Mtu,
+    rd_atomic: RdAtomic,
     remote: Endpoint,
     // Field order is drop order: the QP goes before its CQs and PD.
     handle: QpHandle,
@@ -378,6 +410,8 @@ fn send_opcode(op: Opcode) -> (sys::ibv_wr_opcode::Type, u32) {
         Opcode::Write => (o::IBV_WR_RDMA_WRITE, 0),
         Opcode::WriteImm(i) => (o::IBV_WR_RDMA_WRITE_WITH_IMM, i),
         Opcode::Read => (o::IBV_WR_RDMA_READ, 0),
+        Opcode::Atomic(AtomicOp::CompareSwap { .. }) => (o::IBV_WR_ATOMIC_CMP_AND_SWP, 0),
+        Opcode::Atomic(AtomicOp::FetchAdd(_)) => (o::IBV_WR_ATOMIC_FETCH_AND_ADD, 0),
     }
 }
 
@@ -409,6 +443,12 @@ impl Qp {
     #[inline]
     pub fn route(&self) -> Route {
         self.route
+    }
+
+    /// Outstanding RDMA reads and atomics it was set up for ([`PreparedQp::rd_atomic`]).
+    #[inline]
+    pub fn rd_atomic(&self) -> RdAtomic {
+        self.rd_atomic
     }
 
     /// The negotiated path MTU.
@@ -482,9 +522,24 @@ impl Qp {
             wr.opcode = opcode;
             wr.send_flags = w.flags.bits();
             wr.__bindgen_anon_1.imm_data = imm.to_be();
-            if w.opcode.is_rdma() {
-                wr.wr.rdma.remote_addr = w.remote.addr;
-                wr.wr.rdma.rkey = w.remote.rkey;
+            match w.opcode {
+                Opcode::Atomic(op) => {
+                    let (compare_add, swap) = match op {
+                        AtomicOp::CompareSwap { compare, swap } => (compare, swap),
+                        AtomicOp::FetchAdd(add) => (add, 0),
+                    };
+                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr: w.remote.addr,
+                        compare_add,
+                        swap,
+                        rkey: w.remote.rkey,
+                    };
+                }
+                op if op.is_rdma() => {
+                    wr.wr.rdma.remote_addr = w.remote.addr;
+                    wr.wr.rdma.rkey = w.remote.rkey;
+                }
+                _ => {}
             }
             chain[i].write(wr);
         }

@@ -6,7 +6,7 @@
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;
 use crate::sge::Sge;
-use crate::wr::{Opcode, SendFlags, WorkRequest};
+use crate::wr::{Opcode, SendFlags, WorkRequest, ATOMIC_LEN};
 
 use super::EINVAL;
 
@@ -67,10 +67,19 @@ pub(super) const NO_HEADER: SendHeader = SendHeader {
 };
 
 /// Checks `wr` against `caps` before anything is stored: the `EINVAL` cases of a post (too
-/// many entries, an inline read, an inline payload over the limit).
+/// many entries, an inline read, an inline payload over the limit, an atomic without exactly
+/// one 8-byte entry).
 pub(super) fn check_send(caps: &QpCaps, wr: &WorkRequest<'_>) -> Result<(), i32> {
     if wr.sges.len() > caps.max_send_sge as usize {
         return Err(EINVAL);
+    }
+    if let Opcode::Atomic(_) = wr.opcode {
+        // One 8-byte entry for the prior value, as the device requires (rxe refuses anything
+        // else at post time).
+        let one_word = matches!(wr.sges, [e] if e.len() == ATOMIC_LEN);
+        if !one_word || wr.flags.contains(SendFlags::INLINE) {
+            return Err(EINVAL);
+        }
     }
     if wr.flags.contains(SendFlags::INLINE) {
         if wr.opcode == Opcode::Read {

@@ -10,7 +10,7 @@
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::{QpCaps, RetryCount, RnrRetry};
 use crate::sge::Sge;
-use crate::wr::{Opcode, PostFailure, RecvRequest, WorkRequest, MAX_BATCH};
+use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, WorkRequest, ATOMIC_LEN, MAX_BATCH};
 
 use super::entry::{build_send, check_send, completion, RawSge, SendHeader, NO_SGE};
 use super::keys::KeyKind;
@@ -287,6 +287,7 @@ pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, 
             Opcode::Send | Opcode::SendImm(_) => CompletionKind::Send,
             Opcode::Write | Opcode::WriteImm(_) => CompletionKind::Write,
             Opcode::Read => CompletionKind::Read,
+            Opcode::Atomic(_) => CompletionKind::Atomic,
         };
         if status.is_success() {
             if h.signaled {
@@ -323,7 +324,7 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
     let local = match local {
         Local::Inline(bytes) => Spans::one(bytes.as_ptr().cast_mut(), bytes.len()),
         Local::Entries(sges) => {
-            let need = if h.opcode == Opcode::Read {
+            let need = if h.opcode.writes_local() {
                 AccessFlags::LOCAL_WRITE
             } else {
                 AccessFlags::empty()
@@ -342,6 +343,9 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
     }
     if h.opcode.consumes_remote_recv() && !w.has_recv(p) {
         return Outcome::Rnr;
+    }
+    if let Opcode::Atomic(op) = h.opcode {
+        return atomic(w, p, h, op, &local);
     }
     let remote = if h.opcode.is_rdma() && total > 0 {
         let need = if h.opcode == Opcode::Read {
@@ -398,10 +402,53 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
             // SAFETY: as above; `remote` grants remote read, `local` local write.
             unsafe { copy_spans(remote.as_slice(), local.as_slice()) };
         }
+        // Executed by `atomic` above.
+        Opcode::Atomic(_) => {}
     }
     Outcome::Done {
         status: WcStatus::Success,
         byte_len: total,
+    }
+}
+
+/// The atomic `op` of the request `h` at its responder `p`, the prior value going to `local`
+/// (one resolved 8-byte entry with local write access: `check_send` made sure of the length
+/// at post). The model runs one request at a time, so the read-modify-write below is atomic
+/// with respect to every other atomic of the model. As a responder does: an rkey that does
+/// not grant [`AccessFlags::REMOTE_ATOMIC`] on the 8 bytes is a remote access error, a
+/// misaligned address a NAK-invalid-request; both move the responder to the error state
+/// (class C, as rxe does).
+fn atomic<W: Wiring>(w: &mut W, p: usize, h: &SendHeader, op: AtomicOp, local: &Spans) -> Outcome {
+    let len = u64::from(ATOMIC_LEN);
+    let need = AccessFlags::REMOTE_ATOMIC;
+    let Some(ptr) = w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, len, need) else {
+        enter_error(w, p);
+        return done(WcStatus::RemoteAccess);
+    };
+    // `resolve` keeps the address, so the pointer is as aligned as `raddr`.
+    if !h.raddr.is_multiple_of(len) {
+        enter_error(w, p);
+        return done(WcStatus::RemoteInvalidRequest);
+    }
+    let word = ptr.cast::<u64>();
+    // SAFETY: `ptr` is a live, 8-aligned, 8-byte range of `p`'s registered memory that grants
+    // remote atomic access; the CPU reaches region bytes only through volatile copies, so no
+    // Rust reference to them exists.
+    let prior = u64::from_le(unsafe { word.read_volatile() });
+    // SAFETY: as above.
+    unsafe { word.write_volatile(op.apply(prior).to_le()) };
+    let bytes = prior.to_le_bytes();
+    // SAFETY: the source is this function's array, the destination `local`'s resolved
+    // entries with local write access, kept valid and unreferenced by the posting contract.
+    unsafe {
+        copy_spans(
+            Spans::one(bytes.as_ptr().cast_mut(), bytes.len()).as_slice(),
+            local.as_slice(),
+        )
+    };
+    Outcome::Done {
+        status: WcStatus::Success,
+        byte_len: ATOMIC_LEN,
     }
 }
 

@@ -83,6 +83,17 @@
 //!   it). A failure completes the request with [`WcStatus::RemoteAccess`] and, as on rxe
 //!   (class C responder error), moves the *peer* to the error state too. Zero-length RDMA
 //!   is not checked.
+//! - **Atomics** ([`Opcode::Atomic`](crate::wr::Opcode::Atomic)) take exactly one 8-byte
+//!   local entry and no `INLINE` flag (else `EINVAL` at post, as rxe does). When the request
+//!   executes, the entry needs [`AccessFlags::LOCAL_WRITE`] (else
+//!   [`WcStatus::LocalProtection`]); the rkey must grant [`AccessFlags::REMOTE_ATOMIC`] on the
+//!   8 bytes at `remote.addr` (else [`WcStatus::RemoteAccess`]), and the address must be
+//!   8-aligned (else [`WcStatus::RemoteInvalidRequest`], the NAK-invalid-request a responder
+//!   sends); both failures move the peer to the error state too. The word is read and written
+//!   little-endian, and the value it held before lands in the local entry. Requests execute
+//!   one at a time, so atomics are atomic with respect to each other (as on a device, not
+//!   with respect to RDMA writes or the CPU's stores to the same word). The completion has
+//!   kind [`CompletionKind::Atomic`] and `byte_len` 8.
 //! - **Two-sided**: `Send`/`SendImm`/`WriteImm` consume the peer's oldest receive. Its
 //!   completion reports kind `Recv` (or `RecvWriteImm`), `byte_len` (the message length; for
 //!   a write with immediate the written length, as verbs does), and the immediate. A message
@@ -212,7 +223,7 @@ impl Side {
 pub enum SoftError {
     /// The buffer is empty.
     EmptyBuffer,
-    /// `REMOTE_WRITE` without `LOCAL_WRITE`.
+    /// `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` (as the device requires).
     RemoteWriteNeedsLocalWrite,
     /// All slots of the region table are in use ([`MAX_REGIONS`] per side of a fabric,
     /// `max_regions` per node of a net).
@@ -229,7 +240,7 @@ impl fmt::Display for SoftError {
         f.write_str(match self {
             Self::EmptyBuffer => "soft register: the buffer is empty",
             Self::RemoteWriteNeedsLocalWrite => {
-                "soft register: remote write access needs local write access too"
+                "soft register: remote write or atomic access needs local write access too"
             }
             Self::TableFull => "soft register: the region table is full",
             Self::NoSuchNode => "soft register: no node of that number in the net",

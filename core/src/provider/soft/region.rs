@@ -19,7 +19,8 @@ pub(super) fn check_registration(len: usize, access: AccessFlags) -> Result<(), 
     if len == 0 {
         return Err(SoftError::EmptyBuffer);
     }
-    if access.contains(AccessFlags::REMOTE_WRITE) && !access.contains(AccessFlags::LOCAL_WRITE) {
+    if access.intersects(AccessFlags::REMOTE_MUTATION) && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
         return Err(SoftError::RemoteWriteNeedsLocalWrite);
     }
     Ok(())
