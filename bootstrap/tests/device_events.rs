@@ -21,6 +21,42 @@ use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
 
 type Chan = Channel<VerbsProvider, StdBackoff>;
 
+/// Counts the allocations of the threads that turned counting on: the blocking waits (arm,
+/// sleep, take and acknowledge events) must not allocate.
+struct Counting;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// SAFETY: forwards to the system allocator; the counter is a side effect only.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // SAFETY: the caller's layout contract is forwarded unchanged.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: ptr came from System.alloc with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Runs `f` with this thread's allocations counted.
+fn counted<T>(f: impl FnOnce() -> T) -> T {
+    COUNTING.with(|c| c.set(true));
+    let out = f();
+    COUNTING.with(|c| c.set(false));
+    out
+}
+
 /// Block at once: every wait that does not find its completion on the first poll sleeps.
 const BLOCK: WaitPolicy = WaitPolicy::Block { spins: 0 };
 
@@ -259,24 +295,28 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
     let t0 = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
+            counted(|| {
+                for i in 0..round_trips {
+                    let d = b.recv(&mut [bmr.sge_mut(0..64).unwrap()]).unwrap();
+                    assert_eq!(d.byte_len, 4);
+                    b.send_inline(&i.to_le_bytes()).unwrap();
+                }
+            })
+        });
+        counted(|| {
             for i in 0..round_trips {
-                let d = b.recv(&mut [bmr.sge_mut(0..64).unwrap()]).unwrap();
-                assert_eq!(d.byte_len, 4);
-                b.send_inline(&i.to_le_bytes()).unwrap();
+                // Post the receive for the answer first, then ping, then block for the pong.
+                let mut scatter = [amr.sge_mut(0..64).unwrap()];
+                let got = a
+                    .scope(|sc| {
+                        let r = sc.recv(&mut scatter).unwrap();
+                        sc.send_inline(&i.to_le_bytes()).unwrap();
+                        sc.wait(r).unwrap()
+                    })
+                    .unwrap();
+                assert_eq!(got.byte_len, 4);
             }
         });
-        for i in 0..round_trips {
-            // Post the receive for the answer first, then ping, then block for the pong.
-            let mut scatter = [amr.sge_mut(0..64).unwrap()];
-            let got = a
-                .scope(|sc| {
-                    let r = sc.recv(&mut scatter).unwrap();
-                    sc.send_inline(&i.to_le_bytes()).unwrap();
-                    sc.wait(r).unwrap()
-                })
-                .unwrap();
-            assert_eq!(got.byte_len, 4);
-        }
     });
     let elapsed = t0.elapsed();
     let (sa, sb) = (a.backoff().blocked_sleeps(), b.backoff().blocked_sleeps());
@@ -287,6 +327,11 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
         elapsed / round_trips.max(1)
     );
     assert_eq!(sa.expired + sb.expired, 0, "lost wake-ups: {sa:?} {sb:?}");
+    let allocations = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        allocations, 0,
+        "blocking waits allocated {allocations} times"
+    );
     // The waits did block (rather than always finding their completion already there).
     assert!(
         sa.woken + sb.woken >= u64::from(round_trips),

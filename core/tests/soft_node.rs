@@ -429,3 +429,79 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
         assert!(!n.is_poisoned());
     }
 }
+
+/// Runs one full barrier in which rank 0 arrives first and polls while rank 1 "computes",
+/// so rank 1 always arrives last and finishes without polling.
+fn barrier_rank_1_last(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock) {
+    nodes[0].barrier_start(&clock, TIMEOUT).unwrap();
+    for _ in 0..20 {
+        assert!(!nodes[0].barrier_poll(&clock).unwrap());
+    }
+    nodes[1].barrier_start(&clock, TIMEOUT).unwrap();
+    let mut done = [false; 2];
+    for _ in 0..10_000 {
+        for (r, d) in done.iter_mut().enumerate() {
+            *d = *d || nodes[r].barrier_poll(&clock).unwrap();
+        }
+        if done == [true, true] {
+            return;
+        }
+    }
+    panic!("barrier stuck: {done:?}");
+}
+
+#[test]
+fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
+    // The last rank finishes inside `barrier_start`; its wake-up receives must still be
+    // re-posted, or the sixteenth barrier's notification finds none.
+    let net = net(2);
+    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    for n in nodes.iter_mut() {
+        n.enable_barrier_wakeups().unwrap();
+    }
+    for _ in 0..(if cfg!(miri) { 20 } else { 60 }) {
+        barrier_rank_1_last(&mut nodes, clock);
+    }
+    let left = nodes[1].channel(0).unwrap().outstanding_recvs();
+    assert!(left >= 14, "rank 1 has only {left} wake-up receives posted");
+}
+
+#[test]
+fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
+    let net = net(3);
+    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock);
+    for n in nodes.iter_mut() {
+        n.enable_barrier_wakeups().unwrap();
+    }
+    let all = [0u32, 1, 2];
+    let mut rng = Rng(9);
+    barrier_in_random_order(
+        &mut nodes,
+        &all,
+        BarrierAlgorithm::Dissemination,
+        &mut rng,
+        clock,
+    );
+    // Rank 2 sends to rank 0: the message lands on a receive without a buffer, and rank 0's
+    // channel to rank 2 breaks with a length error (no memory is written anywhere).
+    let _ = nodes[2].channel(0).unwrap().post_send_inline(b"stray");
+    for _ in 0..100 {
+        let _ = nodes[0].multi().poll();
+        let _ = nodes[2].multi().poll();
+    }
+    assert!(nodes[0].channel(2).unwrap().failure().is_some());
+    // Barriers without rank 2 go on.
+    for _ in 0..20 {
+        barrier_in_random_order(
+            &mut nodes,
+            &[0, 1],
+            BarrierAlgorithm::Dissemination,
+            &mut rng,
+            clock,
+        );
+    }
+}

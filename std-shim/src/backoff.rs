@@ -200,8 +200,8 @@ impl StdBackoff {
 /// The descriptor of `wakeup` for an event loop's `poll`/`epoll` (arm first, take the
 /// events after: see [`Wakeup`]). Borrowed: the completion channel owns and closes it.
 pub fn wakeup_fd(wakeup: &dyn Wakeup) -> std::os::fd::BorrowedFd<'_> {
-    // SAFETY: the descriptor belongs to the completion channel `wakeup` keeps alive, so it
-    // stays open for the borrow's lifetime.
+    // SAFETY: `Wakeup` is an unsafe trait whose implementors promise that `fd` stays open
+    // while the value lives, which the borrow cannot outlast.
     unsafe { std::os::fd::BorrowedFd::borrow_raw(wakeup.fd()) }
 }
 
@@ -218,7 +218,9 @@ fn wait_readable(fd: i32, limit: Duration) -> bool {
     };
     // SAFETY: pfd and ts are valid for the call; no signal mask is changed (null).
     let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, core::ptr::null()) };
-    n > 0 && pfd.revents & libc::POLLIN != 0
+    // A signal (EINTR) or an error counts as a wake-up: the wait re-polls and checks its
+    // deadline, and sleeps again if nothing came.
+    n != 0
 }
 
 impl Backoff for StdBackoff {
@@ -360,5 +362,165 @@ mod tests {
         let before = Instant::now();
         b.snooze();
         assert!(before.elapsed() >= pause);
+    }
+
+    /// A wakeup over a pipe: "armed" once per event; readable when a byte was written.
+    #[derive(Debug)]
+    struct PipeWakeup {
+        fds: [i32; 2],
+        arms: core::sync::atomic::AtomicU32,
+        armed: core::sync::atomic::AtomicBool,
+    }
+
+    impl PipeWakeup {
+        fn new() -> Arc<Self> {
+            let mut fds = [0; 2];
+            // SAFETY: fds has room for the two descriptors pipe2 writes.
+            let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+            assert_eq!(rc, 0);
+            Arc::new(Self {
+                fds,
+                arms: 0.into(),
+                armed: false.into(),
+            })
+        }
+        fn fire(&self) {
+            // SAFETY: writes one byte from a valid buffer to our own pipe.
+            let n = unsafe { libc::write(self.fds[1], [1u8].as_ptr().cast(), 1) };
+            assert_eq!(n, 1);
+        }
+    }
+
+    impl Drop for PipeWakeup {
+        fn drop(&mut self) {
+            // SAFETY: closes the descriptors this value owns.
+            unsafe {
+                libc::close(self.fds[0]);
+                libc::close(self.fds[1]);
+            }
+        }
+    }
+
+    // SAFETY: the read end stays open until the value drops.
+    unsafe impl Wakeup for PipeWakeup {
+        fn arm(&self) -> Result<bool, rverbs_core::provider::ProviderError> {
+            use core::sync::atomic::Ordering::SeqCst;
+            let newly = !self.armed.swap(true, SeqCst);
+            if newly {
+                self.arms.fetch_add(1, SeqCst);
+            }
+            Ok(newly)
+        }
+        fn fd(&self) -> i32 {
+            self.fds[0]
+        }
+        fn take_events(&self) -> Result<u32, rverbs_core::provider::ProviderError> {
+            let mut b = [0u8; 16];
+            // SAFETY: reads into a valid local buffer from our own non-blocking pipe.
+            let n = unsafe { libc::read(self.fds[0], b.as_mut_ptr().cast(), b.len()) };
+            self.armed
+                .store(false, core::sync::atomic::Ordering::SeqCst);
+            Ok(n.max(0) as u32)
+        }
+    }
+
+    fn blocking(w: &Arc<PipeWakeup>, spins: u32) -> StdBackoff {
+        let mut b = WaitPolicy::Block { spins }.backoff();
+        let w: Arc<dyn Wakeup> = w.clone();
+        b.attach(&w);
+        assert!(b.has_wakeup());
+        b
+    }
+
+    #[test]
+    fn block_spins_then_arms_and_returns_before_it_sleeps() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 3);
+        let t = Instant::now();
+        for _ in 0..3 {
+            b.snooze_within(&mut || Duration::from_secs(10));
+        }
+        assert_eq!(
+            w.arms.load(core::sync::atomic::Ordering::SeqCst),
+            0,
+            "armed while spinning"
+        );
+        // The first blocking step only arms: the caller must poll again before any sleep.
+        b.snooze_within(&mut || Duration::from_secs(10));
+        assert_eq!(w.arms.load(core::sync::atomic::Ordering::SeqCst), 1);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "slept before re-polling"
+        );
+        assert_eq!(b.blocked_sleeps(), BlockedSleeps::default());
+    }
+
+    #[test]
+    fn block_sleeps_until_the_event() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 0);
+        b.snooze_within(&mut || Duration::from_secs(10)); // arms
+        let fire = {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                w.fire();
+            })
+        };
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::from_secs(10));
+        let slept = t.elapsed();
+        fire.join().unwrap();
+        assert!(
+            slept >= Duration::from_millis(40),
+            "did not sleep: {slept:?}"
+        );
+        assert!(
+            slept < Duration::from_secs(5),
+            "slept past the event: {slept:?}"
+        );
+        assert_eq!(
+            b.blocked_sleeps(),
+            BlockedSleeps {
+                woken: 1,
+                expired: 0
+            }
+        );
+        // The event disarmed the queue: the next step arms again instead of sleeping.
+        b.snooze_within(&mut || Duration::from_secs(10));
+        assert_eq!(w.arms.load(core::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn block_returns_at_the_deadline_and_never_past_it() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 0);
+        b.snooze_within(&mut || Duration::from_secs(10)); // arms
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::from_millis(30));
+        let slept = t.elapsed();
+        assert!(slept >= Duration::from_millis(30), "{slept:?}");
+        assert!(slept < Duration::from_secs(5), "{slept:?}");
+        assert_eq!(
+            b.blocked_sleeps(),
+            BlockedSleeps {
+                woken: 0,
+                expired: 1
+            }
+        );
+        // A deadline already passed: no sleep at all.
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::ZERO);
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert_eq!(b.blocked_sleeps().expired, 1);
+    }
+
+    #[test]
+    fn block_without_events_sleeps_like_the_fallback() {
+        let mut b = WaitPolicy::Block { spins: 0 }.backoff();
+        assert!(!b.has_wakeup());
+        let t = Instant::now();
+        b.snooze();
+        assert!(t.elapsed() >= BLOCK_FALLBACK_PAUSE);
     }
 }

@@ -76,6 +76,8 @@ fn backoff_policies_do_not_allocate() {
             spins: 4,
             pause: Duration::from_micros(1),
         },
+        // Without completion events attached: the fallback sleep.
+        WaitPolicy::Block { spins: 4 },
     ];
     let n = allocations_during(|| {
         for policy in policies {

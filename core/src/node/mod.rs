@@ -336,8 +336,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
                 }
             })
             .map_err(barrier_error)?;
-        w.repost(self.multi)
-            .map_err(|(rank, error)| BarrierError::Transport { rank, error })?;
+        w.repost(self.multi);
         first.map_or(Ok(()), Err)
     }
 }
@@ -671,10 +670,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             ..
         } = self;
         if let Some(w) = wakeups.as_mut() {
-            // Completions other calls retired (a channel wait, `multi().poll()`) never reached
-            // the barrier's poll; re-post their wake-up receives before waiting on them.
+            // At every barrier's start, re-post on every channel: a rank that arrives last
+            // finishes inside `start` and never reaches the barrier's poll, and completions
+            // other calls retired (a channel wait, `multi().poll()`) never reached it either.
+            // O(peers) once per barrier keeps at most two barriers' notifications in flight.
             if !barrier.is_pending() {
-                w.mark_all();
+                w.refill(multi);
             }
         }
         let mut t = Transport {

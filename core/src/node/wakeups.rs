@@ -7,11 +7,17 @@
 //! the sleeping rank wakes the moment its peer arrives.
 //!
 //! Every queue pair keeps [`WAKE_RECVS`] receives without buffers posted for them, re-posted
-//! as they complete. A peer cannot get more than one barrier ahead of us (it needs our
-//! arrival to finish the next one), and it sends us at most two notifications per barrier
-//! (arrival and release), so at most four are in flight from one peer at any time; sixteen
-//! leave room for group barriers started back to back. Were they ever exhausted, the peer's
-//! write would wait in receiver-not-ready retries, not fail.
+//! as they complete: by the barrier's poll, and on every channel at the start of every
+//! barrier (a rank that always arrives last finishes inside `start` and never polls). A peer
+//! cannot get more than one barrier ahead of us (it needs our arrival to finish the next
+//! one), and it sends us at most two notifications per barrier (arrival and release), so at
+//! most four are consumed between two of our barrier starts; sixteen leave room for group
+//! barriers started back to back. Were they ever exhausted, the peer's write would wait in
+//! receiver-not-ready retries (and fail once those run out, breaking that channel).
+//!
+//! A channel whose wake-up receive failed (it broke: a peer's send landed on one, or the
+//! peer died) is left alone: the barriers that need that rank fail when they notify it, and
+//! the others go on.
 //!
 //! Receives without buffers cannot take a message: once wake-ups are on, the node's channels
 //! carry one-sided traffic only (writes, reads, atomics, barriers). Messaging is refused
@@ -30,7 +36,7 @@ use alloc::vec::Vec;
 use heapless::Deque;
 
 use super::NodeError;
-use crate::channel::{ChannelError, Ticket};
+use crate::channel::Ticket;
 use crate::multi::MultiChannel;
 use crate::poll::Backoff;
 use crate::provider::Provider;
@@ -62,20 +68,23 @@ impl Wakeups {
         multi: &mut MultiChannel<P, B>,
     ) -> Result<Self, NodeError> {
         let mut posted = Vec::with_capacity(multi.peers());
+        // Check every channel before posting on any: a refusal leaves nothing posted.
         if multi.channels().any(|c| c.outstanding_recvs() > 0) {
             return Err(NodeError::InvalidArgument {
                 what: "barrier wake-ups need every receive on the node's channels completed",
             });
         }
+        if multi
+            .channels()
+            .any(|c| c.recv_capacity() < MIN_WAKE_RECVS as u64)
+        {
+            return Err(NodeError::InvalidArgument {
+                what: "barrier wake-ups need room for 4 receives on every queue pair",
+            });
+        }
         for c in multi.channels() {
             let mut q = Deque::new();
-            let room = c.recv_capacity().saturating_sub(c.outstanding_recvs());
-            if room < MIN_WAKE_RECVS as u64 {
-                return Err(NodeError::InvalidArgument {
-                    what: "barrier wake-ups need room for 4 more receives on every queue pair",
-                });
-            }
-            for _ in 0..room.min(WAKE_RECVS as u64) {
+            for _ in 0..c.recv_capacity().min(WAKE_RECVS as u64) {
                 let t = c.post_recv_empty().map_err(|error| NodeError::Channel {
                     rank: c.peer().unwrap_or(u32::MAX),
                     error,
@@ -100,20 +109,26 @@ impl Wakeups {
         }
     }
 
-    /// Marks every channel, so the next [`repost`](Self::repost) looks at all of them (at
-    /// the start of a barrier: O(peers), once per barrier).
-    pub(super) fn mark_all(&mut self) {
+    /// Polls once and re-posts the completed wake-up receives of every channel (at the start
+    /// of a barrier: O(peers), once per barrier). A failure shows up where it matters: when
+    /// a barrier notifies or waits for that rank. Does not allocate.
+    pub(super) fn refill<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        multi: &mut MultiChannel<P, B>,
+    ) {
+        let _ = multi.poll_ready(|_, _| {});
         self.ready.clear();
         self.ready.extend(0..self.posted.len() as u32);
+        self.repost(multi);
     }
 
     /// Re-posts the wake-up receives that completed on the channels [`mark`](Self::mark)ed
-    /// since the last call; fails with the first channel that failed (and its rank). Does not
+    /// since the last call. A channel that failed is skipped (see the module docs). Does not
     /// allocate.
     pub(super) fn repost<P: Provider, B: Backoff + Clone>(
         &mut self,
         multi: &mut MultiChannel<P, B>,
-    ) -> Result<(), (u32, ChannelError)> {
+    ) {
         for pos in self.ready.drain(..) {
             let (Some(c), Some(q)) = (
                 multi.by_index(pos as usize),
@@ -121,20 +136,29 @@ impl Wakeups {
             ) else {
                 continue;
             };
-            let rank = c.peer().unwrap_or(u32::MAX);
             while let Some(&t) = q.front() {
                 match c.take_if_complete(t) {
                     None => break,
-                    Some(Err(e)) => return Err((rank, e)),
+                    Some(Err(_)) => {
+                        // Broken: nothing will complete or post here again.
+                        q.clear();
+                        break;
+                    }
                     Some(Ok(_)) => {
                         q.pop_front();
-                        let t = c.post_recv_empty().map_err(|e| (rank, e))?;
-                        // One popped, one pushed: there is room.
-                        let _ = q.push_back(t);
+                        match c.post_recv_empty() {
+                            // One popped, one pushed: there is room.
+                            Ok(t) => {
+                                let _ = q.push_back(t);
+                            }
+                            Err(_) => {
+                                q.clear();
+                                break;
+                            }
+                        }
                     }
                 }
             }
         }
-        Ok(())
     }
 }

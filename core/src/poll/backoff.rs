@@ -66,7 +66,16 @@ impl<B: Backoff + ?Sized> Backoff for &mut B {
 ///    completion that arrived before the arm raised no event);
 /// 2. sleep until [`fd`](Self::fd) is readable or the deadline;
 /// 3. [`take_events`](Self::take_events), which disarms the queues that fired.
-pub trait Wakeup: Send + Sync + core::fmt::Debug {
+///
+/// # Safety
+/// [`fd`](Self::fd) returns the same descriptor for as long as the value lives, and that
+/// descriptor stays open until it is dropped: callers hand it to `poll(2)` and borrow it as a
+/// `BorrowedFd`. One waiter at a time: events are read by whoever sleeps, so two threads
+/// sleeping on one `Wakeup` can take each other's wake-up (each thread gets its own queues
+/// and channel).
+// An `unsafe trait`: std code borrows the descriptor on its word (`poll` itself stays safe).
+#[allow(unsafe_code)]
+pub unsafe trait Wakeup: Send + Sync + core::fmt::Debug {
     /// Arms every queue not armed yet; `Ok(true)` if one was, and the caller must poll once
     /// more before it sleeps.
     fn arm(&self) -> Result<bool, ProviderError>;

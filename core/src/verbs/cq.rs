@@ -5,6 +5,7 @@ use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
+use core::sync::atomic::AtomicBool;
 
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
@@ -17,6 +18,10 @@ pub(crate) struct CqInner {
     _ctx: Context,
     // Dropped after the CQ is destroyed: a channel outlives its queues.
     channel: Option<Arc<ChannelInner>>,
+    /// Whether the queue is armed for an event; the CQ's `cq_context` points at it, so
+    /// whoever reads the event disarms it (see `verbs::event`). Dropped after the CQ is
+    /// destroyed, which waits until every event read was acknowledged.
+    pub(crate) armed: Arc<AtomicBool>,
 }
 
 impl Drop for CqInner {
@@ -95,11 +100,18 @@ impl Context {
         })?;
         // SAFETY: raw is a live CQ; cqe holds the granted size.
         let capacity = u32::try_from(unsafe { (*raw.as_ptr()).cqe }).unwrap_or(min_entries);
+        let armed = Arc::new(AtomicBool::new(false));
+        // SAFETY: raw is a live CQ nobody else knows yet; `cq_context` is ours to set. It
+        // points at `armed`, which outlives the CQ (dropped after ibv_destroy_cq returned).
+        unsafe {
+            (*raw.as_ptr()).cq_context = Arc::as_ptr(&armed).cast_mut().cast();
+        }
         Ok(Cq {
             inner: Arc::new(CqInner {
                 raw,
                 _ctx: self.clone(),
                 channel,
+                armed,
             }),
             capacity,
             _not_sync: PhantomData,

@@ -117,10 +117,10 @@ impl CompletionChannel {
     }
 }
 
-/// A queue a [`CqEvents`] arms, kept alive by it.
+/// A queue a [`CqEvents`] arms, kept alive by it. Its armed flag lives with the queue, so
+/// every `CqEvents` over it (and every reader of the channel) agrees on it.
 struct Armed {
     cq: Arc<CqInner>,
-    armed: AtomicBool,
 }
 
 /// The completion queues one waiter depends on, with the channel they raise events on: the
@@ -163,7 +163,6 @@ impl CqEvents {
             }
             list.push(Armed {
                 cq: cq.keep_alive(),
-                armed: AtomicBool::new(false),
             });
         }
         Ok(Self {
@@ -183,7 +182,7 @@ impl CqEvents {
     pub fn arm(&self) -> Result<bool> {
         let mut newly = false;
         for a in &self.cqs {
-            if a.armed.load(Ordering::Acquire) {
+            if a.cq.armed.load(Ordering::Acquire) {
                 continue;
             }
             // SAFETY: the CQ is alive (held by `a.cq`).
@@ -194,7 +193,7 @@ impl CqEvents {
                     errno: rc,
                 });
             }
-            a.armed.store(true, Ordering::Release);
+            a.cq.armed.store(true, Ordering::Release);
             newly = true;
         }
         Ok(newly)
@@ -216,8 +215,13 @@ impl CqEvents {
                 break if e == ffi::EAGAIN { Ok(total) } else { Err(e) };
             }
             total += 1;
-            if let Some(a) = self.cqs.iter().find(|a| a.cq.raw.as_ptr() == cq) {
-                a.armed.store(false, Ordering::Release);
+            // Every queue on one of our channels was made by `create_cq_with`, whose
+            // `cq_context` points at its armed flag.
+            if let Some(flag) = NonNull::new(ctx.cast::<AtomicBool>()) {
+                // SAFETY: the flag outlives the queue, and the queue cannot be destroyed
+                // before this event is acknowledged (below), so the flag is alive; it is only
+                // ever accessed through shared references.
+                unsafe { flag.as_ref() }.store(false, Ordering::Release);
             }
             match batches.iter_mut().find(|(c, _)| *c == cq) {
                 Some((_, n)) => *n += 1,
@@ -251,7 +255,9 @@ fn provider_error(e: VerbsError, verb: Verb) -> ProviderError {
     }
 }
 
-impl Wakeup for CqEvents {
+// SAFETY: the descriptor is the completion channel's, which this value keeps open (the
+// channel is destroyed only after its last holder is gone).
+unsafe impl Wakeup for CqEvents {
     fn arm(&self) -> core::result::Result<bool, ProviderError> {
         CqEvents::arm(self).map_err(|e| provider_error(e, Verb::ReqNotifyCq))
     }
