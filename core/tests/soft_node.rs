@@ -376,7 +376,7 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     // Each barrier consumes up to two wake-up receives per peer; more barriers than the
     // sixteen posted prove they are re-posted, for every algorithm and for sub-groups.
     let world_size = if cfg!(miri) { 4 } else { 32 };
-    let rounds = if cfg!(miri) { 3 } else { 12 };
+    let rounds = if cfg!(miri) { 6 } else { 12 };
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
@@ -403,20 +403,19 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
         );
     }
     // After the first full barrier every notification was a write with immediate: each
-    // consumed a wake-up receive at its peer, far more of them than were ever posted at once.
-    let imms: u64 = nodes
+    // consumed a wake-up receive at its peer, and some channel consumed more of them than
+    // were ever posted at once (16), so they were re-posted.
+    let most: u64 = nodes
         .iter_mut()
-        .map(|n| {
+        .flat_map(|n| {
             n.multi()
                 .channels()
                 .map(|c| c.remote_recvs_used())
-                .sum::<u64>()
+                .collect::<Vec<_>>()
         })
-        .sum();
-    assert!(
-        imms > 16 * u64::from(world_size),
-        "only {imms} notifications carried an immediate"
-    );
+        .max()
+        .unwrap();
+    assert!(most > 16, "at most {most} notifications to one peer carried an immediate");
     // Messages would land on receives without buffers: messaging is refused.
     let region = net
         .register(0, &mut ring, AccessFlags::LOCAL_WRITE)
