@@ -40,6 +40,12 @@ pub enum Verb {
     PostRecv,
     /// `ibv_poll_cq`
     PollCq,
+    /// `ibv_create_srq`
+    CreateSrq,
+    /// `ibv_modify_srq`
+    ModifySrq,
+    /// `ibv_post_srq_recv`
+    PostSrqRecv,
 }
 
 impl Verb {
@@ -63,6 +69,9 @@ impl Verb {
             Self::PostSend => "ibv_post_send",
             Self::PostRecv => "ibv_post_recv",
             Self::PollCq => "ibv_poll_cq",
+            Self::CreateSrq => "ibv_create_srq",
+            Self::ModifySrq => "ibv_modify_srq",
+            Self::PostSrqRecv => "ibv_post_srq_recv",
         }
     }
 }
