@@ -37,13 +37,46 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
+use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError};
-use crate::channel::{ChannelError, Done, Ticket};
+use crate::channel::{ChannelError, Done, Ticket, WrFailure};
+use crate::completion::{Completion, CompletionKind};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, Deadline};
-use crate::provider::Provider;
+use crate::provider::shared::QpTable;
+use crate::provider::{Provider, SrqProbe};
+use crate::sge::Sge;
+use crate::wr::{RecvRequest, MAX_BATCH};
+
+/// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
+/// the node is built (on a device the queue pairs are created on a shared receive queue or
+/// not: [`NodeConfig::receive`](super::NodeConfig)); [`Node::start_messaging_in`] follows it.
+///
+/// | | receive memory | credits per sender |
+/// |---|---|---|
+/// | `PerPeer` | `(world - 1) * slots * slot_size` | `slots` |
+/// | `Shared { slots }` | `slots * slot_size`, whatever the world size | `slots / (world - 1)` (at least 1) |
+///
+/// The shared pool trades per-sender depth for memory: with a pool of `slots` and `N`
+/// ranks, a sender may have only `slots / (N - 1)` messages in flight to one receiver, so a
+/// burst to one receiver waits for credits sooner than with per-peer rings of the same
+/// total size; in exchange the memory does not grow with `N`. Size the pool to the traffic
+/// (at least `N - 1` slots; a few times that keeps credit returns off the critical path).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Receive {
+    /// A ring of `slots` receive buffers per peer (the `slots` of `start_messaging`).
+    #[default]
+    PerPeer,
+    /// One shared receive queue of `slots` receives for every peer (`ibv_create_srq`),
+    /// re-posted as messages are consumed.
+    Shared {
+        /// Receives in the pool (on a device, clamped to its `max_srq_wr`).
+        slots: u32,
+    },
+}
 
 /// What [`Node::progress`] delivers.
 #[derive(Debug)]
@@ -85,8 +118,14 @@ pub enum Event<'a> {
 
 /// Per-peer state of messaging, indexed by the channel's position in the node's list.
 pub(super) struct Rings<M> {
-    region: M,
+    /// Dropped by hand: a pool's memory is freed only once its shared queue is gone.
+    region: ManuallyDrop<M>,
     slots: usize,
+    /// Messages a sender may have in flight to one receiver: `slots` with a ring per peer,
+    /// the peer's share of the pool with a shared one.
+    credits: usize,
+    /// The shared pool, if messages land in one.
+    pool: Option<Pool>,
     slot_size: usize,
     /// The ranks of the channels, in order.
     ranks: Vec<u32>,
@@ -117,6 +156,32 @@ pub(super) struct Rings<M> {
     /// The peer the next `progress` also looks at, whether or not it had completions: one
     /// per call, round-robin, so completions a direct channel call took are delivered too.
     sweep: usize,
+}
+
+/// One receive pool shared by every peer: slot `i` is bytes `i * slot_size..` of the region,
+/// posted to the shared receive queue with `wr_id` `i`.
+struct Pool {
+    /// Queue-pair number of each peer's channel -> its position.
+    peers: QpTable,
+    /// Whether slot `i` is posted (a completion for a slot that is not is ignored).
+    posted: Vec<bool>,
+    /// A slot handed to a handler and not yet re-posted.
+    repost: Option<usize>,
+    /// Says when the shared queue is gone, after which the memory may be freed.
+    probe: SrqProbe,
+}
+
+impl<M> Drop for Rings<M> {
+    fn drop(&mut self) {
+        if self.pool.as_ref().is_some_and(|p| !p.probe.is_gone()) {
+            // Receives of the shared queue may still name the memory (they outlive every
+            // flush): it is leaked rather than freed under the device.
+            return;
+        }
+        // SAFETY: dropped once, here; per-peer rings are drained by the node before (or
+        // leaked with the whole `Rings`), and a pool's queue is gone.
+        unsafe { ManuallyDrop::drop(&mut self.region) };
+    }
 }
 
 impl<M> Rings<M> {
@@ -155,6 +220,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// use the same `slots` (the credits it grants each sender). Allocates (setup);
     /// messaging itself does not.
     ///
+    /// On a node whose queue pairs share a receive queue ([`Receive::Shared`]) the region
+    /// is one pool of `slots` buffers for every peer instead (`slots * slot_size` bytes;
+    /// `slots` at least `world - 1` and at most the queue's depth), and each sender gets
+    /// `slots / (world - 1)` credits. The pool's memory is freed only once the shared queue
+    /// is destroyed (after the last queue pair on it), else leaked.
+    ///
     /// Checks everything before it posts: `slots` must fit every channel's receive queue
     /// (and slot table), and every channel must be healthy; otherwise it returns an error and
     /// changes nothing. If the device still refuses a post half way, the channels that got
@@ -180,6 +251,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return bad("ring memory needs local write access and no remote write access");
         }
         let peers = self.multi.peers();
+        if self.shared_receive() > 0 {
+            return self.start_pool(region, slots, slot_size);
+        }
         let len = peers
             .checked_mul(slots)
             .and_then(|n| n.checked_mul(slot_size));
@@ -196,8 +270,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             }
         }
         let mut rings = Rings {
-            region,
+            region: ManuallyDrop::new(region),
             slots,
+            credits: slots,
+            pool: None,
             slot_size,
             ranks: self.multi.ranks().collect(),
             tickets: vec![None; peers * slots],
@@ -235,6 +311,110 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         Ok(())
     }
 
+    /// Receives the shared receive queue of this node's queue pairs holds (0: each has its
+    /// own, and messaging uses a ring per peer).
+    pub fn shared_receive(&mut self) -> u32 {
+        self.multi
+            .channels()
+            .next()
+            .map_or(0, |c| c.provider().srq_capacity())
+    }
+
+    /// Bytes of receive memory messaging uses (0 before it started): `(world - 1) * slots *
+    /// slot_size` with a ring per peer, `slots * slot_size` with a shared pool.
+    pub fn receive_memory(&self) -> usize {
+        self.rings.as_ref().map_or(0, |r| {
+            let slots = if r.pool.is_some() {
+                r.slots
+            } else {
+                r.slots * r.ranks.len()
+            };
+            slots * r.slot_size
+        })
+    }
+
+    /// Messages this node may have in flight to one peer (0 before messaging started).
+    pub fn credits_per_peer(&self) -> usize {
+        self.rings.as_ref().map_or(0, |r| r.credits)
+    }
+
+    fn start_pool(&mut self, region: M, slots: usize, slot_size: usize) -> Result<(), NodeError> {
+        let bad = |what| Err(NodeError::InvalidArgument { what });
+        let peers = self.multi.peers();
+        let depth = self.shared_receive() as usize;
+        if slots > depth {
+            return bad("more pool slots than the shared receive queue holds");
+        }
+        if slots < peers.max(1) {
+            return bad("a shared pool needs at least one slot per peer (world - 1)");
+        }
+        if slots
+            .checked_mul(slot_size)
+            .is_none_or(|l| l > region.len())
+        {
+            return bad("the pool region is smaller than slots * slot_size");
+        }
+        let mut table = QpTable::new(peers);
+        let mut probe = None;
+        for (p, c) in self.multi.channels().enumerate() {
+            let rank = c.peer().unwrap_or(u32::MAX);
+            if let Some(error) = c.failure() {
+                return Err(NodeError::Channel { rank, error });
+            }
+            if c.provider().srq_capacity() as usize != depth {
+                return bad("every channel of a pooled node must be on the shared receive queue");
+            }
+            if !table.insert(c.provider().qp_num(), p as u32) {
+                return bad("two channels with one queue-pair number");
+            }
+            probe = probe.or_else(|| c.provider().srq_probe());
+        }
+        let Some(probe) = probe else {
+            return bad("the shared receive queue gives no way to know when it is gone");
+        };
+        let mut rings = Rings {
+            region: ManuallyDrop::new(region),
+            slots,
+            credits: slots / peers.max(1),
+            pool: Some(Pool {
+                peers: table,
+                posted: vec![false; slots],
+                repost: None,
+                probe,
+            }),
+            slot_size,
+            ranks: self.multi.ranks().collect(),
+            tickets: Vec::new(),
+            head: Vec::new(),
+            sends_seen: vec![0; peers],
+            failure_reported: vec![false; peers],
+            repost: None,
+            chan_ids: self.multi.ids().collect(),
+            base: self
+                .multi
+                .channels()
+                .map(|c| c.remote_recvs_used())
+                .collect(),
+            consumed: vec![0; peers],
+            reported: vec![0; peers],
+            todo: vec![0; peers.max(1)],
+            todo_head: 0,
+            todo_len: 0,
+            queued: vec![false; peers],
+            sweep: 0,
+        };
+        // A failed post leaves receives in the shared queue, which no flush takes back:
+        // dropping `rings` then leaks the memory (its probe says the queue lives on).
+        let mut first = 0;
+        while first < slots {
+            let n = (slots - first).min(MAX_BATCH);
+            post_pool(&mut self.multi, &mut rings, first, n)?;
+            first += n;
+        }
+        self.rings = Some(rings);
+        Ok(())
+    }
+
     /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
     /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
     /// Once messaging has started it spends a credit: with none left, or with the send queue
@@ -245,7 +425,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
-        let credit = self.rings.as_ref().map(|r| (r.base[p], r.slots as u64));
+        let credit = self.rings.as_ref().map(|r| (r.base[p], r.credits as u64));
         let returned = self
             .flags
             .load_u64(8 * (self.world as usize + rank as usize))
@@ -329,6 +509,10 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
+    let mut handed = 0;
+    if rings.pool.is_some() {
+        handed = serve_pool(multi, rings, budget, handler)?;
+    }
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
             if let Err(e) = post_slot(multi, rings, p, i) {
@@ -358,24 +542,44 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     let sweep = rings.sweep;
     rings.sweep = (sweep + 1) % peers;
     rings.push_todo(sweep);
-    let mut handed = 0;
-    // Each peer in the list at most once per call; one cut short goes to the back.
+    // Each peer in the list at most once per call; one cut short goes to the back. With a
+    // pool, messages were handed out above, and the peers they came from are here for
+    // their credit returns, which must not wait for budget: a sender without credits
+    // sends nothing, and the pool would run dry.
+    let pooled = rings.pool.is_some();
     for _ in 0..rings.todo_len {
-        if handed >= budget {
+        if handed >= budget && !pooled {
             break;
         }
         let Some(p) = rings.pop_todo() else {
             break;
         };
-        let left = budget - handed;
-        let n = serve_peer(multi, rings, p, left, handler)?;
+        let left = budget.saturating_sub(handed);
+        let n = if left > 0 {
+            serve_peer(multi, rings, p, left, handler)?
+        } else {
+            0
+        };
         handed += n;
         credit_back(multi, rings, peer_flags, (me, world), p);
-        if n >= left {
+        if (left > 0 && n >= left) || (left == 0 && has_events(multi, rings, p)) {
             rings.push_todo(p);
         }
     }
     Ok(handed)
+}
+
+/// Whether peer `p` has an event `serve_peer` would hand out (sends completed, a failure).
+fn has_events<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &Rings<M>,
+    p: usize,
+) -> bool {
+    multi.by_index(p).is_some_and(|c| {
+        c.sends_completed() > rings.sends_seen[p]
+            || ((c.failure().is_some() || c.id() != rings.chan_ids[p])
+                && !rings.failure_reported[p])
+    })
 }
 
 /// Hands out peer `p`'s events (whatever its channel has already polled), at most `budget`.
@@ -418,7 +622,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         });
         handed += 1;
     }
-    while handed < budget {
+    while handed < budget && rings.pool.is_none() {
         let i = rings.head[p];
         let Some(t) = rings.tickets[p * rings.slots + i] else {
             break;
@@ -437,7 +641,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
             Ok(info) => {
                 rings.consumed[p] += 1;
                 rings.repost = Some((p, i));
-                deliver(rings, rank, p, i, info, handler);
+                deliver(rings, rank, p * rings.slots + i, info, handler);
                 handed += 1;
                 // On failure `repost` keeps the slot for the next call.
                 post_slot(multi, rings, p, i)?;
@@ -456,12 +660,11 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     Ok(handed)
 }
 
-/// Hands slot `i` of peer `p` (whose receive completed with `info`) to the handler.
+/// Hands slot `slot` of the region (whose receive completed with `info`) to the handler.
 fn deliver<M: Region>(
     rings: &Rings<M>,
     rank: u32,
-    p: usize,
-    i: usize,
+    slot: usize,
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
 ) {
@@ -473,7 +676,7 @@ fn deliver<M: Region>(
         });
         return;
     }
-    let at = (p * rings.slots + i) * rings.slot_size;
+    let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
     // SAFETY: this slot's receive completed and it is not re-posted until after the handler
     // returns; the region grants no remote write access (checked when messaging started).
@@ -494,9 +697,9 @@ fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     p: usize,
 ) {
     let consumed = rings.consumed[p];
-    // Half a ring at a time: a sender that ran out of credits has a full ring in flight, so
-    // its credits come back after at most half of it was consumed.
-    if consumed - rings.reported[p] < rings.slots.div_ceil(2) as u64 {
+    // Half the credits at a time: a sender that ran out of credits has all of them in
+    // flight, so they come back after at most half of them were consumed.
+    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
         return;
     }
     let rank = rings.ranks[p];
@@ -543,4 +746,171 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
         unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
     rings.tickets[p * rings.slots + i] = Some(t);
     Ok(())
+}
+
+/// The channel the pool is posted and polled through: the first one, if it is still the
+/// channel messaging started with (a swapped-in channel may be on another shared queue).
+fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
+    multi: &'a mut MultiChannel<P, B>,
+    rings: &Rings<M>,
+) -> Result<&'a mut crate::channel::Channel<P, B>, NodeError> {
+    let rank = rings.ranks.first().copied().unwrap_or(u32::MAX);
+    match multi.by_index(0) {
+        Some(c) if Some(c.id()) == rings.chan_ids.first().copied() => Ok(c),
+        _ => Err(NodeError::Channel {
+            rank,
+            error: ChannelError::ForeignTicket,
+        }),
+    }
+}
+
+/// Posts pool slots `first..first + n` (at most [`MAX_BATCH`]) to the shared queue.
+fn post_pool<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    first: usize,
+    n: usize,
+) -> Result<(), NodeError> {
+    let size = rings.slot_size;
+    let mut sges = [const { None::<Sge<'_>> }; MAX_BATCH];
+    for (k, s) in sges.iter_mut().enumerate().take(n) {
+        let at = (first + k) * size;
+        let e = rings
+            .region
+            .sge_mut(at..at + size)
+            .ok_or(NodeError::InvalidArgument {
+                what: "pool slot outside the pool",
+            })?;
+        // SAFETY: the entry names slot `first + k` of the pool, which the node owns (see the
+        // posting below); the slots are disjoint, and none of them is posted or lent out.
+        *s = Some(unsafe { Sge::from_raw(e.addr(), e.len(), e.lkey()) });
+    }
+    let mut reqs = [const {
+        RecvRequest {
+            wr_id: 0,
+            sges: &[],
+        }
+    }; MAX_BATCH];
+    for (k, (r, s)) in reqs.iter_mut().zip(sges.iter()).enumerate().take(n) {
+        *r = RecvRequest {
+            wr_id: (first + k) as u64,
+            sges: s.as_ref().map_or(&[], core::slice::from_ref),
+        };
+    }
+    let chan = pool_channel(multi, rings)?;
+    let rank = chan.peer().unwrap_or(u32::MAX);
+    // SAFETY: the pool memory is owned by the node and freed only once the shared queue is
+    // gone (`Rings` drop asks its probe, and leaks it otherwise); each slot is read only
+    // after its completion was polled, and re-posted after the handler's borrow ended.
+    let r = unsafe { chan.provider_mut().post_srq_recv(&reqs[..n]) };
+    let posted = match r {
+        Ok(()) => n,
+        Err(f) => f.posted.min(n),
+    };
+    if let Some(pool) = rings.pool.as_mut() {
+        for k in 0..posted {
+            pool.posted[first + k] = true;
+        }
+    }
+    r.map_err(|f| NodeError::Channel {
+        rank,
+        error: ChannelError::Post { errno: f.errno },
+    })
+}
+
+/// Polls the pool and hands up to `budget` of its messages out (re-posting each slot after
+/// its handler); marks their senders for credit returns. Returns how many it handed.
+fn serve_pool<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    if let Some(i) = rings.pool.as_mut().and_then(|p| p.repost.take()) {
+        if let Err(e) = post_pool(multi, rings, i, 1) {
+            if let Some(pool) = rings.pool.as_mut() {
+                // Not lost: the next call tries again.
+                pool.repost = Some(i);
+            }
+            return Err(e);
+        }
+    }
+    let mut handed = 0;
+    let mut wc = [Completion::EMPTY; 16];
+    while handed < budget {
+        let want = (budget - handed).min(wc.len());
+        let chan = pool_channel(multi, rings)?;
+        let n = chan
+            .provider_mut()
+            .poll_srq(&mut wc[..want])
+            .map_err(NodeError::Completions)?;
+        if n == 0 {
+            break;
+        }
+        for c in &wc[..n] {
+            handed += serve_pool_completion(multi, rings, c, handler)?;
+        }
+    }
+    Ok(handed)
+}
+
+/// Hands out one completion of the pool; returns how many events it handed (0 or 1).
+fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    c: &Completion,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    let Some(pool) = rings.pool.as_mut() else {
+        return Ok(0);
+    };
+    let i = c.wr_id as usize;
+    if i >= pool.posted.len() || !pool.posted[i] {
+        // Not a receive of ours (or one already handed out): never trusted.
+        return Ok(0);
+    }
+    // The slot leaves the pool before the handler runs, so a panicking handler neither sees
+    // it twice nor loses it: `repost` brings it back.
+    pool.posted[i] = false;
+    pool.repost = Some(i);
+    let p = pool.peers.get(c.qp_num).map(|p| p as usize);
+    let mut handed = 0;
+    match p {
+        Some(p) if c.status.is_success() => {
+            rings.consumed[p] += 1;
+            let info = Done {
+                byte_len: c.byte_len,
+                imm: c.imm,
+                written: c.kind == CompletionKind::RecvWriteImm,
+            };
+            deliver(rings, rings.ranks[p], i, info, handler);
+            handed = 1;
+            rings.push_todo(p);
+        }
+        Some(p) => {
+            // A receive the queue pair's failure cut short: the slot is free again, and the
+            // peer is reported broken once.
+            if !rings.failure_reported[p] {
+                rings.failure_reported[p] = true;
+                let rank = rings.ranks[p];
+                handler(Event::Failed {
+                    rank,
+                    error: ChannelError::Broken(WrFailure {
+                        peer: Some(rank),
+                        wr_id: c.wr_id,
+                        status: c.status,
+                        vendor_err: c.vendor_err,
+                    }),
+                });
+                handed = 1;
+            }
+        }
+        None => {}
+    }
+    // On failure `repost` keeps the slot for the next call.
+    post_pool(multi, rings, i, 1)?;
+    if let Some(pool) = rings.pool.as_mut() {
+        pool.repost = None;
+    }
+    Ok(handed)
 }

@@ -20,8 +20,8 @@ mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
 
-pub use messaging::Event;
-pub use soft::{soft_world, soft_world_bytes, SoftNode};
+pub use messaging::{Event, Receive};
+pub use soft::{soft_world, soft_world_bytes, soft_world_receiving, SoftNode};
 #[cfg(feature = "verbs")]
 pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
 
