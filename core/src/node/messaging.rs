@@ -887,25 +887,23 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
             handed = 1;
             rings.push_todo(p);
         }
-        Some(p) => {
-            // A receive the queue pair's failure cut short: the slot is free again, and the
-            // peer is reported broken once.
-            if !rings.failure_reported[p] {
-                rings.failure_reported[p] = true;
-                let rank = rings.ranks[p];
-                handler(Event::Failed {
-                    rank,
-                    error: ChannelError::Broken(WrFailure {
-                        peer: Some(rank),
-                        wr_id: c.wr_id,
-                        status: c.status,
-                        vendor_err: c.vendor_err,
-                    }),
-                });
-                handed = 1;
-            }
+        // A receive the queue pair's failure cut short: the slot is free again, and the
+        // peer is reported broken once.
+        Some(p) if !rings.failure_reported[p] => {
+            rings.failure_reported[p] = true;
+            let rank = rings.ranks[p];
+            handler(Event::Failed {
+                rank,
+                error: ChannelError::Broken(WrFailure {
+                    peer: Some(rank),
+                    wr_id: c.wr_id,
+                    status: c.status,
+                    vendor_err: c.vendor_err,
+                }),
+            });
+            handed = 1;
         }
-        None => {}
+        Some(_) | None => {}
     }
     // On failure `repost` keeps the slot for the next call.
     post_pool(multi, rings, i, 1)?;
