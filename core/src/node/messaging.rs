@@ -1,10 +1,13 @@
-//! Messaging for a busy-polling thread: a receive ring per peer, re-posted automatically,
-//! credit-based flow control, and [`Node::progress`], which hands completions to a handler
-//! with bounded work per call.
+//! Messaging for a busy-polling thread: a receive ring per peer or one shared receive pool
+//! ([`Receive`]), re-posted automatically, credit-based flow control, and
+//! [`Node::progress`], which hands completions to a handler with bounded work per call.
 //!
 //! [`Node::start_messaging_in`] cuts one region into a ring of `slots` receive buffers of
 //! `slot_size` bytes per peer and posts them all. Every rank must start messaging with the
 //! same `slots`: it is the number of messages a sender may have in flight to one receiver.
+//! On a node built with [`Receive::Shared`] the region is one pool of `slots` buffers posted
+//! to the shared receive queue instead; a completion names the queue pair it arrived on,
+//! which names the sender, and each sender holds `slots / (world - 1)` credits.
 //!
 //! # Flow control
 //! A sender holds `slots` credits per receiver. [`Node::post_send_inline`] spends one, or,
@@ -25,6 +28,9 @@
 //!
 //! # Memory
 //! The ring memory lives in the node, and the node drains every channel before it frees it.
+//! A pool cannot be drained (moving queue pairs to the error state flushes no receive of a
+//! shared queue): its memory is freed only once the shared queue is destroyed, after the
+//! node's queue pairs, and leaked if anything keeps the queue alive.
 //! A handler that panics leaves its slot out of the ring; the next `progress` re-posts it.
 //! Every rank must have started messaging before anyone sends to it (run a barrier after
 //! `start_messaging`): a message that finds no ring would wait for one as "receiver not

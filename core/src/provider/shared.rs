@@ -10,6 +10,11 @@
 //! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
 //! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
 //!
+//! With a shared receive queue ([`SharedCqs::with_srq`]) the queue pairs have no receives of
+//! their own: every receive completion is one of the shared queue's, kept in arrival order
+//! for [`Provider::poll_srq`] rather than routed (its `qp_num` still names the queue pair it
+//! arrived on).
+//!
 //! # Capacity
 //! Mailboxes are sized to their queue pair's queues and the completion queues to the sum, so
 //! neither can overflow while every queue pair keeps at most its queue depth in flight (the

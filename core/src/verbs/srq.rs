@@ -14,7 +14,7 @@
 //! ```no_run
 //! use rverbs_core::verbs::{open_device, QpConfig};
 //! # fn main() -> Result<(), rverbs_core::verbs::VerbsError> {
-//! let ctx = open_device(Some("rxe0"))?;
+//! let ctx = open_device("rxe0")?;
 //! let pd = ctx.alloc_pd()?;
 //! let srq = pd.create_srq(1024, 1)?; // clamped to the device's max_srq_wr / max_srq_sge
 //! let (send_cq, recv_cq) = (ctx.create_cq(128)?, ctx.create_cq(srq.max_wr())?);
