@@ -272,6 +272,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
     let expected_total: u32 = (0..w).map(|r| targets(r).len() as u32 * per_peer).sum();
     let received = Cell::new(0u32);
     let mut would_block = 0u64;
+    let mut naks = 0u64;
     let mut rng = Rng(99);
     let mut steps = 0u64;
     while received.get() < expected_total {
@@ -292,6 +293,12 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
                     Ok(_) => next_out[r][k] += 1,
                     Err(NodeError::WouldBlock { .. }) => would_block += 1,
                     Err(e) => panic!("rank {r} -> {to}: {e}"),
+                }
+                // A send that finds a posted receive completes inside the post; one that
+                // does not waits at its queue pair's head (the model's RNR NAK, which its
+                // `rnr_retries` counts only from the first retry on).
+                if net.waiting(r as u32) > 0 {
+                    naks += 1;
                 }
                 break;
             }
@@ -317,7 +324,10 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
         })
         .unwrap();
     }
-    let rnr: u64 = (0..world_size).map(|n| net.stats(n).rnr_retries).sum();
+    let rnr: u64 = naks
+        + (0..world_size)
+            .map(|n| net.stats(n).rnr_retries)
+            .sum::<u64>();
     eprintln!(
         "{world_size} ranks, {receive:?}: {expected_total} messages in {steps} steps, \
          {would_block} sends refused for lack of credit ({credits} per peer), {rnr} RNR \
