@@ -70,6 +70,11 @@ use crate::wr::{RecvRequest, MAX_BATCH};
 /// burst to one receiver waits for credits sooner than with per-peer rings of the same
 /// total size; in exchange the memory does not grow with `N`. Size the pool to the traffic
 /// (at least `N - 1` slots; a few times that keeps credit returns off the critical path).
+///
+/// With a shared pool the node's queue pairs have no receive queues of their own: receives
+/// posted on a channel directly (`Channel::recv`, `MultiChannel::gather_receive`, a
+/// `RecvRing`) are refused with [`ChannelError::RecvQueueFull`]; messages arrive only
+/// through [`Node::progress`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Receive {
