@@ -46,15 +46,11 @@ use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError};
-use crate::channel::{ChannelError, Done, Ticket, WrFailure};
-use crate::completion::{Completion, CompletionKind};
+use crate::channel::{ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, Deadline};
-use crate::provider::shared::QpTable;
-use crate::provider::{Provider, SrqProbe};
-use crate::sge::Sge;
-use crate::wr::{RecvRequest, MAX_BATCH};
+use crate::provider::Provider;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
 /// the node is built (on a device the queue pairs are created on a shared receive queue or
@@ -130,56 +126,43 @@ pub enum Event<'a> {
 /// Per-peer state of messaging, indexed by the channel's position in the node's list.
 pub(super) struct Rings<M> {
     /// Dropped by hand: a pool's memory is freed only once its shared queue is gone.
-    region: ManuallyDrop<M>,
-    slots: usize,
+    pub(super) region: ManuallyDrop<M>,
+    pub(super) slots: usize,
     /// Messages a sender may have in flight to one receiver: `slots` with a ring per peer,
     /// the peer's share of the pool with a shared one.
-    credits: usize,
+    pub(super) credits: usize,
     /// The shared pool, if messages land in one.
-    pool: Option<Pool>,
-    slot_size: usize,
+    pub(super) pool: Option<super::pool::Pool>,
+    pub(super) slot_size: usize,
     /// The ranks of the channels, in order.
-    ranks: Vec<u32>,
-    tickets: Vec<Option<Ticket>>,
-    head: Vec<usize>,
-    sends_seen: Vec<u64>,
-    failure_reported: Vec<bool>,
+    pub(super) ranks: Vec<u32>,
+    pub(super) tickets: Vec<Option<Ticket>>,
+    pub(super) head: Vec<usize>,
+    pub(super) sends_seen: Vec<u64>,
+    pub(super) failure_reported: Vec<bool>,
     /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
-    repost: Option<(usize, usize)>,
+    pub(super) repost: Option<(usize, usize)>,
     /// The channel each peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
     /// so a caller can swap a channel out; a ring whose channel changed is never read again,
     /// and its memory is leaked rather than freed while the displaced channel may still
     /// receive into it.
-    chan_ids: Vec<usize>,
+    pub(super) chan_ids: Vec<usize>,
     /// Each channel's count of requests that consume a peer's receive when messaging started:
     /// what the peer's credit returns (which count from then) are measured from.
-    base: Vec<u64>,
+    pub(super) base: Vec<u64>,
     /// Messages (and writes with immediate) of each peer consumed.
-    consumed: Vec<u64>,
+    pub(super) consumed: Vec<u64>,
     /// The consumed count last written back to each peer.
-    reported: Vec<u64>,
+    pub(super) reported: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
-    todo: Vec<usize>,
-    todo_head: usize,
-    todo_len: usize,
-    queued: Vec<bool>,
+    pub(super) todo: Vec<usize>,
+    pub(super) todo_head: usize,
+    pub(super) todo_len: usize,
+    pub(super) queued: Vec<bool>,
     /// The peer the next `progress` also looks at, whether or not it had completions: one
     /// per call, round-robin, so completions a direct channel call took are delivered too.
-    sweep: usize,
-}
-
-/// One receive pool shared by every peer: slot `i` is bytes `i * slot_size..` of the region,
-/// posted to the shared receive queue with `wr_id` `i`.
-struct Pool {
-    /// Queue-pair number of each peer's channel -> its position.
-    peers: QpTable,
-    /// Whether slot `i` is posted (a completion for a slot that is not is ignored).
-    posted: Vec<bool>,
-    /// A slot handed to a handler and not yet re-posted.
-    repost: Option<usize>,
-    /// Says when the shared queue is gone, after which the memory may be freed.
-    probe: SrqProbe,
+    pub(super) sweep: usize,
 }
 
 impl<M> Drop for Rings<M> {
@@ -196,7 +179,7 @@ impl<M> Drop for Rings<M> {
 }
 
 impl<M> Rings<M> {
-    fn push_todo(&mut self, p: usize) {
+    pub(super) fn push_todo(&mut self, p: usize) {
         if !self.queued[p] {
             self.queued[p] = true;
             let n = self.todo.len();
@@ -349,83 +332,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.rings.as_ref().map_or(0, |r| r.credits)
     }
 
-    fn start_pool(&mut self, region: M, slots: usize, slot_size: usize) -> Result<(), NodeError> {
-        let bad = |what| Err(NodeError::InvalidArgument { what });
-        let peers = self.multi.peers();
-        let depth = self.shared_receive() as usize;
-        if slots > depth {
-            return bad("more pool slots than the shared receive queue holds");
-        }
-        if slots < peers.max(1) {
-            return bad("a shared pool needs at least one slot per peer (world - 1)");
-        }
-        if slots
-            .checked_mul(slot_size)
-            .is_none_or(|l| l > region.len())
-        {
-            return bad("the pool region is smaller than slots * slot_size");
-        }
-        let mut table = QpTable::new(peers);
-        let mut probe = None;
-        for (p, c) in self.multi.channels().enumerate() {
-            let rank = c.peer().unwrap_or(u32::MAX);
-            if let Some(error) = c.failure() {
-                return Err(NodeError::Channel { rank, error });
-            }
-            if c.provider().srq_capacity() as usize != depth {
-                return bad("every channel of a pooled node must be on the shared receive queue");
-            }
-            if !table.insert(c.provider().qp_num(), p as u32) {
-                return bad("two channels with one queue-pair number");
-            }
-            probe = probe.or_else(|| c.provider().srq_probe());
-        }
-        let Some(probe) = probe else {
-            return bad("the shared receive queue gives no way to know when it is gone");
-        };
-        let mut rings = Rings {
-            region: ManuallyDrop::new(region),
-            slots,
-            credits: slots / peers.max(1),
-            pool: Some(Pool {
-                peers: table,
-                posted: vec![false; slots],
-                repost: None,
-                probe,
-            }),
-            slot_size,
-            ranks: self.multi.ranks().collect(),
-            tickets: Vec::new(),
-            head: Vec::new(),
-            sends_seen: vec![0; peers],
-            failure_reported: vec![false; peers],
-            repost: None,
-            chan_ids: self.multi.ids().collect(),
-            base: self
-                .multi
-                .channels()
-                .map(|c| c.remote_recvs_used())
-                .collect(),
-            consumed: vec![0; peers],
-            reported: vec![0; peers],
-            todo: vec![0; peers.max(1)],
-            todo_head: 0,
-            todo_len: 0,
-            queued: vec![false; peers],
-            sweep: 0,
-        };
-        // A failed post leaves receives in the shared queue, which no flush takes back:
-        // dropping `rings` then leaks the memory (its probe says the queue lives on).
-        let mut first = 0;
-        while first < slots {
-            let n = (slots - first).min(MAX_BATCH);
-            post_pool(&mut self.multi, &mut rings, first, n)?;
-            first += n;
-        }
-        self.rings = Some(rings);
-        Ok(())
-    }
-
     /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
     /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
     /// Once messaging has started it spends a credit: with none left, or with the send queue
@@ -522,7 +428,7 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
 ) -> Result<usize, NodeError> {
     let mut handed = 0;
     if rings.pool.is_some() {
-        handed = serve_pool(multi, rings, budget, handler)?;
+        handed = super::pool::serve_pool(multi, rings, budget, handler)?;
     }
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
@@ -672,7 +578,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
 }
 
 /// Hands slot `slot` of the region (whose receive completed with `info`) to the handler.
-fn deliver<M: Region>(
+pub(super) fn deliver<M: Region>(
     rings: &Rings<M>,
     rank: u32,
     slot: usize,
@@ -757,169 +663,4 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
         unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
     rings.tickets[p * rings.slots + i] = Some(t);
     Ok(())
-}
-
-/// The channel the pool is posted and polled through: the first one, if it is still the
-/// channel messaging started with (a swapped-in channel may be on another shared queue).
-fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
-    multi: &'a mut MultiChannel<P, B>,
-    rings: &Rings<M>,
-) -> Result<&'a mut crate::channel::Channel<P, B>, NodeError> {
-    let rank = rings.ranks.first().copied().unwrap_or(u32::MAX);
-    match multi.by_index(0) {
-        Some(c) if Some(c.id()) == rings.chan_ids.first().copied() => Ok(c),
-        _ => Err(NodeError::Channel {
-            rank,
-            error: ChannelError::ForeignTicket,
-        }),
-    }
-}
-
-/// Posts pool slots `first..first + n` (at most [`MAX_BATCH`]) to the shared queue.
-fn post_pool<P: Provider, M: Region, B: Backoff + Clone>(
-    multi: &mut MultiChannel<P, B>,
-    rings: &mut Rings<M>,
-    first: usize,
-    n: usize,
-) -> Result<(), NodeError> {
-    let size = rings.slot_size;
-    let mut sges = [const { None::<Sge<'_>> }; MAX_BATCH];
-    for (k, s) in sges.iter_mut().enumerate().take(n) {
-        let at = (first + k) * size;
-        let e = rings
-            .region
-            .sge_mut(at..at + size)
-            .ok_or(NodeError::InvalidArgument {
-                what: "pool slot outside the pool",
-            })?;
-        // SAFETY: the entry names slot `first + k` of the pool, which the node owns (see the
-        // posting below); the slots are disjoint, and none of them is posted or lent out.
-        *s = Some(unsafe { Sge::from_raw(e.addr(), e.len(), e.lkey()) });
-    }
-    let mut reqs = [const {
-        RecvRequest {
-            wr_id: 0,
-            sges: &[],
-        }
-    }; MAX_BATCH];
-    for (k, (r, s)) in reqs.iter_mut().zip(sges.iter()).enumerate().take(n) {
-        *r = RecvRequest {
-            wr_id: (first + k) as u64,
-            sges: s.as_ref().map_or(&[], core::slice::from_ref),
-        };
-    }
-    let chan = pool_channel(multi, rings)?;
-    let rank = chan.peer().unwrap_or(u32::MAX);
-    // SAFETY: the pool memory is owned by the node and freed only once the shared queue is
-    // gone (`Rings` drop asks its probe, and leaks it otherwise); each slot is read only
-    // after its completion was polled, and re-posted after the handler's borrow ended.
-    let r = unsafe { chan.provider_mut().post_srq_recv(&reqs[..n]) };
-    let posted = match r {
-        Ok(()) => n,
-        Err(f) => f.posted.min(n),
-    };
-    if let Some(pool) = rings.pool.as_mut() {
-        for k in 0..posted {
-            pool.posted[first + k] = true;
-        }
-    }
-    r.map_err(|f| NodeError::Channel {
-        rank,
-        error: ChannelError::Post { errno: f.errno },
-    })
-}
-
-/// Polls the pool and hands up to `budget` of its messages out (re-posting each slot after
-/// its handler); marks their senders for credit returns. Returns how many it handed.
-fn serve_pool<P: Provider, M: Region, B: Backoff + Clone>(
-    multi: &mut MultiChannel<P, B>,
-    rings: &mut Rings<M>,
-    budget: usize,
-    handler: &mut impl FnMut(Event<'_>),
-) -> Result<usize, NodeError> {
-    if let Some(i) = rings.pool.as_mut().and_then(|p| p.repost.take()) {
-        if let Err(e) = post_pool(multi, rings, i, 1) {
-            if let Some(pool) = rings.pool.as_mut() {
-                // Not lost: the next call tries again.
-                pool.repost = Some(i);
-            }
-            return Err(e);
-        }
-    }
-    let mut handed = 0;
-    let mut wc = [Completion::EMPTY; 16];
-    while handed < budget {
-        let want = (budget - handed).min(wc.len());
-        let chan = pool_channel(multi, rings)?;
-        let n = chan
-            .provider_mut()
-            .poll_srq(&mut wc[..want])
-            .map_err(NodeError::Completions)?;
-        if n == 0 {
-            break;
-        }
-        for c in &wc[..n] {
-            handed += serve_pool_completion(multi, rings, c, handler)?;
-        }
-    }
-    Ok(handed)
-}
-
-/// Hands out one completion of the pool; returns how many events it handed (0 or 1).
-fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
-    multi: &mut MultiChannel<P, B>,
-    rings: &mut Rings<M>,
-    c: &Completion,
-    handler: &mut impl FnMut(Event<'_>),
-) -> Result<usize, NodeError> {
-    let Some(pool) = rings.pool.as_mut() else {
-        return Ok(0);
-    };
-    let i = c.wr_id as usize;
-    if i >= pool.posted.len() || !pool.posted[i] {
-        // Not a receive of ours (or one already handed out): never trusted.
-        return Ok(0);
-    }
-    // The slot leaves the pool before the handler runs, so a panicking handler neither sees
-    // it twice nor loses it: `repost` brings it back.
-    pool.posted[i] = false;
-    pool.repost = Some(i);
-    let p = pool.peers.get(c.qp_num).map(|p| p as usize);
-    let mut handed = 0;
-    match p {
-        Some(p) if c.status.is_success() => {
-            rings.consumed[p] += 1;
-            let info = Done {
-                byte_len: c.byte_len,
-                imm: c.imm,
-                written: c.kind == CompletionKind::RecvWriteImm,
-            };
-            deliver(rings, rings.ranks[p], i, info, handler);
-            handed = 1;
-            rings.push_todo(p);
-        }
-        // A receive the queue pair's failure cut short: the slot is free again, and the
-        // peer is reported broken once.
-        Some(p) if !rings.failure_reported[p] => {
-            rings.failure_reported[p] = true;
-            let rank = rings.ranks[p];
-            handler(Event::Failed {
-                rank,
-                error: ChannelError::Broken(WrFailure {
-                    peer: Some(rank),
-                    wr_id: c.wr_id,
-                    status: c.status,
-                    vendor_err: c.vendor_err,
-                }),
-            });
-            handed = 1;
-        }
-        Some(_) | None => {}
-    }
-    // On failure `repost` keeps the slot for the next call.
-    post_pool(multi, rings, i, 1)?;
-    if let Some(pool) = rings.pool.as_mut() {
-        pool.repost = None;
-    }
-    Ok(handed)
 }

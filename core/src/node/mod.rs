@@ -16,6 +16,7 @@
 //! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress)).
 
 mod messaging;
+mod pool;
 mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
