@@ -46,6 +46,12 @@ pub enum Verb {
     ReqNotifyCq,
     /// `ibv_get_cq_event`
     GetCqEvent,
+    /// `ibv_create_srq`
+    CreateSrq,
+    /// `ibv_modify_srq`
+    ModifySrq,
+    /// `ibv_post_srq_recv`
+    PostSrqRecv,
 }
 
 impl Verb {
@@ -72,6 +78,9 @@ impl Verb {
             Self::CreateCompChannel => "ibv_create_comp_channel",
             Self::ReqNotifyCq => "ibv_req_notify_cq",
             Self::GetCqEvent => "ibv_get_cq_event",
+            Self::CreateSrq => "ibv_create_srq",
+            Self::ModifySrq => "ibv_modify_srq",
+            Self::PostSrqRecv => "ibv_post_srq_recv",
         }
     }
 }

@@ -170,3 +170,105 @@ fn remote_access_needs_owned_memory_which_outlives_its_keys() {
     std::mem::forget(leaked);
     assert!(!freed2.load(Ordering::SeqCst));
 }
+
+#[test]
+fn two_qps_on_one_shared_receive_queue_take_their_receives_from_it() {
+    let Some(ctx) =
+        support::open("two_qps_on_one_shared_receive_queue_take_their_receives_from_it")
+    else {
+        return;
+    };
+    let dev = ctx.query_device().unwrap();
+    assert!(dev.max_srq > 0 && dev.max_srq_wr >= 8, "{dev:?}");
+    let pd = ctx.alloc_pd().unwrap();
+    // Asking for more than the device allows is clamped, not refused.
+    let big = pd.create_srq(u32::MAX, u32::MAX).unwrap();
+    assert_eq!(
+        (big.max_wr(), big.max_sge()),
+        (dev.max_srq_wr, dev.max_srq_sge)
+    );
+    drop(big);
+    let srq = pd.create_srq(8, 1).unwrap();
+    assert!(srq.max_wr() >= 8, "{srq:?}");
+    srq.set_limit(2).unwrap();
+    let probe = srq.probe();
+    let mut send_cq = ctx.create_cq(16).unwrap();
+    let mut recv_cq = ctx.create_cq(srq.max_wr()).unwrap();
+    let cfg = QpConfig::default();
+    let (s1, s2) = (
+        pd.create_rc_qp(&send_cq, &send_cq, &cfg).unwrap(),
+        pd.create_rc_qp(&send_cq, &send_cq, &cfg).unwrap(),
+    );
+    let (r1, r2) = (
+        pd.create_rc_qp_on_srq(&send_cq, &recv_cq, &srq, &cfg)
+            .unwrap(),
+        pd.create_rc_qp_on_srq(&send_cq, &recv_cq, &srq, &cfg)
+            .unwrap(),
+    );
+    assert_eq!(
+        r1.caps().max_recv_wr,
+        0,
+        "an SRQ's queue pair has no receive queue"
+    );
+    let (e1, e2, f1, f2) = (s1.endpoint(), s2.endpoint(), r1.endpoint(), r2.endpoint());
+    let (mut s1, mut s2) = (s1.handshake(&f1).unwrap(), s2.handshake(&f2).unwrap());
+    let (r1, r2) = (r1.handshake(&e1).unwrap(), r2.handshake(&e2).unwrap());
+    assert_eq!(r1.srq_max_wr(), srq.max_wr());
+
+    let mut pool = pd
+        .register_shared(
+            vec![0u8; 4 * 64].into_boxed_slice(),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
+    let sges: Vec<_> = (0..4)
+        .map(|i| {
+            let e = pool.sge_mut(64 * i..64 * i + 64).unwrap();
+            // SAFETY: slot i of the pool, which outlives the receives (see below).
+            [unsafe { rverbs_core::sge::Sge::from_raw(e.addr(), e.len(), e.lkey()) }]
+        })
+        .collect();
+    let wrs: Vec<_> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| rverbs_core::wr::RecvRequest {
+            wr_id: i as u64,
+            sges: s,
+        })
+        .collect();
+    // SAFETY: the pool outlives the receives: it is dropped after the QPs and the SRQ, at
+    // the end of the test, and read only after the completions were polled.
+    unsafe { srq.post_recv(&wrs) }.unwrap();
+
+    let mut src = *b"from-one........from-two........";
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    for (i, qp) in [&mut s1, &mut s2].into_iter().enumerate() {
+        let sges = [src_mr.sge(16 * i..16 * i + 16).unwrap()];
+        let wr = WorkRequest {
+            wr_id: 100 + i as u64,
+            opcode: Opcode::Send,
+            flags: SendFlags::SIGNALED,
+            sges: &sges,
+            remote: Default::default(),
+        };
+        // SAFETY: src_mr outlives the send, which is polled below.
+        unsafe { qp.post_send(&[wr]) }.unwrap();
+        let wc = support::poll_n(&mut send_cq, 1, Duration::from_secs(10));
+        assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+    }
+    let wc = support::poll_n(&mut recv_cq, 2, Duration::from_secs(10));
+    // The oldest receives, in arrival order, each naming the queue pair it came in on.
+    assert_eq!((wc[0].wr_id, wc[0].qp_num), (0, r1.qp_num()), "{wc:?}");
+    assert_eq!((wc[1].wr_id, wc[1].qp_num), (1, r2.qp_num()), "{wc:?}");
+    let mut got = [0u8; 16];
+    assert!(pool.read_into(0, &mut got));
+    assert_eq!(&got, b"from-one........");
+    assert!(pool.read_into(64, &mut got));
+    assert_eq!(&got, b"from-two........");
+
+    // The queue goes with its last user, not with its handle.
+    drop(srq);
+    assert!(!probe.is_gone(), "the queue pairs still use it");
+    drop((r1, r2));
+    assert!(probe.is_gone());
+}

@@ -1,7 +1,7 @@
 //! The node layer on the software model: a world of 256 ranks in one process and one
 //! thread (5 under Miri), every barrier algorithm with ranks arriving in random order,
 //! sub-groups, a rank that stops, and messaging under credit flow control with one slow
-//! receiver. Ranks are interleaved by hand through the non-blocking barrier and `progress`,
+//! receiver, through a ring per peer and through one shared receive pool. Ranks are interleaved by hand through the non-blocking barrier and `progress`,
 //! so every schedule is reproducible from its seed.
 #![allow(clippy::std_instead_of_core)]
 
@@ -11,7 +11,9 @@ use std::time::Duration;
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world, soft_world_bytes, Event, NodeError, SoftNode};
+use rverbs_core::node::{
+    soft_world, soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
+};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -38,15 +40,18 @@ impl Rng {
     }
 }
 
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    let caps = QpCaps {
+fn caps() -> QpCaps {
+    QpCaps {
         max_send_wr: 16,
         max_recv_wr: 16,
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: 64,
-    };
-    SoftNet::new(SoftNetConfig::new(world, caps))
+    }
+}
+
+fn net<'m>(world: u32) -> SoftNet<'m> {
+    SoftNet::new(SoftNetConfig::new(world, caps()))
 }
 
 fn world<'n, 'm: 'n>(
@@ -205,26 +210,52 @@ fn a_rank_that_stops_is_named_by_the_timeout() {
     );
 }
 
-#[test]
-fn messaging_with_one_slow_receiver_provokes_no_rnr() {
+/// Pool slots per node with a shared receive queue: one per peer at the largest world.
+const POOL: usize = if cfg!(miri) { 8 } else { 256 };
+
+/// What one slow-receiver run measured.
+struct SlowReceiver {
+    receive_memory: usize,
+    credits: usize,
+    would_block: u64,
+    rnr: u64,
+}
+
+/// Every rank sends numbered messages to rank 0 (the slow receiver, served one step in 16)
+/// and to its right neighbour, with messages landing as `receive` says; checks that every
+/// message arrives once, in order per sender, and that no send found the receiver without a
+/// posted buffer.
+fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiver {
     const SLOTS: usize = 4;
     const SLOT: usize = 32;
-    const PER_PEER: u32 = if cfg!(miri) { 6 } else { 12 };
-    let world_size = WORLD;
-    let net = net(world_size);
+    let mut cfg = SoftNetConfig::new(world_size, caps());
+    // A pool's completions all go to the node's receive queue.
+    cfg.cq_capacity = cfg.cq_capacity.max(POOL as u32);
+    let net = SoftNet::new(cfg);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let ring_len = (world_size as usize - 1) * SLOTS * SLOT;
-    let mut rings = vec![0u8; world_size as usize * ring_len];
+    let (slots, mem_len) = match receive {
+        Receive::PerPeer => (SLOTS, (world_size as usize - 1) * SLOTS * SLOT),
+        _ => (POOL, POOL * SLOT),
+    };
+    let mut rings = vec![0u8; world_size as usize * mem_len];
     let clock = clock!();
-    let mut nodes = world(&net, &mut arena, clock);
-    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(ring_len)) {
+    let mut nodes = soft_world_receiving(
+        &net,
+        &mut arena,
+        64,
+        ChannelConfig::default(),
+        (BarrierAlgorithm::default(), Spin, clock),
+        receive,
+    )
+    .unwrap();
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
             .unwrap();
-        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+        n.start_messaging_in(region, slots, SLOT).unwrap();
     }
-    // Every rank sends PER_PEER numbered messages to rank 0 (the slow receiver, served one
-    // step in 16) and to its right neighbour.
+    let receive_memory = nodes[0].receive_memory();
+    let credits = nodes[0].credits_per_peer();
     let w = world_size as usize;
     let targets = |r: usize| {
         let right = (r + 1) % w;
@@ -238,9 +269,10 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
     let got: Vec<Vec<Cell<u32>>> = (0..w)
         .map(|_| (0..w).map(|_| Cell::new(0)).collect())
         .collect();
-    let expected_total: u32 = (0..w).map(|r| targets(r).len() as u32 * PER_PEER).sum();
+    let expected_total: u32 = (0..w).map(|r| targets(r).len() as u32 * per_peer).sum();
     let received = Cell::new(0u32);
     let mut would_block = 0u64;
+    let mut naks = 0u64;
     let mut rng = Rng(99);
     let mut steps = 0u64;
     while received.get() < expected_total {
@@ -253,7 +285,7 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
         let node = &mut nodes[r];
         // One send attempt per step, to the next target with messages left.
         for (k, &to) in targets(r).iter().enumerate() {
-            if next_out[r][k] < PER_PEER {
+            if next_out[r][k] < per_peer {
                 let mut m = [0u8; 8];
                 m[..4].copy_from_slice(&(r as u32).to_le_bytes());
                 m[4..].copy_from_slice(&next_out[r][k].to_le_bytes());
@@ -261,6 +293,12 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
                     Ok(_) => next_out[r][k] += 1,
                     Err(NodeError::WouldBlock { .. }) => would_block += 1,
                     Err(e) => panic!("rank {r} -> {to}: {e}"),
+                }
+                // A send that finds a posted receive completes inside the post; one that
+                // does not waits at its queue pair's head (the model's RNR NAK, which its
+                // `rnr_retries` counts only from the first retry on).
+                if net.waiting(r as u32) > 0 {
+                    naks += 1;
                 }
                 break;
             }
@@ -286,15 +324,67 @@ fn messaging_with_one_slow_receiver_provokes_no_rnr() {
         })
         .unwrap();
     }
-    let rnr: u64 = (0..world_size).map(|n| net.stats(n).rnr_retries).sum();
+    let rnr: u64 = naks
+        + (0..world_size)
+            .map(|n| net.stats(n).rnr_retries)
+            .sum::<u64>();
     eprintln!(
-        "{world_size} ranks: {expected_total} messages in {steps} steps, {would_block} sends \
-         refused for lack of credit, {rnr} RNR retries"
+        "{world_size} ranks, {receive:?}: {expected_total} messages in {steps} steps, \
+         {would_block} sends refused for lack of credit ({credits} per peer), {rnr} RNR \
+         retries, {receive_memory} bytes of receive memory per rank"
     );
-    assert_eq!(rnr, 0, "a send found no posted receive");
+    SlowReceiver {
+        receive_memory,
+        credits,
+        would_block,
+        rnr,
+    }
+}
+
+#[test]
+fn messaging_with_one_slow_receiver_provokes_no_rnr() {
+    let r = slow_receiver(WORLD, Receive::PerPeer, if cfg!(miri) { 6 } else { 12 });
+    assert_eq!(r.rnr, 0, "a send found no posted receive");
     assert!(
-        would_block > 0,
+        r.would_block > 0,
         "the slow receiver never ran a sender out of credit"
+    );
+}
+
+#[test]
+fn a_shared_pool_with_one_slow_receiver_loses_nothing_and_provokes_no_rnr() {
+    let r = slow_receiver(
+        WORLD,
+        Receive::Shared { slots: POOL as u32 },
+        if cfg!(miri) { 6 } else { 12 },
+    );
+    assert_eq!(r.rnr, 0, "a send found the shared queue empty");
+    assert_eq!(r.credits, POOL / (WORLD as usize - 1));
+    assert!(
+        r.would_block > 0,
+        "the slow receiver never ran a sender out of credit"
+    );
+}
+
+#[test]
+fn shared_pool_memory_does_not_grow_with_the_world() {
+    let sizes: &[u32] = if cfg!(miri) { &[3, 5] } else { &[16, 64, 256] };
+    eprintln!("ranks | per-peer rings (4 slots) | shared pool ({POOL} slots)   bytes per rank");
+    let mut pooled = Vec::new();
+    for &n in sizes {
+        let ring = slow_receiver(n, Receive::PerPeer, 2);
+        let pool = slow_receiver(n, Receive::Shared { slots: POOL as u32 }, 2);
+        eprintln!(
+            "{n:5} | {:24} | {:10}",
+            ring.receive_memory, pool.receive_memory
+        );
+        assert_eq!(ring.receive_memory, (n as usize - 1) * 4 * 32);
+        assert_eq!(pool.rnr + ring.rnr, 0);
+        pooled.push(pool.receive_memory);
+    }
+    assert!(
+        pooled.iter().all(|&m| m == POOL * 32),
+        "the pool's memory depends on the world size: {pooled:?}"
     );
 }
 

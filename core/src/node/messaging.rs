@@ -1,10 +1,13 @@
-//! Messaging for a busy-polling thread: a receive ring per peer, re-posted automatically,
-//! credit-based flow control, and [`Node::progress`], which hands completions to a handler
-//! with bounded work per call.
+//! Messaging for a busy-polling thread: a receive ring per peer or one shared receive pool
+//! ([`Receive`]), re-posted automatically, credit-based flow control, and
+//! [`Node::progress`], which hands completions to a handler with bounded work per call.
 //!
 //! [`Node::start_messaging_in`] cuts one region into a ring of `slots` receive buffers of
 //! `slot_size` bytes per peer and posts them all. Every rank must start messaging with the
 //! same `slots`: it is the number of messages a sender may have in flight to one receiver.
+//! On a node built with [`Receive::Shared`] the region is one pool of `slots` buffers posted
+//! to the shared receive queue instead; a completion names the queue pair it arrived on,
+//! which names the sender, and each sender holds `slots / (world - 1)` credits.
 //!
 //! # Flow control
 //! A sender holds `slots` credits per receiver. [`Node::post_send_inline`] spends one, or,
@@ -25,6 +28,9 @@
 //!
 //! # Memory
 //! The ring memory lives in the node, and the node drains every channel before it frees it.
+//! A pool cannot be drained (moving queue pairs to the error state flushes no receive of a
+//! shared queue): its memory is freed only once the shared queue is destroyed, after the
+//! node's queue pairs, and leaked if anything keeps the queue alive.
 //! A handler that panics leaves its slot out of the ring; the next `progress` re-posts it.
 //! Every rank must have started messaging before anyone sends to it (run a barrier after
 //! `start_messaging`): a message that finds no ring would wait for one as "receiver not
@@ -37,6 +43,7 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
+use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
@@ -44,6 +51,39 @@ use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Clock, Deadline};
 use crate::provider::Provider;
+
+/// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
+/// the node is built (on a device the queue pairs are created on a shared receive queue or
+/// not: [`NodeConfig::receive`](super::NodeConfig)); [`Node::start_messaging_in`] follows it.
+///
+/// | | receive memory | credits per sender |
+/// |---|---|---|
+/// | `PerPeer` | `(world - 1) * slots * slot_size` | `slots` |
+/// | `Shared { slots }` | `slots * slot_size`, whatever the world size | `slots / (world - 1)` (at least 1) |
+///
+/// The shared pool trades per-sender depth for memory: with a pool of `slots` and `N`
+/// ranks, a sender may have only `slots / (N - 1)` messages in flight to one receiver, so a
+/// burst to one receiver waits for credits sooner than with per-peer rings of the same
+/// total size; in exchange the memory does not grow with `N`. Size the pool to the traffic
+/// (at least `N - 1` slots; a few times that keeps credit returns off the critical path).
+///
+/// With a shared pool the node's queue pairs have no receive queues of their own: receives
+/// posted on a channel directly (`Channel::recv`, `MultiChannel::gather_receive`, a
+/// `RecvRing`) are refused with [`ChannelError::RecvQueueFull`]; messages arrive only
+/// through [`Node::progress`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Receive {
+    /// A ring of `slots` receive buffers per peer (the `slots` of `start_messaging`).
+    #[default]
+    PerPeer,
+    /// One shared receive queue of `slots` receives for every peer (`ibv_create_srq`),
+    /// re-posted as messages are consumed.
+    Shared {
+        /// Receives in the pool (on a device, clamped to its `max_srq_wr`).
+        slots: u32,
+    },
+}
 
 /// What [`Node::progress`] delivers.
 #[derive(Debug)]
@@ -85,42 +125,61 @@ pub enum Event<'a> {
 
 /// Per-peer state of messaging, indexed by the channel's position in the node's list.
 pub(super) struct Rings<M> {
-    region: M,
-    slots: usize,
-    slot_size: usize,
+    /// Dropped by hand: a pool's memory is freed only once its shared queue is gone.
+    pub(super) region: ManuallyDrop<M>,
+    pub(super) slots: usize,
+    /// Messages a sender may have in flight to one receiver: `slots` with a ring per peer,
+    /// the peer's share of the pool with a shared one.
+    pub(super) credits: usize,
+    /// The shared pool, if messages land in one.
+    pub(super) pool: Option<super::pool::Pool>,
+    pub(super) slot_size: usize,
     /// The ranks of the channels, in order.
-    ranks: Vec<u32>,
-    tickets: Vec<Option<Ticket>>,
-    head: Vec<usize>,
-    sends_seen: Vec<u64>,
-    failure_reported: Vec<bool>,
+    pub(super) ranks: Vec<u32>,
+    pub(super) tickets: Vec<Option<Ticket>>,
+    pub(super) head: Vec<usize>,
+    pub(super) sends_seen: Vec<u64>,
+    pub(super) failure_reported: Vec<bool>,
     /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
-    repost: Option<(usize, usize)>,
+    pub(super) repost: Option<(usize, usize)>,
     /// The channel each peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
     /// so a caller can swap a channel out; a ring whose channel changed is never read again,
     /// and its memory is leaked rather than freed while the displaced channel may still
     /// receive into it.
-    chan_ids: Vec<usize>,
+    pub(super) chan_ids: Vec<usize>,
     /// Each channel's count of requests that consume a peer's receive when messaging started:
     /// what the peer's credit returns (which count from then) are measured from.
-    base: Vec<u64>,
+    pub(super) base: Vec<u64>,
     /// Messages (and writes with immediate) of each peer consumed.
-    consumed: Vec<u64>,
+    pub(super) consumed: Vec<u64>,
     /// The consumed count last written back to each peer.
-    reported: Vec<u64>,
+    pub(super) reported: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
-    todo: Vec<usize>,
-    todo_head: usize,
-    todo_len: usize,
-    queued: Vec<bool>,
+    pub(super) todo: Vec<usize>,
+    pub(super) todo_head: usize,
+    pub(super) todo_len: usize,
+    pub(super) queued: Vec<bool>,
     /// The peer the next `progress` also looks at, whether or not it had completions: one
     /// per call, round-robin, so completions a direct channel call took are delivered too.
-    sweep: usize,
+    pub(super) sweep: usize,
+}
+
+impl<M> Drop for Rings<M> {
+    fn drop(&mut self) {
+        if self.pool.as_ref().is_some_and(|p| !p.probe.is_gone()) {
+            // Receives of the shared queue may still name the memory (they outlive every
+            // flush): it is leaked rather than freed under the device.
+            return;
+        }
+        // SAFETY: dropped once, here; per-peer rings are drained by the node before (or
+        // leaked with the whole `Rings`), and a pool's queue is gone.
+        unsafe { ManuallyDrop::drop(&mut self.region) };
+    }
 }
 
 impl<M> Rings<M> {
-    fn push_todo(&mut self, p: usize) {
+    pub(super) fn push_todo(&mut self, p: usize) {
         if !self.queued[p] {
             self.queued[p] = true;
             let n = self.todo.len();
@@ -155,6 +214,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// use the same `slots` (the credits it grants each sender). Allocates (setup);
     /// messaging itself does not.
     ///
+    /// On a node whose queue pairs share a receive queue ([`Receive::Shared`]) the region
+    /// is one pool of `slots` buffers for every peer instead (`slots * slot_size` bytes;
+    /// `slots` at least `world - 1` and at most the queue's depth), and each sender gets
+    /// `slots / (world - 1)` credits. The pool's memory is freed only once the shared queue
+    /// is destroyed (after the last queue pair on it), else leaked.
+    ///
     /// Checks everything before it posts: `slots` must fit every channel's receive queue
     /// (and slot table), and every channel must be healthy; otherwise it returns an error and
     /// changes nothing. If the device still refuses a post half way, the channels that got
@@ -184,6 +249,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return bad("ring memory needs local write access and no remote write access");
         }
         let peers = self.multi.peers();
+        if self.shared_receive() > 0 {
+            return self.start_pool(region, slots, slot_size);
+        }
         let len = peers
             .checked_mul(slots)
             .and_then(|n| n.checked_mul(slot_size));
@@ -200,8 +268,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             }
         }
         let mut rings = Rings {
-            region,
+            region: ManuallyDrop::new(region),
             slots,
+            credits: slots,
+            pool: None,
             slot_size,
             ranks: self.multi.ranks().collect(),
             tickets: vec![None; peers * slots],
@@ -239,6 +309,33 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         Ok(())
     }
 
+    /// Receives the shared receive queue of this node's queue pairs holds (0: each has its
+    /// own, and messaging uses a ring per peer).
+    pub fn shared_receive(&mut self) -> u32 {
+        self.multi
+            .channels()
+            .next()
+            .map_or(0, |c| c.provider().srq_capacity())
+    }
+
+    /// Bytes of receive memory messaging uses (0 before it started): `(world - 1) * slots *
+    /// slot_size` with a ring per peer, `slots * slot_size` with a shared pool.
+    pub fn receive_memory(&self) -> usize {
+        self.rings.as_ref().map_or(0, |r| {
+            let slots = if r.pool.is_some() {
+                r.slots
+            } else {
+                r.slots * r.ranks.len()
+            };
+            slots * r.slot_size
+        })
+    }
+
+    /// Messages this node may have in flight to one peer (0 before messaging started).
+    pub fn credits_per_peer(&self) -> usize {
+        self.rings.as_ref().map_or(0, |r| r.credits)
+    }
+
     /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
     /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
     /// Once messaging has started it spends a credit: with none left, or with the send queue
@@ -249,7 +346,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
-        let credit = self.rings.as_ref().map(|r| (r.base[p], r.slots as u64));
+        let credit = self.rings.as_ref().map(|r| (r.base[p], r.credits as u64));
         let returned = self
             .flags
             .load_u64(8 * (self.world as usize + rank as usize))
@@ -333,6 +430,10 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
+    let mut handed = 0;
+    if rings.pool.is_some() {
+        handed = super::pool::serve_pool(multi, rings, budget, handler)?;
+    }
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
             if let Err(e) = post_slot(multi, rings, p, i) {
@@ -362,24 +463,44 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     let sweep = rings.sweep;
     rings.sweep = (sweep + 1) % peers;
     rings.push_todo(sweep);
-    let mut handed = 0;
-    // Each peer in the list at most once per call; one cut short goes to the back.
+    // Each peer in the list at most once per call; one cut short goes to the back. With a
+    // pool, messages were handed out above, and the peers they came from are here for
+    // their credit returns, which must not wait for budget: a sender without credits
+    // sends nothing, and the pool would run dry.
+    let pooled = rings.pool.is_some();
     for _ in 0..rings.todo_len {
-        if handed >= budget {
+        if handed >= budget && !pooled {
             break;
         }
         let Some(p) = rings.pop_todo() else {
             break;
         };
-        let left = budget - handed;
-        let n = serve_peer(multi, rings, p, left, handler)?;
+        let left = budget.saturating_sub(handed);
+        let n = if left > 0 {
+            serve_peer(multi, rings, p, left, handler)?
+        } else {
+            0
+        };
         handed += n;
         credit_back(multi, rings, peer_flags, (me, world), p);
-        if n >= left {
+        if (left > 0 && n >= left) || (left == 0 && has_events(multi, rings, p)) {
             rings.push_todo(p);
         }
     }
     Ok(handed)
+}
+
+/// Whether peer `p` has an event `serve_peer` would hand out (sends completed, a failure).
+fn has_events<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &Rings<M>,
+    p: usize,
+) -> bool {
+    multi.by_index(p).is_some_and(|c| {
+        c.sends_completed() > rings.sends_seen[p]
+            || ((c.failure().is_some() || c.id() != rings.chan_ids[p])
+                && !rings.failure_reported[p])
+    })
 }
 
 /// Hands out peer `p`'s events (whatever its channel has already polled), at most `budget`.
@@ -422,7 +543,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         });
         handed += 1;
     }
-    while handed < budget {
+    while handed < budget && rings.pool.is_none() {
         let i = rings.head[p];
         let Some(t) = rings.tickets[p * rings.slots + i] else {
             break;
@@ -441,7 +562,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
             Ok(info) => {
                 rings.consumed[p] += 1;
                 rings.repost = Some((p, i));
-                deliver(rings, rank, p, i, info, handler);
+                deliver(rings, rank, p * rings.slots + i, info, handler);
                 handed += 1;
                 // On failure `repost` keeps the slot for the next call.
                 post_slot(multi, rings, p, i)?;
@@ -460,12 +581,11 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     Ok(handed)
 }
 
-/// Hands slot `i` of peer `p` (whose receive completed with `info`) to the handler.
-fn deliver<M: Region>(
+/// Hands slot `slot` of the region (whose receive completed with `info`) to the handler.
+pub(super) fn deliver<M: Region>(
     rings: &Rings<M>,
     rank: u32,
-    p: usize,
-    i: usize,
+    slot: usize,
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
 ) {
@@ -477,7 +597,7 @@ fn deliver<M: Region>(
         });
         return;
     }
-    let at = (p * rings.slots + i) * rings.slot_size;
+    let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
     // SAFETY: this slot's receive completed and it is not re-posted until after the handler
     // returns; the region grants no remote write access (checked when messaging started).
@@ -498,9 +618,9 @@ fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     p: usize,
 ) {
     let consumed = rings.consumed[p];
-    // Half a ring at a time: a sender that ran out of credits has a full ring in flight, so
-    // its credits come back after at most half of it was consumed.
-    if consumed - rings.reported[p] < rings.slots.div_ceil(2) as u64 {
+    // Half the credits at a time: a sender that ran out of credits has all of them in
+    // flight, so they come back after at most half of them were consumed.
+    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
         return;
     }
     let rank = rings.ranks[p];

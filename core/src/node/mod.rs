@@ -16,13 +16,14 @@
 //! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress)).
 
 mod messaging;
+mod pool;
 mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
 mod wakeups;
 
-pub use messaging::Event;
-pub use soft::{soft_world, soft_world_bytes, SoftNode};
+pub use messaging::{Event, Receive};
+pub use soft::{soft_world, soft_world_bytes, soft_world_receiving, SoftNode};
 #[cfg(feature = "verbs")]
 pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
 

@@ -1,11 +1,11 @@
 //! A world of [`Node`]s on the software model ([`SoftNet`]): every layer above the provider
 //! (barriers, messaging, multi-peer calls) tested at hundreds of ranks in one process, one
 //! thread, and under Miri. Each node gets one send and one receive completion queue shared
-//! by its queue pairs, as on a device.
+//! by its queue pairs, as on a device, and optionally one shared receive queue.
 
 use alloc::vec::Vec;
 
-use super::{flags_len, Node, NodeError, NodeParts};
+use super::{flags_len, Node, NodeError, NodeParts, Receive};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::AccessFlags;
@@ -27,6 +27,7 @@ pub const fn soft_world_bytes(world: u32, window_len: usize) -> usize {
 /// Builds all `net.nodes()` nodes of a world, fully connected, with the flag arrays and
 /// windows (`window_len` bytes each) carved out of `arena` (at least [`soft_world_bytes`]
 /// long). Every channel gets `cfg` with its peer's rank, a clone of `backoff` and `clock`.
+/// Messages land in a ring per peer ([`Receive::PerPeer`]; see [`soft_world_receiving`]).
 /// Allocates (setup).
 pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     net: &'n SoftNet<'m>,
@@ -36,6 +37,63 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     algorithm: BarrierAlgorithm,
     backoff: B,
     clock: StaticClock,
+) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
+    soft_world_receiving(
+        net,
+        arena,
+        window_len,
+        cfg,
+        (algorithm, backoff, clock),
+        Receive::PerPeer,
+    )
+}
+
+/// [`soft_world`] with messages landing as `receive` says: with [`Receive::Shared`] every
+/// node gets a shared receive queue of `slots` receives ([`SoftNet::create_srq`]) before
+/// any connection, so all its queue pairs take their receives from it, and its receive
+/// completions are kept for the pool ([`SharedCqs::with_srq`]). The net must have no
+/// connections yet. Allocates (setup).
+///
+/// ```
+/// use rverbs_core::barrier::BarrierAlgorithm;
+/// use rverbs_core::channel::ChannelConfig;
+/// use rverbs_core::memory::AccessFlags;
+/// use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
+/// use rverbs_core::params::QpCaps;
+/// use rverbs_core::poll::{Spin, StepClock};
+/// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+///
+/// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+/// let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
+///                     max_inline_data: 64 };
+/// // Buffers outlive the net. One pool of 8 slots of 32 bytes per node, whatever the world.
+/// let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+/// let mut pools = vec![0u8; 3 * 8 * 32];
+/// let net = SoftNet::new(SoftNetConfig::new(3, caps));
+/// let mut nodes = soft_world_receiving(&net, &mut arena, 64, ChannelConfig::default(),
+///     (BarrierAlgorithm::default(), Spin, &CLOCK), Receive::Shared { slots: 8 }).unwrap();
+/// for (n, mem) in nodes.iter_mut().zip(pools.chunks_mut(8 * 32)) {
+///     let pool = net.register(n.rank(), mem, AccessFlags::LOCAL_WRITE).unwrap();
+///     n.start_messaging_in(pool, 8, 32).unwrap();
+///     assert_eq!((n.receive_memory(), n.credits_per_peer()), (8 * 32, 4));
+/// }
+/// nodes[1].post_send_inline(0, b"one").unwrap();
+/// nodes[2].post_send_inline(0, b"two").unwrap();
+/// let mut got = Vec::new();
+/// while got.len() < 2 {
+///     nodes[0].progress(8, |ev| if let Event::Message { rank, data, .. } = ev {
+///         got.push((rank, data.to_vec()));
+///     }).unwrap();
+/// }
+/// assert_eq!(got, [(1, b"one".to_vec()), (2, b"two".to_vec())]);
+/// ```
+pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    window_len: usize,
+    cfg: ChannelConfig,
+    (algorithm, backoff, clock): (BarrierAlgorithm, B, StaticClock),
+    receive: Receive,
 ) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
     let world = net.nodes();
     if world == 0 || world > crate::wire::MAX_WORLD {
@@ -75,7 +133,16 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
         let (Some(s), Some(rc)) = (s, rc) else {
             return Err(bad("the net's completion queues were taken already"));
         };
-        shared.push(SharedCqs::new(s, rc, world as usize - 1));
+        let peers = world as usize - 1;
+        shared.push(match receive {
+            Receive::PerPeer => SharedCqs::new(s, rc, peers),
+            Receive::Shared { slots } => {
+                let depth = net.create_srq(r, slots).ok_or(bad(
+                    "the net refused a shared receive queue (connected already?)",
+                ))?;
+                SharedCqs::with_srq(s, rc, peers, depth)
+            }
+        });
     }
     let mut channels: Vec<Vec<Channel<RoutedQp<NetQp<'n>, NetCq<'n>>, B>>> = (0..world)
         .map(|_| Vec::with_capacity(world as usize - 1))

@@ -11,7 +11,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::{flags_len, Node, NodeError, NodeParts};
+use super::{flags_len, Node, NodeError, NodeParts, Receive};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::{AccessFlags, PageMemory};
@@ -19,7 +19,7 @@ use crate::poll::{Backoff, StaticClock, Wakeup};
 use crate::provider::shared::{RoutedQp, SharedCqs};
 use crate::sge::RemoteMemory;
 use crate::verbs::mr::OwnedRegion;
-use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, VerbsError};
+use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, Srq, VerbsError};
 use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
 
 /// A node on a device: verbs queue pairs on two completion queues the node shares, page
@@ -52,6 +52,10 @@ pub struct NodeConfig {
     /// rank asleep on events wakes when its peer arrives. Every rank must set it alike; the
     /// node's channels then carry one-sided traffic only (no messaging, no sends).
     pub barrier_wakeups: bool,
+    /// Where messages land: a ring per peer (the default), or one pool every peer shares
+    /// (the queue pairs are then created on a shared receive queue of that many receives,
+    /// and `qp.max_recv_wr` is unused). See [`Receive`].
+    pub receive: Receive,
 }
 
 impl Default for NodeConfig {
@@ -63,6 +67,7 @@ impl Default for NodeConfig {
             algorithm: BarrierAlgorithm::default(),
             completion_events: false,
             barrier_wakeups: false,
+            receive: Receive::PerPeer,
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct PreparedNode<B: Backoff + Clone> {
     send_cq: Cq,
     recv_cq: Cq,
     wakeup: Option<Arc<dyn Wakeup>>,
+    /// The shared receive queue, with [`Receive::Shared`] (the queue pairs keep it alive).
+    srq: Option<Srq>,
     flags: OwnedRegion,
     window: OwnedRegion,
 }
@@ -125,7 +132,16 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                     what: "the completion queues for this world would exceed 2^32 entries",
                 }))
         };
-        let (send_depth, recv_depth) = (depth(qp.max_send_wr)?, depth(qp.max_recv_wr)?);
+        let send_depth = depth(qp.max_send_wr)?;
+        // With a shared receive queue, every receive completion is one of its receives.
+        let srq = match cfg.receive {
+            Receive::PerPeer => None,
+            Receive::Shared { slots } => Some(pd.create_srq(slots, qp.max_recv_sge.max(1))?),
+        };
+        let recv_depth = match &srq {
+            None => depth(qp.max_recv_wr)?,
+            Some(s) => s.max_wr(),
+        };
         let (send_cq, recv_cq, wakeup) = if cfg.completion_events {
             let channel = ctx.create_completion_channel()?;
             let send_cq = ctx.create_cq_on(send_depth, &channel)?;
@@ -141,7 +157,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             qps.push(if r == rank {
                 None
             } else {
-                Some(pd.create_rc_qp(&send_cq, &recv_cq, &qp)?)
+                Some(match &srq {
+                    None => pd.create_rc_qp(&send_cq, &recv_cq, &qp)?,
+                    Some(s) => pd.create_rc_qp_on_srq(&send_cq, &recv_cq, s, &qp)?,
+                })
             });
         }
         let flags = page_region(&pd, flags_len(world), super::FLAG_ACCESS)?;
@@ -156,6 +175,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             send_cq,
             recv_cq,
             wakeup,
+            srq,
             flags,
             window,
         })
@@ -216,7 +236,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         if let Some(w) = &self.wakeup {
             backoff.attach(w);
         }
-        let shared = SharedCqs::new(self.send_cq, self.recv_cq, peers);
+        let shared = match &self.srq {
+            None => SharedCqs::new(self.send_cq, self.recv_cq, peers),
+            Some(s) => SharedCqs::with_srq(self.send_cq, self.recv_cq, peers, s.max_wr()),
+        };
         let mut channels = Vec::with_capacity(peers);
         let mut peer_flags = vec![RemoteMemory::default(); self.world as usize];
         let mut peer_windows = vec![RemoteMemory::default(); self.world as usize];
@@ -238,6 +261,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                     what: match e {
                         crate::provider::shared::SharedCqError::TooSmall { .. } => {
                             "the device granted deeper queues than the shared CQs hold"
+                        }
+                        crate::provider::shared::SharedCqError::NotOnTheSrq => {
+                            "the queue pair is not on the node's shared receive queue"
                         }
                         _ => "the shared completion queues refused the queue pair",
                     },
@@ -276,9 +302,31 @@ impl<B: Backoff + Clone> VerbsNode<B> {
 
     /// Starts messaging with a ring of `slots` receive buffers of `slot_size` bytes per
     /// peer, in page memory registered on the node's protection domain (see
-    /// [`Node::start_messaging_in`]). Allocates (setup).
+    /// [`Node::start_messaging_in`]); on a node built with [`Receive::Shared`], with one
+    /// pool of `slots` buffers for all peers. Allocates (setup).
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &rverbs_core::verbs::Context, blobs: &[Vec<u8>]) -> Result<(), rverbs_core::node::NodeError> {
+    /// use rverbs_core::node::{NodeConfig, PreparedNode, Receive};
+    /// use rverbs_core::poll::{Spin, StepClock};
+    ///
+    /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    /// let (rank, world) = (0, 64);
+    /// let mut cfg = NodeConfig::default();
+    /// // 256 receive buffers for all 63 peers (4 credits each), not 63 rings.
+    /// cfg.receive = Receive::Shared { slots: 256 };
+    /// let prepared = PreparedNode::new(ctx, rank, world, cfg, Spin, &CLOCK)?;
+    /// let mut node = prepared.handshake(blobs)?;
+    /// node.start_messaging(256, 4096)?;
+    /// assert_eq!(node.receive_memory(), 256 * 4096);
+    /// # Ok(()) }
+    /// ```
     pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
-        let peers = self.world as usize - 1;
+        let peers = if self.shared_receive() > 0 {
+            1
+        } else {
+            self.world as usize - 1
+        };
         let len = peers
             .max(1)
             .checked_mul(slots)

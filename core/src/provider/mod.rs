@@ -67,7 +67,76 @@ pub trait QueuePair {
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure>;
 
     /// Moves the queue pair to the error state: every outstanding request completes, flushed.
+    /// (Receives of a shared receive queue stay posted: they belong to no queue pair.)
     fn set_error(&mut self) -> Result<(), ProviderError>;
+
+    /// Most receives the shared receive queue this queue pair takes its receives from holds;
+    /// 0 (the default) if it has a receive queue of its own.
+    fn srq_capacity(&self) -> u32 {
+        0
+    }
+
+    /// Posts receives to the queue pair's shared receive queue (any queue pair on it
+    /// receives into them), as one chain of at most [`MAX_BATCH`](crate::wr::MAX_BATCH)
+    /// requests. Fails with `EOPNOTSUPP` (the default) on a queue pair without one.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract), until the completion is polled
+    /// or [`QueuePair::srq_probe`] says the shared queue is gone: moving queue pairs to the
+    /// error state does not flush a shared receive queue.
+    unsafe fn post_srq_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        let _ = wrs;
+        Err(PostFailure {
+            posted: 0,
+            errno: 95,
+        })
+    }
+
+    /// Tells when the shared receive queue is gone (and with it every receive posted to it),
+    /// so that memory those receives name may be freed; `None` (the default) without one.
+    #[cfg(feature = "alloc")]
+    fn srq_probe(&self) -> Option<SrqProbe> {
+        None
+    }
+}
+
+/// Whether a shared receive queue is gone: after that no receive posted to it can reach
+/// memory. Its owner marks it when the queue is destroyed; whoever freed memory its
+/// receives named asks it first (and leaks the memory if the queue lives on).
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug)]
+pub struct SrqProbe(Option<alloc::sync::Arc<core::sync::atomic::AtomicBool>>);
+
+#[cfg(feature = "alloc")]
+impl SrqProbe {
+    /// A probe for a queue that is still there; [`SrqProbe::mark_gone`] once it is
+    /// destroyed. Allocates.
+    pub fn pending() -> Self {
+        Self(Some(alloc::sync::Arc::new(
+            core::sync::atomic::AtomicBool::new(false),
+        )))
+    }
+
+    /// A probe for receives that can never reach memory whose region was dropped (the
+    /// software model resolves keys when a message arrives, and its buffers are borrowed for
+    /// the whole life of the net).
+    pub const fn released() -> Self {
+        Self(None)
+    }
+
+    /// Records that the queue is destroyed.
+    pub fn mark_gone(&self) {
+        if let Some(f) = &self.0 {
+            f.store(true, core::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether no receive posted to the queue can reach memory any more.
+    pub fn is_gone(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|f| f.load(core::sync::atomic::Ordering::Acquire))
+    }
 }
 
 /// A completion queue: polled for up to `out.len()` completions at a time.
@@ -107,5 +176,13 @@ pub trait Provider: QueuePair {
     #[cfg(feature = "alloc")]
     fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
         None
+    }
+
+    /// For a queue pair on a shared receive queue: completions of receives posted with
+    /// [`QueuePair::post_srq_recv`], whichever queue pair of that queue they arrived on
+    /// (`qp_num` says which), in arrival order. None (the default) for a provider without.
+    fn poll_srq(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        let _ = out;
+        Ok(0)
     }
 }

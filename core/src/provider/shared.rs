@@ -10,6 +10,11 @@
 //! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
 //! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
 //!
+//! With a shared receive queue ([`SharedCqs::with_srq`]) the queue pairs have no receives of
+//! their own: every receive completion is one of the shared queue's, kept in arrival order
+//! for [`Provider::poll_srq`] rather than routed (its `qp_num` still names the queue pair it
+//! arrived on).
+//!
 //! # Capacity
 //! Mailboxes are sized to their queue pair's queues and the completion queues to the sum, so
 //! neither can overflow while every queue pair keeps at most its queue depth in flight (the
@@ -160,12 +165,21 @@ struct State<C> {
     slots: Vec<Slot>,
     /// Slots with completions in their mailboxes, oldest first (each at most once).
     ready: Ring<u32>,
+    /// With a shared receive queue: every receive completion, in arrival order (the queue
+    /// pairs have no receives of their own), and whether one found it full.
+    pool: Option<(Mailbox, bool)>,
 }
 
 impl<C: CompletionQueue> State<C> {
     /// Moves a completion of another queue pair into its mailbox (unknown numbers are not
     /// ours: dropped).
     fn route(&mut self, c: Completion, recv: bool) {
+        if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
+            if self.table.get(c.qp_num).is_some() && !pool.push(c) {
+                *overflowed = true;
+            }
+            return;
+        }
         let Some(i) = self.table.get(c.qp_num) else {
             return;
         };
@@ -247,6 +261,34 @@ impl<C: CompletionQueue> State<C> {
         }
         Ok(n)
     }
+
+    /// Takes receive completions of the shared receive queue into `out`; polls the receive
+    /// queue first when none is waiting.
+    fn take_pool(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        if self.pool.as_ref().is_some_and(|(p, _)| p.len == 0) {
+            self.poll_into_mailboxes(true)?;
+        }
+        let Some((pool, overflowed)) = &mut self.pool else {
+            return Ok(0);
+        };
+        if *overflowed {
+            return Err(ProviderError {
+                verb: Verb::PollCq,
+                errno: EOVERFLOW,
+            });
+        }
+        let mut n = 0;
+        while n < out.len() {
+            match pool.pop() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
 }
 
 struct Inner<C> {
@@ -310,6 +352,9 @@ pub enum SharedCqError {
     },
     /// More queue pairs than the table was built for.
     Full,
+    /// Queues built [`with_srq`](SharedCqs::with_srq) take only queue pairs on a shared
+    /// receive queue no deeper than they were built for.
+    NotOnTheSrq,
 }
 
 impl fmt::Display for SharedCqError {
@@ -321,6 +366,9 @@ impl fmt::Display for SharedCqError {
                 "the queue pairs need {needed} completion entries, the queue holds {capacity}"
             ),
             Self::Full => f.write_str("more queue pairs than the shared queues were built for"),
+            Self::NotOnTheSrq => f.write_str(
+                "the queue pair is not on a shared receive queue these completion queues were built for",
+            ),
         }
     }
 }
@@ -330,6 +378,24 @@ impl core::error::Error for SharedCqError {}
 impl<C: CompletionQueue> SharedCqs<C> {
     /// Shares `send_cq` and `recv_cq` among at most `max_qps` queue pairs. Allocates.
     pub fn new(send_cq: C, recv_cq: C, max_qps: usize) -> Self {
+        Self::build(send_cq, recv_cq, max_qps, None)
+    }
+
+    /// Shares `send_cq` and `recv_cq` among at most `max_qps` queue pairs that all take
+    /// their receives from one shared receive queue of `srq_depth` receives: receive
+    /// completions are not routed to the queue pairs but kept in arrival order for
+    /// [`Provider::poll_srq`] (of any of them). `recv_cq` must hold `srq_depth` completions.
+    /// Allocates.
+    pub fn with_srq(send_cq: C, recv_cq: C, max_qps: usize, srq_depth: u32) -> Self {
+        Self::build(
+            send_cq,
+            recv_cq,
+            max_qps,
+            Some((Mailbox::new(srq_depth, Completion::EMPTY), false)),
+        )
+    }
+
+    fn build(send_cq: C, recv_cq: C, max_qps: usize, pool: Option<(Mailbox, bool)>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 busy: AtomicBool::new(false),
@@ -339,6 +405,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                     table: QpTable::new(max_qps),
                     slots: Vec::with_capacity(max_qps),
                     ready: Ring::new(max_qps as u32, 0),
+                    pool,
                 }),
             }),
         }
@@ -358,8 +425,21 @@ impl<C: CompletionQueue> SharedCqs<C> {
             caps.max_send_wr = caps
                 .max_send_wr
                 .min(share(st.send_cq.capacity()).saturating_sub(1));
-            caps.max_recv_wr = caps.max_recv_wr.min(share(st.recv_cq.capacity()));
-            if caps.max_send_wr < 2 || caps.max_recv_wr < 1 {
+            let pooled = st.pool.is_some();
+            if let Some((pool, _)) = &st.pool {
+                // Receives come from the shared queue only; its completions fit the CQ.
+                caps.max_recv_wr = 0;
+                let (needed, capacity) = (pool.buf.len() as u64, st.recv_cq.capacity());
+                if qp.srq_capacity() == 0 || u64::from(qp.srq_capacity()) > needed {
+                    return Err(SharedCqError::NotOnTheSrq);
+                }
+                if needed > u64::from(capacity) {
+                    return Err(SharedCqError::TooSmall { needed, capacity });
+                }
+            } else {
+                caps.max_recv_wr = caps.max_recv_wr.min(share(st.recv_cq.capacity()));
+            }
+            if caps.max_send_wr < 2 || (caps.max_recv_wr < 1 && !pooled) {
                 return Err(SharedCqError::TooSmall {
                     needed: 3 * st.slots.capacity() as u64,
                     capacity: st.send_cq.capacity().min(st.recv_cq.capacity()),
@@ -454,6 +534,18 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.qp.set_error()
     }
+    #[inline]
+    fn srq_capacity(&self) -> u32 {
+        self.qp.srq_capacity()
+    }
+    #[inline]
+    unsafe fn post_srq_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract.
+        unsafe { self.qp.post_srq_recv(wrs) }
+    }
+    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+        self.qp.srq_probe()
+    }
 }
 
 impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
@@ -489,6 +581,13 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
                 Ok(Some(n))
             })
             .unwrap_or(Ok(Some(0)))
+    }
+
+    /// Receive completions of the shared receive queue, whichever queue pair they arrived
+    /// on, oldest first; one poll of the shared receive queue when none waits. Does not
+    /// allocate.
+    fn poll_srq(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.shared.with(|st| st.take_pool(out)).unwrap_or(Ok(0))
     }
 }
 

@@ -245,4 +245,19 @@ impl QueuePair for Qp {
     fn set_error(&mut self) -> Result<(), ProviderError> {
         Qp::set_error(self).map_err(|e| provider_error(e, Verb::ModifyQpErr))
     }
+
+    #[inline]
+    fn srq_capacity(&self) -> u32 {
+        Qp::srq_max_wr(self)
+    }
+
+    #[inline]
+    unsafe fn post_srq_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the caller upholds the posting contract.
+        unsafe { Qp::post_srq_recv(self, wrs) }
+    }
+
+    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+        Qp::srq_probe(self)
+    }
 }

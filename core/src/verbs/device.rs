@@ -197,6 +197,9 @@ impl Context {
             max_qp_init_rd_atom: u32::try_from(a.max_qp_init_rd_atom).unwrap_or(0),
             phys_port_cnt: a.phys_port_cnt,
             node_guid: u64::from_be(a.node_guid),
+            max_srq: u32::try_from(a.max_srq).unwrap_or(0),
+            max_srq_wr: u32::try_from(a.max_srq_wr).unwrap_or(0),
+            max_srq_sge: u32::try_from(a.max_srq_sge).unwrap_or(0),
         })
     }
 
@@ -369,6 +372,12 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// Node GUID (host byte order).
     pub node_guid: u64,
+    /// Most shared receive queues (0: the device has none).
+    pub max_srq: u32,
+    /// Most work requests in one shared receive queue.
+    pub max_srq_wr: u32,
+    /// Most scatter/gather entries per shared-receive-queue request.
+    pub max_srq_sge: u32,
 }
 
 /// Link layer of a port.

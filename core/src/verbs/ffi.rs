@@ -4,10 +4,11 @@
 //! verbs of the object it wraps: `device.rs` (device list, open, queries), `pd.rs`
 //! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `cq.rs`
 //! (`ibv_create_cq`/`ibv_destroy_cq`), `event.rs` (completion channels and events), `qp.rs`
-//! (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`). This file re-exports the bindings
-//! and implements the four that are `static inline` in `verbs.h` (`ibv_post_send`,
-//! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`): calls through the context's `ops`
-//! table. Everything above `verbs` is written against the
+//! (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`), `srq.rs` (`ibv_create_srq`,
+//! `ibv_modify_srq`, `ibv_destroy_srq`). This file re-exports the bindings and implements the
+//! five that are `static inline` in `verbs.h` (`ibv_post_send`, `ibv_post_recv`,
+//! `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`): calls through the context's
+//! `ops` table. Everything above `verbs` is written against the
 //! [`Provider`](crate::provider::Provider) seam and never sees the bindings.
 
 pub use ibverbs_sys as sys;
@@ -111,6 +112,26 @@ pub(crate) unsafe fn post_recv(
         let ctx = (*qp).context;
         match (*ctx).ops.post_recv {
             Some(f) => f(qp, wr, bad),
+            None => 38,
+        }
+    }
+}
+
+/// Posts a chain of receive work requests to a shared receive queue.
+///
+/// # Safety
+/// `srq` must be a live SRQ; `wr` as for [`post_send`].
+#[inline]
+pub(crate) unsafe fn post_srq_recv(
+    srq: *mut sys::ibv_srq,
+    wr: *mut sys::ibv_recv_wr,
+    bad: &mut *mut sys::ibv_recv_wr,
+) -> i32 {
+    // SAFETY: as in post_send, for the SRQ's context.
+    unsafe {
+        let ctx = (*srq).context;
+        match (*ctx).ops.post_srq_recv {
+            Some(f) => f(srq, wr, bad),
             None => 38,
         }
     }

@@ -2,8 +2,8 @@
 //!
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
 //! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
-//! channels and events in [`event`]; RC queue pairs
-//! and posting in [`qp`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
+//! channels and events in [`event`]; RC queue pairs and posting in [`qp`]; shared receive
+//! queues in [`srq`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
 //! does not wrap, and [`ffi`] re-exports the bindings.
 
 pub mod cq;
@@ -14,6 +14,7 @@ pub mod ffi;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod srq;
 
 pub use crate::params::QpCaps;
 pub use cq::{Cq, POLL_BATCH};
@@ -26,6 +27,7 @@ pub use event::{CompletionChannel, CqEvents};
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
 pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic};
+pub use srq::Srq;
 
 static_assertions::assert_eq_size!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
 static_assertions::assert_eq_align!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);

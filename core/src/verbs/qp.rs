@@ -12,6 +12,7 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
+use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
 use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
@@ -123,9 +124,12 @@ pub struct PreparedQp {
     psn: Psn,
     caps: QpCaps,
     rd_atomic: RdAtomic,
-    // Keep the CQs alive as long as the QP; polling them is their owners' business.
+    // Keep the CQs (and the shared receive queue) alive as long as the QP; polling them is
+    // their owners' business.
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
+    srq: Option<Arc<SrqInner>>,
+    srq_wr: u32,
     pd: Pd,
 }
 
@@ -165,6 +169,29 @@ fn zeroed_attr() -> sys::ibv_qp_attr {
 impl Pd {
     /// Creates an RC queue pair on `cfg.port` and moves it to INIT.
     pub fn create_rc_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &QpConfig) -> Result<PreparedQp> {
+        self.create_rc(send_cq, recv_cq, None, cfg)
+    }
+
+    /// Creates an RC queue pair that takes its receives from `srq` (its own receive queue
+    /// is unused: `cfg.max_recv_wr` is ignored and its caps say 0), and moves it to INIT.
+    /// Receive completions go to `recv_cq`. The queue pair keeps `srq` alive.
+    pub fn create_rc_qp_on_srq(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: &Srq,
+        cfg: &QpConfig,
+    ) -> Result<PreparedQp> {
+        self.create_rc(send_cq, recv_cq, Some(srq), cfg)
+    }
+
+    fn create_rc(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        cfg: &QpConfig,
+    ) -> Result<PreparedQp> {
         let ctx = self.context();
         let port = ctx.query_port(cfg.port)?;
         let dev = ctx.query_device()?;
@@ -201,30 +228,33 @@ impl Pd {
             qp_context: ptr::null_mut(),
             send_cq: send_cq.as_raw(),
             recv_cq: recv_cq.as_raw(),
-            srq: ptr::null_mut(),
+            srq: srq.map_or(ptr::null_mut(), Srq::as_raw),
             cap: sys::ibv_qp_cap {
                 max_send_wr: cfg.max_send_wr,
-                max_recv_wr: cfg.max_recv_wr,
+                max_recv_wr: if srq.is_some() { 0 } else { cfg.max_recv_wr },
                 max_send_sge: cfg.max_send_sge,
-                max_recv_sge: cfg.max_recv_sge,
+                max_recv_sge: if srq.is_some() { 0 } else { cfg.max_recv_sge },
                 max_inline_data: cfg.max_inline_data,
             },
             qp_type: sys::ibv_qp_type::IBV_QPT_RC,
             // Selective signaling: only requests flagged SIGNALED complete.
             sq_sig_all: 0,
         };
-        // SAFETY: the PD and both CQs are live (we hold them); init is fully initialised.
+        // SAFETY: the PD, both CQs and the SRQ are live (we hold them); init is fully
+        // initialised.
         let raw = unsafe { sys::ibv_create_qp(self.as_raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or(VerbsError::Call {
             verb: Verb::CreateQp,
             errno: errno(),
         })?;
         let handle = QpHandle { raw };
+        // On an SRQ the queue pair's own receive queue takes nothing, whatever it reports.
+        let own_recv = |n: u32| if srq.is_some() { 0 } else { n };
         let caps = QpCaps {
             max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
+            max_recv_wr: own_recv(init.cap.max_recv_wr),
             max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
+            max_recv_sge: own_recv(init.cap.max_recv_sge),
             max_inline_data: init.cap.max_inline_data,
         };
         let mut attr = zeroed_attr();
@@ -256,6 +286,8 @@ impl Pd {
             rd_atomic,
             send_cq: send_cq.keep_alive(),
             recv_cq: recv_cq.keep_alive(),
+            srq: srq.map(Srq::keep_alive),
+            srq_wr: srq.map_or(0, Srq::max_wr),
             pd: self.clone(),
         })
     }
@@ -367,6 +399,8 @@ impl PreparedQp {
             handle: self.handle,
             _send_cq: self.send_cq,
             _recv_cq: self.recv_cq,
+            srq: self.srq,
+            srq_wr: self.srq_wr,
             _pd: self.pd,
         })
     }
@@ -380,10 +414,12 @@ pub struct Qp {
     path_mtu: Mtu,
     rd_atomic: RdAtomic,
     remote: Endpoint,
-    // Field order is drop order: the QP goes before its CQs and PD.
+    // Field order is drop order: the QP goes before its CQs, SRQ and PD.
     handle: QpHandle,
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
+    srq: Option<Arc<SrqInner>>,
+    srq_wr: u32,
     _pd: Pd,
 }
 
@@ -467,6 +503,37 @@ impl Qp {
     #[inline]
     pub fn as_raw(&self) -> *mut sys::ibv_qp {
         self.handle.raw.as_ptr()
+    }
+
+    /// Receives the shared receive queue this QP takes its receives from holds (0: none).
+    #[inline]
+    pub fn srq_max_wr(&self) -> u32 {
+        self.srq_wr
+    }
+
+    /// Says when this QP's shared receive queue is destroyed; `None` without one.
+    pub fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+        self.srq.as_ref().map(|s| s.probe())
+    }
+
+    /// Posts up to [`MAX_BATCH`] receives to this QP's shared receive queue (any QP on it
+    /// may receive into them). Fails with `EOPNOTSUPP` without one. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`super::Srq::post_recv`].
+    #[inline]
+    pub unsafe fn post_srq_recv(
+        &mut self,
+        wrs: &[RecvRequest<'_>],
+    ) -> core::result::Result<(), PostFailure> {
+        match &self.srq {
+            // SAFETY: the SRQ is live (we hold it); forwarded contract.
+            Some(s) => unsafe { super::srq::post_srq_chain(s.as_raw(), wrs) },
+            None => Err(PostFailure {
+                posted: 0,
+                errno: 95,
+            }),
+        }
     }
 
     /// Moves the QP to the error state: outstanding requests complete as flushed.

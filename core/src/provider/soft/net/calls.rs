@@ -13,9 +13,12 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 use super::super::entry::{RawSge, SendHeader, NO_SGE};
 use super::super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
 use super::super::keys::KeyKind;
-use super::super::{AccessFlags, SoftStats, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::{AccessFlags, SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
 use super::region::split_net_key;
-use super::state::{Cqe, World, QPN_BASE};
+use super::state::{Cqe, SrqState, World, QPN_BASE};
+
+/// `ibv_post_srq_recv` on a queue pair with no shared receive queue.
+const EOPNOTSUPP: i32 = 95;
 
 impl World {
     fn caps_send_sges(&self) -> usize {
@@ -33,6 +36,17 @@ impl World {
 
     fn node_of(&self, q: usize) -> Option<usize> {
         self.qps.get(q).map(|qp| qp.node as usize)
+    }
+
+    /// The shared receive queue `q` takes its receives from, if it is on one.
+    fn srq_of(&self, q: usize) -> Option<&SrqState> {
+        let qp = self.qps.get(q).filter(|qp| qp.on_srq)?;
+        self.nodes.get(qp.node as usize)?.srq.as_ref()
+    }
+
+    fn srq_of_mut(&mut self, q: usize) -> Option<&mut SrqState> {
+        let qp = self.qps.get(q).filter(|qp| qp.on_srq)?;
+        self.nodes.get_mut(qp.node as usize)?.srq.as_mut()
     }
 }
 
@@ -114,6 +128,10 @@ impl Wiring for World {
     }
 
     fn push_recv(&mut self, q: usize, wr_id: u64, sges: &[Sge<'_>]) -> Result<(), i32> {
+        if self.qps.get(q).is_some_and(|qp| qp.on_srq) {
+            // As on a device: a queue pair on a shared receive queue has no receive queue.
+            return Err(EINVAL);
+        }
         let (at, nr) = (self.recv_sges_at(), self.caps_recv_sges());
         let cap = self.caps.max_recv_wr;
         let qp = self.qps.get_mut(q).ok_or(ENOMEM)?;
@@ -177,11 +195,21 @@ impl Wiring for World {
     }
 
     fn has_recv(&self, q: usize) -> bool {
-        self.qps.get(q).is_some_and(|qp| qp.rq.len > 0)
+        match self.srq_of(q) {
+            Some(srq) => srq.ring.len > 0,
+            None => self.qps.get(q).is_some_and(|qp| qp.rq.len > 0),
+        }
     }
 
     fn load_recv_head(&self, q: usize, sges: &mut [RawSge; MAX_SGE]) -> Option<usize> {
-        let (at, nr) = (self.recv_sges_at(), self.caps_recv_sges());
+        let nr = self.caps_recv_sges();
+        if let Some(srq) = self.srq_of(q) {
+            let i = srq.ring.front()?;
+            let src = srq.sges.get(i * nr..(i + 1) * nr)?;
+            sges.get_mut(..nr)?.copy_from_slice(src);
+            return Some(nr);
+        }
+        let at = self.recv_sges_at();
         let qp = self.qps.get(q)?;
         let i = qp.rq.front()?;
         let src = qp.sges.get(at + i * nr..at + (i + 1) * nr)?;
@@ -190,6 +218,17 @@ impl Wiring for World {
     }
 
     fn pop_recv(&mut self, q: usize) -> Option<u64> {
+        if self.qps.get(q).is_some_and(|qp| qp.on_srq) {
+            // A receive is taken from the shared queue only by a message arriving on a
+            // working queue pair; flushing one (it is in error by then) takes none, as the
+            // shared queue's receives belong to no queue pair.
+            if self.in_error(q) {
+                return None;
+            }
+            let srq = self.srq_of_mut(q)?;
+            let i = srq.ring.pop(srq.cap)?;
+            return srq.ids.get(i).copied();
+        }
         let cap = self.caps.max_recv_wr;
         let qp = self.qps.get_mut(q)?;
         let i = qp.rq.pop(cap)?;
@@ -273,6 +312,65 @@ impl NetState {
         result
     }
 
+    /// Posts receives to the shared receive queue of `q`'s node; runs nothing (a send
+    /// waiting for one is retried at its node's next tick).
+    pub(super) fn post_srq_recv(
+        &mut self,
+        q: usize,
+        wrs: &[RecvRequest<'_>],
+    ) -> Result<(), PostFailure> {
+        let fail = |posted, errno| Err(PostFailure { posted, errno });
+        if wrs.len() > crate::wr::MAX_BATCH {
+            return fail(0, EINVAL);
+        }
+        let nr = self.world.caps_recv_sges();
+        let Some(node) = self
+            .world
+            .qps
+            .get(q)
+            .filter(|qp| qp.on_srq)
+            .map(|qp| qp.node as usize)
+        else {
+            return fail(0, EOPNOTSUPP);
+        };
+        for (i, wr) in wrs.iter().enumerate() {
+            let Some(n) = self.world.nodes.get_mut(node) else {
+                return fail(i, EOPNOTSUPP);
+            };
+            let Some(srq) = n.srq.as_mut() else {
+                return fail(i, EOPNOTSUPP);
+            };
+            if wr.sges.len() > nr {
+                return fail(i, EINVAL);
+            }
+            if srq.posted - srq.retired >= u64::from(srq.cap) {
+                return fail(i, ENOMEM);
+            }
+            let Some(at) = srq.ring.tail(srq.cap) else {
+                return fail(i, ENOMEM);
+            };
+            let Some(dst) = srq.sges.get_mut(at * nr..(at + 1) * nr) else {
+                return fail(i, ENOMEM);
+            };
+            let mut posted = wr.sges.iter();
+            for d in dst {
+                *d = posted.next().map_or(NO_SGE, RawSge::of);
+            }
+            if let Some(id) = srq.ids.get_mut(at) {
+                *id = wr.wr_id;
+            }
+            srq.ring.len += 1;
+            srq.posted += 1;
+            n.stats.recvs_posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Receives the shared receive queue of `q`'s node holds (0: `q` is not on one).
+    pub(super) fn srq_capacity(&self, q: usize) -> u32 {
+        self.world.srq_of(q).map_or(0, |s| s.cap)
+    }
+
     pub(super) fn set_error(&mut self, q: usize) {
         enter_error(&mut self.world, q);
     }
@@ -337,8 +435,14 @@ impl NetState {
         for slot in out.iter_mut() {
             let Some(c) = n.recv_cq.pop() else { break };
             *slot = c.completion();
-            if let Some(qp) = w.qps.get_mut(c.qp as usize) {
-                qp.rq_retired += 1;
+            match w.qps.get_mut(c.qp as usize) {
+                Some(qp) if qp.on_srq => {
+                    if let Some(srq) = n.srq.as_mut() {
+                        srq.retired += 1;
+                    }
+                }
+                Some(qp) => qp.rq_retired += 1,
+                None => {}
             }
             count += 1;
         }

@@ -92,10 +92,29 @@ impl QueuePair for NetQp<'_> {
         self.state.borrow_mut().post_recv(self.q as usize, wrs)
     }
 
-    /// Flushes everything outstanding into the node's completion queues. Does not allocate.
+    /// Flushes everything outstanding into the node's completion queues (not the receives
+    /// of its node's shared receive queue). Does not allocate.
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.state.borrow_mut().set_error(self.q as usize);
         Ok(())
+    }
+
+    fn srq_capacity(&self) -> u32 {
+        self.state.borrow().srq_capacity(self.q as usize)
+    }
+
+    /// Posts to the node's shared receive queue ([`SoftNet::create_srq`]); runs nothing.
+    /// Does not allocate.
+    unsafe fn post_srq_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        self.state.borrow_mut().post_srq_recv(self.q as usize, wrs)
+    }
+
+    /// Always gone: the model resolves a receive's keys only when a message arrives, so a
+    /// receive whose region was dropped never reaches its memory (and that memory is
+    /// borrowed for the net's whole life anyway).
+    #[cfg(feature = "alloc")]
+    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+        (self.srq_capacity() > 0).then(crate::provider::SrqProbe::released)
     }
 }
 

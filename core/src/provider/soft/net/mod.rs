@@ -137,6 +137,8 @@ mod state;
 mod tests;
 #[cfg(test)]
 mod tests_scale;
+#[cfg(test)]
+mod tests_srq;
 mod world;
 
 pub use handles::{NetCq, NetQp};

@@ -55,6 +55,8 @@ impl RingPos {
 pub(super) struct QpSlot {
     pub(super) node: u32,
     pub(super) error: bool,
+    /// Takes its receives from its node's shared receive queue (its own queue is unused).
+    pub(super) on_srq: bool,
     /// Whether it is in its node's waiting list (its send queue is not empty).
     pub(super) waiting: bool,
     pub(super) prev: u32,
@@ -86,6 +88,7 @@ impl QpSlot {
         Self {
             node,
             error: false,
+            on_srq: false,
             waiting: false,
             prev: NONE,
             next: NONE,
@@ -233,8 +236,42 @@ impl CqRing {
 }
 
 /// One node: its protection domain, its two completion queues, its waiting queue pairs.
+/// A node's shared receive queue: receives any of its queue pairs connected after it was
+/// created take, oldest first.
+pub(super) struct SrqState {
+    pub(super) cap: u32,
+    pub(super) ring: RingPos,
+    pub(super) posted: u64,
+    /// Receives whose completion was polled (occupancy ends there, as for a queue pair's).
+    pub(super) retired: u64,
+    /// `cap` receive ids.
+    pub(super) ids: Box<[u64]>,
+    /// `cap` × `max_recv_sge` entries.
+    pub(super) sges: Box<[RawSge]>,
+}
+
+impl SrqState {
+    /// A queue of `cap` receives of `nsge` entries. Allocates.
+    pub(super) fn new(cap: u32, nsge: u32) -> Self {
+        Self {
+            cap,
+            ring: RingPos::default(),
+            posted: 0,
+            retired: 0,
+            ids: alloc::vec![0u64; cap as usize].into_boxed_slice(),
+            sges: alloc::vec![NO_SGE; cap as usize * nsge as usize].into_boxed_slice(),
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.ids.len() * size_of::<u64>() + self.sges.len() * size_of::<RawSge>()
+    }
+}
+
 pub(super) struct NodeState {
     pub(super) regions: Box<[RegionSlot]>,
+    /// Its shared receive queue, if it has one.
+    pub(super) srq: Option<SrqState>,
     pub(super) send_cq: CqRing,
     pub(super) recv_cq: CqRing,
     /// Its queue pairs, for [`SoftNet::kill`](super::SoftNet::kill).
@@ -252,6 +289,7 @@ impl NodeState {
     fn new(max_regions: usize, cq_capacity: u32) -> Self {
         Self {
             regions: alloc::vec![NO_REGION; max_regions].into_boxed_slice(),
+            srq: None,
             send_cq: CqRing::new(cq_capacity),
             recv_cq: CqRing::new(cq_capacity),
             qps: Vec::new(),
@@ -317,8 +355,11 @@ impl World {
             return None;
         }
         *word |= 1 << (bit % 64);
-        self.qps.push(QpSlot::new(a, &self.caps));
-        self.qps.push(QpSlot::new(b, &self.caps));
+        for node in [a, b] {
+            let mut qp = QpSlot::new(node, &self.caps);
+            qp.on_srq = self.nodes[node as usize].srq.is_some();
+            self.qps.push(qp);
+        }
         self.nodes[a as usize].qps.push(q);
         self.nodes[b as usize].qps.push(q + 1);
         Some(q)
@@ -383,6 +424,7 @@ impl World {
             .iter()
             .map(|n| {
                 n.regions.len() * size_of::<RegionSlot>()
+                    + n.srq.as_ref().map_or(0, SrqState::heap_bytes)
                     + 2 * n.send_cq.ring.len() * size_of::<Cqe>()
                     + n.qps.capacity() * size_of::<u32>()
             })

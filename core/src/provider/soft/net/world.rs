@@ -16,7 +16,7 @@ use super::super::{AccessFlags, SoftError, SoftStats, MAX_SGE};
 use super::calls::NetState;
 use super::handles::{CqKind, NetCq, NetQp};
 use super::region::{net_key, NetRegion, GEN_MASK};
-use super::state::{World, QPN_BASE};
+use super::state::{SrqState, World, QPN_BASE};
 use super::{SoftNetConfig, MAX_NODES, NET_MAX_CQ, NET_MAX_INLINE, NET_MAX_QUEUE, NET_MAX_REGIONS};
 
 /// A marker invariant in `'m` that also says "holds `&'m mut [u8]`".
@@ -157,6 +157,41 @@ impl<'m> SoftNet<'m> {
             NetQp::new(&self.state, q, a, b, self.caps),
             NetQp::new(&self.state, q + 1, b, a, self.caps),
         ))
+    }
+
+    /// Gives `node` a shared receive queue of `depth` receives (clamped to 1 ..=
+    /// [`NET_MAX_QUEUE`]) with `max_recv_sge` entries each: every queue pair of `node`
+    /// connected from now on takes its receives from it (posted with
+    /// [`QueuePair::post_srq_recv`](crate::provider::QueuePair::post_srq_recv) on any of
+    /// them; its own receive queue refuses posts), and their receive completions still go
+    /// to the node's receive CQ with their `qp_num`. Returns the depth, or `None` if the
+    /// node does not exist, has one already, or has queue pairs already. Allocates.
+    ///
+    /// A send that finds the shared queue empty waits (RNR) like one that finds a queue
+    /// pair's receive queue empty; posting to the shared queue runs nothing, so the send is
+    /// retried at its node's next tick. Moving a queue pair to the error state flushes none
+    /// of the shared queue's receives.
+    pub fn create_srq(&self, node: u32, depth: u32) -> Option<u32> {
+        let mut st = self.state.borrow_mut();
+        let nsge = st.world.caps.max_recv_sge;
+        let n = st.world.nodes.get_mut(node as usize)?;
+        if n.srq.is_some() || !n.qps.is_empty() {
+            return None;
+        }
+        let depth = depth.clamp(1, NET_MAX_QUEUE);
+        n.srq = Some(SrqState::new(depth, nsge));
+        Some(depth)
+    }
+
+    /// Receives posted to `node`'s shared receive queue and not yet taken by a message
+    /// (0 without one).
+    pub fn srq_posted(&self, node: u32) -> u32 {
+        let st = self.state.borrow();
+        st.world
+            .nodes
+            .get(node as usize)
+            .and_then(|n| n.srq.as_ref())
+            .map_or(0, |s| s.ring.len)
     }
 
     /// The send completion queue of `node`, which every send-queue completion of its queue

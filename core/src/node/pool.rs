@@ -1,0 +1,291 @@
+//! Messaging through one receive pool every peer shares ([`Receive::Shared`]): the pool's
+//! slots are posted to the queue pairs' shared receive queue, a completion names the queue
+//! pair it arrived on (and so the sender), and each slot goes back to the queue after its
+//! handler returned. Credits, credit returns and the per-peer events are
+//! [`messaging`](super::messaging)'s, shared with the per-peer rings.
+//!
+//! The pool cannot be drained: moving queue pairs to the error state flushes no receive of
+//! a shared queue. Its memory is freed only once the queue is destroyed (the `Rings` drop
+//! asks the queue's [`SrqProbe`], after the node's queue pairs are gone), and leaked if
+//! anything keeps the queue alive.
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::mem::ManuallyDrop;
+
+#[cfg(doc)]
+use super::messaging::Receive;
+use super::messaging::{deliver, Event, Rings};
+use super::{Node, NodeError};
+use crate::channel::{Channel, ChannelError, Done, WrFailure};
+use crate::completion::{Completion, CompletionKind};
+use crate::memory::Region;
+use crate::multi::MultiChannel;
+use crate::poll::Backoff;
+use crate::provider::shared::QpTable;
+use crate::provider::{Provider, SrqProbe};
+use crate::sge::Sge;
+use crate::wr::{RecvRequest, MAX_BATCH};
+
+/// One receive pool shared by every peer: slot `i` is bytes `i * slot_size..` of the region,
+/// posted to the shared receive queue with `wr_id` `i`.
+pub(super) struct Pool {
+    /// Queue-pair number of each peer's channel -> its position.
+    pub(super) peers: QpTable,
+    /// Whether slot `i` is posted (a completion for a slot that is not is ignored).
+    pub(super) posted: Vec<bool>,
+    /// A slot handed to a handler and not yet re-posted.
+    pub(super) repost: Option<usize>,
+    /// Says when the shared queue is gone, after which the memory may be freed.
+    pub(super) probe: SrqProbe,
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
+    /// [`Node::start_messaging_in`] on a node whose queue pairs share a receive queue.
+    pub(super) fn start_pool(
+        &mut self,
+        region: M,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<(), NodeError> {
+        let bad = |what| Err(NodeError::InvalidArgument { what });
+        let peers = self.multi.peers();
+        let depth = self.shared_receive() as usize;
+        if slots > depth {
+            return bad("more pool slots than the shared receive queue holds");
+        }
+        if slots < peers.max(1) {
+            return bad("a shared pool needs at least one slot per peer (world - 1)");
+        }
+        if slots
+            .checked_mul(slot_size)
+            .is_none_or(|l| l > region.len())
+        {
+            return bad("the pool region is smaller than slots * slot_size");
+        }
+        let mut table = QpTable::new(peers);
+        let mut probe = None;
+        for (p, c) in self.multi.channels().enumerate() {
+            let rank = c.peer().unwrap_or(u32::MAX);
+            if let Some(error) = c.failure() {
+                return Err(NodeError::Channel { rank, error });
+            }
+            if c.provider().srq_capacity() as usize != depth {
+                return bad("every channel of a pooled node must be on the shared receive queue");
+            }
+            if !table.insert(c.provider().qp_num(), p as u32) {
+                return bad("two channels with one queue-pair number");
+            }
+            probe = probe.or_else(|| c.provider().srq_probe());
+        }
+        let Some(probe) = probe else {
+            return bad("the shared receive queue gives no way to know when it is gone");
+        };
+        let mut rings = Rings {
+            region: ManuallyDrop::new(region),
+            slots,
+            credits: slots / peers.max(1),
+            pool: Some(Pool {
+                peers: table,
+                posted: vec![false; slots],
+                repost: None,
+                probe,
+            }),
+            slot_size,
+            ranks: self.multi.ranks().collect(),
+            tickets: Vec::new(),
+            head: Vec::new(),
+            sends_seen: vec![0; peers],
+            failure_reported: vec![false; peers],
+            repost: None,
+            chan_ids: self.multi.ids().collect(),
+            base: self
+                .multi
+                .channels()
+                .map(|c| c.remote_recvs_used())
+                .collect(),
+            consumed: vec![0; peers],
+            reported: vec![0; peers],
+            todo: vec![0; peers.max(1)],
+            todo_head: 0,
+            todo_len: 0,
+            queued: vec![false; peers],
+            sweep: 0,
+        };
+        // A failed post leaves receives in the shared queue, which no flush takes back:
+        // dropping `rings` then leaks the memory (its probe says the queue lives on).
+        let mut first = 0;
+        while first < slots {
+            let n = (slots - first).min(MAX_BATCH);
+            post_pool(&mut self.multi, &mut rings, first, n)?;
+            first += n;
+        }
+        self.rings = Some(rings);
+        Ok(())
+    }
+}
+
+/// The channel the pool is posted and polled through: the first one, if it is still the
+/// channel messaging started with (a swapped-in channel may be on another shared queue).
+fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
+    multi: &'a mut MultiChannel<P, B>,
+    rings: &Rings<M>,
+) -> Result<&'a mut Channel<P, B>, NodeError> {
+    let rank = rings.ranks.first().copied().unwrap_or(u32::MAX);
+    match multi.by_index(0) {
+        Some(c) if Some(c.id()) == rings.chan_ids.first().copied() => Ok(c),
+        _ => Err(NodeError::Channel {
+            rank,
+            error: ChannelError::ForeignTicket,
+        }),
+    }
+}
+
+/// Posts pool slots `first..first + n` (at most [`MAX_BATCH`]) to the shared queue.
+fn post_pool<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    first: usize,
+    n: usize,
+) -> Result<(), NodeError> {
+    let size = rings.slot_size;
+    let mut sges = [const { None::<Sge<'_>> }; MAX_BATCH];
+    for (k, s) in sges.iter_mut().enumerate().take(n) {
+        let at = (first + k) * size;
+        let e = rings
+            .region
+            .sge_mut(at..at + size)
+            .ok_or(NodeError::InvalidArgument {
+                what: "pool slot outside the pool",
+            })?;
+        // SAFETY: the entry names slot `first + k` of the pool, which the node owns (see the
+        // posting below); the slots are disjoint, and none of them is posted or lent out.
+        *s = Some(unsafe { Sge::from_raw(e.addr(), e.len(), e.lkey()) });
+    }
+    let mut reqs = [const {
+        RecvRequest {
+            wr_id: 0,
+            sges: &[],
+        }
+    }; MAX_BATCH];
+    for (k, (r, s)) in reqs.iter_mut().zip(sges.iter()).enumerate().take(n) {
+        *r = RecvRequest {
+            wr_id: (first + k) as u64,
+            sges: s.as_ref().map_or(&[], core::slice::from_ref),
+        };
+    }
+    let chan = pool_channel(multi, rings)?;
+    let rank = chan.peer().unwrap_or(u32::MAX);
+    // SAFETY: the pool memory is owned by the node and freed only once the shared queue is
+    // gone (`Rings` drop asks its probe, and leaks it otherwise); each slot is read only
+    // after its completion was polled, and re-posted after the handler's borrow ended.
+    let r = unsafe { chan.provider_mut().post_srq_recv(&reqs[..n]) };
+    let posted = match r {
+        Ok(()) => n,
+        Err(f) => f.posted.min(n),
+    };
+    if let Some(pool) = rings.pool.as_mut() {
+        for k in 0..posted {
+            pool.posted[first + k] = true;
+        }
+    }
+    r.map_err(|f| NodeError::Channel {
+        rank,
+        error: ChannelError::Post { errno: f.errno },
+    })
+}
+
+/// Polls the pool and hands up to `budget` of its messages out (re-posting each slot after
+/// its handler); marks their senders for credit returns. Returns how many it handed.
+pub(super) fn serve_pool<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    if let Some(i) = rings.pool.as_mut().and_then(|p| p.repost.take()) {
+        if let Err(e) = post_pool(multi, rings, i, 1) {
+            if let Some(pool) = rings.pool.as_mut() {
+                // Not lost: the next call tries again.
+                pool.repost = Some(i);
+            }
+            return Err(e);
+        }
+    }
+    let mut handed = 0;
+    let mut wc = [Completion::EMPTY; 16];
+    while handed < budget {
+        let want = (budget - handed).min(wc.len());
+        let chan = pool_channel(multi, rings)?;
+        let n = chan
+            .provider_mut()
+            .poll_srq(&mut wc[..want])
+            .map_err(NodeError::Completions)?;
+        if n == 0 {
+            break;
+        }
+        for c in &wc[..n] {
+            handed += serve_pool_completion(multi, rings, c, handler)?;
+        }
+    }
+    Ok(handed)
+}
+
+/// Hands out one completion of the pool; returns how many events it handed (0 or 1).
+fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    c: &Completion,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    let Some(pool) = rings.pool.as_mut() else {
+        return Ok(0);
+    };
+    let i = c.wr_id as usize;
+    if i >= pool.posted.len() || !pool.posted[i] {
+        // Not a receive of ours (or one already handed out): never trusted.
+        return Ok(0);
+    }
+    // The slot leaves the pool before the handler runs, so a panicking handler neither sees
+    // it twice nor loses it: `repost` brings it back.
+    pool.posted[i] = false;
+    pool.repost = Some(i);
+    let p = pool.peers.get(c.qp_num).map(|p| p as usize);
+    let mut handed = 0;
+    match p {
+        Some(p) if c.status.is_success() => {
+            rings.consumed[p] += 1;
+            let info = Done {
+                byte_len: c.byte_len,
+                imm: c.imm,
+                written: c.kind == CompletionKind::RecvWriteImm,
+            };
+            deliver(rings, rings.ranks[p], i, info, handler);
+            handed = 1;
+            rings.push_todo(p);
+        }
+        // A receive the queue pair's failure cut short: the slot is free again, and the
+        // peer is reported broken once.
+        Some(p) if !rings.failure_reported[p] => {
+            rings.failure_reported[p] = true;
+            let rank = rings.ranks[p];
+            handler(Event::Failed {
+                rank,
+                error: ChannelError::Broken(WrFailure {
+                    peer: Some(rank),
+                    wr_id: c.wr_id,
+                    status: c.status,
+                    vendor_err: c.vendor_err,
+                }),
+            });
+            handed = 1;
+        }
+        Some(_) | None => {}
+    }
+    // On failure `repost` keeps the slot for the next call.
+    post_pool(multi, rings, i, 1)?;
+    if let Some(pool) = rings.pool.as_mut() {
+        pool.repost = None;
+    }
+    Ok(handed)
+}
