@@ -505,7 +505,10 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
         })
         .max()
         .unwrap();
-    assert!(most > 16, "at most {most} notifications to one peer carried an immediate");
+    assert!(
+        most > 16,
+        "at most {most} notifications to one peer carried an immediate"
+    );
     // Messages would land on receives without buffers: messaging is refused.
     let region = net
         .register(0, &mut ring, AccessFlags::LOCAL_WRITE)

@@ -52,6 +52,12 @@ pub enum WaitPolicy {
     /// completion channel until an event or the wait's deadline. Needs the queues' events
     /// ([`Backoff::attach`]; a node built with completion events attaches them itself);
     /// without them it sleeps [`BLOCK_FALLBACK_PAUSE`] like [`Sleep`](Self::Sleep).
+    ///
+    /// Only a completion at this end wakes the sleeper. A plain RDMA write into our memory
+    /// raises none: a barrier needs `Node::enable_barrier_wakeups`, and a wait for a peer's
+    /// write (or for messaging credits, which come back as writes) sleeps until its 100 ms
+    /// cap. One waiter per set of queues: two threads sleeping on the same events can take
+    /// each other's wake-up.
     Block {
         /// Empty polls spent spinning first.
         spins: u32,
