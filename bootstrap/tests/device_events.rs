@@ -12,6 +12,8 @@
 //! Both channels live in this process, each driven by its own thread.
 #![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)] // test code
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
@@ -61,17 +63,9 @@ fn counted<T>(f: impl FnOnce() -> T) -> T {
 const BLOCK: WaitPolicy = WaitPolicy::Block { spins: 0 };
 
 fn open(test: &str) -> Option<Context> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(open_device(&d).unwrap_or_else(|e| panic!("{d}: {e}"))),
-        _ => {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "{test}: RVERBS_TEST_DEVICE is not set and CI=true: device tests must run on a device"
-            );
-            eprintln!("{test}: SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
+    let d = support::device()?;
+    eprintln!("{test}: on {d}");
+    Some(open_device(&d).unwrap_or_else(|e| panic!("{test}: {d}: {e}")))
 }
 
 /// Two connected channels whose queues raise completion events, each waiting with `policy`.

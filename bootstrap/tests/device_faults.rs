@@ -17,6 +17,9 @@
 //! process does: no goodbye, its queue pairs destroyed by the kernel.
 #![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)] // test code
 
+mod support;
+use support::device;
+
 use std::cell::{Cell, RefCell};
 use std::os::unix::process::ExitStatusExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,20 +50,6 @@ const WAITS: [&str; 5] = ["recv", "wait", "scope", "gather_receive", "send_to_de
 /// round meets the panicking handler, the later 20 wrap the ring more than twice.
 const SLOTS: usize = 8;
 const ROUNDS: [u32; 4] = [5, 8, 8, 4];
-
-fn device() -> Option<String> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "RVERBS_TEST_DEVICE is not set and CI=true: device tests must run on a device"
-            );
-            eprintln!("SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
-}
 
 /// A child process that is killed if the parent gives up on it (a failed assertion must not
 /// leave ranks behind holding ports and queue pairs).

@@ -7,8 +7,10 @@
 //! ignored `child_rank` entry point with the scenario in environment variables.
 #![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)] // test code
 
+mod support;
+use support::device;
+
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -48,65 +50,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn device() -> Option<String> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "RVERBS_TEST_DEVICE is not set and CI=true: device tests must run on a device"
-            );
-            eprintln!("SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
-}
-
 /// Runs `world` child processes of `scenario` and asserts they all succeed.
 fn run_world(scenario: &str, world: u32, port: u16) {
     let Some(dev) = device() else {
         return;
     };
-    let exe = std::env::current_exe().unwrap();
-    let start = Instant::now();
-    let mut kids: Vec<_> = (0..world)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_rank",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("RVERBS_NODE_SCENARIO", scenario)
-                .env("RVERBS_NODE_RANK", r.to_string())
-                .env("RVERBS_NODE_WORLD", world.to_string())
-                .env("RVERBS_NODE_PORT", port.to_string())
-                .env("RVERBS_TEST_DEVICE", &dev)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let limit = Duration::from_secs(600);
-    let mut failed = Vec::new();
-    for (r, k) in kids.iter_mut().enumerate() {
-        loop {
-            if let Some(st) = k.try_wait().unwrap() {
-                if !st.success() {
-                    failed.push(format!("rank {r}: {st}"));
-                }
-                break;
-            }
-            if start.elapsed() > limit {
-                let _ = k.kill();
-                failed.push(format!("rank {r}: killed after {limit:?}"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    eprintln!("{scenario} with {world} ranks: {:?}", start.elapsed());
+    let (failed, took) = support::run_children("RVERBS_NODE_", scenario, world, port, &dev);
+    eprintln!("{scenario} with {world} ranks: {took:?}");
     assert!(failed.is_empty(), "{scenario}/{world}: {failed:?}");
 }
 

@@ -9,8 +9,10 @@
 //! ignored `child_rank` entry point with the scenario in environment variables.
 #![allow(clippy::std_instead_of_core)] // test code
 
+mod support;
+use support::device;
+
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
@@ -20,20 +22,6 @@ use rverbs_core::params::RnrRetry;
 const POOL: u32 = 12;
 const SLOT: usize = 64;
 const PER_PEER: u64 = 3000;
-
-fn device() -> Option<String> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "RVERBS_TEST_DEVICE is not set and CI=true: device tests must run on a device"
-            );
-            eprintln!("SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
-}
 
 /// `rcvd_rnr_err + send_rnr_err` of port 1 of `dev`. Fails loudly if the device exposes
 /// neither (the test would prove nothing).
@@ -59,50 +47,9 @@ fn rnr_count(dev: &str) -> u64 {
 fn run_world(scenario: &str, world: u32, port: u16) -> Option<u64> {
     let dev = device()?;
     let before = rnr_count(&dev);
-    let exe = std::env::current_exe().unwrap();
-    let start = Instant::now();
-    let mut kids: Vec<_> = (0..world)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_rank",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("RVERBS_SRQ_SCENARIO", scenario)
-                .env("RVERBS_SRQ_RANK", r.to_string())
-                .env("RVERBS_SRQ_WORLD", world.to_string())
-                .env("RVERBS_SRQ_PORT", port.to_string())
-                .env("RVERBS_TEST_DEVICE", &dev)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let limit = Duration::from_secs(600);
-    let mut failed = Vec::new();
-    for (r, k) in kids.iter_mut().enumerate() {
-        loop {
-            if let Some(st) = k.try_wait().unwrap() {
-                if !st.success() {
-                    failed.push(format!("rank {r}: {st}"));
-                }
-                break;
-            }
-            if start.elapsed() > limit {
-                let _ = k.kill();
-                failed.push(format!("rank {r}: killed after {limit:?}"));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    let (failed, took) = support::run_children("RVERBS_SRQ_", scenario, world, port, &dev);
     let moved = rnr_count(&dev) - before;
-    eprintln!(
-        "{scenario} with {world} ranks: {:?}, RNR counters +{moved}",
-        start.elapsed()
-    );
+    eprintln!("{scenario} with {world} ranks: {took:?}, RNR counters +{moved}");
     assert!(failed.is_empty(), "{scenario}/{world}: {failed:?}");
     Some(moved)
 }

@@ -165,6 +165,43 @@ pub(super) struct Rings<M> {
     pub(super) sweep: usize,
 }
 
+impl<M: Region> Rings<M> {
+    /// Messaging state over `region` for every channel of `multi`: the per-peer bookkeeping
+    /// both receive layouts share; `tickets` and `head` are the per-peer rings' own (empty
+    /// for a pool). Allocates (setup).
+    pub(super) fn new<P: Provider, B: Backoff + Clone>(
+        multi: &mut MultiChannel<P, B>,
+        region: M,
+        (slots, slot_size, credits): (usize, usize, usize),
+        pool: Option<super::pool::Pool>,
+        (tickets, head): (Vec<Option<Ticket>>, Vec<usize>),
+    ) -> Self {
+        let peers = multi.peers();
+        Self {
+            region: ManuallyDrop::new(region),
+            slots,
+            credits,
+            pool,
+            slot_size,
+            ranks: multi.ranks().collect(),
+            tickets,
+            head,
+            sends_seen: vec![0; peers],
+            failure_reported: vec![false; peers],
+            repost: None,
+            chan_ids: multi.ids().collect(),
+            base: multi.channels().map(|c| c.remote_recvs_used()).collect(),
+            consumed: vec![0; peers],
+            reported: vec![0; peers],
+            todo: vec![0; peers.max(1)],
+            todo_head: 0,
+            todo_len: 0,
+            queued: vec![false; peers],
+            sweep: 0,
+        }
+    }
+}
+
 impl<M> Drop for Rings<M> {
     fn drop(&mut self) {
         if self.pool.as_ref().is_some_and(|p| !p.probe.is_gone()) {
@@ -267,32 +304,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 return bad("more ring slots than a channel's free receive queue entries");
             }
         }
-        let mut rings = Rings {
-            region: ManuallyDrop::new(region),
-            slots,
-            credits: slots,
-            pool: None,
-            slot_size,
-            ranks: self.multi.ranks().collect(),
-            tickets: vec![None; peers * slots],
-            head: vec![0; peers],
-            sends_seen: vec![0; peers],
-            failure_reported: vec![false; peers],
-            repost: None,
-            chan_ids: self.multi.ids().collect(),
-            base: self
-                .multi
-                .channels()
-                .map(|c| c.remote_recvs_used())
-                .collect(),
-            consumed: vec![0; peers],
-            reported: vec![0; peers],
-            todo: vec![0; peers.max(1)],
-            todo_head: 0,
-            todo_len: 0,
-            queued: vec![false; peers],
-            sweep: 0,
-        };
+        let mut rings = Rings::new(
+            &mut self.multi,
+            region,
+            (slots, slot_size, slots),
+            None,
+            (vec![None; peers * slots], vec![0; peers]),
+        );
         for p in 0..peers {
             for i in 0..slots {
                 if let Err(e) = post_slot(&mut self.multi, &mut rings, p, i) {

@@ -11,7 +11,6 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
-use core::mem::ManuallyDrop;
 
 #[cfg(doc)]
 use super::messaging::Receive;
@@ -81,37 +80,18 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let Some(probe) = probe else {
             return bad("the shared receive queue gives no way to know when it is gone");
         };
-        let mut rings = Rings {
-            region: ManuallyDrop::new(region),
-            slots,
-            credits: slots / peers.max(1),
-            pool: Some(Pool {
+        let mut rings = Rings::new(
+            &mut self.multi,
+            region,
+            (slots, slot_size, slots / peers.max(1)),
+            Some(Pool {
                 peers: table,
                 posted: vec![false; slots],
                 repost: None,
                 probe,
             }),
-            slot_size,
-            ranks: self.multi.ranks().collect(),
-            tickets: Vec::new(),
-            head: Vec::new(),
-            sends_seen: vec![0; peers],
-            failure_reported: vec![false; peers],
-            repost: None,
-            chan_ids: self.multi.ids().collect(),
-            base: self
-                .multi
-                .channels()
-                .map(|c| c.remote_recvs_used())
-                .collect(),
-            consumed: vec![0; peers],
-            reported: vec![0; peers],
-            todo: vec![0; peers.max(1)],
-            todo_head: 0,
-            todo_len: 0,
-            queued: vec![false; peers],
-            sweep: 0,
-        };
+            (Vec::new(), Vec::new()),
+        );
         // A failed post leaves receives in the shared queue, which no flush takes back:
         // dropping `rings` then leaks the memory (its probe says the queue lives on).
         let mut first = 0;
