@@ -110,6 +110,7 @@ pub mod barrier;
 #[allow(unsafe_code)]
 pub mod channel;
 pub mod completion;
+pub mod failure;
 mod fatal;
 // Owned memory is an `unsafe trait`; volatile access to bytes the device writes.
 #[allow(unsafe_code)]

@@ -17,10 +17,19 @@
 //!   most 3 messages per rank.
 //!
 //! # After a failure
-//! A barrier that times out or hits a transport error **poisons** the state: the counters
-//! no longer agree with the peers' (a late arrival would satisfy the wrong barrier), so
-//! every later barrier fails with [`BarrierError::Poisoned`]. Recovery means reconnecting
-//! (a new node), which is also what a dead peer requires anyway.
+//! When the deadline passes, a rank does not blame the ranks it waits for at once: one of them
+//! may be alive and waiting for a dead rank itself. It first asks the transport whether a
+//! failure is known ([`BarrierTransport::failure`]); if none is, it probes each missing rank
+//! (writes it the count it already has, which changes nothing at a live rank and fails at a
+//! dead one) and waits [`BarrierTransport::probe_grace`] longer for the news. Only then does
+//! it report [`BarrierError::Timeout`] with the ranks it waited for: those are alive, or at
+//! least not known to be dead. A failure heard of at any point ends the barrier with
+//! [`BarrierError::PeerFailed`], naming the failed rank.
+//!
+//! A barrier that fails **poisons** the state: the counters no longer agree with the peers'
+//! (a late arrival would satisfy the wrong barrier), so every later barrier fails with
+//! [`BarrierError::Poisoned`] until every rank resets its counters together
+//! ([`BarrierState::reset`], which a node's rejoin does).
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -89,6 +98,9 @@ pub enum BarrierError {
     },
     /// Polling the completion queues the node's channels share failed.
     Completions(crate::provider::ProviderError),
+    /// A rank failed (this node saw it, or heard it from a peer or its failure alarm): the
+    /// barrier cannot complete. Names the failed rank, not the one this rank waited for.
+    PeerFailed(crate::failure::Failure),
     /// Notifying a rank failed.
     Transport {
         /// The rank.
@@ -126,6 +138,7 @@ impl fmt::Display for BarrierError {
                 Ok(())
             }
             Self::Transport { rank, error } => write!(f, "notifying rank {rank} failed: {error}"),
+            Self::PeerFailed(failure) => write!(f, "barrier cannot complete: {failure}"),
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
         }
     }
@@ -143,6 +156,17 @@ pub trait BarrierTransport {
     fn arrived(&self, rank: u32) -> u64;
     /// Polls completions (retires notification writes, surfaces failures, naming the rank).
     fn progress(&mut self) -> Result<(), BarrierError>;
+    /// A failure of some rank the transport knows of, if any: a barrier that times out
+    /// reports it instead of the ranks it happened to wait for. Default: none.
+    fn failure(&mut self) -> Option<crate::failure::Failure> {
+        None
+    }
+    /// How long a barrier whose deadline passed keeps waiting after probing the ranks it is
+    /// missing (see [after a failure](self#after-a-failure)): long enough for a probe of a
+    /// dead rank to fail and for the news to spread. Default 0: no probe.
+    fn probe_grace(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Per-rank arrival counters. Allocated once for the world size; barriers allocate nothing.
@@ -164,6 +188,8 @@ struct Pending {
     stage: u32,
     entered: bool,
     deadline: Deadline,
+    /// Whether the deadline passed once and the missing ranks were probed.
+    probed: bool,
     /// The member list it started with (length and a fingerprint), checked on every poll.
     members: (usize, u64),
 }
@@ -244,6 +270,16 @@ impl BarrierState {
         self.poisoned
     }
 
+    /// Starts over: every counter 0, no barrier in progress, not poisoned. Only sound when
+    /// every member does the same while no notification is in flight and their flag arrays'
+    /// counters are zeroed too (a rejoin does this between two out-of-band rounds).
+    pub fn reset(&mut self) {
+        self.sent.fill(0);
+        self.expected.fill(0);
+        self.poisoned = false;
+        self.pending = None;
+    }
+
     /// Checks a member list: sorted, no repeats, in range, containing this rank.
     pub fn validate(&self, members: &[u32]) -> Result<(), BarrierError> {
         let world = self.sent.len() as u32;
@@ -316,6 +352,7 @@ impl BarrierState {
             stage: 0,
             entered: false,
             deadline: Deadline::after(clock, timeout),
+            probed: false,
             members: fingerprint(members),
         });
         self.advance(t, members).map(|_| ())
@@ -341,12 +378,49 @@ impl BarrierState {
             return Ok(true);
         }
         if p.deadline.passed(clock) {
+            // A live rank we wait for may itself wait for a dead one: name the dead one if
+            // anyone knows.
+            if let Some(f) = t.failure() {
+                return Err(self.fail(BarrierError::PeerFailed(f)));
+            }
+            if !p.probed {
+                return self.probe(t, members, clock).map(|()| false);
+            }
             return Err(self.fail(self.timeout_error(t, members)));
         }
         if let Err(e) = t.progress() {
             return Err(self.fail(e));
         }
         self.advance(t, members)
+    }
+
+    /// The deadline passed with ranks missing and no failure known: write each missing rank
+    /// the count it already has from us (harmless to a live rank; a dead one's queue pair
+    /// fails the write once its retries run out, and that failure becomes news), then wait
+    /// the transport's grace for that news before blaming the missing ranks.
+    fn probe<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        m: &[u32],
+        clock: &C,
+    ) -> Result<(), BarrierError> {
+        let Some(mut p) = self.pending else {
+            return Ok(());
+        };
+        if let Some((_, wait)) = stage(p.alg, m.len(), p.i, p.stage) {
+            for k in wait.iter() {
+                let r = m[k];
+                if t.arrived(r) < self.expected[r as usize] {
+                    if let Err(e) = t.notify(r, self.sent[r as usize]) {
+                        return Err(self.fail(e));
+                    }
+                }
+            }
+        }
+        p.probed = true;
+        p.deadline = Deadline::after(clock, t.probe_grace());
+        self.pending = Some(p);
+        Ok(())
     }
 
     fn fail(&mut self, e: BarrierError) -> BarrierError {

@@ -215,7 +215,8 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     }
 
     /// Like [`MultiChannel::poll`], and calls `f((position, rank), result)` for every channel
-    /// it polled that had completions, or whose poll failed (the channel is then broken).
+    /// it polled that had completions, or whose poll failed or broke it (an error completion:
+    /// `Err(ChannelError::Failed)`, reported by the poll that saw it, later ones say `Ok`).
     /// Positions are in the order given to [`MultiChannel::new`]. Does not allocate.
     pub fn poll_ready(
         &mut self,
@@ -239,11 +240,18 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let mut n = 0;
         let mut one = |i: usize, c: &mut Channel<P, B, R>| {
             let rank = rank_of(c);
+            let intact = c.failure().is_none();
             match c.poll() {
                 Ok(0) => {}
                 Ok(k) => {
                     n += k;
-                    f((i, rank), Ok(k));
+                    // A channel this poll broke (an error completion) is reported once, here.
+                    match c.failure() {
+                        Some(ChannelError::Broken(w)) if intact => {
+                            f((i, rank), Err(ChannelError::Failed(w)));
+                        }
+                        _ => f((i, rank), Ok(k)),
+                    }
                 }
                 Err(e) => f((i, rank), Err(e)),
             }

@@ -405,14 +405,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let Some(rings) = self.rings.as_mut() else {
             return Err(NodeError::MessagingNotStarted);
         };
-        progress_rings(
+        match progress_rings(
             &mut self.multi,
             rings,
             &self.peer_flags,
             (me, world),
             budget,
             &mut handler,
-        )
+        ) {
+            Err(NodeError::Channel { rank, error }) => Err(self.channel_failed(rank, error)),
+            r => r,
+        }
     }
 
     /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
@@ -430,6 +433,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             if self.progress(64, &mut handler)? > 0 {
                 backoff.reset();
                 continue;
+            }
+            if let Some(f) = self.failure() {
+                return Err(NodeError::PeerFailed(f));
             }
             if deadline.passed(clock) {
                 return Err(NodeError::ProgressTimedOut);

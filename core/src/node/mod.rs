@@ -13,8 +13,19 @@
 //! # The flag array
 //! Every rank registers `16 * world` bytes peers may write: slot `r` (bytes `8r..8r+8`)
 //! holds the count of barrier notifications rank `r` sent us; slot `world + r` how many of
-//! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress)).
+//! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress));
+//! the last 8 bytes hold the [failure notice](crate::wire::notice) a peer writes when it sees a
+//! rank fail.
+//!
+//! # When a rank fails
+//! A node that sees a peer fail (a work request to it completes in error, or a wait on it
+//! passes its deadline) tells every other rank with one 8-byte write each; something outside
+//! the node (`rverbs-bootstrap`'s session watcher) can raise the same news through
+//! [`Node::failure_alarm`]. Every barrier and [`Node::progress_until`] checks for news on each
+//! poll, so every survivor's error names the rank that failed ([`NodeError::PeerFailed`],
+//! [`BarrierError::PeerFailed`]) rather than a live rank it happened to wait for.
 
+mod failure;
 mod messaging;
 mod pool;
 mod soft;
@@ -42,10 +53,16 @@ use crate::sge::{RemoteMemory, Sge};
 use crate::verbs::VerbsError;
 use crate::wire::node::NodeBlobError;
 
-/// Bytes of a world's flag array: barrier counters, then credit returns.
+/// Bytes of a world's flag array: barrier counters, then credit returns, then the failure
+/// notice.
 pub(crate) const fn flags_len(world: u32) -> usize {
-    16 * world as usize
+    failure::notice_offset(world) + 8
 }
+
+/// How long a barrier keeps waiting after its deadline, once it probed the ranks it misses,
+/// for a dead rank's probe to fail (by default a queue pair gives up after 7 retries of about
+/// 67 ms on RoCE, about 0.5 s) or for news from a peer.
+pub const DEFAULT_PROBE_GRACE: Duration = Duration::from_secs(2);
 
 const FLAG_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
 #[cfg(feature = "verbs")]
@@ -135,6 +152,8 @@ pub enum NodeError {
         /// The error.
         error: ChannelError,
     },
+    /// A rank failed (see [the module docs](self#when-a-rank-fails)); names the failed rank.
+    PeerFailed(crate::failure::Failure),
 }
 
 impl fmt::Display for NodeError {
@@ -172,6 +191,7 @@ impl fmt::Display for NodeError {
             Self::Barrier(e) => write!(f, "{e}"),
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
+            Self::PeerFailed(failure) => write!(f, "{failure}"),
         }
     }
 }
@@ -201,7 +221,7 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// One connected channel per other rank, each naming its rank
     /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
     pub channels: Vec<Channel<P, B>>,
-    /// Our flag array: at least [`16 * world`](self#the-flag-array) bytes, 8-aligned, with
+    /// Our flag array: at least [`16 * world + 8`](self#the-flag-array) bytes, 8-aligned, with
     /// local and remote write access, zeroed.
     pub flags: M,
     /// Our data window (peers write and read it).
@@ -231,6 +251,8 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     /// The completion events the back-off sleeps on, if the queues have any.
     wakeup: Option<alloc::sync::Arc<dyn crate::poll::Wakeup>>,
     barrier: BarrierState,
+    failures: failure::Failures,
+    probe_grace: Duration,
     all: Vec<u32>,
     backoff: B,
     peer_flags: Vec<RemoteMemory>,
@@ -265,6 +287,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
             .field("world", &self.world)
             .field("algorithm", &self.algorithm)
             .field("poisoned", &self.barrier.is_poisoned())
+            .field("failures", &self.failures)
             .finish()
     }
 }
@@ -275,6 +298,15 @@ struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
     wakeups: Option<&'a mut wakeups::Wakeups>,
+    failures: &'a mut failure::Failures,
+    probe_grace: Duration,
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
+    /// `e`, or the failure news it is.
+    fn news(&mut self, e: BarrierError) -> BarrierError {
+        failure::barrier_news(e, self.failures, self.multi, self.peer_flags)
+    }
 }
 
 fn barrier_error(e: MultiError) -> BarrierError {
@@ -303,19 +335,21 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
         let data = count.to_le_bytes();
-        if !self.wakeups.as_ref().is_some_and(|w| w.live) {
-            return self
-                .multi
+        let posted = if !self.wakeups.as_ref().is_some_and(|w| w.live) {
+            self.multi
                 .post_write_inline(rank, &data, slot)
                 .map(|_| ())
-                .map_err(barrier_error);
-        }
-        self.multi
-            .channel(rank)
-            .map_err(barrier_error)?
-            .post_write_imm_inline(&data, slot, wakeups::WAKE_IMM)
-            .map(|_| ())
-            .map_err(|error| BarrierError::Transport { rank, error })
+                .map_err(barrier_error)
+        } else {
+            match self.multi.channel(rank) {
+                Ok(c) => c
+                    .post_write_imm_inline(&data, slot, wakeups::WAKE_IMM)
+                    .map(|_| ())
+                    .map_err(|error| BarrierError::Transport { rank, error }),
+                Err(e) => Err(barrier_error(e)),
+            }
+        };
+        posted.map_err(|e| self.news(e))
     }
 
     #[inline]
@@ -325,6 +359,29 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn progress(&mut self) -> Result<(), BarrierError> {
+        if let Err(e) = self.poll_channels() {
+            return Err(self.news(e));
+        }
+        match self.failures.check(self.flags) {
+            Some(f) => Err(BarrierError::PeerFailed(f)),
+            None => Ok(()),
+        }
+    }
+
+    #[inline]
+    fn failure(&mut self) -> Option<crate::failure::Failure> {
+        self.failures.check(self.flags)
+    }
+
+    fn probe_grace(&self) -> Duration {
+        self.probe_grace
+    }
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
+    /// One poll of the channels' completions (re-posting wake-up receives).
+    #[inline]
+    fn poll_channels(&mut self) -> Result<(), BarrierError> {
         let Some(w) = self.wakeups.as_deref_mut() else {
             return self.multi.poll().map(|_| ()).map_err(barrier_error);
         };
@@ -410,6 +467,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             wakeups: None,
             wakeup: None,
             barrier: BarrierState::new(rank, world),
+            failures: failure::Failures::new(rank, world),
+            probe_grace: DEFAULT_PROBE_GRACE,
             all: (0..world).collect(),
             backoff,
             peer_flags,
@@ -487,6 +546,46 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.barrier.is_poisoned()
     }
 
+    /// The failure this node knows of: one it saw, one a peer wrote into its notice slot, or
+    /// one raised on its [alarm](Node::failure_alarm). Sticky until the failed rank rejoins.
+    /// Two 8-byte loads when nothing is known; does not allocate.
+    ///
+    /// Waits of the node check it on their own; call it from loops of your own (a spin on
+    /// window memory, say) to learn of a failure elsewhere in the world.
+    #[inline]
+    pub fn failure(&mut self) -> Option<crate::failure::Failure> {
+        self.failures.check(&self.flags)
+    }
+
+    /// Sets how long a barrier waits after its deadline for news of a failure before it reports
+    /// a timeout ([`DEFAULT_PROBE_GRACE`]; see [`crate::barrier`]'s "After a failure"). Make it
+    /// at least the time your queue pairs take to give up on a dead peer.
+    pub fn set_probe_grace(&mut self, grace: Duration) {
+        self.probe_grace = grace;
+    }
+
+    /// A handle another thread can raise a failure with (a session watcher that saw a rank's
+    /// connection close, a health check of your own). The node sees it on its next check.
+    pub fn failure_alarm(&self) -> crate::failure::FailureAlarm {
+        self.failures.alarm().clone()
+    }
+
+    /// How often `rank` rejoined, mod 256 (0 before the first time): what a
+    /// [`FailureAlarm::raise`](crate::failure::FailureAlarm::raise) about it must carry.
+    pub fn incarnation(&self, rank: u32) -> u8 {
+        self.failures.incarnation(rank)
+    }
+
+    /// Tells every rank that `rank` failed because of `error`, if `error` says so, and turns
+    /// it into the node's error for `rank`.
+    fn channel_failed(&mut self, rank: u32, error: ChannelError) -> NodeError {
+        if let Some(cause) = failure::peer_cause(&error) {
+            self.failures
+                .declare(rank, cause, &mut self.multi, &self.peer_flags);
+        }
+        NodeError::Channel { rank, error }
+    }
+
     /// The channels to every other rank, addressed by rank.
     pub fn multi(&mut self) -> &mut MultiChannel<P, B> {
         &mut self.multi
@@ -503,9 +602,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// channel's timeout. Does not allocate.
     pub fn wait(&mut self, t: Ticket) -> Result<Done, NodeError> {
         let rank = t.peer().unwrap_or(u32::MAX);
-        self.channel(rank)?
-            .wait(t)
-            .map_err(|error| NodeError::Channel { rank, error })
+        match self.channel(rank)?.wait(t) {
+            Ok(done) => Ok(done),
+            Err(error) => Err(self.channel_failed(rank, error)),
+        }
     }
 
     /// Our data window (peers write into it).
@@ -538,9 +638,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let remote = window
             .slice(offset, len)
             .ok_or(NodeError::WindowOutOfRange { rank, offset, len })?;
-        self.channel(rank)?
-            .write(sges, remote)
-            .map_err(|error| NodeError::Channel { rank, error })
+        match self.channel(rank)?.write(sges, remote) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.channel_failed(rank, error)),
+        }
     }
 
     /// Barrier over all ranks with the default algorithm. Does not allocate.
@@ -668,6 +769,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             peer_flags,
             flags,
             wakeups,
+            failures,
+            probe_grace,
             ..
         } = self;
         if let Some(w) = wakeups.as_mut() {
@@ -685,6 +788,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             peer_flags,
             wakeups: wakeups.as_mut(),
+            failures,
+            probe_grace: *probe_grace,
         };
         f(barrier, &mut t, members.unwrap_or(all), backoff).map_err(NodeError::Barrier)
     }

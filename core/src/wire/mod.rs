@@ -6,6 +6,7 @@
 
 pub mod endpoint;
 pub mod node;
+pub mod notice;
 
 pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN, REMOTE_MEMORY_LEN};
 pub use node::{node_blob_len, NodeBlob, NodeBlobError, ADDRESSED_BLOB_LEN, MAX_WORLD};

@@ -1,0 +1,112 @@
+//! Who failed and why: the news a node spreads when it sees a peer fail, so that every
+//! survivor's error names the rank that actually failed, not the live rank it happened to
+//! be waiting for.
+//!
+//! A node learns of a failure three ways:
+//! - it sees one itself: a work request to a peer completes in error, or a wait on a peer's
+//!   channel passes its deadline ([`FailureCause::Completion`], [`FailureCause::TimedOut`]);
+//! - a peer tells it: the node that saw the failure writes a [failure
+//!   notice](crate::wire::notice) into the last 8 bytes of every other rank's flag array;
+//! - something outside the node tells it through a [`FailureAlarm`] (for example
+//!   `rverbs-bootstrap`'s session watcher, when a rank's bootstrap connection closes
+//!   without a goodbye: [`FailureCause::SessionClosed`]).
+//!
+//! Every node wait (barriers, [`Node::progress_until`](crate::node::Node::progress_until))
+//! checks both the alarm and the notice slot on each poll: two 8-byte loads.
+
+use core::fmt;
+
+use crate::completion::WcStatus;
+
+/// Why a rank is considered failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureCause {
+    /// A work request to the rank completed with this error status (a dead process's queue
+    /// pairs stop answering: transport retries run out).
+    Completion(WcStatus),
+    /// A wait on the rank's channel passed its deadline with requests still unanswered.
+    TimedOut,
+    /// The rank's bootstrap session closed without a goodbye: its process exited or lost its
+    /// connection.
+    SessionClosed,
+}
+
+impl fmt::Display for FailureCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Completion(s) => write!(f, "a work request to it failed: {s}"),
+            Self::TimedOut => f.write_str("requests to it went unanswered past their deadline"),
+            Self::SessionClosed => f.write_str(
+                "its bootstrap session closed without a goodbye (the process exited or lost \
+                 its connection)",
+            ),
+        }
+    }
+}
+
+/// A failed rank, the cause, and the rank that saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Failure {
+    /// The rank that failed.
+    pub rank: u32,
+    /// Why it is considered failed.
+    pub cause: FailureCause,
+    /// The rank that saw the failure first-hand (it may be this node's own rank).
+    pub reporter: u32,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} failed: {} (seen by rank {})",
+            self.rank, self.cause, self.reporter
+        )
+    }
+}
+
+/// A handle that raises a failure on a node from another thread (a session watcher, a
+/// health checker). Cheap to clone; the node sees it on its next poll.
+///
+/// Only the first failure raised sticks until the node [clears
+/// it](crate::node::Node::rejoin_complete); later ones are ignored.
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug, Default)]
+pub struct FailureAlarm {
+    word: alloc::sync::Arc<core::sync::atomic::AtomicU64>,
+}
+
+#[cfg(feature = "alloc")]
+impl FailureAlarm {
+    /// A new alarm, not raised.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Raises `failure` with `incarnation`, the failed rank's incarnation as the raiser knows
+    /// it (0 until the rank first rejoins; see [`Node::incarnation`](crate::node::Node::incarnation)),
+    /// unless a failure is already raised. Returns whether this call raised it.
+    pub fn raise(&self, failure: Failure, incarnation: u8) -> bool {
+        use core::sync::atomic::Ordering;
+        let Some(word) = crate::wire::notice::encode(&failure, incarnation) else {
+            return false;
+        };
+        self.word
+            .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The raw notice word (0 when not raised).
+    pub(crate) fn load(&self) -> u64 {
+        self.word.load(core::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Clears the alarm if it still holds `word`.
+    pub(crate) fn clear(&self, word: u64) {
+        use core::sync::atomic::Ordering;
+        let _ = self
+            .word
+            .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+}

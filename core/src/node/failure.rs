@@ -1,0 +1,162 @@
+//! How a node keeps, checks and spreads failure news (see [`crate::failure`]).
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::barrier::BarrierError;
+use crate::channel::ChannelError;
+use crate::completion::WcStatus;
+use crate::failure::{Failure, FailureAlarm, FailureCause};
+use crate::memory::Region;
+use crate::multi::MultiChannel;
+use crate::poll::Backoff;
+use crate::provider::Provider;
+use crate::sge::RemoteMemory;
+use crate::wire::notice;
+
+/// Offset of the failure notice in a flag array of `world` ranks: after the barrier counters
+/// and the credit returns.
+pub(crate) const fn notice_offset(world: u32) -> usize {
+    16 * world as usize
+}
+
+/// The failure a node knows of, and where news comes from.
+#[derive(Debug)]
+pub(crate) struct Failures {
+    me: u32,
+    world: u32,
+    alarm: FailureAlarm,
+    known: Option<Failure>,
+    /// How often each rank rejoined (mod 256): notices about an earlier life are stale.
+    incarnation: Vec<u8>,
+}
+
+impl Failures {
+    pub(crate) fn new(me: u32, world: u32) -> Self {
+        Self {
+            me,
+            world,
+            alarm: FailureAlarm::new(),
+            known: None,
+            incarnation: vec![0; world as usize],
+        }
+    }
+
+    pub(crate) fn alarm(&self) -> &FailureAlarm {
+        &self.alarm
+    }
+
+    pub(crate) fn incarnation(&self, rank: u32) -> u8 {
+        self.incarnation.get(rank as usize).copied().unwrap_or(0)
+    }
+
+    /// The failure this node knows of: the first one seen, raised on the alarm, or written
+    /// into `flags`' notice slot by a peer. Two loads when nothing is known. Does not allocate.
+    #[inline]
+    pub(crate) fn check(&mut self, flags: &impl Region) -> Option<Failure> {
+        if self.known.is_none() {
+            let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
+            for word in [self.alarm.load(), remote] {
+                if word != 0 {
+                    if let Some(f) = self.accept(word) {
+                        self.known = Some(f);
+                        break;
+                    }
+                }
+            }
+        }
+        self.known
+    }
+
+    /// The failure in `word`, if it is one about a rank of this world in its current life.
+    fn accept(&self, word: u64) -> Option<Failure> {
+        let (f, life) = notice::decode(word)?;
+        (f.rank < self.world && f.reporter < self.world && life == self.incarnation(f.rank))
+            .then_some(f)
+    }
+
+    /// Records that this node saw `rank` fail, and tells every other rank (one 8-byte inline
+    /// write each, best effort: a peer that cannot be told will see the failure itself or hear
+    /// it from another). Only the first failure is recorded and spread; the known one is
+    /// returned.
+    pub(crate) fn declare<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        rank: u32,
+        cause: FailureCause,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) -> Failure {
+        if let Some(f) = self.known {
+            return f;
+        }
+        let f = Failure {
+            rank,
+            cause,
+            reporter: self.me,
+        };
+        self.known = Some(f);
+        let Some(word) = notice::encode(&f, self.incarnation(rank)) else {
+            return f;
+        };
+        let at = notice_offset(self.world) as u64;
+        for q in 0..self.world {
+            if q == self.me || q == rank {
+                continue;
+            }
+            if let Some(slot) = peer_flags.get(q as usize).and_then(|m| m.slice(at, 8)) {
+                // Not waited for: the next signaled request retires it, and a channel that
+                // cannot carry it is broken already.
+                let _ = multi.post_write_inline(q, &word.to_le_bytes(), slot);
+            }
+        }
+        f
+    }
+
+    /// Forgets the known failure (after the failed rank rejoined): its rank starts a new life,
+    /// so late notices about the old one are ignored. Clears our own notice slot.
+    pub(crate) fn forget(&mut self, rank: u32, flags: &impl Region) {
+        if let Some(i) = self.incarnation.get_mut(rank as usize) {
+            *i = i.wrapping_add(1);
+        }
+        let word = self.alarm.load();
+        if word != 0 {
+            self.alarm.clear(word);
+        }
+        flags.write_from(notice_offset(self.world), &[0; 8]);
+        self.known = None;
+    }
+}
+
+/// Whether a channel error says the peer (or the path to it) failed, and how: local mistakes
+/// (a bad key of ours, a full queue, an argument) do not.
+pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
+    match error {
+        ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
+            WcStatus::LocalLength
+            | WcStatus::LocalQpOperation
+            | WcStatus::LocalProtection
+            | WcStatus::LocalAccess => None,
+            s => Some(FailureCause::Completion(s)),
+        },
+        ChannelError::TimedOut { .. } => Some(FailureCause::TimedOut),
+        _ => None,
+    }
+}
+
+/// A barrier error with a peer's failure in it made into the failure news it is.
+pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
+    e: BarrierError,
+    failures: &mut Failures,
+    multi: &mut MultiChannel<P, B>,
+    peer_flags: &[RemoteMemory],
+) -> BarrierError {
+    match &e {
+        BarrierError::Transport { rank, error } => match peer_cause(error) {
+            Some(cause) => {
+                BarrierError::PeerFailed(failures.declare(*rank, cause, multi, peer_flags))
+            }
+            None => e,
+        },
+        _ => e,
+    }
+}

@@ -1,0 +1,185 @@
+//! Failure news on the software model: a rank whose process dies mid-barrier is named by
+//! every survivor, whatever rank each happened to wait for, with every barrier algorithm; a
+//! failure raised on a node's alarm ends its waits; news about a rank's earlier life is
+//! ignored after it rejoined.
+#![allow(clippy::std_instead_of_core)]
+
+use std::time::Duration;
+
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::failure::{Failure, FailureCause};
+use rverbs_core::node::{soft_world, soft_world_bytes, NodeError, SoftNode};
+use rverbs_core::params::QpCaps;
+use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+
+macro_rules! clock {
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+        &CLOCK as StaticClock
+    }};
+}
+
+const WORLD: u32 = if cfg!(miri) { 5 } else { 64 };
+
+fn net<'m>(world: u32) -> SoftNet<'m> {
+    SoftNet::new(SoftNetConfig::new(
+        world,
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        },
+    ))
+}
+
+fn world<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    clock: StaticClock,
+    alg: BarrierAlgorithm,
+) -> Vec<SoftNode<'n, Spin>> {
+    let mut nodes = soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock).unwrap();
+    for n in &mut nodes {
+        // The model's retries run out within a few hundred polls; a step clock advances 1 us
+        // per reading.
+        n.set_probe_grace(Duration::from_millis(20));
+    }
+    nodes
+}
+
+/// Starts a barrier on every rank but `dead` and polls them in turn until each has an answer.
+fn survivors_answer(
+    nodes: &mut [SoftNode<'_, Spin>],
+    dead: u32,
+    clock: StaticClock,
+    timeout: Duration,
+) -> Vec<(u32, Result<(), NodeError>)> {
+    let mut open = Vec::new();
+    let mut answers = Vec::new();
+    for n in nodes.iter_mut().filter(|n| n.rank() != dead) {
+        match n.barrier_start(&clock, timeout) {
+            Ok(()) => open.push(n.rank()),
+            Err(e) => answers.push((n.rank(), Err(e))),
+        }
+    }
+    while !open.is_empty() {
+        open.retain(|&r| match nodes[r as usize].barrier_poll(&clock) {
+            Ok(false) => true,
+            Ok(true) => {
+                answers.push((r, Ok(())));
+                false
+            }
+            Err(e) => {
+                answers.push((r, Err(e)));
+                false
+            }
+        });
+    }
+    answers
+}
+
+fn assert_all_name(answers: &[(u32, Result<(), NodeError>)], dead: u32, alg: BarrierAlgorithm) {
+    for (r, a) in answers {
+        match a {
+            Err(NodeError::Barrier(BarrierError::PeerFailed(f))) => {
+                assert_eq!(f.rank, dead, "rank {r} ({}) blamed {f}", alg.name());
+                assert_ne!(f.reporter, dead);
+            }
+            other => panic!(
+                "rank {r} ({}): expected news that rank {dead} failed, got {other:?}",
+                alg.name()
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_barrier_is_named_by_every_survivor() {
+    for alg in BarrierAlgorithm::ALL {
+        // The leader (or tree root) and a rank in the middle.
+        for dead in [0, WORLD / 2 + 1] {
+            let net = net(WORLD);
+            let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
+            let clock = clock!();
+            let mut nodes = world(&net, &mut arena, clock, alg);
+            // One good barrier first, so the failure lands in a world that worked.
+            let all = survivors_answer(&mut nodes, u32::MAX, clock, Duration::from_secs(1));
+            assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
+            net.kill(dead);
+            let answers = survivors_answer(&mut nodes, dead, clock, Duration::from_millis(5));
+            assert_eq!(answers.len(), WORLD as usize - 1);
+            assert_all_name(&answers, dead, alg);
+            // Every survivor knows, and the node stays poisoned until a rejoin.
+            for n in nodes.iter_mut().filter(|n| n.rank() != dead) {
+                assert_eq!(n.failure().map(|f| f.rank), Some(dead));
+                assert!(n.is_poisoned());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
+    // Nobody died: the stalled rank answers the probe, so the leader reports a timeout that
+    // names it, and no failure is invented.
+    let world_size = if cfg!(miri) { 4 } else { 16 };
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Centralized);
+    let stalled = world_size - 1;
+    let answers: Vec<_> = {
+        let mut v = Vec::new();
+        for n in nodes.iter_mut().filter(|n| n.rank() != stalled) {
+            n.barrier_start(&clock, Duration::from_millis(5)).unwrap();
+        }
+        let e = loop {
+            match nodes[0].barrier_poll(&clock) {
+                Ok(false) => {}
+                Ok(true) => panic!("completed without rank {stalled}"),
+                Err(e) => break e,
+            }
+        };
+        v.push(e);
+        v
+    };
+    match &answers[0] {
+        NodeError::Barrier(BarrierError::Timeout { missing, .. }) => {
+            assert_eq!(missing.as_slice(), &[stalled]);
+        }
+        other => panic!("expected a timeout naming rank {stalled}, got {other}"),
+    }
+    assert_eq!(nodes[0].failure(), None);
+}
+
+#[test]
+fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
+    let world_size = 4;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    let alarm = nodes[1].failure_alarm();
+    let news = Failure {
+        rank: 2,
+        cause: FailureCause::SessionClosed,
+        reporter: 0,
+    };
+    assert!(alarm.raise(news, nodes[1].incarnation(2)));
+    // A second raise does not replace the first.
+    assert!(!alarm.raise(Failure { rank: 3, ..news }, 0));
+    let e = nodes[1]
+        .barrier(&clock, Duration::from_secs(3600))
+        .unwrap_err();
+    assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
+    assert!(e.to_string().contains("rank 2 failed"), "{e}");
+    assert!(e.to_string().contains("session closed"), "{e}");
+    // A notice about a stale incarnation, or a rank outside the world, is not news.
+    let other = nodes[3].failure_alarm();
+    assert!(other.raise(news, 1));
+    assert_eq!(nodes[3].failure(), None);
+}
