@@ -2,13 +2,14 @@
 
 use core::time::Duration;
 
+use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, VerbsNode};
 use rverbs_core::verbs::{open_device, DeviceList};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Session};
+use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Session, Watch};
 
 /// Settings for [`connect`].
 #[derive(Debug, Clone)]
@@ -64,13 +65,21 @@ impl ConnectOptions {
     }
 }
 
-/// A connected rank: the node, the bootstrap session (for out-of-band rounds) and a clock.
+/// A connected rank: the node, the bootstrap session (for out-of-band rounds), the watch on
+/// the session, and a clock.
 #[derive(Debug)]
 pub struct Connected {
     /// The node.
     pub node: VerbsNode<StdBackoff>,
-    /// The TCP session, still open (use it for out-of-band all-gathers or close it).
+    /// The TCP session, still open (use it for out-of-band all-gathers or close it). Closing
+    /// or dropping it tells the peers goodbye; a rank whose process dies never does, and its
+    /// peers' watches report it.
     pub session: Session,
+    /// Watches the session's connections: when a rank's connection closes without a goodbye
+    /// (its process died), it raises [`FailureCause::SessionClosed`] on the node's
+    /// [failure alarm](rverbs_core::node::Node::failure_alarm); the node passes the news on,
+    /// so every rank's next wait fails naming that rank. Dropping it stops watching.
+    pub watch: Watch,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
     pub clock: Monotonic,
 }
@@ -118,9 +127,18 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(rdma)?;
+    let alarm = node.failure_alarm();
+    let watch = session.watch(move |lost| {
+        alarm.raise(Failure {
+            rank: lost,
+            cause: FailureCause::SessionClosed,
+            reporter: rank,
+        });
+    })?;
     Ok(Connected {
         node,
         session,
+        watch,
         clock,
     })
 }

@@ -84,12 +84,12 @@ impl FailureAlarm {
         Self::default()
     }
 
-    /// Raises `failure` with `incarnation`, the failed rank's incarnation as the raiser knows
-    /// it (0 until the rank first rejoins; see [`Node::incarnation`](crate::node::Node::incarnation)),
-    /// unless a failure is already raised. Returns whether this call raised it.
-    pub fn raise(&self, failure: Failure, incarnation: u8) -> bool {
+    /// Raises `failure` unless a failure is already raised; returns whether this call raised
+    /// it. The node takes it as news about the failed rank's current life (a rejoin clears
+    /// the alarm).
+    pub fn raise(&self, failure: Failure) -> bool {
         use core::sync::atomic::Ordering;
-        let Some(word) = crate::wire::notice::encode(&failure, incarnation) else {
+        let Some(word) = crate::wire::notice::encode(&failure, 0) else {
             return false;
         };
         self.word

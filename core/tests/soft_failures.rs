@@ -163,23 +163,38 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!();
     let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
-    let alarm = nodes[1].failure_alarm();
+    // A rank outside the world is not news.
+    let other = nodes[3].failure_alarm();
     let news = Failure {
         rank: 2,
         cause: FailureCause::SessionClosed,
         reporter: 0,
     };
-    assert!(alarm.raise(news, nodes[1].incarnation(2)));
+    assert!(other.raise(Failure {
+        rank: world_size,
+        ..news
+    }));
+    assert_eq!(nodes[3].failure(), None);
+    assert!(
+        other.raise(Failure {
+            reporter: 3,
+            ..news
+        }),
+        "ignored news made room"
+    );
+    assert_eq!(nodes[3].failure().map(|f| f.reporter), Some(3));
+
+    let alarm = nodes[1].failure_alarm();
+    assert!(alarm.raise(news));
     // A second raise does not replace the first.
-    assert!(!alarm.raise(Failure { rank: 3, ..news }, 0));
+    assert!(!alarm.raise(Failure { rank: 3, ..news }));
     let e = nodes[1]
         .barrier(&clock, Duration::from_secs(3600))
         .unwrap_err();
     assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
     assert!(e.to_string().contains("rank 2 failed"), "{e}");
     assert!(e.to_string().contains("session closed"), "{e}");
-    // A notice about a stale incarnation, or a rank outside the world, is not news.
-    let other = nodes[3].failure_alarm();
-    assert!(other.raise(news, 1));
-    assert_eq!(nodes[3].failure(), None);
+    // Rank 1 passed the news on to every other rank but the failed one.
+    assert_eq!(nodes[0].failure(), Some(news));
+    assert_eq!(nodes[2].failure(), None);
 }

@@ -71,6 +71,8 @@
 
 pub mod backoff;
 pub mod clock;
+#[cfg(target_os = "linux")]
+pub mod hangup;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;

@@ -31,6 +31,7 @@ mod personalize;
 mod progress;
 mod root;
 mod session;
+mod watch;
 
 use core::time::Duration;
 use std::net::TcpListener;
@@ -46,6 +47,7 @@ use self::session::Link;
 pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
 pub use self::session::Session;
+pub use self::watch::Watch;
 
 /// Knobs of an exchange and of the session's later rounds.
 #[derive(Clone, Debug)]

@@ -6,7 +6,12 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::FrameKind;
+use crate::wire::{encode_frame, FrameKind};
+
+use super::frame_io::write_frame;
+
+/// How long saying goodbye to one rank may take.
+const GOODBYE_TIMEOUT: Duration = Duration::from_millis(500);
 
 use super::clock::Clock;
 use super::peer::peer_round;
@@ -18,14 +23,25 @@ use super::ExchangeOptions;
 /// other rank one to rank 0, a world of one none.
 ///
 /// Dropping it closes the connections; [`Session::close`] does the same and
-/// reports errors.
+/// reports errors. Either way the peers are told goodbye first (unless the drop
+/// happens during a panic), so a [`Watch`](super::Watch) on their side does not
+/// take the closing for a failure.
 #[derive(Debug)]
 pub struct Session {
     rank: u32,
     world_size: u32,
     options: ExchangeOptions,
-    link: Link,
+    pub(super) link: Link,
     poisoned: bool,
+    said_goodbye: bool,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.goodbye();
+        }
+    }
 }
 
 /// The connections a [`Session`] holds, by the role of its rank.
@@ -53,6 +69,31 @@ impl Session {
             options,
             link,
             poisoned: false,
+            said_goodbye: false,
+        }
+    }
+
+    /// Tells every connected rank that this session closes on purpose (best effort, once).
+    fn goodbye(&mut self) {
+        if std::mem::replace(&mut self.said_goodbye, true) {
+            return;
+        }
+        let Ok(frame) = encode_frame(
+            FrameKind::Bye,
+            self.options.job_id,
+            self.rank,
+            self.world_size,
+            &[],
+        ) else {
+            return;
+        };
+        let links: Vec<&mut PeerLink> = match &mut self.link {
+            Link::Alone => Vec::new(),
+            Link::Root(peers) => peers.iter_mut().collect(),
+            Link::Peer(link) => vec![link],
+        };
+        for link in links {
+            let _ = write_frame(&mut link.stream, &frame, GOODBYE_TIMEOUT);
         }
     }
 
@@ -145,7 +186,8 @@ impl Session {
     /// # Errors
     /// [`BootstrapError::Io`] for the first shutdown that failed (connections
     /// the remote side already closed do not count).
-    pub fn close(self) -> Result<()> {
+    pub fn close(mut self) -> Result<()> {
+        self.goodbye();
         let links: Vec<&PeerLink> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers.iter().collect(),

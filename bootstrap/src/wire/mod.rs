@@ -52,6 +52,9 @@ pub enum FrameKind {
     Reject,
     /// A rank's contribution to a later all-gather round.
     Sync,
+    /// A rank closes its session on purpose (no payload): the connection closing after it is
+    /// a goodbye, not a failure.
+    Bye,
 }
 
 impl FrameKind {
@@ -63,6 +66,7 @@ impl FrameKind {
             Self::Table => 2,
             Self::Reject => 3,
             Self::Sync => 4,
+            Self::Bye => 5,
         }
     }
 
@@ -74,6 +78,7 @@ impl FrameKind {
             2 => Some(Self::Table),
             3 => Some(Self::Reject),
             4 => Some(Self::Sync),
+            5 => Some(Self::Bye),
             _ => None,
         }
     }

@@ -27,6 +27,8 @@ pub(crate) struct Failures {
     world: u32,
     alarm: FailureAlarm,
     known: Option<Failure>,
+    /// The known failure came from the alarm and is not yet passed on to the peers.
+    unspread: bool,
     /// How often each rank rejoined (mod 256): notices about an earlier life are stale.
     incarnation: Vec<u8>,
 }
@@ -38,6 +40,7 @@ impl Failures {
             world,
             alarm: FailureAlarm::new(),
             known: None,
+            unspread: false,
             incarnation: vec![0; world as usize],
         }
     }
@@ -55,24 +58,44 @@ impl Failures {
     #[inline]
     pub(crate) fn check(&mut self, flags: &impl Region) -> Option<Failure> {
         if self.known.is_none() {
+            let local = self.alarm.load();
             let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
-            for word in [self.alarm.load(), remote] {
-                if word != 0 {
-                    if let Some(f) = self.accept(word) {
-                        self.known = Some(f);
-                        break;
-                    }
-                }
+            // The alarm is raised in this process and cleared by a rejoin: always current.
+            self.known = self.accept(local, true);
+            if local != 0 && self.known.is_none() {
+                // Not about this world: make room for real news.
+                self.alarm.clear(local);
+            }
+            self.unspread = self.known.is_some();
+            if self.known.is_none() {
+                self.known = self.accept(remote, false);
             }
         }
         self.known
     }
 
     /// The failure in `word`, if it is one about a rank of this world in its current life.
-    fn accept(&self, word: u64) -> Option<Failure> {
+    fn accept(&self, word: u64, current: bool) -> Option<Failure> {
+        if word == 0 {
+            return None;
+        }
         let (f, life) = notice::decode(word)?;
-        (f.rank < self.world && f.reporter < self.world && life == self.incarnation(f.rank))
-            .then_some(f)
+        (f.rank < self.world
+            && f.reporter < self.world
+            && (current || life == self.incarnation(f.rank)))
+        .then_some(f)
+    }
+
+    /// Passes a failure raised on the alarm on to every other rank, once.
+    pub(crate) fn spread<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) {
+        if let (true, Some(f)) = (self.unspread, self.known) {
+            self.unspread = false;
+            self.tell_all(&f, multi, peer_flags);
+        }
     }
 
     /// Records that this node saw `rank` fail, and tells every other rank (one 8-byte inline
@@ -95,12 +118,23 @@ impl Failures {
             reporter: self.me,
         };
         self.known = Some(f);
-        let Some(word) = notice::encode(&f, self.incarnation(rank)) else {
-            return f;
+        self.tell_all(&f, multi, peer_flags);
+        f
+    }
+
+    /// Writes the notice of `f` into every other rank's flag array but the failed rank's.
+    fn tell_all<P: Provider, B: Backoff + Clone>(
+        &self,
+        f: &Failure,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) {
+        let Some(word) = notice::encode(f, self.incarnation(f.rank)) else {
+            return;
         };
         let at = notice_offset(self.world) as u64;
         for q in 0..self.world {
-            if q == self.me || q == rank {
+            if q == self.me || q == f.rank {
                 continue;
             }
             if let Some(slot) = peer_flags.get(q as usize).and_then(|m| m.slice(at, 8)) {
@@ -109,7 +143,6 @@ impl Failures {
                 let _ = multi.post_write_inline(q, &word.to_le_bytes(), slot);
             }
         }
-        f
     }
 
     /// Forgets the known failure (after the failed rank rejoined): its rank starts a new life,
@@ -124,6 +157,7 @@ impl Failures {
         }
         flags.write_from(notice_offset(self.world), &[0; 8]);
         self.known = None;
+        self.unspread = false;
     }
 }
 

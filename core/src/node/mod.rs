@@ -363,7 +363,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
             return Err(self.news(e));
         }
         match self.failures.check(self.flags) {
-            Some(f) => Err(BarrierError::PeerFailed(f)),
+            Some(f) => {
+                self.failures.spread(self.multi, self.peer_flags);
+                Err(BarrierError::PeerFailed(f))
+            }
             None => Ok(()),
         }
     }
@@ -554,7 +557,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// window memory, say) to learn of a failure elsewhere in the world.
     #[inline]
     pub fn failure(&mut self) -> Option<crate::failure::Failure> {
-        self.failures.check(&self.flags)
+        let f = self.failures.check(&self.flags)?;
+        self.failures.spread(&mut self.multi, &self.peer_flags);
+        Some(f)
     }
 
     /// Sets how long a barrier waits after its deadline for news of a failure before it reports
@@ -565,13 +570,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// A handle another thread can raise a failure with (a session watcher that saw a rank's
-    /// connection close, a health check of your own). The node sees it on its next check.
+    /// connection close, a health check of your own). The node sees it on its next check and
+    /// passes it on to every other rank.
     pub fn failure_alarm(&self) -> crate::failure::FailureAlarm {
         self.failures.alarm().clone()
     }
 
-    /// How often `rank` rejoined, mod 256 (0 before the first time): what a
-    /// [`FailureAlarm::raise`](crate::failure::FailureAlarm::raise) about it must carry.
+    /// How often `rank` rejoined, mod 256 (0 before the first time): notices about an
+    /// earlier life of a rank are ignored.
     pub fn incarnation(&self, rank: u32) -> u8 {
         self.failures.incarnation(rank)
     }

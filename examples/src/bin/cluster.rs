@@ -131,6 +131,16 @@ fn us(ns: u64) -> String {
     format!("{:.1} us", ns as f64 / 1000.0)
 }
 
+/// Writes one line to stderr in a single write, so lines of ranks sharing the terminal never
+/// interleave mid-line (`eprintln!` may write a line in pieces).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }};
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.config {
@@ -140,7 +150,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cluster: error: {e}");
+            say!("cluster: error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -171,7 +181,7 @@ fn launch_local(args: &Args) -> Res<()> {
     )?;
     let path = std::env::temp_dir().join(format!("rverbs-cluster-{}.json", std::process::id()));
     std::fs::write(&path, config.to_json_string())?;
-    eprintln!(
+    say!(
         "cluster: starting {} ranks on {} (config {})",
         args.ranks,
         args.device,
@@ -248,8 +258,9 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
     let t0 = Instant::now();
     let c = connect(&config, rank, &opts)?;
     let connect_ms = t0.elapsed().as_millis() as u64;
-    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
-    eprintln!(
+    // The watch stays alive until the end: a rank that dies is named by every survivor.
+    let (mut node, mut session, _watch, clock) = (c.node, c.session, c.watch, c.clock);
+    say!(
         "[rank {rank}] connected to {} peers in {connect_ms} ms",
         world - 1
     );
@@ -266,7 +277,6 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
             let iters = args.pingpong_iters;
             let warmup = iters / 10;
             let mut h = hist();
-            let start = Instant::now();
             for i in 1..=(iters + warmup) as u64 {
                 let t = Instant::now();
                 if rank % 2 == 0 {
@@ -274,9 +284,9 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
                     let _ = node
                         .multi()
                         .post_write_inline(peer, &i.to_le_bytes(), window)?;
-                    spin_for(&mut node, i, start, timeout)?;
+                    spin_for(&mut node, peer, i, timeout)?;
                 } else {
-                    spin_for(&mut node, i, start, timeout)?;
+                    spin_for(&mut node, peer, i, timeout)?;
                     let _ = node
                         .multi()
                         .post_write_inline(peer, &i.to_le_bytes(), window)?;
@@ -463,13 +473,15 @@ fn multicast(
     Ok(())
 }
 
-/// Spins until our window's first word reaches `want`.
+/// Spins until our window's first word reaches `want`, at most `timeout` from now (that is,
+/// from `peer`'s previous answer).
 fn spin_for(
     node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
+    peer: u32,
     want: u64,
-    start: Instant,
     timeout: Duration,
 ) -> Res<()> {
+    let start = Instant::now();
     let mut n = 0u32;
     loop {
         if node.window().load_u64(0) == Some(want) {
@@ -478,11 +490,18 @@ fn spin_for(
         n = n.wrapping_add(1);
         if n.is_multiple_of(1024) {
             // Retire our own writes' completions and notice a broken channel.
-            node.multi().poll()?;
+            if let Err(e) = node.multi().poll() {
+                return Err(format!("ping-pong with rank {peer}: {e}").into());
+            }
+            // A failure anywhere in the world (news from a peer or the session watch).
+            if let Some(f) = node.failure() {
+                return Err(format!("ping-pong with rank {peer}: {f}").into());
+            }
             if start.elapsed() > timeout {
-                return Err(
-                    format!("ping-pong: no answer for value {want} within {timeout:?}").into(),
-                );
+                return Err(format!(
+                    "ping-pong: rank {peer} sent no answer for value {want} within {timeout:?}"
+                )
+                .into());
             }
             std::thread::yield_now();
         }

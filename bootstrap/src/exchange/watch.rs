@@ -1,0 +1,134 @@
+//! Watching the session's connections for a rank that dies: its kernel closes its sockets,
+//! so the hang-up reaches rank 0 (which holds a connection to every rank) and every rank
+//! (which holds one to rank 0) at once, long before any RDMA timeout.
+//!
+//! A rank that closes its session on purpose ([`Session::close`], or dropping it outside a
+//! panic) sends a `Bye` frame first; a hang-up after a `Bye` is a goodbye and is not
+//! reported.
+
+use core::time::Duration;
+use std::io::Read;
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rverbs_std_shim::hangup::wait_for_hangup;
+
+use crate::error::{BootstrapError, Result};
+use crate::wire::{decode_header, FrameKind, HEADER_LEN};
+
+use super::session::{Link, Session};
+
+/// How often the watcher looks at its stop flag.
+const TICK: Duration = Duration::from_millis(100);
+/// Most bytes read after a hang-up while looking for the goodbye.
+const TAIL_LIMIT: usize = 64 * 1024;
+
+/// A thread that watches a [`Session`]'s connections and calls back with the rank of every
+/// one that closes without a goodbye. Stops (and joins) when dropped.
+#[derive(Debug)]
+pub struct Watch {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Session {
+    /// Starts a thread that calls `lost(rank)` once for each rank whose connection closes
+    /// without a goodbye: on rank 0 any other rank, elsewhere rank 0. The session stays
+    /// usable for rounds meanwhile: the watcher reads nothing until a connection hangs up.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Io`] if a connection cannot be duplicated for the watcher or the
+    /// thread cannot start.
+    pub fn watch(&self, mut lost: impl FnMut(u32) + Send + 'static) -> Result<Watch> {
+        let links: Vec<(u32, &TcpStream, &str)> = match &self.link {
+            Link::Alone => Vec::new(),
+            Link::Root(peers) => peers
+                .iter()
+                .map(|p| (p.rank, &p.stream, p.addr.as_str()))
+                .collect(),
+            Link::Peer(p) => vec![(p.rank, &p.stream, p.addr.as_str())],
+        };
+        let mut watched = Vec::with_capacity(links.len());
+        for (rank, stream, addr) in links {
+            let copy = stream.try_clone().map_err(|source| BootstrapError::Io {
+                rank: self.rank(),
+                peer: Some(rank),
+                addr: addr.to_owned(),
+                op: "watch (duplicate the connection)",
+                source,
+            })?;
+            watched.push((rank, copy));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name(format!("rverbs-watch-{}", self.rank()))
+            .spawn(move || {
+                let mut hung = vec![false; watched.len()];
+                while !flag.load(Ordering::Acquire) && !watched.is_empty() {
+                    let fds: Vec<_> = watched.iter().map(|(_, s)| s.as_fd()).collect();
+                    hung.fill(false);
+                    match wait_for_hangup(&fds, TICK, &mut hung) {
+                        Ok(0) => continue,
+                        Ok(_) => {}
+                        // A failing poll(2) is not a rank's failure: try again next tick.
+                        Err(_) => {
+                            std::thread::sleep(TICK);
+                            continue;
+                        }
+                    }
+                    drop(fds);
+                    let mut i = 0;
+                    watched.retain_mut(|(rank, stream)| {
+                        let gone = hung[i];
+                        i += 1;
+                        if gone && !said_goodbye(stream) {
+                            lost(*rank);
+                        }
+                        !gone
+                    });
+                }
+            })
+            .map_err(|source| BootstrapError::Io {
+                rank: self.rank(),
+                peer: None,
+                addr: String::new(),
+                op: "watch (start the thread)",
+                source,
+            })?;
+        Ok(Watch {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Whether the bytes left on a hung-up connection end with a `Bye` frame.
+fn said_goodbye(stream: &mut TcpStream) -> bool {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut tail = Vec::new();
+    let _ = stream.take(TAIL_LIMIT as u64).read_to_end(&mut tail);
+    let mut rest = &tail[..];
+    let mut last = None;
+    while rest.len() >= HEADER_LEN {
+        let Ok(h) = decode_header(rest) else {
+            return false;
+        };
+        last = Some(h.kind);
+        let len = HEADER_LEN + h.payload_len as usize;
+        rest = rest.get(len..).unwrap_or(&[]);
+    }
+    last == Some(FrameKind::Bye)
+}

@@ -1,0 +1,165 @@
+//! Failure news on a real device: 4 ranks as separate processes run barriers in a loop and
+//! rank 2 is killed with SIGKILL mid-loop. Every survivor's barrier must fail within one
+//! barrier timeout of the kill, naming rank 2, whatever rank it was waiting for: with
+//! dissemination (where most ranks never wait for rank 2 directly) and with the centralized
+//! algorithm (where followers wait only for rank 0). Rank 0's session watch sees the dead
+//! rank's connection close and the nodes pass the news on over RDMA.
+//!
+//! The parent test starts one child process per rank: this same test binary, running the
+//! ignored `child_rank` entry point with the scenario in environment variables.
+#![allow(clippy::std_instead_of_core)] // test code
+
+mod support;
+use support::device;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::poll::Clock;
+use rverbs_std_shim::MONOTONIC;
+
+const WORLD: u32 = 4;
+const VICTIM: u32 = 2;
+/// Barrier timeout: the survivors must name the victim well inside it.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// Barriers every rank runs before the parent kills the victim.
+const WARM: u64 = 50;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
+}
+
+fn spawn(scenario: &str, rank: u32, port: u16, dev: &str, dir: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_rank",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RVERBS_FAIL_SCENARIO", scenario)
+        .env("RVERBS_FAIL_RANK", rank.to_string())
+        .env("RVERBS_FAIL_PORT", port.to_string())
+        .env("RVERBS_FAIL_DIR", dir)
+        .env("RVERBS_TEST_DEVICE", dev)
+        .spawn()
+        .unwrap()
+}
+
+/// Runs the world, kills the victim after every rank ran [`WARM`] barriers, and checks
+/// every survivor's answer.
+fn kill_mid_loop(scenario: &str, port: u16) {
+    let Some(dev) = device() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("rverbs-failures-{}-{port}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut kids: Vec<Child> = (0..WORLD)
+        .map(|r| spawn(scenario, r, port, &dev, &dir))
+        .collect();
+    let start = Instant::now();
+    let warmed = |r: u32| dir.join(format!("warm.{r}")).exists();
+    while !(0..WORLD).all(warmed) {
+        if start.elapsed() > Duration::from_secs(120) {
+            for k in &mut kids {
+                let _ = k.kill();
+            }
+            panic!("{scenario}: the world did not warm up in 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let killed_at = MONOTONIC.now().as_nanos();
+    kids[VICTIM as usize].kill().unwrap();
+    let _ = kids[VICTIM as usize].wait();
+    for (r, k) in kids.iter_mut().enumerate() {
+        if r as u32 == VICTIM {
+            continue;
+        }
+        let st = k.wait().unwrap();
+        assert!(st.success(), "{scenario}: rank {r} exited with {st}");
+        let answer = std::fs::read_to_string(dir.join(format!("answer.{r}")))
+            .unwrap_or_else(|_| panic!("{scenario}: rank {r} left no answer"));
+        let (at, error) = answer.split_once('\n').unwrap();
+        let after = Duration::from_nanos(at.parse::<u64>().unwrap().saturating_sub(killed_at));
+        eprintln!("{scenario}: rank {r} failed {after:?} after the kill: {error}");
+        assert!(
+            error.contains(&format!("rank {VICTIM} failed")),
+            "{scenario}: rank {r} does not name rank {VICTIM}: {error}"
+        );
+        assert!(
+            after < TIMEOUT,
+            "{scenario}: rank {r} took {after:?}, more than one barrier timeout"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_rank_killed_mid_barrier_is_named_by_every_survivor_dissemination() {
+    kill_mid_loop("dissemination", 23100);
+}
+
+#[test]
+fn a_rank_killed_mid_barrier_is_named_by_every_survivor_centralized() {
+    kill_mid_loop("centralized", 23200);
+}
+
+#[test]
+#[ignore = "a child rank of the tests above, started by them"]
+fn child_rank() {
+    let scenario = env("RVERBS_FAIL_SCENARIO");
+    let rank: u32 = env("RVERBS_FAIL_RANK").parse().unwrap();
+    let port: u16 = env("RVERBS_FAIL_PORT").parse().unwrap();
+    let dir = PathBuf::from(env("RVERBS_FAIL_DIR"));
+    let dev = env("RVERBS_TEST_DEVICE");
+    let ranks = (0..WORLD)
+        .map(|r| RankConfig {
+            rank: r,
+            host: "127.0.0.1".into(),
+            port: port + r as u16,
+            device: dev.clone(),
+            ib_port: 1,
+            gid_index: None,
+            comment: None,
+        })
+        .collect();
+    let config =
+        ClusterConfig::new("test", Some(format!("failures-{scenario}-{port}")), ranks).unwrap();
+    let mut opts = ConnectOptions::for_config(&config);
+    opts.node.algorithm = match scenario.as_str() {
+        "centralized" => BarrierAlgorithm::Centralized,
+        _ => BarrierAlgorithm::Dissemination,
+    };
+    let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let (mut node, clock) = (c.node, c.clock);
+    let mut done = 0u64;
+    let error = loop {
+        if let Err(e) = node.barrier(&clock, TIMEOUT) {
+            break e;
+        }
+        done += 1;
+        if done == WARM {
+            std::fs::write(dir.join(format!("warm.{rank}")), b"").unwrap();
+        }
+        if done > WARM {
+            // Slow down after warming up, so the kill lands in a barrier and not in setup.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    let now = MONOTONIC.now().as_nanos();
+    std::fs::write(
+        dir.join(format!("answer.{rank}")),
+        format!("{now}\n{error}"),
+    )
+    .unwrap();
+    // Stay a moment so the news this rank passed on reaches the others before its queue
+    // pairs are destroyed, then leave.
+    std::thread::sleep(Duration::from_secs(1));
+    drop(c.watch);
+    drop(c.session);
+}
