@@ -69,8 +69,7 @@ impl fmt::Display for Failure {
 /// A handle that raises a failure on a node from another thread (a session watcher, a
 /// health checker). Cheap to clone; the node sees it on its next poll.
 ///
-/// Only the first failure raised sticks until the node [clears
-/// it](crate::node::Node::rejoin_complete); later ones are ignored.
+/// Only the first failure raised sticks; later ones are ignored.
 #[cfg(feature = "alloc")]
 #[derive(Clone, Debug, Default)]
 pub struct FailureAlarm {
@@ -85,8 +84,7 @@ impl FailureAlarm {
     }
 
     /// Raises `failure` unless a failure is already raised; returns whether this call raised
-    /// it. The node takes it as news about the failed rank's current life (a rejoin clears
-    /// the alarm).
+    /// it.
     pub fn raise(&self, failure: Failure) -> bool {
         use core::sync::atomic::Ordering;
         let Some(word) = crate::wire::notice::encode(&failure, 0) else {

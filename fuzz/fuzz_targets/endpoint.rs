@@ -1,11 +1,12 @@
 //! Endpoint and remote-memory descriptors arrive from peers during the bootstrap
-//! exchange, so their decoders must reject any bytes without panicking, and every
-//! accepted encoding must be the one canonical form of the value it decodes to.
+//! exchange, and failure notices are written into our flag array by peers, so their
+//! decoders must reject any bytes without panicking, and every accepted encoding must be
+//! the one canonical form of the value it decodes to.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rverbs_core::sge::RemoteMemory;
-use rverbs_core::wire::Endpoint;
+use rverbs_core::wire::{notice, Endpoint};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(e) = Endpoint::decode(data) {
@@ -18,5 +19,11 @@ fuzz_target!(|data: &[u8]| {
         let bytes = r.encode();
         assert_eq!(RemoteMemory::decode(&bytes), Ok(r));
         assert_eq!(bytes[..], data[..]);
+    }
+    if let Ok(word) = <[u8; 8]>::try_from(data) {
+        let word = u64::from_le_bytes(word);
+        if let Some((failure, life)) = notice::decode(word) {
+            assert_eq!(notice::encode(&failure, life), Some(word));
+        }
     }
 });

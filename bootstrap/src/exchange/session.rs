@@ -75,7 +75,7 @@ impl Session {
 
     /// Tells every connected rank that this session closes on purpose (best effort, once).
     fn goodbye(&mut self) {
-        if std::mem::replace(&mut self.said_goodbye, true) {
+        if core::mem::replace(&mut self.said_goodbye, true) {
             return;
         }
         let Ok(frame) = encode_frame(

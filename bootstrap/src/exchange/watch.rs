@@ -6,11 +6,11 @@
 //! panic) sends a `Bye` frame first; a hang-up after a `Bye` is a goodbye and is not
 //! reported.
 
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 

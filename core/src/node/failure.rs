@@ -1,8 +1,5 @@
 //! How a node keeps, checks and spreads failure news (see [`crate::failure`]).
 
-use alloc::vec;
-use alloc::vec::Vec;
-
 use crate::barrier::BarrierError;
 use crate::channel::ChannelError;
 use crate::completion::WcStatus;
@@ -29,8 +26,6 @@ pub(crate) struct Failures {
     known: Option<Failure>,
     /// The known failure came from the alarm and is not yet passed on to the peers.
     unspread: bool,
-    /// How often each rank rejoined (mod 256): notices about an earlier life are stale.
-    incarnation: Vec<u8>,
 }
 
 impl Failures {
@@ -41,16 +36,11 @@ impl Failures {
             alarm: FailureAlarm::new(),
             known: None,
             unspread: false,
-            incarnation: vec![0; world as usize],
         }
     }
 
     pub(crate) fn alarm(&self) -> &FailureAlarm {
         &self.alarm
-    }
-
-    pub(crate) fn incarnation(&self, rank: u32) -> u8 {
-        self.incarnation.get(rank as usize).copied().unwrap_or(0)
     }
 
     /// The failure this node knows of: the first one seen, raised on the alarm, or written
@@ -74,16 +64,14 @@ impl Failures {
         self.known
     }
 
-    /// The failure in `word`, if it is one about a rank of this world in its current life.
-    fn accept(&self, word: u64, current: bool) -> Option<Failure> {
+    /// The failure in `word`, if it is one about a rank of this world (and, for a notice from
+    /// a peer, about the rank's first life: no rank rejoins in this version).
+    fn accept(&self, word: u64, local: bool) -> Option<Failure> {
         if word == 0 {
             return None;
         }
         let (f, life) = notice::decode(word)?;
-        (f.rank < self.world
-            && f.reporter < self.world
-            && (current || life == self.incarnation(f.rank)))
-        .then_some(f)
+        (f.rank < self.world && f.reporter < self.world && (local || life == 0)).then_some(f)
     }
 
     /// Passes a failure raised on the alarm on to every other rank, once.
@@ -129,7 +117,7 @@ impl Failures {
         multi: &mut MultiChannel<P, B>,
         peer_flags: &[RemoteMemory],
     ) {
-        let Some(word) = notice::encode(f, self.incarnation(f.rank)) else {
+        let Some(word) = notice::encode(f, 0) else {
             return;
         };
         let at = notice_offset(self.world) as u64;
@@ -143,21 +131,6 @@ impl Failures {
                 let _ = multi.post_write_inline(q, &word.to_le_bytes(), slot);
             }
         }
-    }
-
-    /// Forgets the known failure (after the failed rank rejoined): its rank starts a new life,
-    /// so late notices about the old one are ignored. Clears our own notice slot.
-    pub(crate) fn forget(&mut self, rank: u32, flags: &impl Region) {
-        if let Some(i) = self.incarnation.get_mut(rank as usize) {
-            *i = i.wrapping_add(1);
-        }
-        let word = self.alarm.load();
-        if word != 0 {
-            self.alarm.clear(word);
-        }
-        flags.write_from(notice_offset(self.world), &[0; 8]);
-        self.known = None;
-        self.unspread = false;
     }
 }
 

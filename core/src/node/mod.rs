@@ -576,12 +576,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.failures.alarm().clone()
     }
 
-    /// How often `rank` rejoined, mod 256 (0 before the first time): notices about an
-    /// earlier life of a rank are ignored.
-    pub fn incarnation(&self, rank: u32) -> u8 {
-        self.failures.incarnation(rank)
-    }
-
     /// Tells every rank that `rank` failed because of `error`, if `error` says so, and turns
     /// it into the node's error for `rank`.
     fn channel_failed(&mut self, rank: u32, error: ChannelError) -> NodeError {

@@ -10,13 +10,13 @@
 //! | 16..32 | failed rank                                                           |
 //! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed              |
 //! | 40..48 | the completion status code (cause 1), else 0                          |
-//! | 48..56 | incarnation of the failed rank (how often it rejoined, mod 256)       |
+//! | 48..56 | incarnation of the failed rank: reserved for rejoining ranks, 0 today |
 //! | 56..64 | [`MAGIC`]                                                             |
 //!
 //! 0 means "no notice". Ranks fit 16 bits because a world has at most
 //! [`MAX_WORLD`](super::MAX_WORLD) ranks. A word that does not decode (another magic, an
-//! unknown cause, a status code above 255) is ignored by the reader, as is a notice about an
-//! earlier incarnation of a rank that has since rejoined.
+//! unknown cause, a status code above 255) is ignored by the reader, as is (today) any
+//! incarnation but 0.
 
 use crate::completion::WcStatus;
 use crate::failure::{Failure, FailureCause};
