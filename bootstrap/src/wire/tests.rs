@@ -75,7 +75,7 @@ fn rejects_unknown_version() {
 #[test]
 fn rejects_unknown_kind() {
     let mut bytes = sample().encode();
-    for kind in [0u8, 5, 0xff] {
+    for kind in [0u8, 6, 0xff] {
         bytes[6] = kind;
         assert_eq!(
             decode_header(&bytes),
