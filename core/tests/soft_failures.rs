@@ -1,7 +1,7 @@
 //! Failure news on the software model: a rank whose process dies mid-barrier is named by
 //! every survivor, whatever rank each happened to wait for, with every barrier algorithm; a
-//! failure raised on a node's alarm ends its waits; news about a rank's earlier life is
-//! ignored after it rejoined.
+//! failure raised on a node's alarm ends its waits and is passed on; news about a rank outside
+//! a sub-group's members does not fail that group's barrier.
 #![allow(clippy::std_instead_of_core)]
 
 use std::time::Duration;
@@ -205,3 +205,46 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     assert_eq!(nodes[0].failure(), Some(news));
     assert_eq!(nodes[2].failure(), None);
 }
+
+#[test]
+fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
+    let world_size = 4;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    net.kill(3);
+    assert!(nodes[0].failure_alarm().raise(Failure {
+        rank: 3,
+        cause: FailureCause::SessionClosed,
+        reporter: 0,
+    }));
+    let group = [0, 1, 2];
+    for _ in 0..3 {
+        let mut open: Vec<u32> = Vec::new();
+        for r in group {
+            nodes[r as usize]
+                .barrier_group_start(&group, BarrierAlgorithm::Dissemination, &clock, TIMEOUT_OK)
+                .unwrap();
+            open.push(r);
+        }
+        while !open.is_empty() {
+            open.retain(|&r| {
+                !nodes[r as usize]
+                    .barrier_group_poll(&group, &clock)
+                    .unwrap_or_else(|e| panic!("rank {r}: {e}"))
+            });
+        }
+    }
+    // The news reached every member, and a barrier over the whole world fails on it.
+    for r in group {
+        assert_eq!(nodes[r as usize].failure().map(|f| f.rank), Some(3));
+    }
+    let e = nodes[1].barrier(&clock, TIMEOUT_OK).unwrap_err();
+    assert!(
+        matches!(e, NodeError::Barrier(BarrierError::PeerFailed(f)) if f.rank == 3),
+        "{e}"
+    );
+}
+
+const TIMEOUT_OK: Duration = Duration::from_secs(3600);

@@ -8,6 +8,13 @@ use core::time::Duration;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+/// The peer shut down its writing side: Linux reports it on its own; elsewhere only the full
+/// hang-up (`POLLHUP`) is seen.
+#[cfg(target_os = "linux")]
+const HALF_CLOSED: libc::c_short = libc::POLLRDHUP;
+#[cfg(not(target_os = "linux"))]
+const HALF_CLOSED: libc::c_short = 0;
+
 /// Waits at most `timeout` until the peer of at least one of `fds` hung up (shut down its
 /// writing side, reset the connection, or the socket failed), and sets `hung_up[i]` for each
 /// such `fds[i]` (other entries are left as they are). Returns how many hung up. Unread data
@@ -28,7 +35,7 @@ pub fn wait_for_hangup(
         .iter()
         .map(|fd| libc::pollfd {
             fd: fd.as_raw_fd(),
-            events: libc::POLLRDHUP,
+            events: HALF_CLOSED,
             revents: 0,
         })
         .collect();
@@ -46,7 +53,7 @@ pub fn wait_for_hangup(
     }
     let mut count = 0;
     for (p, flag) in polled.iter().zip(hung_up.iter_mut()) {
-        if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+        if p.revents & (HALF_CLOSED | libc::POLLHUP | libc::POLLERR) != 0 {
             *flag = true;
             count += 1;
         }

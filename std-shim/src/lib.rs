@@ -71,7 +71,7 @@
 
 pub mod backoff;
 pub mod clock;
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 pub mod hangup;
 
 #[cfg(target_os = "linux")]

@@ -34,6 +34,9 @@ pub struct Session {
     pub(super) link: Link,
     poisoned: bool,
     said_goodbye: bool,
+    /// Set before this session says goodbye and shuts its connections down, so its own
+    /// [`Watch`](super::Watch) does not take that for a peer's failure.
+    pub(super) closing: std::sync::Arc<core::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Session {
@@ -70,11 +73,14 @@ impl Session {
             link,
             poisoned: false,
             said_goodbye: false,
+            closing: std::sync::Arc::default(),
         }
     }
 
     /// Tells every connected rank that this session closes on purpose (best effort, once).
     fn goodbye(&mut self) {
+        self.closing
+            .store(true, core::sync::atomic::Ordering::Release);
         if core::mem::replace(&mut self.said_goodbye, true) {
             return;
         }

@@ -8,7 +8,6 @@
 
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
-use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -23,8 +22,9 @@ use super::session::{Link, Session};
 
 /// How often the watcher looks at its stop flag.
 const TICK: Duration = Duration::from_millis(100);
-/// Most bytes read after a hang-up while looking for the goodbye.
-const TAIL_LIMIT: usize = 64 * 1024;
+/// Most bytes looked at after a hang-up while looking for the goodbye: more than any frame
+/// a session sends (tables are O(world) bytes).
+const TAIL_LIMIT: usize = 4 << 20;
 
 /// A thread that watches a [`Session`]'s connections and calls back with the rank of every
 /// one that closes without a goodbye. Stops (and joins) when dropped.
@@ -73,11 +73,14 @@ impl Session {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        // This session closing on purpose shuts its connections down too: not a failure.
+        let closing = Arc::clone(&self.closing);
         let thread = std::thread::Builder::new()
             .name(format!("rverbs-watch-{}", self.rank()))
             .spawn(move || {
                 let mut hung = vec![false; watched.len()];
-                while !flag.load(Ordering::Acquire) && !watched.is_empty() {
+                let ending = || flag.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
+                while !ending() && !watched.is_empty() {
                     let fds: Vec<_> = watched.iter().map(|(_, s)| s.as_fd()).collect();
                     hung.fill(false);
                     match wait_for_hangup(&fds, TICK, &mut hung) {
@@ -90,8 +93,11 @@ impl Session {
                         }
                     }
                     drop(fds);
+                    if ending() {
+                        break;
+                    }
                     let mut i = 0;
-                    watched.retain_mut(|(rank, stream)| {
+                    watched.retain(|(rank, stream)| {
                         let gone = hung[i];
                         i += 1;
                         if gone && !said_goodbye(stream) {
@@ -115,20 +121,15 @@ impl Session {
     }
 }
 
-/// Whether the bytes left on a hung-up connection end with a `Bye` frame.
-fn said_goodbye(stream: &mut TcpStream) -> bool {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut tail = Vec::new();
-    let _ = stream.take(TAIL_LIMIT as u64).read_to_end(&mut tail);
-    let mut rest = &tail[..];
-    let mut last = None;
-    while rest.len() >= HEADER_LEN {
-        let Ok(h) = decode_header(rest) else {
-            return false;
-        };
-        last = Some(h.kind);
-        let len = HEADER_LEN + h.payload_len as usize;
-        rest = rest.get(len..).unwrap_or(&[]);
-    }
-    last == Some(FrameKind::Bye)
+/// Whether the bytes left unread on a hung-up connection end with a `Bye` frame. Only peeks:
+/// a round of the session's own may still be reading the frames before it. (After the peer's
+/// hang-up every byte it sent has arrived, so the peek sees them all.)
+fn said_goodbye(stream: &TcpStream) -> bool {
+    let mut tail = vec![0u8; TAIL_LIMIT];
+    let n = stream.peek(&mut tail).unwrap_or(0);
+    let Some(last) = n.checked_sub(HEADER_LEN).and_then(|at| tail.get(at..n)) else {
+        return false;
+    };
+    // A `Bye` has no payload, so it is the last header-sized piece of the stream.
+    decode_header(last).is_ok_and(|h| h.kind == FrameKind::Bye && h.payload_len == 0)
 }

@@ -28,8 +28,10 @@
 //!
 //! A barrier that fails **poisons** the state: the counters no longer agree with the peers'
 //! (a late arrival would satisfy the wrong barrier), so every later barrier fails with
-//! [`BarrierError::Poisoned`] until every rank resets its counters together
-//! ([`BarrierState::reset`], which a node's rejoin does).
+//! [`BarrierError::Poisoned`]; recovery means new nodes for every rank.
+//!
+//! News about a rank outside the barrier's members (and a broken channel to one) does not
+//! fail the barrier: the members can still meet.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -157,13 +159,16 @@ pub trait BarrierTransport {
     /// Polls completions (retires notification writes, surfaces failures, naming the rank).
     fn progress(&mut self) -> Result<(), BarrierError>;
     /// A failure of some rank the transport knows of, if any: a barrier that times out
-    /// reports it instead of the ranks it happened to wait for. Default: none.
+    /// reports it (when the rank is a member) instead of the ranks it happened to wait for.
+    /// Default: none.
     fn failure(&mut self) -> Option<crate::failure::Failure> {
         None
     }
     /// How long a barrier whose deadline passed keeps waiting after probing the ranks it is
     /// missing (see [after a failure](self#after-a-failure)): long enough for a probe of a
-    /// dead rank to fail and for the news to spread. Default 0: no probe.
+    /// dead rank to fail and for the news to spread. The probe is a second
+    /// [`notify`](Self::notify) with the count already sent, so `notify` must be idempotent
+    /// for a count it already delivered. Default 0: the probe is sent, nothing is waited for.
     fn probe_grace(&self) -> Duration {
         Duration::ZERO
     }
@@ -200,6 +205,16 @@ fn fingerprint(m: &[u32]) -> (usize, u64) {
         (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     (m.len(), h)
+}
+
+/// Whether `e` is about a rank that is not among `members` (sorted).
+fn about_a_stranger(e: &BarrierError, members: &[u32]) -> bool {
+    let rank = match e {
+        BarrierError::PeerFailed(f) => f.rank,
+        BarrierError::Transport { rank, .. } => *rank,
+        _ => return false,
+    };
+    members.binary_search(&rank).is_err()
 }
 
 /// Ranks of one side of a stage, as positions in the member list (no allocation).
@@ -268,16 +283,6 @@ impl BarrierState {
     /// Whether an earlier barrier failed.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
-    }
-
-    /// Starts over: every counter 0, no barrier in progress, not poisoned. Only sound when
-    /// every member does the same while no notification is in flight and their flag arrays'
-    /// counters are zeroed too (a rejoin does this between two out-of-band rounds).
-    pub fn reset(&mut self) {
-        self.sent.fill(0);
-        self.expected.fill(0);
-        self.poisoned = false;
-        self.pending = None;
     }
 
     /// Checks a member list: sorted, no repeats, in range, containing this rank.
@@ -380,7 +385,10 @@ impl BarrierState {
         if p.deadline.passed(clock) {
             // A live rank we wait for may itself wait for a dead one: name the dead one if
             // anyone knows.
-            if let Some(f) = t.failure() {
+            if let Some(f) = t
+                .failure()
+                .filter(|f| members.binary_search(&f.rank).is_ok())
+            {
                 return Err(self.fail(BarrierError::PeerFailed(f)));
             }
             if !p.probed {
@@ -389,7 +397,11 @@ impl BarrierState {
             return Err(self.fail(self.timeout_error(t, members)));
         }
         if let Err(e) = t.progress() {
-            return Err(self.fail(e));
+            // A rank outside the group failing (or its channel breaking) is no reason for
+            // this group's barrier to fail: the members can still meet.
+            if !about_a_stranger(&e, members) {
+                return Err(self.fail(e));
+            }
         }
         self.advance(t, members)
     }

@@ -134,16 +134,18 @@ impl Failures {
     }
 }
 
-/// Whether a channel error says the peer (or the path to it) failed, and how: local mistakes
-/// (a bad key of ours, a full queue, an argument) do not.
+/// Whether a channel error says the peer (or the path to it) failed, and how. Only statuses
+/// a dead or unreachable peer causes count: the transport gave up (no answer), or the peer's
+/// queue pair answered that it is broken. Our own mistakes do not (a bad key or address of
+/// ours comes back as a remote access or invalid request error, a local error flushes the
+/// rest), nor does a slow receiver (receiver-not-ready retries running out).
 pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
     match error {
         ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
-            WcStatus::LocalLength
-            | WcStatus::LocalQpOperation
-            | WcStatus::LocalProtection
-            | WcStatus::LocalAccess => None,
-            s => Some(FailureCause::Completion(s)),
+            s @ (WcStatus::RetryExceeded
+            | WcStatus::ResponseTimeout
+            | WcStatus::RemoteOperation) => Some(FailureCause::Completion(s)),
+            _ => None,
         },
         ChannelError::TimedOut { .. } => Some(FailureCause::TimedOut),
         _ => None,

@@ -373,7 +373,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn failure(&mut self) -> Option<crate::failure::Failure> {
-        self.failures.check(self.flags)
+        let f = self.failures.check(self.flags)?;
+        self.failures.spread(self.multi, self.peer_flags);
+        Some(f)
     }
 
     fn probe_grace(&self) -> Duration {
@@ -388,6 +390,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
         let Some(w) = self.wakeups.as_deref_mut() else {
             return self.multi.poll().map(|_| ()).map_err(barrier_error);
         };
+        if let Some((rank, error)) = w.missed.take() {
+            return Err(BarrierError::Transport { rank, error });
+        }
         let mut first = None;
         self.multi
             .poll_ready(|(pos, rank), r| match r {
@@ -550,7 +555,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// The failure this node knows of: one it saw, one a peer wrote into its notice slot, or
-    /// one raised on its [alarm](Node::failure_alarm). Sticky until the failed rank rejoins.
+    /// one raised on its [alarm](Node::failure_alarm). Sticky: ranks cannot rejoin a running
+    /// world yet, so recovery means new nodes for every rank.
     /// Two 8-byte loads when nothing is known; does not allocate.
     ///
     /// Waits of the node check it on their own; call it from loops of your own (a spin on
@@ -677,8 +683,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
-    /// every rank it waits for arrived, a timeout error (naming the ranks still missing) once
-    /// its deadline passed. Does not allocate.
+    /// every rank it waits for arrived; [`BarrierError::PeerFailed`] as soon as a member is
+    /// known to have failed; a timeout error (naming the ranks still missing) once its
+    /// deadline and then the [probe grace](Node::set_probe_grace) passed. Does not allocate.
     pub fn barrier_poll<C: Clock>(&mut self, clock: &C) -> Result<bool, NodeError> {
         self.barrier_step(None, None, clock)
     }

@@ -60,6 +60,8 @@ pub(super) struct Wakeups {
     posted: Vec<Deque<Ticket, WAKE_RECVS>>,
     /// Positions of the channels the last poll found completions on.
     ready: Vec<u32>,
+    /// A channel the refill's poll found broken (reported once), for the barrier's next poll.
+    pub(super) missed: Option<(u32, crate::channel::ChannelError)>,
 }
 
 impl Wakeups {
@@ -96,6 +98,7 @@ impl Wakeups {
         }
         Ok(Self {
             live: false,
+            missed: None,
             ready: Vec::with_capacity(posted.len()),
             posted,
         })
@@ -116,7 +119,12 @@ impl Wakeups {
         &mut self,
         multi: &mut MultiChannel<P, B>,
     ) {
-        let _ = multi.poll_ready(|_, _| {});
+        let missed = &mut self.missed;
+        let _ = multi.poll_ready(|(_, rank), r| {
+            if let Err(e) = r {
+                missed.get_or_insert((rank, e));
+            }
+        });
         self.ready.clear();
         self.ready.extend(0..self.posted.len() as u32);
         self.repost(multi);
