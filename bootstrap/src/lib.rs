@@ -75,6 +75,7 @@ pub mod connect;
 pub mod error;
 pub mod exchange;
 pub mod launcher;
+pub mod secret;
 pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
@@ -85,4 +86,5 @@ pub use exchange::{
     exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
 };
 pub use launcher::{LaunchInfo, LaunchSource};
+pub use secret::JobSecret;
 pub use wire::WireError;

@@ -245,8 +245,27 @@ fn frame(kind: FrameKind, job_id: u64, sender: u32, world: u32, payload: &[u8]) 
     wire::encode_frame(kind, job_id, sender, world, payload).unwrap()
 }
 
-/// Reads one frame, or `None` if the connection ends first.
+/// `bytes` as a client without a secret sends them: after its challenge.
+fn from_client(bytes: &[u8]) -> Vec<u8> {
+    let mut out = frame(
+        FrameKind::Challenge,
+        0x5eed,
+        1,
+        2,
+        &[0x17; wire::CHALLENGE_LEN],
+    );
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// Reads one frame (without checking its MAC, if it has one), or `None` if the
+/// connection ends first.
 fn read_frame(stream: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+    read_raw_frame(stream).map(|(header, payload, _)| (header, payload))
+}
+
+/// Reads one frame whole: header, payload and MAC, if any.
+fn read_raw_frame(stream: &mut TcpStream) -> Option<(Header, Vec<u8>, Vec<u8>)> {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -255,11 +274,26 @@ fn read_frame(stream: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
     let header = wire::decode_header(&head).unwrap();
     let mut payload = vec![0; header.payload_len as usize];
     stream.read_exact(&mut payload).ok()?;
-    Some((header, payload))
+    let mut mac = vec![0; if header.mac { wire::MAC_LEN } else { 0 }];
+    stream.read_exact(&mut mac).ok()?;
+    let mut whole = head.to_vec();
+    whole.extend_from_slice(&payload);
+    whole.extend_from_slice(&mac);
+    Some((header, payload, whole))
+}
+
+/// Rank 0's answer to a client: the next frame after its challenge.
+fn answer(stream: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+    loop {
+        let (header, payload) = read_frame(stream)?;
+        if header.kind != FrameKind::Challenge {
+            return Some((header, payload));
+        }
+    }
 }
 
 fn reject_reason(stream: &mut TcpStream) -> String {
-    let (header, payload) = read_frame(stream).expect("a Reject frame");
+    let (header, payload) = answer(stream).expect("a Reject frame");
     assert_eq!(header.kind, FrameKind::Reject);
     String::from_utf8(payload).unwrap()
 }
@@ -308,7 +342,7 @@ fn expect_refused(bytes: &[u8], needle: &str) {
     };
     let (port, handle) = root(2, options);
     let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    fake.write_all(bytes).unwrap();
+    fake.write_all(&from_client(bytes)).unwrap();
     let reason = reject_reason(&mut fake);
     assert!(reason.contains(needle), "{reason}");
     let shown = expect_root_timeout(handle, &[1]);
@@ -318,6 +352,26 @@ fn expect_refused(bytes: &[u8], needle: &str) {
 #[test]
 fn foreign_bytes_are_refused() {
     expect_refused(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad magic");
+}
+
+#[test]
+fn a_client_that_does_not_open_with_a_challenge_is_refused() {
+    // What a version-1 rank (no challenges) sends.
+    let options = ExchangeOptions {
+        timeout: Duration::from_secs(1),
+        io_timeout: Duration::from_millis(500),
+        ..quick()
+    };
+    let (port, handle) = root(2, options);
+    let mut old = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    old.write_all(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"x"))
+        .unwrap();
+    let reason = reject_reason(&mut old);
+    assert!(
+        reason.contains("expected a Challenge as the first frame, got Hello"),
+        "{reason}"
+    );
+    expect_root_timeout(handle, &[1]);
 }
 
 #[test]
@@ -339,12 +393,12 @@ fn oversized_length_prefix_is_refused_without_allocating() {
 
 #[test]
 fn malformed_frames_are_refused() {
-    let mut reserved = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
-    reserved[7] = 1;
+    let mut flags = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
+    flags[7] = 2;
     let mut kind = frame(FrameKind::Hello, 0x5eed, 1, 2, b"x");
     kind[6] = 77;
     let cases = [
-        (reserved, "reserved"),
+        (flags, "unknown header flags 0x02"),
         (kind, "unknown frame kind 77"),
         (
             frame(FrameKind::Table, 0x5eed, 1, 2, b""),
@@ -429,7 +483,8 @@ fn peer_disconnecting_mid_frame_is_refused() {
     {
         let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let bytes = frame(FrameKind::Hello, 0x5eed, 1, 2, b"payload");
-        fake.write_all(&bytes[..HEADER_LEN + 2]).unwrap();
+        fake.write_all(&from_client(&bytes[..HEADER_LEN + 2]))
+            .unwrap();
     }
     let shown = expect_root_timeout(handle, &[1]);
     assert!(shown.contains("closed the connection"), "{shown}");
@@ -440,7 +495,7 @@ fn peer_disconnecting_after_hello_becomes_missing_again() {
     let (port, handle) = root(3, quick());
     {
         let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        fake.write_all(&frame(FrameKind::Hello, 0x5eed, 2, 3, b"two"))
+        fake.write_all(&from_client(&frame(FrameKind::Hello, 0x5eed, 2, 3, b"two")))
             .unwrap();
         thread::sleep(Duration::from_millis(100));
     }
@@ -461,17 +516,23 @@ fn duplicate_rank_is_rejected_and_first_claim_kept() {
     let (port, handle) = root(3, quick_long());
     let hello = frame(FrameKind::Hello, 0x5eed, 1, 3, b"first");
     let mut first = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    first.write_all(&hello).unwrap();
+    first.write_all(&from_client(&hello)).unwrap();
     thread::sleep(Duration::from_millis(200));
     let mut second = TcpStream::connect(("127.0.0.1", port)).unwrap();
     second
-        .write_all(&frame(FrameKind::Hello, 0x5eed, 1, 3, b"second"))
+        .write_all(&from_client(&frame(
+            FrameKind::Hello,
+            0x5eed,
+            1,
+            3,
+            b"second",
+        )))
         .unwrap();
     let reason = reject_reason(&mut second);
     assert!(reason.contains("already joined"), "{reason}");
     let (_, blobs) = exchange_at(at(port), 2, 3, b"two", &quick_long()).unwrap();
     assert_eq!(blobs[1], b"first");
-    let (header, payload) = read_frame(&mut first).unwrap();
+    let (header, payload) = answer(&mut first).unwrap();
     assert_eq!(header.kind, FrameKind::Table);
     assert_eq!(
         wire::decode_table(&payload, 64).unwrap(),
@@ -512,13 +573,28 @@ fn allgather_times_out_naming_the_silent_rank() {
 
 // ---- a misbehaving rank 0 against a real peer ----
 
-/// A fake rank 0 that reads the hello and then runs `act` on the connection.
+/// A challenge without a MAC, as a rank 0 without a secret sends it.
+fn plain_challenge() -> Vec<u8> {
+    frame(
+        FrameKind::Challenge,
+        0x5eed,
+        0,
+        2,
+        &[0x42; wire::CHALLENGE_LEN],
+    )
+}
+
+/// A fake rank 0 (without a secret) that sends its challenge, reads the hello
+/// and then runs `act` on the connection.
 fn fake_root(
     act: impl FnOnce(&mut TcpStream, Header) + Send + 'static,
 ) -> (u16, thread::JoinHandle<()>) {
     let (listener, port) = listener();
     let handle = thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
+        stream.write_all(&plain_challenge()).unwrap();
+        let (challenge, _) = read_frame(&mut stream).unwrap();
+        assert_eq!(challenge.kind, FrameKind::Challenge);
         let (header, _) = read_frame(&mut stream).unwrap();
         assert_eq!(header.kind, FrameKind::Hello);
         act(&mut stream, header);
@@ -539,21 +615,28 @@ fn node_peer_error(port: u16) -> BootstrapError {
 
 #[test]
 fn root_disconnecting_mid_exchange() {
+    // A rank 0 that closes without answering is tried again (it may have shed
+    // the connection under load) until the deadline, and the error says so.
     let (port, fake) = fake_root(|_, _| {});
     let (err, took) = peer_error(port);
     fake.join().unwrap();
-    assert!(
-        matches!(
-            err,
-            BootstrapError::Disconnected {
-                rank: 1,
-                peer: Some(0),
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    match &err {
+        BootstrapError::Timeout {
+            rank: 1,
+            missing,
+            detail,
+            ..
+        } => {
+            assert_eq!(missing, &[0]);
+            assert!(
+                detail.contains("closed the connection before answering")
+                    && detail.contains("overloaded"),
+                "{err}"
+            );
+        }
+        other => panic!("expected a timeout naming rank 0, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(3), "took {took:?}");
 }
 
 #[test]
@@ -650,10 +733,14 @@ fn peer_reconnects_when_reset_before_an_answer() {
         // Dropping a connection with its hello unread makes the kernel reset it,
         // as it does to connections a flooded listen queue could not keep.
         let (mut first, _) = listener.accept().unwrap();
+        first.write_all(&plain_challenge()).unwrap();
         let mut part = [0u8; 10];
         first.read_exact(&mut part).unwrap();
         drop(first);
         let (mut second, _) = listener.accept().unwrap();
+        second.write_all(&plain_challenge()).unwrap();
+        let (challenge, _) = read_frame(&mut second).unwrap();
+        assert_eq!(challenge.kind, FrameKind::Challenge);
         let (header, payload) = read_frame(&mut second).unwrap();
         assert_eq!((header.kind, header.sender), (FrameKind::Hello, 1));
         assert_eq!(payload, b"one");
@@ -868,19 +955,19 @@ fn node_blob_hello_limit_follows_the_world_size() {
     let (port, handle) = root_with(world, options, node_blob(0, world));
     // A real hello at the largest world fits, far over the 64 KiB plain limit...
     let mut fits = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    fits.write_all(&frame(
+    fits.write_all(&from_client(&frame(
         FrameKind::Hello,
         0x5eed,
         1,
         world,
         &node_blob(1, world),
-    ))
+    )))
     .unwrap();
     // ...one byte more does not, and the refusal names the rank...
     let mut over = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut head = frame(FrameKind::Hello, 0x5eed, 2, world, b"");
     head[24..28].copy_from_slice(&(full as u32 + 1).to_le_bytes());
-    over.write_all(&head).unwrap();
+    over.write_all(&from_client(&head)).unwrap();
     let reason = reject_reason(&mut over);
     assert!(
         reason.contains(&format!(
@@ -892,13 +979,13 @@ fn node_blob_hello_limit_follows_the_world_size() {
     // ...and neither does a blob that is not this rank's.
     let mut wrong = TcpStream::connect(("127.0.0.1", port)).unwrap();
     wrong
-        .write_all(&frame(
+        .write_all(&from_client(&frame(
             FrameKind::Hello,
             0x5eed,
             3,
             world,
             &node_blob(4, world),
-        ))
+        )))
         .unwrap();
     let reason = reject_reason(&mut wrong);
     assert!(

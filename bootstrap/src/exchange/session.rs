@@ -6,7 +6,7 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::FrameKind;
+use crate::wire::{FrameKind, Seal};
 
 use super::clock::Clock;
 use super::peer::peer_round;
@@ -37,12 +37,14 @@ pub(super) enum Link {
     Peer(PeerLink),
 }
 
-/// One open connection and whom it leads to, for error messages.
+/// One open connection, whom it leads to (for error messages), and its MAC
+/// state, which every frame on it goes through.
 #[derive(Debug)]
 pub(super) struct PeerLink {
     pub(super) rank: u32,
     pub(super) addr: String,
     pub(super) stream: TcpStream,
+    pub(super) seal: Seal,
 }
 
 impl Session {
