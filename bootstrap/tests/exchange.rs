@@ -1,7 +1,7 @@
 //! Endpoint exchange on 127.0.0.1, each rank on its own thread, plus fake peers
 //! and fake rendezvous that misbehave on purpose.
 //!
-//! One file of about 1000 lines, on purpose: every test drives the same loopback harness
+//! One file of about 1500 lines, on purpose: every test drives the same loopback harness
 //! (ports, configs, fake clients), and one integration-test binary links and starts once,
 //! which keeps the host-test step of CI short.
 
@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use rverbs_bootstrap::wire::{self, FrameKind, Header, HEADER_LEN};
 use rverbs_bootstrap::{
-    exchange, exchange_at, BootstrapError, ClusterConfig, ExchangeOptions, NodeBlobs, RankConfig,
-    Rendezvous, Session, WireError,
+    exchange, exchange_at, BootstrapError, ClusterConfig, ExchangeOptions, JobSecret, NodeBlobs,
+    RankConfig, Rendezvous, Session, WireError,
 };
 use rverbs_core::params::{Mtu, Psn};
 use rverbs_core::sge::RemoteMemory;
@@ -899,6 +899,7 @@ fn node_exchange(n: u32) -> usize {
 
 #[test]
 fn node_blobs_among_1024_ranks() {
+    raise_fd_limit();
     let n = 1024;
     let start = Instant::now();
     let received = node_exchange(n);
@@ -1080,4 +1081,454 @@ fn personalized_peer_refuses_a_plain_or_oversized_table() {
         ),
         "{err:?}"
     );
+}
+
+// ---- hostile clients at rank 0's port ----
+
+/// Raises this process's open-file limit to its hard limit: the flood tests hold
+/// hundreds of client sockets while rank 0 holds its side of them, and the
+/// 1024-rank exchange two sockets per rank, past the soft limit of 1024 that many
+/// systems start processes with.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Rank 1 of 2 joining at `port`, and how long it took.
+fn timed_rank_one(port: u16, options: ExchangeOptions) -> thread::JoinHandle<(Outcome, Duration)> {
+    thread::spawn(move || {
+        let start = Instant::now();
+        let outcome = exchange_at(at(port), 1, 2, b"one", &options);
+        (outcome, start.elapsed())
+    })
+}
+
+#[test]
+fn a_flood_of_idle_connections_does_not_keep_a_real_rank_out() {
+    raise_fd_limit();
+    // Idle clients would hold their place for io_timeout; the real rank must get
+    // in well before that, because rank 0 closes the oldest idle ones for it.
+    let options = ExchangeOptions {
+        timeout: Duration::from_secs(20),
+        io_timeout: Duration::from_secs(3),
+        ..quick()
+    };
+    let (port, root) = root(2, options.clone());
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let flood = thread::spawn(move || {
+        let mut idle = Vec::new();
+        let start = Instant::now();
+        for _ in 0..300 {
+            idle.push(TcpStream::connect(("127.0.0.1", port)).unwrap());
+        }
+        // Rank 0 keeps only one source's share of them (64 of its 256 places)
+        // and has closed the older ones, long before their io_timeout.
+        let mut closed = closed_by_peer(&idle);
+        while closed < 300 - 64 && start.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(20));
+            closed = closed_by_peer(&idle);
+        }
+        started_tx.send((closed, start.elapsed())).unwrap();
+        // Keep coming while the real rank joins, holding every connection, until
+        // it is done (once rank 0 has its table it stops listening).
+        while done_rx.try_recv().is_err() {
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+                idle.push(stream);
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        idle.len()
+    });
+    let (closed, after) = started_rx.recv().unwrap();
+    if after < Duration::from_millis(2500) {
+        assert_eq!(closed, 300 - 64, "idle connections closed to make room");
+    } else {
+        // A slow machine: the idle connections' own deadline may have come too.
+        assert!(closed >= 300 - 64, "{closed} closed after {after:?}");
+    }
+    let (outcome, took) = timed_rank_one(port, options).join().unwrap();
+    done_tx.send(()).unwrap();
+    let (_, blobs) = outcome.unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    let flood = flood.join().unwrap();
+    root.join().unwrap().0.unwrap();
+    eprintln!("rank 1 joined during a flood of {flood} idle connections in {took:?}");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+}
+
+/// How many of `streams` the other end has closed (read to the end without waiting).
+fn closed_by_peer(streams: &[TcpStream]) -> usize {
+    let mut buf = [0u8; 256];
+    streams
+        .iter()
+        .filter(|stream| {
+            stream.set_nonblocking(true).unwrap();
+            let closed = loop {
+                match (&mut &**stream).read(&mut buf) {
+                    Ok(0) => break true,
+                    Ok(_) => continue,
+                    Err(error) => break error.kind() != std::io::ErrorKind::WouldBlock,
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
+            closed
+        })
+        .count()
+}
+
+/// A client that sends a valid challenge and hello one byte at a time.
+struct Dripper {
+    stream: TcpStream,
+    sent: usize,
+}
+
+#[test]
+fn drip_feeding_clients_do_not_keep_a_real_rank_out() {
+    raise_fd_limit();
+    // Each client sends one byte of a valid frame every 200 ms, well inside the
+    // 1 s that used to be allowed between two bytes; 260 of them held every
+    // reader rank 0 had until the exchange timed out.
+    let options = ExchangeOptions {
+        timeout: Duration::from_secs(20),
+        io_timeout: Duration::from_secs(1),
+        ..quick()
+    };
+    let (port, root) = root(2, options.clone());
+    let valid = from_client(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"drip"));
+    let stop = std::sync::Arc::new(core::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let drip = {
+        let stop = std::sync::Arc::clone(&stop);
+        thread::spawn(move || {
+            let connect = || Dripper {
+                stream: TcpStream::connect(("127.0.0.1", port)).unwrap(),
+                sent: 0,
+            };
+            let mut clients: Vec<Dripper> = (0..260).map(|_| connect()).collect();
+            let mut reconnects = 0usize;
+            let mut ready = Some(ready_tx);
+            while !stop.load(core::sync::atomic::Ordering::Relaxed) {
+                for client in &mut clients {
+                    let byte = [valid[client.sent % valid.len()]];
+                    if client.stream.write_all(&byte).is_ok() {
+                        client.sent += 1;
+                    } else {
+                        // Closed by rank 0: come back, as an attacker would.
+                        *client = connect();
+                        reconnects += 1;
+                    }
+                }
+                if let Some(ready) = ready.take() {
+                    ready.send(()).unwrap();
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+            reconnects
+        })
+    };
+    ready_rx.recv().unwrap();
+    let (outcome, took) = timed_rank_one(port, options).join().unwrap();
+    stop.store(true, core::sync::atomic::Ordering::Relaxed);
+    let (_, blobs) = outcome.unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    let reconnects = drip.join().unwrap();
+    root.join().unwrap().0.unwrap();
+    eprintln!("rank 1 joined among 260 drip-feeding clients in {took:?} ({reconnects} reconnects)");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_drip_fed_hello_is_cut_off_at_io_timeout() {
+    let options = ExchangeOptions {
+        timeout: Duration::from_secs(3),
+        io_timeout: Duration::from_secs(1),
+        ..quick()
+    };
+    let (port, handle) = root(2, options);
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let start = Instant::now();
+    let mut reader = client.try_clone().unwrap();
+    let answer_at = thread::spawn(move || {
+        let reason = reject_reason(&mut reader);
+        (reason, start.elapsed())
+    });
+    // One byte every 100 ms: the whole frame would take about 9 s.
+    let valid = from_client(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"drip"));
+    for byte in &valid {
+        if answer_at.is_finished() || client.write_all(&[*byte]).is_err() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let (reason, after) = answer_at.join().unwrap();
+    assert!(
+        reason.contains("sent no complete hello within 1.0s of being accepted"),
+        "{reason}"
+    );
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_millis(1800),
+        "cut off after {after:?}"
+    );
+    let shown = expect_root_timeout(handle, &[1]);
+    assert!(shown.contains("no complete hello"), "{shown}");
+}
+
+// ---- the job secret ----
+
+fn secret(text: &str) -> JobSecret {
+    JobSecret::new(text.as_bytes()).unwrap()
+}
+
+fn with_secret(options: ExchangeOptions, text: &str) -> ExchangeOptions {
+    ExchangeOptions {
+        secret: Some(secret(text)),
+        ..options
+    }
+}
+
+const SECRET: &str = "the job secret of this test run";
+const OTHER: &str = "the job secret of some other job";
+
+#[test]
+fn matching_secrets_connect_and_prove_every_round() {
+    let n = 3;
+    let options = with_secret(quick_long(), SECRET);
+    let (listener, port) = listener();
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let rendezvous = if rank == 0 {
+                Rendezvous::Listener(listener.try_clone().unwrap())
+            } else {
+                at(port)
+            };
+            let options = options.clone();
+            thread::spawn(move || {
+                let (mut session, blobs) =
+                    exchange_at(rendezvous, rank, n, &blob_of(rank), &options).unwrap();
+                assert_eq!(blobs, (0..n).map(blob_of).collect::<Vec<_>>());
+                for round in 0..3u8 {
+                    let all = session.allgather(&[round, rank as u8]).unwrap();
+                    assert_eq!(
+                        all,
+                        (0..n as u8).map(|r| vec![round, r]).collect::<Vec<_>>()
+                    );
+                }
+                session.close().unwrap();
+            })
+        })
+        .collect();
+    drop(listener);
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
+/// The reason of an authentication failure, or a panic naming what came instead.
+fn auth_reason(err: &BootstrapError) -> &str {
+    match err {
+        BootstrapError::Auth {
+            rank: 1,
+            peer: Some(0),
+            reason,
+            ..
+        } => reason,
+        other => panic!("expected an authentication error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_wrong_secret_is_refused_while_the_real_rank_joins() {
+    let (port, root) = root(2, with_secret(quick_long(), SECRET));
+    let err = exchange_at(at(port), 1, 2, b"impostor", &with_secret(quick(), OTHER)).unwrap_err();
+    let reason = auth_reason(&err);
+    assert!(
+        reason.starts_with("MAC mismatch: wrong job secret"),
+        "{err}"
+    );
+    // Neither secret shows in the error.
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("job secret of"), "{shown}");
+    let (_, blobs) = exchange_at(at(port), 1, 2, b"one", &with_secret(quick_long(), SECRET))
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    let (outcome, _) = root.join().unwrap();
+    let (_, blobs) = outcome.unwrap();
+    assert_eq!(blobs[1], b"one");
+}
+
+#[test]
+fn rank_zero_says_why_it_refused_a_secret() {
+    let cases = [
+        (Some(SECRET), Some(OTHER), "MAC mismatch: wrong job secret"),
+        (
+            Some(SECRET),
+            None,
+            "rank 0 requires a job secret and the sender has none",
+        ),
+        (
+            None,
+            Some(SECRET),
+            "the sender requires a job secret and rank 0 has none",
+        ),
+    ];
+    let handles: Vec<_> = cases
+        .into_iter()
+        .map(|(at_root, at_peer, needle)| {
+            thread::spawn(move || {
+                let options = ExchangeOptions {
+                    timeout: Duration::from_secs(1),
+                    ..quick()
+                };
+                let secret_of = |options: &ExchangeOptions, text: Option<&str>| match text {
+                    Some(text) => with_secret(options.clone(), text),
+                    None => options.clone(),
+                };
+                let (port, handle) = root(2, secret_of(&options, at_root));
+                let err =
+                    exchange_at(at(port), 1, 2, b"one", &secret_of(&quick(), at_peer)).unwrap_err();
+                let shown = expect_root_timeout(handle, &[1]);
+                assert!(shown.contains(needle), "{shown}");
+                err
+            })
+        })
+        .collect();
+    let errors: Vec<BootstrapError> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // And what the rank itself was told.
+    assert!(auth_reason(&errors[0]).starts_with("MAC mismatch: wrong job secret"));
+    assert!(
+        auth_reason(&errors[1]).starts_with("rank 0 requires a job secret and this rank has none"),
+        "{}",
+        errors[1]
+    );
+    assert!(
+        auth_reason(&errors[2]).starts_with("this rank requires a job secret and rank 0 has none"),
+        "{}",
+        errors[2]
+    );
+}
+
+/// A client that speaks the protocol by hand, with the secret, so it can break it.
+struct SealedClient {
+    stream: TcpStream,
+    seal: wire::Seal,
+}
+
+impl SealedClient {
+    /// Connects and exchanges challenges as rank `rank` of `world`.
+    fn connect(port: u16, secret_text: &str, rank: u32, world: u32) -> Self {
+        let secret = secret(secret_text);
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut seal = wire::Seal::peer(Some(&secret), [rank as u8; wire::CHALLENGE_LEN]);
+        stream
+            .write_all(&seal.challenge_frame(0x5eed, rank, world))
+            .unwrap();
+        let mut client = Self { stream, seal };
+        let (header, _) = client.next().unwrap();
+        assert_eq!(header.kind, FrameKind::Challenge);
+        client
+    }
+
+    /// The next frame from rank 0, opened.
+    fn next(&mut self) -> Result<(Header, Vec<u8>), WireError> {
+        let (_, _, whole) = read_raw_frame(&mut self.stream).expect("a frame");
+        let frame = wire::decode_frame(&whole, wire::MAX_PAYLOAD)?;
+        self.seal.open(&frame)?;
+        Ok((frame.header, frame.payload.to_vec()))
+    }
+
+    /// A sealed hello as rank `rank` of `world`, as sent (not yet sent).
+    fn hello(&mut self, rank: u32, world: u32, blob: &[u8]) -> Vec<u8> {
+        self.seal
+            .encode(FrameKind::Hello, 0x5eed, rank, world, blob)
+            .unwrap()
+    }
+
+    fn rejected(mut self) -> String {
+        let (header, payload) = self.next().expect("rank 0's Reject is sealed");
+        assert_eq!(header.kind, FrameKind::Reject);
+        String::from_utf8(payload).unwrap()
+    }
+}
+
+#[test]
+fn tampered_and_replayed_hellos_are_refused() {
+    let (port, root) = root(3, with_secret(quick_long(), SECRET));
+    // A hello with one payload byte changed on the way.
+    let mut tampered = SealedClient::connect(port, SECRET, 1, 3);
+    let mut hello = tampered.hello(1, 3, b"one");
+    hello[HEADER_LEN] ^= 0x01;
+    tampered.stream.write_all(&hello).unwrap();
+    let reason = tampered.rejected();
+    assert!(reason.contains("MAC mismatch"), "{reason}");
+    // A good hello for rank 2, recorded with its challenge and sent again on a
+    // new connection: rank 0's new challenge does not match it.
+    let mut recorded = SealedClient::connect(port, SECRET, 2, 3);
+    let mut bytes = wire::Seal::peer(Some(&secret(SECRET)), [2; wire::CHALLENGE_LEN])
+        .challenge_frame(0x5eed, 2, 3);
+    let hello = recorded.hello(2, 3, b"two");
+    bytes.extend_from_slice(&hello);
+    recorded.stream.write_all(&hello).unwrap();
+    let mut replay = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    replay.write_all(&bytes).unwrap();
+    let reason = reject_reason(&mut replay);
+    assert!(reason.contains("MAC mismatch"), "{reason}");
+    // The real rank 1 still joins, and rank 2's first hello counts.
+    let (_, blobs) = exchange_at(at(port), 1, 3, b"one", &with_secret(quick_long(), SECRET))
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(blobs[2], b"two");
+    let (header, payload) = recorded.next().unwrap();
+    assert_eq!(header.kind, FrameKind::Table);
+    assert_eq!(wire::decode_table(&payload, 64).unwrap()[1], b"one");
+    root.join().unwrap().0.unwrap();
+}
+
+#[test]
+fn a_tampered_table_is_refused() {
+    let (listener, port) = listener();
+    let fake = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let secret = secret(SECRET);
+        let mut seal = wire::Seal::root(Some(&secret), [9; wire::CHALLENGE_LEN]);
+        stream
+            .write_all(&seal.challenge_frame(0x5eed, 0, 2))
+            .unwrap();
+        for _ in 0..2 {
+            let (_, _, whole) = read_raw_frame(&mut stream).unwrap();
+            seal.open(&wire::decode_frame(&whole, wire::MAX_PAYLOAD).unwrap())
+                .unwrap();
+        }
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        let mut bytes = seal.encode(FrameKind::Table, 0x5eed, 0, 2, &table).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x80; // the MAC itself
+        stream.write_all(&bytes).unwrap();
+    });
+    let err = exchange_at(at(port), 1, 2, b"one", &with_secret(quick(), SECRET)).unwrap_err();
+    fake.join().unwrap();
+    assert!(
+        auth_reason(&err).starts_with("MAC mismatch: wrong job secret"),
+        "{err}"
+    );
+}
+
+#[test]
+fn secrets_stay_out_of_debug_output() {
+    let options = with_secret(quick(), SECRET);
+    let shown = format!("{options:?}");
+    assert!(
+        shown.contains("secret: Some(JobSecret(<redacted>))"),
+        "{shown}"
+    );
+    assert!(!shown.contains("job secret of"), "{shown}");
 }
