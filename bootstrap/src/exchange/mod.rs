@@ -250,7 +250,12 @@ pub fn exchange_at(
             clock,
             &mut progress,
         )?;
-        let session = Session::new(rank, world_size, options.clone(), Link::Peer(link));
+        let session = Session::new(
+            rank,
+            world_size,
+            options.clone(),
+            Link::Peer(Box::new(link)),
+        );
         Ok((session, blobs))
     }
 }

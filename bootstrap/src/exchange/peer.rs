@@ -63,6 +63,7 @@ impl Backoff {
 }
 
 /// Connects to rank 0, trying again with back-off until the deadline.
+#[allow(clippy::too_many_arguments)]
 fn connect(
     host: &str,
     port: u16,
@@ -111,9 +112,25 @@ fn connect(
 enum Attempt {
     /// Rank 0 turned the connection away before answering (closed or reset it, or
     /// sent no challenge in time): worth another connection.
-    Again { what: String, error: BootstrapError },
+    Again {
+        what: String,
+        error: Box<BootstrapError>,
+    },
     /// An answer, or a failure, that another connection would not change.
-    Fail(BootstrapError),
+    Fail(Box<BootstrapError>),
+}
+
+impl Attempt {
+    fn again(what: String, error: BootstrapError) -> Self {
+        Self::Again {
+            what,
+            error: Box::new(error),
+        }
+    }
+
+    fn fail(error: BootstrapError) -> Self {
+        Self::Fail(Box::new(error))
+    }
 }
 
 /// The connections rank 0 turned away, for the progress line and the final error.
@@ -196,12 +213,12 @@ pub(super) fn peer_join(
         };
         match join_once(&mut link, rank, world_size, blob, options, clock, progress) {
             Ok(blobs) => return Ok((link, blobs)),
-            Err(Attempt::Fail(error)) => return Err(error),
+            Err(Attempt::Fail(error)) => return Err(*error),
             Err(Attempt::Again { what, error }) => {
                 turned_away.count += 1;
                 turned_away.last = what;
                 if Instant::now() >= clock.deadline {
-                    return Err(turned_away.explain(error, rank, &addr, clock));
+                    return Err(turned_away.explain(*error, rank, &addr, clock));
                 }
                 progress.notice(|| {
                     format!(
@@ -244,9 +261,9 @@ fn join_once(
             source,
         };
         return Err(if reset {
-            Attempt::Again { what, error }
+            Attempt::again(what, error)
         } else {
-            Attempt::Fail(error)
+            Attempt::fail(error)
         });
     }
     // Rank 0 writes its challenge as soon as it accepts; one that does not come
@@ -265,7 +282,7 @@ fn join_once(
         Ok(_) => {}
         // Rank 0 refuses our challenge frame as well, and logs why.
         Err(ReadError::Auth { error, .. }) => {
-            return Err(Attempt::Fail(BootstrapError::Auth {
+            return Err(Attempt::fail(BootstrapError::Auth {
                 rank,
                 peer: Some(0),
                 addr: link.addr.clone(),
@@ -273,17 +290,17 @@ fn join_once(
             }));
         }
         Err(error @ ReadError::Timeout) if Instant::now() < clock.deadline => {
-            return Err(Attempt::Again {
-                what: format!("sent no challenge within {:.1?}", options.io_timeout),
-                error: error.into_error(rank, Some(0), &link.addr, "challenge", clock),
-            });
+            return Err(Attempt::again(
+                format!("sent no challenge within {:.1?}", options.io_timeout),
+                error.into_error(rank, Some(0), &link.addr, "challenge", clock),
+            ));
         }
         Err(error) => {
             let what = turned_away(&error);
             let error = error.into_error(rank, Some(0), &link.addr, "challenge", clock);
             return Err(match what {
-                Some(what) => Attempt::Again { what, error },
-                None => Attempt::Fail(error),
+                Some(what) => Attempt::again(what, error),
+                None => Attempt::fail(error),
             });
         }
     }
@@ -299,11 +316,8 @@ fn join_once(
         progress,
     )
     .map_err(|error| match unanswered(&error) {
-        Some(what) => Attempt::Again {
-            what: what.to_owned(),
-            error,
-        },
-        None => Attempt::Fail(error),
+        Some(what) => Attempt::again(what.to_owned(), error),
+        None => Attempt::fail(error),
     })
 }
 

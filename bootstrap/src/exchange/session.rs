@@ -34,7 +34,7 @@ pub(super) enum Link {
     Alone,
     /// Entry `i` is rank `i + 1`.
     Root(Vec<PeerLink>),
-    Peer(PeerLink),
+    Peer(Box<PeerLink>),
 }
 
 /// One open connection, whom it leads to (for error messages), and its MAC
@@ -151,7 +151,7 @@ impl Session {
         let links: Vec<&PeerLink> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers.iter().collect(),
-            Link::Peer(link) => vec![link],
+            Link::Peer(link) => vec![&**link],
         };
         let mut first_error = None;
         for link in links {
