@@ -252,7 +252,7 @@ fn join_once(
         .and_then(|()| (&link.stream).write_all(&frame));
     if let Err(source) = sent {
         let reset = is_reset(&source);
-        let what = format!("reset the connection before answering ({source})");
+        let what = "reset the connection before answering".to_owned();
         let error = BootstrapError::Io {
             rank,
             peer: Some(0),
@@ -327,7 +327,7 @@ fn turned_away(error: &ReadError) -> Option<String> {
     match error {
         ReadError::Eof => Some("closed the connection before answering".to_owned()),
         ReadError::Io(source) if is_reset(source) => {
-            Some(format!("reset the connection before answering ({source})"))
+            Some("reset the connection before answering".to_owned())
         }
         _ => None,
     }
