@@ -133,31 +133,32 @@ impl<T: Reading> Pending<T> {
     /// limits hold (or every connection at the limit has finished its read).
     pub(super) fn make_room(&mut self, source: Source) -> Option<(Unidentified<T>, Crowded)> {
         let of_source = self.by_source.get(&source).map_or(0, VecDeque::len);
-        let (victim, crowded) = if of_source >= self.per_source {
-            let ids = self.by_source.get(&source)?;
-            let id = ids
-                .iter()
-                .copied()
-                .find(|id| self.entries.get(id).is_some_and(|e| !e.conn.finished()))?;
-            let crowded = Crowded::Source {
-                source,
-                count: of_source,
-            };
-            (id, crowded)
-        } else if self.entries.len() >= self.cap {
-            let id = self
+        if of_source >= self.per_source {
+            let oldest = self.by_source.get(&source).and_then(|ids| {
+                ids.iter()
+                    .copied()
+                    .find(|id| self.entries.get(id).is_some_and(|e| !e.conn.finished()))
+            });
+            if let Some(id) = oldest {
+                let crowded = Crowded::Source {
+                    source,
+                    count: of_source,
+                };
+                return self.remove(id).map(|entry| (entry, crowded));
+            }
+        }
+        if self.entries.len() >= self.cap {
+            let count = self.entries.len();
+            let oldest = self
                 .entries
                 .iter()
                 .find(|(_, entry)| !entry.conn.finished())
-                .map(|(id, _)| *id)?;
-            let crowded = Crowded::All {
-                count: self.entries.len(),
-            };
-            (id, crowded)
-        } else {
-            return None;
-        };
-        self.remove(victim).map(|entry| (entry, crowded))
+                .map(|(id, _)| *id);
+            if let Some(id) = oldest {
+                return self.remove(id).map(|entry| (entry, Crowded::All { count }));
+            }
+        }
+        None
     }
 
     /// Every connection in the table, oldest first (for closing them all).
@@ -237,6 +238,17 @@ mod tests {
         table.entries[&3].conn.0.set(true);
         // Over the share, but everything left has finished reading.
         assert!(table.make_room(source("10.0.0.1")).is_none());
+    }
+
+    #[test]
+    fn a_source_with_nothing_to_give_still_respects_the_total() {
+        let mut table = Pending::new(1, 2);
+        table.insert(1, at("10.0.0.2", 1));
+        table.insert(2, at("10.0.0.1", 2));
+        table.entries[&2].conn.0.set(true);
+        // 10.0.0.1 is at its share with nothing unfinished; the table is full.
+        let (gone, why) = table.make_room(source("10.0.0.1")).unwrap();
+        assert_eq!((gone.addr.port(), why), (1, Crowded::All { count: 2 }));
     }
 
     #[test]
