@@ -24,6 +24,10 @@ const POLL: Duration = Duration::from_millis(5);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// Rejections remembered for the final error message.
 const MAX_NOTES: usize = 8;
+/// Connections accepted in one pass before the arrivals are looked at, so a
+/// flood that never lets the listen queue run empty cannot starve real ranks'
+/// hellos (or the deadline check) of attention.
+const ACCEPT_BATCH: usize = 64;
 
 /// Rank 0's side of the initial exchange.
 pub(in crate::exchange) fn root_join(
@@ -103,8 +107,8 @@ impl Lobby {
             .collect()
     }
 
-    /// Hands every connection waiting on the listener to a hello reader, closing
-    /// the oldest unidentified connections to make room.
+    /// Hands the connections waiting on the listener (at most [`ACCEPT_BATCH`])
+    /// to hello readers, closing the oldest unidentified connections to make room.
     fn accept_backlog(
         &mut self,
         listener: &TcpListener,
@@ -113,7 +117,7 @@ impl Lobby {
         clock: Clock,
         progress: &mut Progress,
     ) {
-        loop {
+        for _ in 0..ACCEPT_BATCH {
             match listener.accept() {
                 Ok((stream, addr)) => {
                     let (closed, started) =
