@@ -10,14 +10,16 @@ use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
 use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Session, Watch};
+use crate::secret::JobSecret;
 
 /// Settings for [`connect`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConnectOptions {
-    /// The TCP exchange (job id, timeouts). The job id defaults to the config's. Its
-    /// `personalize` is always [`NodeBlobs`]: each rank receives only the endpoint every peer
-    /// made for it, O(world) bytes instead of O(world²).
+    /// The TCP exchange (job id, timeouts, job secret). The job id defaults to the config's.
+    /// Its `personalize` is always [`NodeBlobs`]: each rank receives only the endpoint every
+    /// peer made for it, O(world) bytes instead of O(world²). Its `secret`, if `None`, comes
+    /// from [`JobSecret::from_env`] (`RVERBS_JOB_SECRET_FILE` or `RVERBS_JOB_SECRET`).
     pub exchange: ExchangeOptions,
     /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
     /// rank's config entry.
@@ -92,6 +94,12 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
         rank,
         world_size: world,
     })?;
+    // Without a secret in the options, RVERBS_JOB_SECRET_FILE or RVERBS_JOB_SECRET may
+    // give one; a bad one fails before the device is opened.
+    let secret = match &opts.exchange.secret {
+        Some(secret) => Some(secret.clone()),
+        None => JobSecret::from_env()?,
+    };
     let device = entry.device.clone();
     let rdma = |source: NodeError| BootstrapError::Rdma {
         rank,
@@ -118,6 +126,7 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     // The blob is a node blob whatever the caller left in `personalize`.
     let exchange_opts = ExchangeOptions {
         personalize: Some(&NodeBlobs),
+        secret,
         ..opts.exchange.clone()
     };
     let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &exchange_opts)?;

@@ -28,6 +28,17 @@ pub enum BootstrapError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The configuration is larger than
+    /// [`MAX_CONFIG_BYTES`](crate::config::MAX_CONFIG_BYTES); it is refused before
+    /// it is read or parsed.
+    ConfigTooLarge {
+        /// File (or origin name) of the configuration.
+        file: String,
+        /// Its size in bytes, or `None` when only "over the limit" is known (a pipe).
+        len: Option<u64>,
+        /// The limit.
+        limit: u64,
+    },
     /// The configuration is not valid JSON or does not fit the schema
     /// (unknown field, wrong type, missing field).
     ConfigParse {
@@ -126,6 +137,33 @@ pub enum BootstrapError {
         /// The calling rank.
         rank: u32,
         /// What is wrong.
+        reason: String,
+    },
+    /// The job secret file could not be read.
+    SecretRead {
+        /// Path of the file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A job secret is unusable (too short, too long, both sources set, ...). The
+    /// message never contains the secret.
+    SecretInvalid {
+        /// Where it came from: a file, an environment variable, or the API.
+        from: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The other end of a connection could not prove it holds this job's secret, or
+    /// holds one where this end has none (or the other way round).
+    Auth {
+        /// The calling rank.
+        rank: u32,
+        /// The remote rank, when known.
+        peer: Option<u32>,
+        /// The remote address.
+        addr: String,
+        /// What failed, such as "MAC mismatch: wrong job secret".
         reason: String,
     },
     /// Rank 0 could not listen on its address.
@@ -238,6 +276,17 @@ impl fmt::Display for BootstrapError {
             Self::ConfigRead { path, source } => {
                 write!(f, "cannot read cluster config {}: {source}", path.display())
             }
+            Self::ConfigTooLarge { file, len, limit } => {
+                write!(f, "cluster config {file} is ")?;
+                match len {
+                    Some(len) => write!(f, "{len} bytes")?,
+                    None => write!(f, "more than {limit} bytes")?,
+                }
+                write!(
+                    f,
+                    ", over the limit of {limit} bytes for a cluster config (is it the right file?)"
+                )
+            }
             Self::ConfigParse {
                 file,
                 line,
@@ -309,6 +358,20 @@ impl fmt::Display for BootstrapError {
                 "rank {rank}: blob of {len} bytes exceeds the limit of {limit} bytes"
             ),
             Self::InvalidArgument { rank, reason } => write!(f, "rank {rank}: {reason}"),
+            Self::SecretRead { path, source } => {
+                write!(f, "cannot read job secret file {}: {source}", path.display())
+            }
+            Self::SecretInvalid { from, reason } => write!(f, "job secret from {from} {reason}"),
+            Self::Auth {
+                rank,
+                peer,
+                addr,
+                reason,
+            } => write!(
+                f,
+                "rank {rank}: authentication with {} at {addr} failed: {reason}",
+                opt_peer(*peer)
+            ),
             Self::Bind { addr, source } => write!(f, "rank 0 cannot listen on {addr}: {source}"),
             Self::Connect {
                 rank,
@@ -391,6 +454,7 @@ impl core::error::Error for BootstrapError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             Self::ConfigRead { source, .. }
+            | Self::SecretRead { source, .. }
             | Self::Bind { source, .. }
             | Self::Connect { source, .. }
             | Self::Io { source, .. } => Some(source),

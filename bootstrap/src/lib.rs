@@ -2,7 +2,7 @@
 //! exchange of endpoint blobs that must happen before RDMA connections exist.
 //!
 //! ```no_run
-//! use rverbs_bootstrap::{exchange, launcher, ClusterConfig, ExchangeOptions};
+//! use rverbs_bootstrap::{exchange, launcher, ClusterConfig, ExchangeOptions, JobSecret};
 //!
 //! # fn main() -> Result<(), rverbs_bootstrap::BootstrapError> {
 //! let config = ClusterConfig::from_file("cluster.json")?;
@@ -14,6 +14,8 @@
 //! let endpoint: Vec<u8> = vec![0; 22];
 //! let options = ExchangeOptions {
 //!     job_id: config.job_id(),
+//!     // From RVERBS_JOB_SECRET_FILE or RVERBS_JOB_SECRET; None runs unauthenticated.
+//!     secret: JobSecret::from_env()?,
 //!     ..ExchangeOptions::default()
 //! };
 //! let (mut session, endpoints) = exchange(&config, me.rank, &endpoint, &options)?;
@@ -38,9 +40,17 @@
 //! peer instead of a whole blob, and the frame limits follow from the world size.
 //! `connect()` always does.
 //!
+//! Anyone who can reach rank 0's port can take part in the rendezvous unless the
+//! job has a secret ([`JobSecret`], from a file or the environment, never from the
+//! cluster file): then every frame carries an HMAC-SHA256 bound to its connection,
+//! and a client without the secret is refused. Clients that are not ranks (port
+//! scanners, idle or slow connections) cannot keep real ranks out: see
+//! [`exchange`](mod@exchange).
+//!
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
-//! layouts), [`launcher`] finds rank and world size, [`exchange`](mod@exchange)
-//! runs the rendezvous, [`wire`] defines and decodes the frames.
+//! layouts, at most [`config::MAX_CONFIG_BYTES`]), [`launcher`] finds rank and
+//! world size, [`secret`] loads the job secret, [`exchange`](mod@exchange) runs
+//! the rendezvous, [`wire`] defines and decodes the frames and their MACs.
 //!
 //! # Cargo features
 //!
@@ -63,9 +73,9 @@
 //!
 //! Rank 0's listener is closed when the exchange returns. A [`Session`] keeps
 //! one TCP connection per peer (rank 0) or one to rank 0 (other ranks) until
-//! it is dropped or [`Session::close`]d. Nothing outlives the session except
-//! hello-reader threads rank 0 left on stalled clients, which end by their
-//! own deadline and close those sockets.
+//! it is dropped or [`Session::close`]d. When the exchange returns, rank 0
+//! shuts the connections of clients whose hello it was still reading, so their
+//! reader threads end at once rather than at their deadline.
 
 #![forbid(unsafe_code)]
 
@@ -75,6 +85,7 @@ pub mod connect;
 pub mod error;
 pub mod exchange;
 pub mod launcher;
+pub mod secret;
 pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
@@ -85,4 +96,5 @@ pub use exchange::{
     exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
 };
 pub use launcher::{LaunchInfo, LaunchSource};
+pub use secret::JobSecret;
 pub use wire::WireError;

@@ -16,15 +16,32 @@
 //!             "comment": "optional"}]}
 //! ```
 //!
-//! Unknown fields are errors in both. Ranks must be exactly `0..n`, each once.
+//! Unknown fields are errors in both. Ranks must be exactly `0..n`, each once, and
+//! `n` at most [`MAX_WORLD`]. A file is read only up to [`MAX_CONFIG_BYTES`] and
+//! parsed once, straight into the entries of its layout: a wrong or hostile file
+//! costs at most that much memory and time.
 
+use core::fmt;
+use core::marker::PhantomData;
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
+use rverbs_core::wire::MAX_WORLD;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BootstrapError, Result};
 use crate::launcher::LaunchInfo;
+
+/// Largest cluster config read or parsed, in bytes: 4 MiB.
+///
+/// A config of the largest world, [`MAX_WORLD`] (4096) ranks, takes about 200 bytes
+/// per rank with long host names and a comment (about 800 KiB in all; a test keeps
+/// that true), so this leaves several times the room a real config needs, while a
+/// wrong file (a log, a core dump, a generated monster) is refused before it is read.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Which JSON layout a configuration was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,14 +83,6 @@ pub struct ClusterConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawNative {
-    #[serde(default)]
-    job: Option<String>,
-    ranks: Vec<RawRank>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawRank {
     rank: u64,
     host: String,
@@ -89,12 +98,6 @@ struct RawRank {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawLegacy {
-    hosts: Vec<RawHost>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawHost {
     hostname: String,
     port: u64,
@@ -102,6 +105,113 @@ struct RawHost {
     rankid: u64,
     #[serde(default)]
     comment: Option<String>,
+}
+
+/// A whole file of either layout, as parsed in its one pass.
+struct RawConfig {
+    job: Option<String>,
+    list: RawList,
+}
+
+/// The rank list, whose key picks the layout.
+enum RawList {
+    Native(Bounded<RawRank>),
+    Legacy(Bounded<RawHost>),
+}
+
+/// The keys of the top level (any other is an error that lists these).
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum TopField {
+    Job,
+    Ranks,
+    Hosts,
+}
+
+impl<'de> Deserialize<'de> for RawConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> core::result::Result<Self, D::Error> {
+        deserializer.deserialize_map(TopVisitor)
+    }
+}
+
+struct TopVisitor;
+
+impl<'de> Visitor<'de> for TopVisitor {
+    type Value = RawConfig;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object with a `ranks` (or legacy `hosts`) list")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> core::result::Result<RawConfig, A::Error> {
+        let mut job: Option<Option<String>> = None;
+        let mut list: Option<RawList> = None;
+        while let Some(key) = map.next_key::<TopField>()? {
+            match key {
+                TopField::Job if job.is_some() => return Err(de::Error::duplicate_field("job")),
+                TopField::Job => job = Some(map.next_value()?),
+                TopField::Ranks | TopField::Hosts if list.is_some() => {
+                    return Err(de::Error::custom(
+                        "a second rank list: give either `ranks` (native layout) or `hosts` (legacy layout), once",
+                    ));
+                }
+                TopField::Ranks => list = Some(RawList::Native(map.next_value()?)),
+                TopField::Hosts => list = Some(RawList::Legacy(map.next_value()?)),
+            }
+        }
+        let job = job.flatten();
+        match list {
+            None => Err(de::Error::missing_field("ranks")),
+            Some(RawList::Legacy(_)) if job.is_some() => Err(de::Error::custom(
+                "unknown field `job` in the legacy `hosts` layout; name a job with the native `ranks` layout",
+            )),
+            Some(list) => Ok(RawConfig { job, list }),
+        }
+    }
+}
+
+/// A list kept to its first [`MAX_WORLD`] entries; the rest are only counted
+/// (and not stored), so an oversized list is refused with its size.
+struct Bounded<T> {
+    items: Vec<T>,
+    total: usize,
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Bounded<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> core::result::Result<Self, D::Error> {
+        deserializer.deserialize_seq(BoundedVisitor(PhantomData))
+    }
+}
+
+struct BoundedVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for BoundedVisitor<T> {
+    type Value = Bounded<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of rank entries")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> core::result::Result<Bounded<T>, A::Error> {
+        let keep = MAX_WORLD as usize;
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(keep));
+        let mut total = 0usize;
+        loop {
+            let more = if items.len() < keep {
+                seq.next_element::<T>()?.map(|item| items.push(item))
+            } else {
+                seq.next_element::<IgnoredAny>()?.map(|_| ())
+            };
+            if more.is_none() {
+                break;
+            }
+            total += 1;
+        }
+        Ok(Bounded { items, total })
+    }
 }
 
 #[derive(Serialize)]
@@ -166,14 +276,35 @@ impl ClusterConfig {
     /// Reads and validates a configuration file (either layout).
     ///
     /// # Errors
-    /// [`BootstrapError::ConfigRead`] if the file cannot be read, otherwise as
-    /// [`ClusterConfig::from_json_str`] with the path as origin.
+    /// [`BootstrapError::ConfigRead`] if the file cannot be read;
+    /// [`BootstrapError::ConfigTooLarge`] if it is larger than [`MAX_CONFIG_BYTES`]
+    /// (judged before reading it); otherwise as [`ClusterConfig::from_json_str`]
+    /// with the path as origin.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| BootstrapError::ConfigRead {
+        let read_error = |source| BootstrapError::ConfigRead {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let too_large = |len| BootstrapError::ConfigTooLarge {
+            file: path.display().to_string(),
+            len,
+            limit: MAX_CONFIG_BYTES,
+        };
+        let file = File::open(path).map_err(read_error)?;
+        let len = file.metadata().map_err(read_error)?.len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(too_large(Some(len)));
+        }
+        // The file may grow meanwhile, or be a pipe with no length: read one byte
+        // past the cap at most.
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read_error)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(too_large(None));
+        }
         Self::from_json_str(&text, &path.display().to_string())
     }
 
@@ -181,22 +312,29 @@ impl ClusterConfig {
     /// (usually the file path).
     ///
     /// # Errors
-    /// [`BootstrapError::ConfigParse`] for malformed JSON, unknown or missing
-    /// fields and wrong types (with line and column);
-    /// [`BootstrapError::ConfigInvalid`] for an empty list, duplicate or missing
-    /// ranks, port 0 or above 65535, an empty host or device, `ib_port` outside
-    /// 1..=255 or `gid_index` above 255.
+    /// [`BootstrapError::ConfigTooLarge`] for a text over [`MAX_CONFIG_BYTES`];
+    /// [`BootstrapError::ConfigParse`] for malformed JSON, unknown, repeated or
+    /// missing fields and wrong types (with line and column);
+    /// [`BootstrapError::ConfigInvalid`] for a top level that is not an object,
+    /// an empty list, more than [`MAX_WORLD`] ranks, duplicate or missing ranks,
+    /// port 0 or above 65535, an empty host or device, `ib_port` outside 1..=255
+    /// or `gid_index` above 255.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
-        let parse_error = |error: serde_json::Error| BootstrapError::ConfigParse {
-            file: origin.to_owned(),
-            line: error.line(),
-            column: error.column(),
-            message: error.to_string(),
-        };
-        // Peek at the top level only to pick the layout; the typed parse below
-        // then reports errors with positions in the original text.
-        let probe: serde_json::Value = serde_json::from_str(text).map_err(parse_error)?;
-        let Some(top) = probe.as_object() else {
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(BootstrapError::ConfigTooLarge {
+                file: origin.to_owned(),
+                len: Some(text.len() as u64),
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        // Only an object can be a config; say so in the file's terms rather than
+        // the parser's ("invalid type: sequence").
+        if text
+            .trim_start_matches([' ', '\t', '\n', '\r'])
+            .chars()
+            .next()
+            .is_some_and(|first| first != '{')
+        {
             return Err(BootstrapError::ConfigInvalid {
                 file: origin.to_owned(),
                 entry: None,
@@ -205,52 +343,61 @@ impl ClusterConfig {
                 reason: "the top level must be an object with a `ranks` (or legacy `hosts`) list"
                     .to_owned(),
             });
+        }
+        // One pass, straight into the entries of the layout the list's key names.
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|error| BootstrapError::ConfigParse {
+                file: origin.to_owned(),
+                line: error.line(),
+                column: error.column(),
+                message: error.to_string(),
+            })?;
+        let (layout, total, entries) = match raw.list {
+            RawList::Legacy(hosts) => {
+                let entries = hosts
+                    .items
+                    .into_iter()
+                    .map(|host| Entry {
+                        rank: host.rankid,
+                        host: host.hostname,
+                        port: host.port,
+                        device: host.ibdev,
+                        ib_port: None,
+                        gid_index: None,
+                        comment: host.comment,
+                    })
+                    .collect();
+                (ConfigLayout::Legacy, hosts.total, entries)
+            }
+            RawList::Native(ranks) => {
+                let entries = ranks
+                    .items
+                    .into_iter()
+                    .map(|rank| Entry {
+                        rank: rank.rank,
+                        host: rank.host,
+                        port: rank.port,
+                        device: rank.device,
+                        ib_port: rank.ib_port,
+                        gid_index: rank.gid_index,
+                        comment: rank.comment,
+                    })
+                    .collect();
+                (ConfigLayout::Native, ranks.total, entries)
+            }
         };
-        let legacy = top.contains_key("hosts") && !top.contains_key("ranks");
-        let (layout, job, entries) = if legacy {
-            let raw: RawLegacy = serde_json::from_str(text).map_err(parse_error)?;
-            let entries = raw
-                .hosts
-                .into_iter()
-                .map(|host| Entry {
-                    rank: host.rankid,
-                    host: host.hostname,
-                    port: host.port,
-                    device: host.ibdev,
-                    ib_port: None,
-                    gid_index: None,
-                    comment: host.comment,
-                })
-                .collect();
-            (ConfigLayout::Legacy, None, entries)
-        } else {
-            let raw: RawNative = serde_json::from_str(text).map_err(parse_error)?;
-            let entries = raw
-                .ranks
-                .into_iter()
-                .map(|rank| Entry {
-                    rank: rank.rank,
-                    host: rank.host,
-                    port: rank.port,
-                    device: rank.device,
-                    ib_port: rank.ib_port,
-                    gid_index: rank.gid_index,
-                    comment: rank.comment,
-                })
-                .collect();
-            (ConfigLayout::Native, raw.job, entries)
-        };
-        let ranks = validate(origin, layout, entries)?;
+        let ranks = validate(origin, layout, entries, total)?;
         Ok(Self {
             origin: origin.to_owned(),
             layout,
-            job,
+            job: raw.job,
             ranks,
         })
     }
 
     /// Builds a configuration in code, with the same validation as the parser
-    /// (`origin` names it in errors). The entries may come in any order.
+    /// (`origin` names it in errors), [`MAX_WORLD`] included. The entries may come
+    /// in any order.
     ///
     /// # Errors
     /// [`BootstrapError::ConfigInvalid`] as for [`ClusterConfig::from_json_str`].
@@ -266,8 +413,9 @@ impl ClusterConfig {
                 gid_index: rank.gid_index.map(u64::from),
                 comment: rank.comment,
             })
-            .collect();
-        let ranks = validate(origin, ConfigLayout::Native, entries)?;
+            .collect::<Vec<_>>();
+        let total = entries.len();
+        let ranks = validate(origin, ConfigLayout::Native, entries, total)?;
         Ok(Self {
             origin: origin.to_owned(),
             layout: ConfigLayout::Native,
@@ -279,7 +427,7 @@ impl ClusterConfig {
     /// Number of ranks.
     #[must_use]
     pub fn world_size(&self) -> u32 {
-        // Validation caps the list at u32::MAX entries.
+        // Validation caps the list at MAX_WORLD entries.
         u32::try_from(self.ranks.len()).unwrap_or(u32::MAX)
     }
 
@@ -422,7 +570,14 @@ impl ClusterConfig {
     }
 }
 
-fn validate(origin: &str, layout: ConfigLayout, entries: Vec<Entry>) -> Result<Vec<RankConfig>> {
+/// Checks `entries`, the first of `total` listed (the parser keeps at most
+/// [`MAX_WORLD`]), and returns them sorted by rank.
+fn validate(
+    origin: &str,
+    layout: ConfigLayout,
+    entries: Vec<Entry>,
+    total: usize,
+) -> Result<Vec<RankConfig>> {
     let names = match layout {
         ConfigLayout::Native => &NATIVE_FIELDS,
         ConfigLayout::Legacy => &LEGACY_FIELDS,
@@ -444,15 +599,17 @@ fn validate(origin: &str, layout: ConfigLayout, entries: Vec<Entry>) -> Result<V
             "the list is empty".to_owned(),
         ));
     }
-    let count = entries.len();
-    if u32::try_from(count).is_err() {
+    if total > MAX_WORLD as usize {
         return Err(invalid(
             None,
             None,
             names.list,
-            format!("{count} entries is too many"),
+            format!(
+                "lists {total} ranks, above the maximum world size of {MAX_WORLD} (rverbs_core::wire::MAX_WORLD)"
+            ),
         ));
     }
+    let count = entries.len();
 
     let mut seen: HashMap<u64, usize> = HashMap::with_capacity(count);
     for (index, entry) in entries.iter().enumerate() {

@@ -204,3 +204,167 @@ fn new_validates_too() {
     assert_eq!(config.rank(1).rank, 1);
     assert!(ClusterConfig::new("code", None, vec![rank(1)]).is_err());
 }
+
+// ---- bounded input ----
+
+/// A native config of `n` ranks with long host names and comments.
+fn big_native(n: u32) -> String {
+    let ranks: Vec<RankConfig> = (0..n)
+        .map(|rank| RankConfig {
+            rank,
+            host: format!(
+                "compute-node-{rank:05}.rack-{:03}.cluster.example.org",
+                rank / 40
+            ),
+            port: 18515,
+            device: "mlx5_0".to_owned(),
+            ib_port: 1,
+            gid_index: Some(3),
+            comment: Some(format!("rack {} slot {}, spare PSU", rank / 40, rank % 40)),
+        })
+        .collect();
+    let mut out = String::from("{\"job\": \"big\", \"ranks\": [\n");
+    for (index, rank) in ranks.iter().enumerate() {
+        if index > 0 {
+            out.push_str(",\n");
+        }
+        out.push_str(&format!(
+            "  {{\"rank\": {}, \"host\": \"{}\", \"port\": {}, \"device\": \"{}\", \"ib_port\": 1, \"gid_index\": 3, \"comment\": \"{}\"}}",
+            rank.rank,
+            rank.host,
+            rank.port,
+            rank.device,
+            rank.comment.as_deref().unwrap_or_default()
+        ));
+    }
+    out.push_str("\n]}\n");
+    out
+}
+
+#[test]
+fn the_largest_world_fits_the_size_cap_several_times() {
+    let text = big_native(MAX_WORLD);
+    assert!(
+        (text.len() as u64) * 4 < MAX_CONFIG_BYTES,
+        "{} bytes for {MAX_WORLD} ranks",
+        text.len()
+    );
+    let config = ClusterConfig::from_json_str(&text, "big.json").unwrap();
+    assert_eq!(config.world_size(), MAX_WORLD);
+    // Our own pretty output of it fits too.
+    assert!((config.to_json_string().len() as u64) * 4 < MAX_CONFIG_BYTES);
+}
+
+#[test]
+fn a_world_above_the_maximum_is_refused_at_parse_time() {
+    let text = big_native(MAX_WORLD + 1);
+    let err = ClusterConfig::from_json_str(&text, "big.json").unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.contains("big.json")
+            && shown.contains("lists 4097 ranks")
+            && shown.contains("maximum world size of 4096"),
+        "{shown}"
+    );
+    assert_eq!(invalid_parts(err), (None, None, Some("ranks")));
+    let hosts: Vec<String> = (0..=MAX_WORLD)
+        .map(|rank| format!(r#"{{"hostname": "h", "port": 1, "ibdev": "d", "rankid": {rank}}}"#))
+        .collect();
+    let legacy = format!(r#"{{"hosts": [{}]}}"#, hosts.join(","));
+    let err = ClusterConfig::from_json_str(&legacy, "old.json").unwrap_err();
+    assert!(
+        err.to_string().contains("maximum world size of 4096"),
+        "{err}"
+    );
+    assert_eq!(invalid_parts(err), (None, None, Some("hosts")));
+    // Built in code, the same rule.
+    let entry = |rank| RankConfig {
+        rank,
+        host: "h".to_owned(),
+        port: 1,
+        device: "d".to_owned(),
+        ib_port: 1,
+        gid_index: None,
+        comment: None,
+    };
+    let err = ClusterConfig::new("code", None, (0..=MAX_WORLD).map(entry).collect()).unwrap_err();
+    assert!(
+        err.to_string().contains("maximum world size of 4096"),
+        "{err}"
+    );
+}
+
+#[test]
+fn oversized_text_is_refused_before_parsing() {
+    // Not even JSON: the size alone decides.
+    let text = " ".repeat(MAX_CONFIG_BYTES as usize + 1);
+    let err = ClusterConfig::from_json_str(&text, "huge.json").unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::ConfigTooLarge { file, len: Some(len), limit }
+            if file == "huge.json" && *len == MAX_CONFIG_BYTES + 1 && *limit == MAX_CONFIG_BYTES),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with(
+            "cluster config huge.json is 4194305 bytes, over the limit of 4194304 bytes"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn oversized_files_are_refused_before_reading() {
+    let dir = std::env::temp_dir().join(format!("rverbs-bootstrap-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cluster.json");
+    // A sparse 100 MB file: nothing is written, and nothing must be read.
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(100_000_000).unwrap();
+    let start = std::time::Instant::now();
+    let err = ClusterConfig::from_file(&path).unwrap_err();
+    assert!(start.elapsed() < core::time::Duration::from_secs(1));
+    let shown = err.to_string();
+    assert!(
+        shown.contains(&path.display().to_string()) && shown.contains("is 100000000 bytes"),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn one_pass_still_tells_the_layouts_apart() {
+    let both = r#"{"ranks": [], "hosts": []}"#;
+    let shown = ClusterConfig::from_json_str(both, "b.json")
+        .unwrap_err()
+        .to_string();
+    assert!(shown.contains("a second rank list"), "{shown}");
+    let job_in_legacy =
+        r#"{"hosts": [{"hostname": "h", "port": 1, "ibdev": "d", "rankid": 0}], "job": "x"}"#;
+    let shown = ClusterConfig::from_json_str(job_in_legacy, "j.json")
+        .unwrap_err()
+        .to_string();
+    assert!(shown.contains("unknown field `job`"), "{shown}");
+    let unknown = r#"{"rank": []}"#;
+    let shown = ClusterConfig::from_json_str(unknown, "u.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        shown.contains("unknown field `rank`") && shown.contains("`ranks`"),
+        "{shown}"
+    );
+    let neither = r#"{"job": "x"}"#;
+    let shown = ClusterConfig::from_json_str(neither, "n.json")
+        .unwrap_err()
+        .to_string();
+    assert!(shown.contains("missing field `ranks`"), "{shown}");
+    for top in ["null", "  [1]", "\"x\""] {
+        let err = ClusterConfig::from_json_str(top, "t.json").unwrap_err();
+        assert_eq!(invalid_parts(err), (None, None, None));
+    }
+    // A null job is no job, in either order of keys.
+    let text = r#"{"ranks": [{"rank": 0, "host": "h", "port": 1, "device": "d"}], "job": null}"#;
+    assert_eq!(
+        ClusterConfig::from_json_str(text, "n.json").unwrap().job(),
+        None
+    );
+}

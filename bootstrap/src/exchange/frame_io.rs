@@ -1,6 +1,7 @@
 //! One frame moved over a `TcpStream` under deadlines: reads in short slices
 //! (so waits can report progress), with a stall limit between bytes and a
-//! hard deadline over all.
+//! hard deadline over all; and every frame through the connection's [`Seal`],
+//! so none is sent without its MAC or accepted without checking it.
 
 use core::time::Duration;
 use std::io::{self, Read, Write};
@@ -8,7 +9,10 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::error::BootstrapError;
-use crate::wire::{decode_header, Header, WireError, HEADER_LEN, MAGIC};
+use crate::secret::{SECRET_ENV, SECRET_FILE_ENV};
+use crate::wire::{
+    decode_header, Frame, Header, Seal, Sealed, WireError, HEADER_LEN, MAC_LEN, MAGIC,
+};
 
 use super::clock::Clock;
 
@@ -19,6 +23,10 @@ pub(super) const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// A payload buffer grows by at most this much ahead of the bytes received, so a
 /// frame that announces a large payload and stalls costs no more than this.
 const PAYLOAD_STEP: usize = 64 * 1024;
+
+/// Frames up to this size go out in one write; larger payloads are written in
+/// place rather than copied next to their header.
+const COALESCE: usize = 16 * 1024;
 
 /// Why reading a frame failed, before it is given rank and address context.
 #[derive(Debug)]
@@ -32,6 +40,11 @@ pub(super) enum ReadError {
         header: Header,
         limit: u32,
     },
+    /// A whole frame whose MAC does not prove it (see [`WireError::is_auth`]).
+    Auth {
+        header: Header,
+        error: WireError,
+    },
 }
 
 impl ReadError {
@@ -44,6 +57,13 @@ impl ReadError {
             Self::Oversize { header, limit } => format!(
                 "{:?} frame from rank {} (of {}) announces {} bytes, which exceeds the limit of {limit} bytes",
                 header.kind, header.sender, header.world_size, header.payload_len
+            ),
+            Self::Auth { header, error } => format!(
+                "{:?} frame claiming rank {} (of {}): {}",
+                header.kind,
+                header.sender,
+                header.world_size,
+                auth_reason(*error, "the sender", "rank 0")
             ),
         }
     }
@@ -90,14 +110,37 @@ impl ReadError {
                     limit,
                 },
             },
+            Self::Auth { error, .. } => {
+                let remote = peer.map_or_else(|| "the peer".to_owned(), |p| format!("rank {p}"));
+                BootstrapError::Auth {
+                    rank,
+                    peer,
+                    addr: addr.to_owned(),
+                    reason: auth_reason(error, &remote, "this rank"),
+                }
+            }
         }
     }
+}
+
+/// What a failed MAC check means, said by `me` about `remote`: who lacks a
+/// secret the other requires, or that the secrets differ. Never contains a secret.
+pub(super) fn auth_reason(error: WireError, remote: &str, me: &str) -> String {
+    let (with, without) = match error {
+        WireError::MacUnexpected => (remote, me),
+        WireError::MacMissing => (me, remote),
+        other => return other.to_string(),
+    };
+    format!(
+        "{with} requires a job secret and {without} has none (every rank needs the same \
+         secret, from {SECRET_FILE_ENV}, {SECRET_ENV} or ExchangeOptions::secret, or none does)"
+    )
 }
 
 /// Fills `buf`. The first byte may take until `by`; after each read that makes
 /// progress the rest gets another `stall`, never past `hard`.
 fn read_exact_by(
-    stream: &mut TcpStream,
+    mut stream: &TcpStream,
     buf: &mut [u8],
     by: Instant,
     hard: Instant,
@@ -137,11 +180,13 @@ fn read_exact_by(
     Ok(())
 }
 
-/// Reads one frame whose payload may not exceed `limit` bytes. The payload
-/// buffer grows with the bytes that arrive, after the header's length passed
-/// that check, never far ahead of them.
+/// Reads one frame whose payload may not exceed `limit` bytes, and opens it
+/// with `seal` (its MAC checked and counted). The payload buffer grows with the
+/// bytes that arrive, after the header's length passed that check, never far
+/// ahead of them.
 pub(super) fn read_frame(
-    stream: &mut TcpStream,
+    stream: &TcpStream,
+    seal: &mut Seal,
     first_byte_by: Instant,
     hard: Instant,
     stall: Duration,
@@ -160,6 +205,7 @@ pub(super) fn read_frame(
     let by = (Instant::now() + stall).min(hard);
     read_exact_by(stream, rest, by, hard, stall, tick)?;
     let header = decode_header(&head).map_err(ReadError::Wire)?;
+    seal.check_order(&header).map_err(ReadError::Wire)?;
     if header.payload_len > limit {
         return Err(ReadError::Oversize { header, limit });
     }
@@ -171,15 +217,46 @@ pub(super) fn read_frame(
         let by = (Instant::now() + stall).min(hard);
         read_exact_by(stream, &mut payload[start..], by, hard, stall, tick)?;
     }
+    let mut mac = [0u8; MAC_LEN];
+    if header.mac {
+        let by = (Instant::now() + stall).min(hard);
+        read_exact_by(stream, &mut mac, by, hard, stall, tick)?;
+    }
+    let frame = Frame {
+        header,
+        payload: &payload,
+        mac: header.mac.then_some(&mac),
+    };
+    seal.open(&frame).map_err(|error| {
+        if error.is_auth() {
+            ReadError::Auth { header, error }
+        } else {
+            ReadError::Wire(error)
+        }
+    })?;
     Ok((header, payload))
 }
 
+/// Writes a frame made by [`Seal::seal`] for `payload`, each write allowed
+/// `timeout` without progress.
 pub(super) fn write_frame(
-    stream: &mut TcpStream,
-    frame: &[u8],
+    mut stream: &TcpStream,
+    sealed: &Sealed,
+    payload: &[u8],
     timeout: Duration,
 ) -> io::Result<()> {
     stream.set_write_timeout(Some(timeout.max(MIN_TIMEOUT)))?;
-    stream.write_all(frame)?;
+    let mac: &[u8] = sealed.mac.as_ref().map_or(&[], |mac| mac.as_slice());
+    if payload.len() <= COALESCE {
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len() + mac.len());
+        frame.extend_from_slice(&sealed.header);
+        frame.extend_from_slice(payload);
+        frame.extend_from_slice(mac);
+        stream.write_all(&frame)?;
+    } else {
+        stream.write_all(&sealed.header)?;
+        stream.write_all(payload)?;
+        stream.write_all(mac)?;
+    }
     stream.flush()
 }

@@ -1,11 +1,14 @@
 //! Endpoint exchange over TCP with rank 0 as the rendezvous.
 //!
-//! Rank 0 listens; every other rank connects to it (retrying until the deadline),
-//! sends a `Hello` frame with its blob, and waits. Rank 0 checks each hello (job
-//! id, world size, rank range, duplicates), refuses bad ones with a `Reject`
-//! frame and keeps waiting for the real peer, and once all `N - 1` peers are in,
-//! sends every peer the `Table` of all blobs. That is `N - 1` connections in all,
-//! kept open in the returned [`Session`] for later [`Session::allgather`] rounds.
+//! Rank 0 listens; every other rank connects to it (retrying with back-off until
+//! the deadline), reads the random `Challenge` rank 0 sends first, sends a `Hello`
+//! frame with its blob, and waits. Rank 0 checks each hello (MAC, job id, world
+//! size, rank range, duplicates), refuses bad ones with a `Reject` frame and keeps
+//! waiting for the real peer, and once all `N - 1` peers are in, sends every peer
+//! the `Table` of all blobs. That is `N - 1` connections in all, kept open in the
+//! returned [`Session`] for later [`Session::allgather`] rounds. With a job secret
+//! ([`ExchangeOptions::secret`]) every frame on them carries a MAC bound to the
+//! connection's challenge (see [`Seal`](crate::wire::Seal)).
 //!
 //! A table of every blob is N blobs to each of N ranks. When each blob holds
 //! something per peer, as rverbs-core's node blobs do, that grows as N² per rank;
@@ -16,6 +19,16 @@
 //! Each accepted connection is read on its own short-lived thread, so a peer that
 //! connects and stalls, or a foreign client, cannot hold up the others; every
 //! read and write has a deadline, and a failure names the ranks concerned.
+//!
+//! Clients that are not ranks cannot keep the real ones out. A client has
+//! `io_timeout` from being accepted to deliver its whole hello, however it
+//! trickles the bytes in. Unidentified clients (accepted, hello not yet read) are
+//! limited per source address and in all; at either limit rank 0 closes the
+//! oldest unidentified connection (of that source, or of all) to take the new
+//! one, so a new connection always gets a reader and only a client that lingers
+//! loses its place. A rank whose connection is closed or reset before rank 0
+//! answered connects again with back-off until the deadline, and says that rank
+//! 0 turned it away.
 
 // This file is the public face; the rest follows the story above. `root` is
 // rank 0's side (the join, its hello readers, later rounds), `peer` every other
@@ -38,6 +51,7 @@ use std::net::TcpListener;
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
+use crate::secret::JobSecret;
 use crate::wire::MAX_PAYLOAD;
 
 use self::clock::Clock;
@@ -62,10 +76,13 @@ pub struct ExchangeOptions {
     /// rank 0 did not answer. Starting the other ranks a little after rank 0,
     /// or giving them a slightly longer timeout, gets them the better message.
     pub timeout: Duration,
-    /// How long one read or write may make no progress, and how long a
-    /// connected peer has to send its hello. Default 10 s.
+    /// How long one read or write may make no progress; on rank 0, how long a
+    /// client has from the moment it is accepted to deliver its whole hello
+    /// (bytes trickling in do not extend it); on the others, how long rank 0
+    /// has to send its challenge once connected. Default 10 s.
     pub io_timeout: Duration,
-    /// Pause between connection attempts to rank 0. Default 200 ms.
+    /// First pause between attempts to reach rank 0; it doubles after each
+    /// failed attempt, up to 8 times this (and at most 2 s). Default 200 ms.
     pub retry_interval: Duration,
     /// Largest blob accepted from anyone, in bytes: in the exchange unless
     /// [`personalize`](Self::personalize) sets its own limit, and in every
@@ -78,6 +95,12 @@ pub struct ExchangeOptions {
     /// entry limits that go with it; see [`Personalize`]. All ranks must agree.
     /// Default `None`: every rank receives every blob whole.
     pub personalize: Option<&'static dyn Personalize>,
+    /// The job secret: with one, every frame carries a MAC and rank 0 admits only
+    /// ranks that hold the same secret (see [`JobSecret`]). All ranks must agree:
+    /// a rank with a secret and one without refuse each other, saying so. Default
+    /// `None`, as is [`JobSecret::from_env`] when no variable is set; `connect()`
+    /// reads the environment when this is `None`, `exchange` does not.
+    pub secret: Option<JobSecret>,
 }
 
 impl Default for ExchangeOptions {
@@ -90,6 +113,7 @@ impl Default for ExchangeOptions {
             max_blob_size: 64 * 1024,
             progress: true,
             personalize: None,
+            secret: None,
         }
     }
 }
@@ -228,7 +252,12 @@ pub fn exchange_at(
             clock,
             &mut progress,
         )?;
-        let session = Session::new(rank, world_size, options.clone(), Link::Peer(link));
+        let session = Session::new(
+            rank,
+            world_size,
+            options.clone(),
+            Link::Peer(Box::new(link)),
+        );
         Ok((session, blobs))
     }
 }

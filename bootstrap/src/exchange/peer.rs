@@ -1,25 +1,70 @@
-//! Every other rank's side: connect to rank 0, send a `Hello` (then a `Sync`
-//! per round), and check the table that comes back.
+//! Every other rank's side: connect to rank 0, take its challenge, send a
+//! `Hello` (then a `Sync` per round), and check the table that comes back;
+//! connect again, with back-off, whenever rank 0 turns the connection away
+//! before answering.
 
-use std::io;
+use core::time::Duration;
+use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::Instant;
 
 use crate::error::{BootstrapError, Result};
 use crate::wire::{
-    decode_table, encode_frame, table_payload_limit, FrameKind, MAX_PAYLOAD, REJECT_REASON_MAX,
+    decode_table, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
+    REJECT_REASON_MAX,
 };
 
 use super::clock::Clock;
-use super::frame_io::{read_frame, write_frame, MIN_TIMEOUT};
+use super::frame_io::{auth_reason, read_frame, write_frame, ReadError, MIN_TIMEOUT};
 use super::personalize::Personalize;
 use super::progress::Progress;
 use super::session::PeerLink;
 use super::ExchangeOptions;
 
-/// Connects to rank 0, retrying until the deadline.
-pub(super) fn connect(
+/// The longest pause between attempts, whatever `retry_interval` says.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// Back-off grows to at most this many times `retry_interval`.
+const MAX_PAUSE_FACTOR: u32 = 8;
+
+/// Pauses between attempts to reach rank 0: `retry_interval`, doubled after every
+/// failed attempt up to [`MAX_PAUSE_FACTOR`] times it (and [`MAX_PAUSE`]), each cut
+/// by up to a quarter at random, so that ranks turned away together do not all
+/// come back at the same instant.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    max: Duration,
+    state: u64,
+}
+
+impl Backoff {
+    fn new(options: &ExchangeOptions, rank: u32) -> Self {
+        let base = options.retry_interval;
+        let seed = getrandom::u64().unwrap_or(0x9e37_79b9_7f4a_7c15 ^ u64::from(rank));
+        Self {
+            next: base,
+            max: (base * MAX_PAUSE_FACTOR).min(MAX_PAUSE).max(base),
+            state: seed | 1,
+        }
+    }
+
+    /// Sleeps for the next pause, never past the deadline.
+    fn pause(&mut self, clock: Clock) {
+        // xorshift64: spread, not secrecy, is all the jitter needs.
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let quarter = self.next / 4;
+        let cut = quarter.mul_f64((self.state >> 11) as f64 / (1u64 << 53) as f64);
+        thread::sleep((self.next - cut).min(clock.remaining()));
+        self.next = (self.next * 2).min(self.max);
+    }
+}
+
+/// Connects to rank 0, trying again with back-off until the deadline.
+#[allow(clippy::too_many_arguments)]
+fn connect(
     host: &str,
     port: u16,
     addr: &str,
@@ -27,6 +72,7 @@ pub(super) fn connect(
     options: &ExchangeOptions,
     clock: Clock,
     progress: &mut Progress,
+    backoff: &mut Backoff,
 ) -> Result<TcpStream> {
     let mut last_error = io::Error::new(
         io::ErrorKind::TimedOut,
@@ -58,20 +104,74 @@ pub(super) fn connect(
             Err(error) => last_error = error,
         }
         progress.tick(|| format!("rank {rank} waiting to connect to rank 0 at {addr}"));
-        thread::sleep(options.retry_interval.min(clock.remaining()));
+        backoff.pause(clock);
     }
 }
 
-/// A non-root rank's exchange: connect to rank 0, send the hello, get the table.
+/// How one attempt to join ended, if not with the table.
+enum Attempt {
+    /// Rank 0 turned the connection away before answering (closed or reset it, or
+    /// sent no challenge in time): worth another connection.
+    Again {
+        what: String,
+        error: Box<BootstrapError>,
+    },
+    /// An answer, or a failure, that another connection would not change.
+    Fail(Box<BootstrapError>),
+}
+
+impl Attempt {
+    fn again(what: String, error: BootstrapError) -> Self {
+        Self::Again {
+            what,
+            error: Box::new(error),
+        }
+    }
+
+    fn fail(error: BootstrapError) -> Self {
+        Self::Fail(Box::new(error))
+    }
+}
+
+/// The connections rank 0 turned away, for the progress line and the final error.
+#[derive(Debug, Default)]
+struct TurnedAway {
+    count: u32,
+    last: String,
+}
+
+impl TurnedAway {
+    /// The error to report when the deadline ends the retries: a timeout that
+    /// says how rank 0 treated the earlier attempts, if it turned any away.
+    fn explain(self, error: BootstrapError, rank: u32, addr: &str, clock: Clock) -> BootstrapError {
+        if self.count == 0 {
+            return error;
+        }
+        BootstrapError::Timeout {
+            rank,
+            missing: vec![0],
+            waited: clock.waited(),
+            detail: format!(
+                "rank 0 at {addr} turned away {} connection(s) before answering, so it may be \
+                 overloaded by other connections (last: it {}); then: {error}",
+                self.count, self.last
+            ),
+        }
+    }
+}
+
+/// A non-root rank's exchange: connect to rank 0, take its challenge, send the
+/// hello, get the table.
 ///
-/// A connection reset before rank 0 answered is tried again on a new connection
-/// until the deadline. Rank 0 closes a connection it has read only after
-/// answering (a table or a `Reject`), so such a reset means rank 0 never read
-/// our hello: it dropped the connection unread under a flood, or the kernel
-/// did. The latter is what a thousand ranks connecting at once get from Linux:
-/// the listen queue (128 with std) overflows, SYN cookies stand in for it, and
-/// a cookie connection whose first data segment was dropped is reset when the
-/// hello's next segment arrives.
+/// A connection turned away before rank 0 answered (closed, reset, or left
+/// without a challenge for `io_timeout`) is tried again on a new one, with
+/// back-off, until the deadline. Rank 0 closes a connection it has read only
+/// after answering (a table or a `Reject`), so such a connection was never
+/// read: rank 0 closed it to make room under a flood of other connections, or
+/// the kernel dropped it. The latter is what a thousand ranks connecting at
+/// once get from Linux: the listen queue (128 with std) overflows, SYN cookies
+/// stand in for it, and a cookie connection whose first data segment was
+/// dropped is reset when the next one arrives.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn peer_join(
     host: &str,
@@ -84,49 +184,175 @@ pub(super) fn peer_join(
     clock: Clock,
     progress: &mut Progress,
 ) -> Result<(PeerLink, Vec<Vec<u8>>)> {
+    let mut backoff = Backoff::new(options, rank);
+    let mut turned_away = TurnedAway::default();
     loop {
-        let stream = connect(host, port, &addr, rank, options, clock, progress)?;
+        let stream = match connect(
+            host,
+            port,
+            &addr,
+            rank,
+            options,
+            clock,
+            progress,
+            &mut backoff,
+        ) {
+            Ok(stream) => stream,
+            Err(error) => return Err(turned_away.explain(error, rank, &addr, clock)),
+        };
+        let mut challenge = [0u8; CHALLENGE_LEN];
+        getrandom::fill(&mut challenge).map_err(|error| BootstrapError::InvalidArgument {
+            rank,
+            reason: format!("no random challenge from the OS: {error}"),
+        })?;
         let mut link = PeerLink {
             rank: 0,
             addr: addr.clone(),
             stream,
+            seal: Seal::peer(options.secret.as_ref(), challenge),
         };
-        let outcome = peer_round(
-            &mut link,
-            FrameKind::Hello,
-            options.personalize,
-            rank,
-            world_size,
-            blob,
-            options,
-            clock,
-            progress,
-        );
-        match outcome {
+        match join_once(&mut link, rank, world_size, blob, options, clock, progress) {
             Ok(blobs) => return Ok((link, blobs)),
-            Err(error) if reset_unanswered(&error) && Instant::now() < clock.deadline => {
-                progress.note(&format!(
-                    "rank {rank}: {error}; rank 0 never answered, connecting again"
-                ));
-                thread::sleep(options.retry_interval.min(clock.remaining()));
+            Err(Attempt::Fail(error)) => return Err(*error),
+            Err(Attempt::Again { what, error }) => {
+                turned_away.count += 1;
+                turned_away.last = what;
+                if Instant::now() >= clock.deadline {
+                    return Err(turned_away.explain(*error, rank, &addr, clock));
+                }
+                progress.notice(|| {
+                    format!(
+                        "rank {rank}: rank 0 at {addr} {} ({} time(s) so far); it may be \
+                         overloaded by other connections; connecting again",
+                        turned_away.last, turned_away.count
+                    )
+                });
+                backoff.pause(clock);
             }
-            Err(error) => return Err(error),
         }
     }
 }
 
-/// Whether the connection was reset (not closed) while sending the hello or
-/// reading the answer.
-fn reset_unanswered(error: &BootstrapError) -> bool {
+/// One attempt over a fresh connection: the challenges, then the hello round.
+fn join_once(
+    link: &mut PeerLink,
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> core::result::Result<Vec<Vec<u8>>, Attempt> {
+    // Ours first, without waiting for rank 0's: a connection that the listen
+    // queue only knows by its SYN cookie comes to exist when data arrives.
+    let frame = link.seal.challenge_frame(options.job_id, rank, world_size);
+    let sent = link
+        .stream
+        .set_write_timeout(Some(options.io_timeout.max(MIN_TIMEOUT)))
+        .and_then(|()| (&link.stream).write_all(&frame));
+    if let Err(source) = sent {
+        let reset = is_reset(&source);
+        let what = "reset the connection before answering".to_owned();
+        let error = BootstrapError::Io {
+            rank,
+            peer: Some(0),
+            addr: link.addr.clone(),
+            op: "send challenge",
+            source,
+        };
+        return Err(if reset {
+            Attempt::again(what, error)
+        } else {
+            Attempt::fail(error)
+        });
+    }
+    // Rank 0 writes its challenge as soon as it accepts; one that does not come
+    // within io_timeout is from a rank 0 too busy to accept.
+    let by = (Instant::now() + options.io_timeout).min(clock.deadline);
+    let challenge = read_frame(
+        &link.stream,
+        &mut link.seal,
+        by,
+        by,
+        options.io_timeout,
+        CHALLENGE_LEN as u32,
+        &mut || {},
+    );
+    match challenge {
+        Ok(_) => {}
+        // Rank 0 refuses our challenge frame as well, and logs why.
+        Err(ReadError::Auth { error, .. }) => {
+            return Err(Attempt::fail(BootstrapError::Auth {
+                rank,
+                peer: Some(0),
+                addr: link.addr.clone(),
+                reason: auth_reason(error, "rank 0", "this rank"),
+            }));
+        }
+        Err(error @ ReadError::Timeout) if Instant::now() < clock.deadline => {
+            return Err(Attempt::again(
+                format!("sent no challenge within {:.1?}", options.io_timeout),
+                error.into_error(rank, Some(0), &link.addr, "challenge", clock),
+            ));
+        }
+        Err(error) => {
+            let what = turned_away(&error);
+            let error = error.into_error(rank, Some(0), &link.addr, "challenge", clock);
+            return Err(match what {
+                Some(what) => Attempt::again(what, error),
+                None => Attempt::fail(error),
+            });
+        }
+    }
+    peer_round(
+        link,
+        FrameKind::Hello,
+        options.personalize,
+        rank,
+        world_size,
+        blob,
+        options,
+        clock,
+        progress,
+    )
+    .map_err(|error| match unanswered(&error) {
+        Some(what) => Attempt::again(what.to_owned(), error),
+        None => Attempt::fail(error),
+    })
+}
+
+/// What rank 0 did to a connection before it sent anything, if it closed or
+/// reset it.
+fn turned_away(error: &ReadError) -> Option<String> {
+    match error {
+        ReadError::Eof => Some("closed the connection before answering".to_owned()),
+        ReadError::Io(source) if is_reset(source) => {
+            Some("reset the connection before answering".to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// Whether the hello round failed because rank 0 closed or reset the connection
+/// before answering, and how to say so.
+fn unanswered(error: &BootstrapError) -> Option<&'static str> {
+    match error {
+        BootstrapError::Io {
+            op: "send hello" | "table",
+            source,
+            ..
+        } if is_reset(source) => Some("reset the connection before answering"),
+        BootstrapError::Disconnected { .. } => Some("closed the connection before answering"),
+        _ => None,
+    }
+}
+
+fn is_reset(error: &io::Error) -> bool {
     matches!(
-        error,
-        BootstrapError::Io { op: "send hello" | "table", source, .. }
-            if matches!(
-                source.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-            )
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
     )
 }
 
@@ -145,18 +371,19 @@ pub(super) fn peer_round(
     clock: Clock,
     progress: &mut Progress,
 ) -> Result<Vec<Vec<u8>>> {
-    let frame = encode_frame(kind, options.job_id, rank, world_size, own).map_err(|source| {
-        BootstrapError::InvalidArgument {
+    let sealed = link
+        .seal
+        .seal(kind, options.job_id, rank, world_size, own)
+        .map_err(|source| BootstrapError::InvalidArgument {
             rank,
             reason: format!("cannot frame the blob: {source}"),
-        }
-    })?;
+        })?;
     let op = if kind == FrameKind::Hello {
         "send hello"
     } else {
         "send all-gather contribution"
     };
-    write_frame(&mut link.stream, &frame, options.io_timeout).map_err(|source| {
+    write_frame(&link.stream, &sealed, own, options.io_timeout).map_err(|source| {
         BootstrapError::Io {
             rank,
             peer: Some(0),
@@ -172,7 +399,8 @@ pub(super) fn peer_round(
     let limit = table_payload_limit(world_size, entry_limit).max(REJECT_REASON_MAX as u32);
     let addr = link.addr.clone();
     let (header, payload) = read_frame(
-        &mut link.stream,
+        &link.stream,
+        &mut link.seal,
         clock.deadline,
         clock.deadline,
         options.io_timeout,

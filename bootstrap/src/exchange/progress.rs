@@ -18,6 +18,7 @@ pub(super) struct Progress {
     start: Instant,
     total: Duration,
     last: Option<Instant>,
+    last_notice: Option<Instant>,
 }
 
 impl Progress {
@@ -27,6 +28,7 @@ impl Progress {
             start: clock.start,
             total,
             last: None,
+            last_notice: None,
         }
     }
 
@@ -62,6 +64,21 @@ impl Progress {
         if self.enabled {
             eprintln!("rverbs-bootstrap: {line}");
         }
+    }
+
+    /// Prints a line at once, unless another was printed this way less than
+    /// [`LOG_EVERY`] ago: for events that can repeat fast, such as retries.
+    pub(super) fn notice(&mut self, line: impl FnOnce() -> String) {
+        let now = Instant::now();
+        if !self.enabled
+            || self
+                .last_notice
+                .is_some_and(|last| now.saturating_duration_since(last) < LOG_EVERY)
+        {
+            return;
+        }
+        self.last_notice = Some(now);
+        eprintln!("rverbs-bootstrap: {}", line());
     }
 }
 

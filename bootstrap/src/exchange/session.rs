@@ -6,7 +6,7 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::{encode_frame, FrameKind};
+use crate::wire::{FrameKind, Seal};
 
 use super::frame_io::write_frame;
 
@@ -53,15 +53,17 @@ pub(super) enum Link {
     Alone,
     /// Entry `i` is rank `i + 1`.
     Root(Vec<PeerLink>),
-    Peer(PeerLink),
+    Peer(Box<PeerLink>),
 }
 
-/// One open connection and whom it leads to, for error messages.
+/// One open connection, whom it leads to (for error messages), and its MAC
+/// state, which every frame on it goes through.
 #[derive(Debug)]
 pub(super) struct PeerLink {
     pub(super) rank: u32,
     pub(super) addr: String,
     pub(super) stream: TcpStream,
+    pub(super) seal: Seal,
 }
 
 impl Session {
@@ -84,22 +86,17 @@ impl Session {
         if core::mem::replace(&mut self.said_goodbye, true) {
             return;
         }
-        let Ok(frame) = encode_frame(
-            FrameKind::Bye,
-            self.options.job_id,
-            self.rank,
-            self.world_size,
-            &[],
-        ) else {
-            return;
-        };
+        let (job_id, rank, world) = (self.options.job_id, self.rank, self.world_size);
         let links: Vec<&mut PeerLink> = match &mut self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers.iter_mut().collect(),
-            Link::Peer(link) => vec![link],
+            Link::Peer(link) => vec![&mut **link],
         };
         for link in links {
-            let _ = write_frame(&mut link.stream, &frame, GOODBYE_TIMEOUT);
+            // Sealed like every frame on the connection (a MAC when the job has a secret).
+            if let Ok(sealed) = link.seal.seal(FrameKind::Bye, job_id, rank, world, &[]) {
+                let _ = write_frame(&link.stream, &sealed, &[], GOODBYE_TIMEOUT);
+            }
         }
     }
 
@@ -197,7 +194,7 @@ impl Session {
         let links: Vec<&PeerLink> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers.iter().collect(),
-            Link::Peer(link) => vec![link],
+            Link::Peer(link) => vec![&**link],
         };
         let mut first_error = None;
         for link in links {

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use rverbs_std_shim::hangup::wait_for_hangup;
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::{decode_header, FrameKind, HEADER_LEN};
+use crate::wire::{decode_header, FrameKind, HEADER_LEN, MAC_LEN};
 
 use super::session::{Link, Session};
 
@@ -127,9 +127,15 @@ impl Session {
 fn said_goodbye(stream: &TcpStream) -> bool {
     let mut tail = vec![0u8; TAIL_LIMIT];
     let n = stream.peek(&mut tail).unwrap_or(0);
-    let Some(last) = n.checked_sub(HEADER_LEN).and_then(|at| tail.get(at..n)) else {
-        return false;
-    };
-    // A `Bye` has no payload, so it is the last header-sized piece of the stream.
-    decode_header(last).is_ok_and(|h| h.kind == FrameKind::Bye && h.payload_len == 0)
+    // A `Bye` has no payload: the stream ends with its header, or with its header and a MAC.
+    // (The MAC is not checked here: the watch does not hold the connection's MAC state, and a
+    // forged goodbye could only hide a failure, which RDMA timeouts still catch.)
+    [HEADER_LEN, HEADER_LEN + MAC_LEN].into_iter().any(|len| {
+        n.checked_sub(len)
+            .and_then(|at| tail.get(at..at + HEADER_LEN))
+            .and_then(|head| decode_header(head).ok())
+            .is_some_and(|h| {
+                h.kind == FrameKind::Bye && h.payload_len == 0 && h.mac == (len > HEADER_LEN)
+            })
+    })
 }

@@ -1,35 +1,55 @@
-//! The bootstrap frame format.
+//! The bootstrap frame format, the one place it is defined.
 //!
-//! Every frame is a fixed 28-byte little-endian header followed by a payload:
+//! Every frame is a fixed 28-byte little-endian header, a payload, and, when the
+//! header's MAC flag is set, a 32-byte MAC:
 //!
-//! | offset | size | field                                         |
-//! |-------:|-----:|-----------------------------------------------|
-//! | 0      | 4    | magic, the bytes `RVB1`                       |
-//! | 4      | 2    | version, `u16`, currently 1                   |
-//! | 6      | 1    | kind, see [`FrameKind`]                       |
-//! | 7      | 1    | reserved, must be 0                           |
-//! | 8      | 8    | job id, `u64`                                 |
-//! | 16     | 4    | sender rank, `u32`                            |
-//! | 20     | 4    | world size, `u32`                             |
-//! | 24     | 4    | payload length in bytes, `u32`                |
+//! | offset | size | field                                                   |
+//! |-------:|-----:|---------------------------------------------------------|
+//! | 0      | 4    | magic, the bytes `RVB1`                                 |
+//! | 4      | 2    | version, `u16`, currently 2                             |
+//! | 6      | 1    | kind, see [`FrameKind`]                                 |
+//! | 7      | 1    | flags: bit 0 ([`FLAG_MAC`]) a MAC follows; others 0     |
+//! | 8      | 8    | job id, `u64`                                           |
+//! | 16     | 4    | sender rank, `u32`                                      |
+//! | 20     | 4    | world size, `u32`                                       |
+//! | 24     | 4    | payload length in bytes, `u32`                          |
+//! | 28     | len  | payload                                                 |
+//! | 28+len | 32   | HMAC-SHA256, only with [`FLAG_MAC`]; see [`Seal`]       |
 //!
-//! Payloads by kind: `Hello` and `Sync` carry the sender's opaque bytes; `Reject`
-//! carries a UTF-8 reason (at most [`REJECT_REASON_MAX`] bytes); `Table` carries
-//! the table layout described at [`encode_table`]: one entry per rank, rank `i`'s
-//! blob in entry `i`, or, when the exchange is personalized (see
-//! [`Personalize`](crate::exchange::Personalize)), the part of rank `i`'s blob
-//! meant for the receiver, with the receiver's own entry empty.
+//! Each end opens a connection with a `Challenge` (its payload is
+//! [`CHALLENGE_LEN`] random bytes); then the connecting end sends its `Hello`
+//! or, in later rounds, `Sync`, and rank 0 answers with a `Table` or a `Reject`.
+//! With a job secret every frame of either end, of every kind, carries the MAC;
+//! without one, none does. [`Seal`] makes and checks them.
+//!
+//! Payloads by kind: `Challenge` carries the challenge; `Hello` and `Sync` carry
+//! the sender's opaque bytes; `Reject` carries a UTF-8 reason (at most
+//! [`REJECT_REASON_MAX`] bytes); `Table` carries the table layout described at
+//! [`encode_table`]: one entry per rank, rank `i`'s blob in entry `i`, or, when the
+//! exchange is personalized (see [`Personalize`](crate::exchange::Personalize)),
+//! the part of rank `i`'s blob meant for the receiver, with the receiver's own
+//! entry empty.
+//!
+//! Version 1 had no challenge and no MAC, and byte 7 was reserved; the version
+//! field keeps the two apart, so a rank of one version refuses the other with a
+//! message that names both.
 //!
 //! The decoders are total: they return a [`WireError`] for every malformed input
 //! and never panic, and they check every length against a limit before
 //! allocating, so they are safe to run on bytes from any socket (and from a fuzzer).
+
+mod mac;
+
+pub use self::mac::{End, Seal, Sealed, CHALLENGE_LEN, MAC_LEN};
 
 use core::fmt;
 
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"RVB1";
 /// The only protocol version this crate speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// Header flag: a [`MAC_LEN`]-byte MAC follows the payload.
+pub const FLAG_MAC: u8 = 1;
 /// Size of the fixed header in bytes.
 pub const HEADER_LEN: usize = 28;
 /// Absolute ceiling on any payload (1 GiB), whatever limit the caller passes.
@@ -52,6 +72,9 @@ pub enum FrameKind {
     Reject,
     /// A rank's contribution to a later all-gather round.
     Sync,
+    /// Each end's first frame on every connection: fresh random bytes that the
+    /// MAC of every later frame on that connection covers (see [`Seal`]).
+    Challenge,
     /// A rank closes its session on purpose (no payload): the connection closing after it is
     /// a goodbye, not a failure.
     Bye,
@@ -66,7 +89,8 @@ impl FrameKind {
             Self::Table => 2,
             Self::Reject => 3,
             Self::Sync => 4,
-            Self::Bye => 5,
+            Self::Challenge => 5,
+            Self::Bye => 6,
         }
     }
 
@@ -78,7 +102,8 @@ impl FrameKind {
             2 => Some(Self::Table),
             3 => Some(Self::Reject),
             4 => Some(Self::Sync),
-            5 => Some(Self::Bye),
+            5 => Some(Self::Challenge),
+            6 => Some(Self::Bye),
             _ => None,
         }
     }
@@ -97,6 +122,8 @@ pub struct Header {
     pub world_size: u32,
     /// Length of the payload that follows the header.
     pub payload_len: u32,
+    /// Whether a [`MAC_LEN`]-byte MAC follows the payload ([`FLAG_MAC`]).
+    pub mac: bool,
 }
 
 impl Header {
@@ -107,13 +134,30 @@ impl Header {
         out[0..4].copy_from_slice(&MAGIC);
         out[4..6].copy_from_slice(&VERSION.to_le_bytes());
         out[6] = self.kind.to_u8();
-        out[7] = 0;
+        out[7] = if self.mac { FLAG_MAC } else { 0 };
         out[8..16].copy_from_slice(&self.job_id.to_le_bytes());
         out[16..20].copy_from_slice(&self.sender.to_le_bytes());
         out[20..24].copy_from_slice(&self.world_size.to_le_bytes());
         out[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
         out
     }
+
+    /// Bytes of the whole frame this header opens: header, payload and MAC.
+    #[must_use]
+    pub fn frame_len(&self) -> usize {
+        HEADER_LEN + self.payload_len as usize + if self.mac { MAC_LEN } else { 0 }
+    }
+}
+
+/// One frame decoded from a buffer, borrowing its payload and MAC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The header.
+    pub header: Header,
+    /// The payload, `header.payload_len` bytes.
+    pub payload: &'a [u8],
+    /// The MAC, present if and only if `header.mac`. Not checked here: see [`Seal::open`].
+    pub mac: Option<&'a [u8; MAC_LEN]>,
 }
 
 /// Why bytes could not be decoded as a frame or table.
@@ -142,9 +186,9 @@ pub enum WireError {
         /// The kind byte received.
         found: u8,
     },
-    /// The reserved byte is not zero.
-    ReservedNonzero {
-        /// The reserved byte received.
+    /// The flags byte sets a bit this version does not define.
+    UnknownFlags {
+        /// The flags byte received.
         found: u8,
     },
     /// The payload length exceeds the limit in force.
@@ -203,6 +247,36 @@ pub enum WireError {
         /// Number of extra bytes.
         extra: usize,
     },
+    /// A `Challenge` whose payload is not [`CHALLENGE_LEN`] bytes.
+    ChallengeLength {
+        /// The payload length received.
+        len: u32,
+    },
+    /// An end's first frame on a connection is not its `Challenge`.
+    ChallengeExpected {
+        /// The kind that came instead.
+        found: FrameKind,
+    },
+    /// A `Challenge` after an end's first frame.
+    ChallengeRepeated,
+    /// The frame carries no MAC, but this end has a job secret.
+    MacMissing,
+    /// The frame carries a MAC, but this end has no job secret.
+    MacUnexpected,
+    /// The MAC does not match: the sender holds another job secret, or the frame
+    /// was altered, replayed or sent out of order.
+    MacMismatch,
+}
+
+impl WireError {
+    /// Whether this is a verdict on the frame's MAC (the job secret), not its shape.
+    #[must_use]
+    pub fn is_auth(&self) -> bool {
+        matches!(
+            self,
+            Self::MacMissing | Self::MacUnexpected | Self::MacMismatch
+        )
+    }
 }
 
 impl fmt::Display for WireError {
@@ -220,8 +294,8 @@ impl fmt::Display for WireError {
                 "unsupported protocol version {found} (this build speaks version {VERSION})"
             ),
             Self::UnknownKind { found } => write!(f, "unknown frame kind {found}"),
-            Self::ReservedNonzero { found } => {
-                write!(f, "reserved header byte is {found}, expected 0")
+            Self::UnknownFlags { found } => {
+                write!(f, "unknown header flags {found:#04x} (this build knows only {FLAG_MAC:#04x}, the MAC)")
             }
             Self::PayloadTooLarge { len, limit } => {
                 write!(f, "payload of {len} bytes exceeds the limit of {limit} bytes")
@@ -253,6 +327,23 @@ impl fmt::Display for WireError {
             Self::TableTrailingBytes { extra } => {
                 write!(f, "{extra} bytes follow the last table entry")
             }
+            Self::ChallengeLength { len } => write!(
+                f,
+                "challenge of {len} bytes, expected {CHALLENGE_LEN}"
+            ),
+            Self::ChallengeExpected { found } => write!(
+                f,
+                "expected a Challenge as the first frame, got {found:?} (an rverbs-bootstrap older than protocol version 2?)"
+            ),
+            Self::ChallengeRepeated => write!(f, "a second Challenge on one connection"),
+            Self::MacMissing => write!(f, "frame carries no MAC, but this end has a job secret"),
+            Self::MacUnexpected => {
+                write!(f, "frame carries a MAC, but this end has no job secret")
+            }
+            Self::MacMismatch => write!(
+                f,
+                "MAC mismatch: wrong job secret (or the frame was altered, replayed or reordered)"
+            ),
         }
     }
 }
@@ -265,7 +356,7 @@ impl core::error::Error for WireError {}
 ///
 /// # Errors
 /// Any [`WireError`] that describes a header: truncated input, bad magic,
-/// unknown version or kind, nonzero reserved byte, oversized payload.
+/// unknown version, kind or flags, oversized payload.
 pub fn decode_header(bytes: &[u8]) -> Result<Header, WireError> {
     decode_header_with_limit(bytes, MAX_PAYLOAD)
 }
@@ -291,8 +382,8 @@ pub fn decode_header_with_limit(bytes: &[u8], payload_limit: u32) -> Result<Head
         return Err(WireError::UnsupportedVersion { found: version });
     }
     let kind = FrameKind::from_u8(head[6]).ok_or(WireError::UnknownKind { found: head[6] })?;
-    if head[7] != 0 {
-        return Err(WireError::ReservedNonzero { found: head[7] });
+    if head[7] & !FLAG_MAC != 0 {
+        return Err(WireError::UnknownFlags { found: head[7] });
     }
     let job_id = u64::from_le_bytes([
         head[8], head[9], head[10], head[11], head[12], head[13], head[14], head[15],
@@ -313,10 +404,68 @@ pub fn decode_header_with_limit(bytes: &[u8], payload_limit: u32) -> Result<Head
         sender,
         world_size,
         payload_len,
+        mac: head[7] & FLAG_MAC != 0,
     })
 }
 
-/// Builds a complete frame (header and payload) in one buffer.
+/// Decodes the frame at the start of `bytes` (header, payload and MAC, if any),
+/// accepting payloads up to `payload_limit` bytes; bytes after it are ignored.
+/// The MAC is split off, not checked: [`Seal::open`] does that.
+///
+/// # Errors
+/// As [`decode_header_with_limit`], and [`WireError::Truncated`] if the frame
+/// is cut off.
+pub fn decode_frame(bytes: &[u8], payload_limit: u32) -> Result<Frame<'_>, WireError> {
+    let header = decode_header_with_limit(bytes, payload_limit)?;
+    let needed = header.frame_len();
+    if bytes.len() < needed {
+        return Err(WireError::Truncated {
+            needed,
+            got: bytes.len(),
+        });
+    }
+    let end = HEADER_LEN + header.payload_len as usize;
+    let payload = &bytes[HEADER_LEN..end];
+    let mac = if header.mac {
+        bytes[end..end + MAC_LEN].try_into().ok()
+    } else {
+        None
+    };
+    Ok(Frame {
+        header,
+        payload,
+        mac,
+    })
+}
+
+/// The header of a frame of `payload` without a MAC.
+///
+/// # Errors
+/// [`WireError::PayloadUnencodable`] if `payload` is longer than [`MAX_PAYLOAD`].
+pub fn frame_header(
+    kind: FrameKind,
+    job_id: u64,
+    sender: u32,
+    world_size: u32,
+    payload: &[u8],
+) -> Result<Header, WireError> {
+    let payload_len = u32::try_from(payload.len())
+        .ok()
+        .filter(|len| *len <= MAX_PAYLOAD)
+        .ok_or(WireError::PayloadUnencodable { len: payload.len() })?;
+    Ok(Header {
+        kind,
+        job_id,
+        sender,
+        world_size,
+        payload_len,
+        mac: false,
+    })
+}
+
+/// Builds a complete frame without a MAC (header and payload) in one buffer.
+/// On a connection, frames go through a [`Seal`], which adds the MAC when
+/// there is a job secret and counts the frame.
 ///
 /// # Errors
 /// [`WireError::PayloadUnencodable`] if `payload` is longer than [`MAX_PAYLOAD`].
@@ -327,17 +476,7 @@ pub fn encode_frame(
     world_size: u32,
     payload: &[u8],
 ) -> Result<Vec<u8>, WireError> {
-    let payload_len = u32::try_from(payload.len())
-        .ok()
-        .filter(|len| *len <= MAX_PAYLOAD)
-        .ok_or(WireError::PayloadUnencodable { len: payload.len() })?;
-    let header = Header {
-        kind,
-        job_id,
-        sender,
-        world_size,
-        payload_len,
-    };
+    let header = frame_header(kind, job_id, sender, world_size, payload)?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&header.encode());
     out.extend_from_slice(payload);

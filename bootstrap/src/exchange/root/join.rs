@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use crate::error::{BootstrapError, Result};
 use crate::exchange::clock::Clock;
+use crate::exchange::frame_io::ReadError;
 use crate::exchange::progress::Progress;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
 
-use super::hello::{Arrival, HelloReaders};
-use super::{answer_join, reject_frame, send_reject};
+use super::hello::{Arrival, Claimed, HelloReaders};
+use super::{answer_join, send_reject};
 
 /// How long rank 0 sleeps between accept attempts when nothing happens.
 const POLL: Duration = Duration::from_millis(5);
@@ -23,6 +24,10 @@ const POLL: Duration = Duration::from_millis(5);
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// Rejections remembered for the final error message.
 const MAX_NOTES: usize = 8;
+/// Connections accepted in one pass before the arrivals are looked at, so a
+/// flood that never lets the listen queue run empty cannot starve real ranks'
+/// hellos (or the deadline check) of attention.
+const ACCEPT_BATCH: usize = 64;
 
 /// Rank 0's side of the initial exchange.
 pub(in crate::exchange) fn root_join(
@@ -46,16 +51,17 @@ pub(in crate::exchange) fn root_join(
             source,
         })?;
 
-    let readers = HelloReaders::new(world_size, options);
+    let mut readers = HelloReaders::new(world_size, options);
     let mut lobby = Lobby::new(world_size);
     let mut last_liveness = Instant::now();
     while lobby.waiting() {
         if Instant::now() >= clock.deadline {
+            readers.close_all();
             return Err(lobby.give_up(options, clock));
         }
-        lobby.accept_backlog(listener, &readers, options, clock, progress);
+        lobby.accept_backlog(listener, &mut readers, options, clock, progress);
         for arrival in readers.arrivals(POLL) {
-            lobby.admit(arrival, options, progress);
+            lobby.admit(&mut readers, arrival, options, progress);
         }
         if last_liveness.elapsed() >= LIVENESS_EVERY {
             last_liveness = Instant::now();
@@ -63,6 +69,7 @@ pub(in crate::exchange) fn root_join(
         }
         progress.tick(|| format!("rank 0 waiting for ranks {:?}", lobby.missing()));
     }
+    readers.close_all();
 
     let (mut peers, blobs) = lobby.into_table(blob);
     let table = answer_join(&mut peers, world_size, blobs, options)?;
@@ -100,32 +107,33 @@ impl Lobby {
             .collect()
     }
 
-    /// Hands every connection waiting on the listener to a hello reader.
+    /// Hands the connections waiting on the listener (at most [`ACCEPT_BATCH`])
+    /// to hello readers, closing the oldest unidentified connections to make room.
     fn accept_backlog(
         &mut self,
         listener: &TcpListener,
-        readers: &HelloReaders,
+        readers: &mut HelloReaders,
         options: &ExchangeOptions,
         clock: Clock,
-        progress: &Progress,
+        progress: &mut Progress,
     ) {
-        loop {
+        for _ in 0..ACCEPT_BATCH {
             match listener.accept() {
-                Ok((stream, addr)) if readers.full() => {
-                    // A flood of connections must not exhaust threads; real
-                    // peers are few and quick, so only strangers lose here.
-                    drop(stream);
-                    self.refusals.remember(
-                        format!("dropped a connection from {addr}: too many connections in flight"),
-                        progress,
-                    );
-                }
                 Ok((stream, addr)) => {
-                    if let Err(error) = readers.spawn(stream, addr, options, clock) {
+                    let (closed, started) =
+                        readers.start(stream, addr, Instant::now(), options, clock);
+                    if let Some(closed) = closed {
                         self.refusals.remember(
                             format!(
-                                "dropped a connection from {addr}: cannot start reader: {error}"
+                                "closed the connection from {} after {:.1?} without a hello, to make room for one from {addr}: {}",
+                                closed.addr, closed.age, closed.crowded
                             ),
+                            progress,
+                        );
+                    }
+                    if let Err(reason) = started {
+                        self.refusals.remember(
+                            format!("dropped a connection from {addr}: {reason}"),
                             progress,
                         );
                     }
@@ -140,14 +148,25 @@ impl Lobby {
 
     /// Seats the sender of a good hello in its rank's slot; refuses anything
     /// else with a `Reject` frame saying why.
-    fn admit(&mut self, arrival: Arrival, options: &ExchangeOptions, progress: &Progress) {
-        let Arrival {
-            mut stream,
+    fn admit(
+        &mut self,
+        readers: &mut HelloReaders,
+        arrival: Arrival,
+        options: &ExchangeOptions,
+        progress: &mut Progress,
+    ) {
+        // A connection closed to make room was logged then.
+        let Some(Claimed {
+            stream,
             addr,
+            mut seal,
             outcome,
-        } = arrival;
+        }) = readers.claim(arrival)
+        else {
+            return;
+        };
         let verdict = match outcome {
-            Err(error) => Err(error.describe()),
+            Err(error) => Err(hello_failure(&error, options)),
             Ok((header, payload)) => check_hello(&header, &self.joined, self.world_size, options)
                 .and_then(|()| check_blob(header.sender, self.world_size, &payload, options))
                 .map(|()| (header.sender, payload)),
@@ -159,14 +178,14 @@ impl Lobby {
                         rank,
                         addr: addr.to_string(),
                         stream,
+                        seal,
                     },
                     payload,
                 ));
                 self.count += 1;
             }
             Err(reason) => {
-                let frame = reject_frame(options.job_id, self.world_size, &reason);
-                send_reject(&mut stream, &frame, options);
+                send_reject(&stream, &mut seal, self.world_size, &reason, options);
                 self.refusals
                     .remember(format!("refused {addr}: {reason}"), progress);
             }
@@ -175,7 +194,7 @@ impl Lobby {
 
     /// Empties the slots of joined peers that have closed their end, so the
     /// rank can join again instead of getting a table over a dead connection.
-    fn forget_lost(&mut self, progress: &Progress) {
+    fn forget_lost(&mut self, progress: &mut Progress) {
         for slot in &mut self.joined {
             if slot
                 .as_ref()
@@ -203,9 +222,14 @@ impl Lobby {
             "rendezvous timed out after {:.1?} waiting for ranks {missing:?}",
             clock.waited()
         );
-        let frame = reject_frame(options.job_id, self.world_size, &reason);
         for (link, _) in self.joined.iter_mut().flatten() {
-            send_reject(&mut link.stream, &frame, options);
+            send_reject(
+                &link.stream,
+                &mut link.seal,
+                self.world_size,
+                &reason,
+                options,
+            );
         }
         BootstrapError::Timeout {
             rank: 0,
@@ -237,11 +261,18 @@ struct Refusals {
 }
 
 impl Refusals {
-    fn remember(&mut self, line: String, progress: &Progress) {
-        progress.note(&format!("rank 0 {line}"));
+    /// Counts a refusal; prints and keeps the first [`MAX_NOTES`], then prints
+    /// one now and then, so a flood of strangers does not flood stderr too.
+    fn remember(&mut self, line: String, progress: &mut Progress) {
         self.count += 1;
         if self.notes.len() < MAX_NOTES {
+            progress.note(&format!("rank 0 {line}"));
             self.notes.push(line);
+        } else {
+            let count = self.count;
+            progress.notice(|| {
+                format!("rank 0 {line} ({count} connections refused or closed so far; not every one is shown)")
+            });
         }
     }
 
@@ -256,6 +287,18 @@ impl Refusals {
                 self.notes.join("; ")
             )
         }
+    }
+}
+
+/// Why a connection's hello could not be read, as rank 0 tells the client.
+fn hello_failure(error: &ReadError, options: &ExchangeOptions) -> String {
+    match error {
+        ReadError::Timeout => format!(
+            "sent no complete hello within {:.1?} of being accepted",
+            options.io_timeout
+        ),
+        ReadError::Eof => "closed the connection before its hello was complete".to_owned(),
+        other => other.describe(),
     }
 }
 

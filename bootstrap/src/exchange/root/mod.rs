@@ -3,6 +3,7 @@
 
 mod hello;
 mod join;
+mod pending;
 mod round;
 
 use core::time::Duration;
@@ -14,8 +15,8 @@ use crate::exchange::personalize::Personalize;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{
-    encode_frame, encode_table, encode_table_with, table_payload_limit, FrameKind, WireError,
-    MAX_PAYLOAD, REJECT_REASON_MAX,
+    encode_table, encode_table_with, table_payload_limit, FrameKind, Seal, WireError, MAX_PAYLOAD,
+    REJECT_REASON_MAX,
 };
 
 pub(super) use self::join::root_join;
@@ -36,9 +37,8 @@ fn answer_join(
     // One table at a time, so rank 0 holds the blobs and a single O(N) table,
     // never all N of them.
     for peer in peers.iter_mut() {
-        let payload = personal_table(p, peer.rank, world_size, &blobs);
-        let frame = table_frame(payload, world_size, options)?;
-        send_frame(peer, &frame, options)?;
+        let payload = table_payload(personal_table(p, peer.rank, world_size, &blobs))?;
+        send_table_frame(peer, &payload, world_size, options)?;
     }
     let mut own = Vec::with_capacity(blobs.len());
     for (from, blob) in (0u32..).zip(&blobs) {
@@ -76,62 +76,72 @@ fn send_table(
     blobs: &[Vec<u8>],
     options: &ExchangeOptions,
 ) -> Result<()> {
-    let frame = table_frame(encode_table(blobs), world_size, options)?;
+    // One payload for all; each frame's header and MAC are the peer's own.
+    let payload = table_payload(encode_table(blobs))?;
     for peer in peers {
-        send_frame(peer, &frame, options)?;
+        send_table_frame(peer, &payload, world_size, options)?;
     }
     Ok(())
 }
 
-fn table_frame(
-    payload: core::result::Result<Vec<u8>, WireError>,
-    world_size: u32,
-    options: &ExchangeOptions,
-) -> Result<Vec<u8>> {
-    let payload = payload.map_err(|source| BootstrapError::InvalidArgument {
+fn table_payload(payload: core::result::Result<Vec<u8>, WireError>) -> Result<Vec<u8>> {
+    payload.map_err(|source| BootstrapError::InvalidArgument {
         rank: 0,
         reason: format!("cannot encode the table: {source}"),
-    })?;
-    encode_frame(FrameKind::Table, options.job_id, 0, world_size, &payload).map_err(|source| {
-        BootstrapError::InvalidArgument {
+    })
+}
+
+fn send_table_frame(
+    peer: &mut PeerLink,
+    payload: &[u8],
+    world_size: u32,
+    options: &ExchangeOptions,
+) -> Result<()> {
+    let sealed = peer
+        .seal
+        .seal(FrameKind::Table, options.job_id, 0, world_size, payload)
+        .map_err(|source| BootstrapError::InvalidArgument {
             rank: 0,
             reason: format!("cannot frame the table: {source}"),
+        })?;
+    write_frame(&peer.stream, &sealed, payload, options.io_timeout).map_err(|source| {
+        BootstrapError::Io {
+            rank: 0,
+            peer: Some(peer.rank),
+            addr: peer.addr.clone(),
+            op: "send table",
+            source,
         }
     })
 }
 
-fn send_frame(peer: &mut PeerLink, frame: &[u8], options: &ExchangeOptions) -> Result<()> {
-    write_frame(&mut peer.stream, frame, options.io_timeout).map_err(|source| BootstrapError::Io {
-        rank: 0,
-        peer: Some(peer.rank),
-        addr: peer.addr.clone(),
-        op: "send table",
-        source,
-    })
-}
-
-fn reject_frame(job_id: u64, world_size: u32, reason: &str) -> Vec<u8> {
+/// `reason` cut to at most [`REJECT_REASON_MAX`] bytes, at a char boundary.
+fn reject_payload(reason: &str) -> &[u8] {
     let mut cut = reason.len().min(REJECT_REASON_MAX);
     while !reason.is_char_boundary(cut) {
         cut -= 1;
     }
-    encode_frame(
-        FrameKind::Reject,
-        job_id,
-        0,
-        world_size,
-        &reason.as_bytes()[..cut],
-    )
-    .expect("a reject reason is far below the frame limit")
+    &reason.as_bytes()[..cut]
 }
 
-/// Best effort: the connection is dropped right after, whatever happens here.
-fn send_reject(stream: &mut TcpStream, frame: &[u8], options: &ExchangeOptions) {
-    let _ = write_frame(
-        stream,
-        frame,
-        options.io_timeout.min(Duration::from_secs(1)),
-    );
+/// Sends a `Reject` saying `reason`, sealed for this connection. Best effort:
+/// the connection is dropped right after, whatever happens here.
+fn send_reject(
+    stream: &TcpStream,
+    seal: &mut Seal,
+    world_size: u32,
+    reason: &str,
+    options: &ExchangeOptions,
+) {
+    let payload = reject_payload(reason);
+    if let Ok(sealed) = seal.seal(FrameKind::Reject, options.job_id, 0, world_size, payload) {
+        let _ = write_frame(
+            stream,
+            &sealed,
+            payload,
+            options.io_timeout.min(Duration::from_secs(1)),
+        );
+    }
 }
 
 /// The largest `Hello` payload rank 0 reads in a world of `world_size`.
@@ -147,13 +157,11 @@ fn round_limit(options: &ExchangeOptions) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::HEADER_LEN;
 
     #[test]
     fn reject_reasons_are_cut_at_a_char_boundary() {
         let reason = "é".repeat(REJECT_REASON_MAX);
-        let frame = reject_frame(7, 2, &reason);
-        let payload = &frame[HEADER_LEN..];
+        let payload = reject_payload(&reason);
         assert!(payload.len() <= REJECT_REASON_MAX);
         assert!(core::str::from_utf8(payload).is_ok());
     }

@@ -11,7 +11,7 @@ use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
 
-use super::{reject_frame, round_limit, send_reject, send_table};
+use super::{round_limit, send_reject, send_table};
 
 /// What reading one peer's contribution came to.
 type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
@@ -59,7 +59,8 @@ fn read_contributions(
                 .name("rverbs-bootstrap-sync".to_owned())
                 .spawn_scoped(scope, move || {
                     let outcome = read_frame(
-                        &mut peer.stream,
+                        &peer.stream,
+                        &mut peer.seal,
                         clock.deadline,
                         clock.deadline,
                         stall,
@@ -173,12 +174,8 @@ fn abort(
     error: &BootstrapError,
     options: &ExchangeOptions,
 ) {
-    let frame = reject_frame(
-        options.job_id,
-        world_size,
-        &format!("all-gather aborted by rank 0: {error}"),
-    );
+    let reason = format!("all-gather aborted by rank 0: {error}");
     for peer in peers.iter_mut() {
-        send_reject(&mut peer.stream, &frame, options);
+        send_reject(&peer.stream, &mut peer.seal, world_size, &reason, options);
     }
 }
