@@ -15,30 +15,47 @@ const HALF_CLOSED: libc::c_short = libc::POLLRDHUP;
 #[cfg(not(target_os = "linux"))]
 const HALF_CLOSED: libc::c_short = 0;
 
+/// Room for the descriptors one [`wait_for_hangup`] call polls, reused from call to call so
+/// that a watch that runs for weeks does not allocate.
+#[derive(Debug, Default)]
+pub struct PollSet {
+    polled: Vec<libc::pollfd>,
+}
+
+impl PollSet {
+    /// Room for `n` descriptors (more grow it on first use).
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            polled: Vec::with_capacity(n),
+        }
+    }
+}
+
 /// Waits at most `timeout` until the peer of at least one of `fds` hung up (shut down its
 /// writing side, reset the connection, or the socket failed), and sets `hung_up[i]` for each
-/// such `fds[i]` (other entries are left as they are). Returns how many hung up. Unread data
-/// does not count: only the hang-up does (`POLLRDHUP`, `POLLHUP`, `POLLERR`).
+/// such `i`-th descriptor (other entries are left as they are). Returns how many hung up.
+/// Unread data does not count: only the hang-up does (`POLLRDHUP`, `POLLHUP`, `POLLERR`).
+/// Does not allocate once `set` has room for `fds`.
 ///
 /// # Errors
 /// `poll(2)`'s error, other than an interrupted call (which returns `Ok(0)`).
 ///
 /// # Panics
 /// If `hung_up` is shorter than `fds`.
-pub fn wait_for_hangup(
-    fds: &[BorrowedFd<'_>],
+pub fn wait_for_hangup<'a>(
+    set: &mut PollSet,
+    fds: impl IntoIterator<Item = BorrowedFd<'a>>,
     timeout: Duration,
     hung_up: &mut [bool],
 ) -> io::Result<usize> {
-    assert!(hung_up.len() >= fds.len(), "one flag per descriptor");
-    let mut polled: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|fd| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: HALF_CLOSED,
-            revents: 0,
-        })
-        .collect();
+    let polled = &mut set.polled;
+    polled.clear();
+    polled.extend(fds.into_iter().map(|fd| libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: HALF_CLOSED,
+        revents: 0,
+    }));
+    assert!(hung_up.len() >= polled.len(), "one flag per descriptor");
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: `polled` is a valid array of `polled.len()` pollfd entries for the whole call,
     // and every descriptor in it is borrowed (open) for the call's duration.
@@ -74,16 +91,23 @@ mod tests {
         let (c, d) = UnixStream::pair().unwrap();
         a.write_all(b"unread").unwrap();
         let mut flags = [false; 2];
+        let mut set = PollSet::with_capacity(2);
         let n = wait_for_hangup(
-            &[b.as_fd(), c.as_fd()],
+            &mut set,
+            [b.as_fd(), c.as_fd()],
             Duration::from_millis(20),
             &mut flags,
         )
         .unwrap();
         assert_eq!((n, flags), (0, [false, false]));
         drop(d);
-        let n =
-            wait_for_hangup(&[b.as_fd(), c.as_fd()], Duration::from_secs(5), &mut flags).unwrap();
+        let n = wait_for_hangup(
+            &mut set,
+            [b.as_fd(), c.as_fd()],
+            Duration::from_secs(5),
+            &mut flags,
+        )
+        .unwrap();
         assert_eq!((n, flags), (1, [false, true]));
         drop(a);
     }

@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rverbs_std_shim::hangup::wait_for_hangup;
+use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
 use crate::error::{BootstrapError, Result};
 use crate::wire::{decode_header, FrameKind, HEADER_LEN, MAC_LEN};
@@ -79,11 +79,13 @@ impl Session {
             .name(format!("rverbs-watch-{}", self.rank()))
             .spawn(move || {
                 let mut hung = vec![false; watched.len()];
+                let mut set = PollSet::with_capacity(watched.len());
                 let ending = || flag.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
                 while !ending() && !watched.is_empty() {
-                    let fds: Vec<_> = watched.iter().map(|(_, s)| s.as_fd()).collect();
                     hung.fill(false);
-                    match wait_for_hangup(&fds, TICK, &mut hung) {
+                    let fds = watched.iter().map(|(_, s)| s.as_fd());
+                    // No allocation per tick: the watch runs beside a node that must not.
+                    match wait_for_hangup(&mut set, fds, TICK, &mut hung) {
                         Ok(0) => continue,
                         Ok(_) => {}
                         // A failing poll(2) is not a rank's failure: try again next tick.
@@ -92,7 +94,6 @@ impl Session {
                             continue;
                         }
                     }
-                    drop(fds);
                     if ending() {
                         break;
                     }
