@@ -67,14 +67,19 @@
 //! hello-reader threads rank 0 left on stalled clients, which end by their
 //! own deadline and close those sockets.
 
-#![forbid(unsafe_code)]
+// Only `pmix::ffi`, the libpmix binding of the `pmix` feature, allows it.
+#![deny(unsafe_code)]
 
 pub mod config;
 #[cfg(feature = "verbs")]
 pub mod connect;
 pub mod error;
 pub mod exchange;
+#[cfg(feature = "verbs")]
+mod launch;
 pub mod launcher;
+mod oob;
+pub mod pmix;
 pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
@@ -84,5 +89,8 @@ pub use error::{BootstrapError, Result};
 pub use exchange::{
     exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
 };
+#[cfg(feature = "verbs")]
+pub use launch::{connect_launch, HostDevice, Launch, DEVICE_VAR};
 pub use launcher::{LaunchInfo, LaunchSource};
+pub use oob::OutOfBand;
 pub use wire::WireError;
