@@ -4,16 +4,18 @@
 //! the library's own; bindgen's layout tests check it against clang's view of the header.
 //! Without the feature this script does nothing.
 
-use std::env;
-use std::path::PathBuf;
-use std::process::Command;
+#[cfg(feature = "pmix")]
+use std::{env, path::PathBuf, process::Command};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    #[cfg(feature = "pmix")]
+    pmix();
+}
+
+#[cfg(feature = "pmix")]
+fn pmix() {
     println!("cargo:rerun-if-env-changed=RVERBS_PMIX_DIR");
-    if env::var_os("CARGO_FEATURE_PMIX").is_none() {
-        return;
-    }
     let (include_dirs, lib_dirs) = locate();
     for dir in &lib_dirs {
         println!("cargo:rustc-link-search=native={}", dir.display());
@@ -52,6 +54,7 @@ fn main() {
         .expect("feature `pmix`: cannot write the bindings");
 }
 
+#[cfg(feature = "pmix")]
 /// Include and library directories: `RVERBS_PMIX_DIR` (a prefix with `include/` and
 /// `lib/`), else pkg-config's answer for `pmix`, else Debian's location.
 fn locate() -> (Vec<PathBuf>, Vec<PathBuf>) {

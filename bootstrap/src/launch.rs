@@ -1,8 +1,6 @@
 //! How a rank finds its world: a cluster file and a rank, or the launcher's PMIx server and
 //! the host's own RDMA device.
 
-use rverbs_core::verbs::{Context, DeviceList, VerbsError};
-
 use crate::config::ClusterConfig;
 use crate::connect::{connect, ConnectOptions, Connected};
 use crate::error::{BootstrapError, Result};
@@ -146,59 +144,13 @@ pub fn connect_launch(launch: &Launch<'_>, opts: &ConnectOptions) -> Result<Conn
     }
 }
 
-/// The device and port a rank without a cluster file uses: `wanted`'s first active port, or
-/// the first device with an active port. Devices that cannot be opened or queried count as
-/// having none; the error lists what each one had.
-pub(crate) fn choose_device(rank: u32, wanted: Option<&str>) -> Result<(String, u8)> {
-    let list = DeviceList::new().map_err(|e| BootstrapError::NoActiveDevice {
-        rank,
-        wanted: wanted.map(str::to_owned),
-        checked: vec![format!("listing devices failed: {e}")],
-    })?;
-    let mut checked = Vec::new();
-    for device in list.iter() {
-        let name = device.name();
-        if wanted.is_some_and(|w| w != name) {
-            continue;
-        }
-        match device.open() {
-            Ok(ctx) => match first_active_port(&ctx) {
-                Ok(Some(port)) => return Ok((name.to_owned(), port)),
-                Ok(None) => checked.push(format!("{name}: no active port")),
-                Err(e) => checked.push(format!("{name}: {e}")),
-            },
-            Err(e) => checked.push(format!("{name}: cannot open: {e}")),
-        }
-    }
-    if checked.is_empty() {
-        let present: Vec<&str> = list.iter().map(|d| d.name()).collect();
-        checked.push(match wanted {
-            Some(w) => format!("{w}: not present (present: {present:?})"),
-            None => "no RDMA devices".to_owned(),
-        });
-    }
-    Err(BootstrapError::NoActiveDevice {
-        rank,
-        wanted: wanted.map(str::to_owned),
-        checked,
-    })
-}
-
-fn first_active_port(ctx: &Context) -> core::result::Result<Option<u8>, VerbsError> {
-    let ports = ctx.query_device()?.phys_port_cnt;
-    for port in 1..=ports {
-        if ctx.query_port(port)?.active {
-            return Ok(Some(port));
-        }
-    }
-    Ok(None)
-}
-
 #[cfg(feature = "pmix")]
 mod pmix_start {
-    use super::{choose_device, HostDevice};
+    use rverbs_core::verbs::{Context, DeviceList, VerbsError};
+
+    use super::HostDevice;
     use crate::connect::{establish, ConnectOptions, Connected, Placement};
-    use crate::error::Result;
+    use crate::error::{BootstrapError, Result};
     use crate::oob::OutOfBand;
     use crate::pmix::PmixSession;
 
@@ -241,5 +193,53 @@ mod pmix_start {
         }
         #[cfg(not(target_os = "linux"))]
         let _ = (rank, device, local_rank, say);
+    }
+
+    /// The device and port a rank without a cluster file uses: `wanted`'s first active port, or
+    /// the first device with an active port. Devices that cannot be opened or queried count as
+    /// having none; the error lists what each one had.
+    fn choose_device(rank: u32, wanted: Option<&str>) -> Result<(String, u8)> {
+        let list = DeviceList::new().map_err(|e| BootstrapError::NoActiveDevice {
+            rank,
+            wanted: wanted.map(str::to_owned),
+            checked: vec![format!("listing devices failed: {e}")],
+        })?;
+        let mut checked = Vec::new();
+        for device in list.iter() {
+            let name = device.name();
+            if wanted.is_some_and(|w| w != name) {
+                continue;
+            }
+            match device.open() {
+                Ok(ctx) => match first_active_port(&ctx) {
+                    Ok(Some(port)) => return Ok((name.to_owned(), port)),
+                    Ok(None) => checked.push(format!("{name}: no active port")),
+                    Err(e) => checked.push(format!("{name}: {e}")),
+                },
+                Err(e) => checked.push(format!("{name}: cannot open: {e}")),
+            }
+        }
+        if checked.is_empty() {
+            let present: Vec<&str> = list.iter().map(|d| d.name()).collect();
+            checked.push(match wanted {
+                Some(w) => format!("{w}: not present (present: {present:?})"),
+                None => "no RDMA devices".to_owned(),
+            });
+        }
+        Err(BootstrapError::NoActiveDevice {
+            rank,
+            wanted: wanted.map(str::to_owned),
+            checked,
+        })
+    }
+
+    fn first_active_port(ctx: &Context) -> core::result::Result<Option<u8>, VerbsError> {
+        let ports = ctx.query_device()?.phys_port_cnt;
+        for port in 1..=ports {
+            if ctx.query_port(port)?.active {
+                return Ok(Some(port));
+            }
+        }
+        Ok(None)
     }
 }

@@ -87,7 +87,9 @@ pub(crate) fn library_version() -> String {
 /// `PMIx_Finalize` (libpmix counts initializations, so a program that also calls `PMIx_Init`
 /// itself, such as an MPI library, keeps its own).
 pub(crate) struct Client {
-    me: sys::pmix_proc_t,
+    /// Boxed: 260 bytes that every get copies anyway, and the sessions that hold a client
+    /// stay small.
+    me: Box<sys::pmix_proc_t>,
 }
 
 // SAFETY: the client state lives in libpmix, whose client API is thread safe (every call is
@@ -157,9 +159,8 @@ impl Client {
         // no info array is passed.
         Status::check(unsafe { sys::PMIx_Init(me.as_mut_ptr(), ptr::null_mut(), 0) })?;
         // SAFETY: zeroed is a valid pmix_proc_t, and PMIx_Init succeeded and filled it in.
-        Ok(Self {
-            me: unsafe { me.assume_init() },
-        })
+        let me = unsafe { me.assume_init() };
+        Ok(Self { me: Box::new(me) })
     }
 
     /// This process's rank in its namespace.
@@ -220,7 +221,7 @@ impl Client {
     }
 
     fn get(&self, rank: u32, key: &CStr, timeout_secs: Option<i32>) -> Result<Value, Status> {
-        let mut proc_ = self.me;
+        let mut proc_ = *self.me;
         proc_.rank = rank;
         let info: Vec<sys::pmix_info_t> = timeout_secs
             .map(|secs| info_int(sys::PMIX_TIMEOUT, secs))
@@ -278,9 +279,10 @@ impl Client {
         let value = self.get(rank.unwrap_or(RANK_WILDCARD), key, None)?;
         // SAFETY: `value.0` is a valid value returned by PMIx_Get, alive until `value` drops.
         let v = unsafe { &*value.0 };
-        // SAFETY (both arms): the type tag says which union member is live.
         Ok(match u32::from(v.type_) {
+            // SAFETY: the type tag says the union holds a uint32.
             sys::PMIX_UINT32 => Some(unsafe { v.data.uint32 }),
+            // SAFETY: the type tag says the union holds a uint16.
             sys::PMIX_UINT16 => Some(u32::from(unsafe { v.data.uint16 })),
             _ => None,
         })
