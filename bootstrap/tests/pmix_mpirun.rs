@@ -19,13 +19,27 @@ use rverbs_core::wire::node::{node_blob_len, NodeBlob};
 use rverbs_core::wire::Endpoint;
 
 const SCENARIO: &str = "RVERBS_PMIX_SCENARIO";
+/// A directory where each rank that passed leaves a file named after its rank.
+const PASSED_DIR: &str = "RVERBS_PMIX_PASSED_DIR";
 
-/// Runs `world` ranks of `scenario` under mpirun; `None` (after saying so) when mpirun is
-/// missing and `RVERBS_NO_MPIRUN` allows skipping.
-fn mpirun(world: u32, scenario: &str) -> Option<(Output, Duration)> {
+/// How long one mpirun world may take before coreutils' `timeout` ends it.
+const WORLD_LIMIT_SECS: u32 = 180;
+
+/// Runs `world` ranks of `scenario` under mpirun (bounded by [`WORLD_LIMIT_SECS`]); `None`
+/// (after saying so) when mpirun is missing and `RVERBS_NO_MPIRUN` allows skipping.
+fn mpirun(world: u32, scenario: &str, passed: &std::path::Path) -> Option<(Output, Duration)> {
+    if let Err(e) = Command::new("mpirun").arg("--version").output() {
+        assert!(
+            std::env::var_os("RVERBS_NO_MPIRUN").is_some(),
+            "cannot run mpirun (install openmpi-bin, see tools/setup): {e}"
+        );
+        eprintln!("SKIPPED: cannot run mpirun: {e}");
+        return None;
+    }
     let exe = std::env::current_exe().unwrap();
     let start = Instant::now();
-    let out = Command::new("mpirun")
+    let out = Command::new("timeout")
+        .args(["--kill-after=10", &WORLD_LIMIT_SECS.to_string(), "mpirun"])
         .args([
             "--allow-run-as-root",
             "--oversubscribe",
@@ -33,24 +47,23 @@ fn mpirun(world: u32, scenario: &str) -> Option<(Output, Duration)> {
             "none",
         ])
         .args(["-n", &world.to_string()])
-        .args(["-x", SCENARIO])
+        .args(["-x", SCENARIO, "-x", PASSED_DIR])
         .arg(exe)
         .args(["--exact", "child_rank", "--ignored", "--nocapture"])
         .args(["--test-threads=1"])
         .env(SCENARIO, scenario)
-        .output();
-    match out {
-        Ok(out) => Some((out, start.elapsed())),
-        Err(e) if std::env::var_os("RVERBS_NO_MPIRUN").is_some() => {
-            eprintln!("SKIPPED: cannot run mpirun: {e}");
-            None
-        }
-        Err(e) => panic!("cannot run mpirun (install openmpi-bin, see tools/setup): {e}"),
-    }
+        .env(PASSED_DIR, passed)
+        .output()
+        .expect("coreutils timeout runs");
+    Some((out, start.elapsed()))
 }
 
 fn assert_world_ok(world: u32, scenario: &str) {
-    let Some((out, took)) = mpirun(world, scenario) else {
+    let passed =
+        std::env::temp_dir().join(format!("rverbs-pmix-{scenario}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&passed);
+    std::fs::create_dir_all(&passed).unwrap();
+    let Some((out, took)) = mpirun(world, scenario, &passed) else {
         return;
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -60,9 +73,16 @@ fn assert_world_ok(world: u32, scenario: &str) {
         "{scenario} with {world} ranks failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    // Every rank ran the child and passed: the harness prints one "test result: ok" each.
-    let passed = stdout.matches("test result: ok. 1 passed").count();
-    assert_eq!(passed, world as usize, "{stdout}\n{stderr}");
+    // Every rank ran its part to the end (mpirun's status alone would also pass a world in
+    // which the child test was filtered out everywhere).
+    let mut ranks: Vec<String> = std::fs::read_dir(&passed)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    ranks.sort();
+    let want: Vec<String> = (0..world).map(|r| r.to_string()).collect();
+    assert_eq!(ranks, want, "{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&passed);
     eprintln!("{scenario}: {world} ranks in {took:?}");
 }
 
@@ -119,6 +139,10 @@ fn child_rank() {
         "version" => version(),
         "no_pmix" => no_pmix(),
         other => panic!("unknown scenario {other}"),
+    }
+    if let Some(dir) = std::env::var_os(PASSED_DIR) {
+        let rank = std::env::var("OMPI_COMM_WORLD_RANK").unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(rank), b"").unwrap();
     }
 }
 
