@@ -40,7 +40,13 @@
 //!
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
 //! layouts), [`launcher`] finds rank and world size, [`exchange`](mod@exchange)
-//! runs the rendezvous, [`wire`] defines and decodes the frames.
+//! runs the rendezvous, [`wire`] defines and decodes the frames, [`pmix`] starts
+//! without a file under a PMIx launcher (`mpirun`, `srun --mpi=pmix`).
+//!
+//! Under such a launcher no cluster file is needed: `Launch::detect(None, None)`
+//! and `connect_launch` (feature `verbs`) take rank, world and the endpoint
+//! exchange from the launcher's PMIx server, and the device from the host (see
+//! `docs/launchers.md`).
 //!
 //! # Cargo features
 //!
@@ -48,6 +54,10 @@
 //!   `rverbs_core::node::Node`; links libibverbs. Without it the crate is the
 //!   configuration, launcher detection and TCP exchange only (which is what the fuzzers
 //!   build).
+//! - `pmix`: [`pmix::PmixSession`], the rendezvous through the launcher's PMIx
+//!   server, and the PMIx start of `connect_launch`. Links the system's OpenPMIx
+//!   (pkg-config `pmix`, Debian `libpmix-dev`; `RVERBS_PMIX_DIR` names another
+//!   prefix); bindings are generated from its header at build time.
 //!
 //! The crate needs `std` (sockets, threads, files).
 //!
@@ -65,7 +75,9 @@
 //! one TCP connection per peer (rank 0) or one to rank 0 (other ranks) until
 //! it is dropped or [`Session::close`]d. Nothing outlives the session except
 //! hello-reader threads rank 0 left on stalled clients, which end by their
-//! own deadline and close those sockets.
+//! own deadline and close those sockets. A `pmix::PmixSession` calls
+//! `PMIx_Finalize` when dropped or closed; the values its rounds put stay in the
+//! launcher's store until the job ends (PMIx has no delete).
 
 // Only `pmix::ffi`, the libpmix binding of the `pmix` feature, allows it.
 #![deny(unsafe_code)]
