@@ -233,8 +233,8 @@ pub enum BootstrapError {
         /// What is missing and what to do instead.
         reason: String,
     },
-    /// A rank started without a cluster config found no RDMA device with an active port (or
-    /// not the one it was told to use).
+    /// A rank started without a cluster config found no RDMA device with an active port, or
+    /// the device it was told to use is missing or has none.
     NoActiveDevice {
         /// The calling rank.
         rank: u32,
@@ -445,7 +445,10 @@ impl fmt::Display for BootstrapError {
                 checked,
             } => {
                 match wanted {
-                    Some(w) => write!(f, "rank {rank}: RDMA device {w} has no active port")?,
+                    Some(w) => write!(
+                        f,
+                        "rank {rank}: RDMA device {w} is missing or has no active port"
+                    )?,
                     None => write!(f, "rank {rank}: no RDMA device with an active port")?,
                 }
                 write!(
