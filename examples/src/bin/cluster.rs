@@ -71,6 +71,9 @@ struct Args {
     /// Sleep length in microseconds for --wait sleep.
     #[arg(long, default_value_t = 20)]
     sleep_us: u64,
+    /// Under a PMIx launcher: do not pin each rank to a CPU near its device (by local rank).
+    #[arg(long)]
+    no_pin: bool,
     /// Give up after this many seconds (bootstrap, any wait).
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
@@ -251,8 +254,11 @@ fn run_config(args: &Args, path: PathBuf) -> Res<()> {
 /// One rank of a job started by a PMIx launcher, with no file.
 fn run_launched(args: &Args) -> Res<()> {
     let mut launch = Launch::detect(None, args.rank)?;
-    if let (Launch::Pmix(host), Some(device)) = (&mut launch, &args.device) {
-        host.device = Some(device.clone());
+    if let Launch::Pmix(host) = &mut launch {
+        if let Some(device) = &args.device {
+            host.device = Some(device.clone());
+        }
+        host.pin = !args.no_pin;
     }
     run_rank(args, &launch, ConnectOptions::default())
 }
