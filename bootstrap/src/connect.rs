@@ -9,17 +9,17 @@ use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Session, Watch};
+use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Watch};
+use crate::oob::OutOfBand;
 use crate::secret::JobSecret;
 
 /// Settings for [`connect`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConnectOptions {
-    /// The TCP exchange (job id, timeouts, job secret). The job id defaults to the config's.
-    /// Its `personalize` is always [`NodeBlobs`]: each rank receives only the endpoint every
-    /// peer made for it, O(world) bytes instead of O(world²). Its `secret`, if `None`, comes
-    /// from [`JobSecret::from_env`] (`RVERBS_JOB_SECRET_FILE` or `RVERBS_JOB_SECRET`).
+    /// The TCP exchange (job id, timeouts). The job id defaults to the config's. Its
+    /// `personalize` is always [`NodeBlobs`]: each rank receives only the endpoint every peer
+    /// made for it, O(world) bytes instead of O(world²).
     pub exchange: ExchangeOptions,
     /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
     /// rank's config entry.
@@ -67,27 +67,47 @@ impl ConnectOptions {
     }
 }
 
-/// A connected rank: the node, the bootstrap session (for out-of-band rounds), the watch on
-/// the session, and a clock.
+/// The defaults of [`ConnectOptions::for_config`] with job id 0: what a start without a
+/// cluster file uses (under PMIx the job is the launcher's namespace; the job id is unused).
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            exchange: ExchangeOptions {
+                personalize: Some(&NodeBlobs),
+                ..ExchangeOptions::default()
+            },
+            node: NodeConfig::default(),
+            wait: WaitPolicy::default(),
+            first_barrier_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connected rank: the node, the bootstrap session (for out-of-band rounds) and a clock.
 #[derive(Debug)]
 pub struct Connected {
     /// The node.
     pub node: VerbsNode<StdBackoff>,
-    /// The TCP session, still open (use it for out-of-band all-gathers or close it). Closing
-    /// or dropping it tells the peers goodbye; a rank whose process dies never does, and its
-    /// peers' watches report it.
-    pub session: Session,
-    /// Watches the session's connections: when a rank's connection closes without a goodbye
-    /// (its process died), it raises [`FailureCause::SessionClosed`] on the node's
+    /// The out-of-band session, still open (use it for out-of-band all-gathers or close it):
+    /// the TCP [`Session`](crate::Session) after a cluster-file start, the PMIx session under
+    /// a PMIx launcher. Closing or dropping a TCP session tells the peers goodbye; a rank
+    /// whose process dies never does, and its peers' watches report it.
+    pub session: OutOfBand,
+    /// After a cluster-file start, watches the TCP session's connections: when a rank's
+    /// connection closes without a goodbye (its process died), it raises
+    /// [`FailureCause::SessionClosed`] on the node's
     /// [failure alarm](rverbs_core::node::Node::failure_alarm); the node passes the news on,
-    /// so every rank's next wait fails naming that rank. Dropping it stops watching.
-    pub watch: Watch,
+    /// so every rank's next wait fails naming that rank. Dropping it stops watching. `None`
+    /// under PMIx (the launcher ends the job when a rank dies).
+    pub watch: Option<Watch>,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
     pub clock: Monotonic,
 }
 
 /// Opens this rank's device, builds its node, exchanges endpoints with every rank over TCP,
 /// connects every queue pair, waits until all ranks are connected, and runs a first barrier.
+///
+/// To start without a cluster file under mpirun or srun, see [`connect_launch`](crate::connect_launch).
 pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Result<Connected> {
     let world = config.world_size();
     let entry = config.get(rank).ok_or(BootstrapError::RankOutOfRange {
@@ -100,20 +120,57 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
         Some(secret) => Some(secret.clone()),
         None => JobSecret::from_env()?,
     };
-    let device = entry.device.clone();
-    let rdma = |source: NodeError| BootstrapError::Rdma {
-        rank,
-        device: device.clone(),
-        source,
-    };
     if let Ok(list) = DeviceList::new() {
         let names: Vec<&str> = list.iter().map(|d| d.name()).collect();
         config.validate_local_device(rank, &names)?;
     }
-    let ctx = open_device(&device).map_err(|e| rdma(NodeError::Verbs(e)))?;
+    let place = Placement {
+        rank,
+        world,
+        device: entry.device.clone(),
+        port: entry.ib_port,
+        gid_index: entry.gid_index,
+    };
+    establish(&place, opts, |blob, exchange_opts| {
+        let exchange_opts = ExchangeOptions {
+            secret,
+            ..exchange_opts.clone()
+        };
+        let (session, blobs) = exchange(config, rank, blob, &exchange_opts)?;
+        Ok((OutOfBand::Tcp(session), blobs))
+    })
+}
+
+/// Where a rank runs: what [`establish`] needs besides the options and the rendezvous.
+pub(crate) struct Placement {
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) device: String,
+    pub(crate) port: u8,
+    pub(crate) gid_index: Option<u8>,
+}
+
+/// Everything after choosing the device: node, rendezvous (`rendezvous` gets this rank's node
+/// blob and the exchange options, returns the session and the blobs, addressed for this
+/// rank), handshake, an out-of-band round and the first barrier.
+pub(crate) fn establish<F>(
+    place: &Placement,
+    opts: &ConnectOptions,
+    rendezvous: F,
+) -> Result<Connected>
+where
+    F: FnOnce(&[u8], &ExchangeOptions) -> Result<(OutOfBand, Vec<Vec<u8>>)>,
+{
+    let rank = place.rank;
+    let rdma = |source: NodeError| BootstrapError::Rdma {
+        rank,
+        device: place.device.clone(),
+        source,
+    };
+    let ctx = open_device(&place.device).map_err(|e| rdma(NodeError::Verbs(e)))?;
     let mut node_cfg = opts.node;
-    node_cfg.qp.port = entry.ib_port;
-    if let Some(g) = entry.gid_index {
+    node_cfg.qp.port = place.port;
+    if let Some(g) = place.gid_index {
         node_cfg.qp.gid_index = Some(g);
     }
     // A blocking policy sleeps on completion events: the queues must raise them.
@@ -122,28 +179,32 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
     }
     let backoff: StdBackoff = opts.wait.backoff();
     let prepared =
-        PreparedNode::new(&ctx, rank, world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
+        PreparedNode::new(&ctx, rank, place.world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
     // The blob is a node blob whatever the caller left in `personalize`.
     let exchange_opts = ExchangeOptions {
         personalize: Some(&NodeBlobs),
-        secret,
         ..opts.exchange.clone()
     };
-    let (mut session, blobs) = exchange(config, rank, &prepared.blob(), &exchange_opts)?;
+    let (mut session, blobs) = rendezvous(&prepared.blob(), &exchange_opts)?;
     let mut node = prepared.handshake(&blobs).map_err(rdma)?;
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected")?;
     let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(rdma)?;
-    let alarm = node.failure_alarm();
-    let watch = session.watch(move |lost| {
-        alarm.raise(Failure {
-            rank: lost,
-            cause: FailureCause::SessionClosed,
-            reporter: rank,
-        });
-    })?;
+    let watch = match &session {
+        OutOfBand::Tcp(tcp) => {
+            let alarm = node.failure_alarm();
+            Some(tcp.watch(move |lost| {
+                alarm.raise(Failure {
+                    rank: lost,
+                    cause: FailureCause::SessionClosed,
+                    reporter: rank,
+                });
+            })?)
+        }
+        _ => None,
+    };
     Ok(Connected {
         node,
         session,

@@ -264,6 +264,61 @@ pub enum BootstrapError {
         /// What failed.
         source: rverbs_core::node::NodeError,
     },
+    /// There is no cluster config and no PMIx launcher to start without one (see
+    /// [`LauncherEnv::why_no_pmix`](crate::pmix::LauncherEnv::why_no_pmix)), or this build
+    /// lacks the `pmix` feature.
+    NoLauncher {
+        /// What is missing and what to do instead.
+        reason: String,
+    },
+    /// A rank started without a cluster config found no RDMA device with an active port, or
+    /// the device it was told to use is missing or has none.
+    NoActiveDevice {
+        /// The calling rank.
+        rank: u32,
+        /// The device asked for (flag or `RVERBS_DEVICE`), if any.
+        wanted: Option<String>,
+        /// What each device checked had, or why none was.
+        checked: Vec<String>,
+    },
+    /// A PMIx call failed (feature `pmix`).
+    Pmix {
+        /// The calling rank, once PMIx has told it.
+        rank: Option<u32>,
+        /// The rank whose value was asked for, when one was.
+        peer: Option<u32>,
+        /// The launcher and its PMIx namespace.
+        launcher: String,
+        /// The call.
+        op: &'static str,
+        /// The PMIx status, by name and number, or what was wrong with the answer.
+        status: String,
+    },
+    /// A peer put a value of another rverbs PMIx protocol version, or one that is not an
+    /// rverbs value at all (feature `pmix`).
+    PmixVersion {
+        /// The calling rank.
+        rank: u32,
+        /// The rank whose value it is.
+        peer: u32,
+        /// The launcher and its PMIx namespace.
+        launcher: String,
+        /// This rank's version.
+        ours: u16,
+        /// The peer's version; `None` when the value is not an rverbs envelope.
+        theirs: Option<u16>,
+    },
+    /// A peer's value has the right version but unusable contents (feature `pmix`).
+    PmixValue {
+        /// The calling rank.
+        rank: u32,
+        /// The rank whose value it is.
+        peer: u32,
+        /// The launcher and its PMIx namespace.
+        launcher: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 fn opt_peer(peer: Option<u32>) -> String {
@@ -446,6 +501,70 @@ impl fmt::Display for BootstrapError {
                 device,
                 source,
             } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
+            Self::NoLauncher { reason } => write!(f, "cannot start: {reason}"),
+            Self::NoActiveDevice {
+                rank,
+                wanted,
+                checked,
+            } => {
+                match wanted {
+                    Some(w) => write!(
+                        f,
+                        "rank {rank}: RDMA device {w} is missing or has no active port"
+                    )?,
+                    None => write!(f, "rank {rank}: no RDMA device with an active port")?,
+                }
+                write!(
+                    f,
+                    " ({}); name one with RVERBS_DEVICE or pass a cluster config",
+                    checked.join("; ")
+                )
+            }
+            Self::Pmix {
+                rank,
+                peer,
+                launcher,
+                op,
+                status,
+            } => {
+                match rank {
+                    Some(rank) => write!(f, "rank {rank} under {launcher}: ")?,
+                    None => write!(f, "under {launcher}: ")?,
+                }
+                write!(f, "{op}")?;
+                if let Some(peer) = peer {
+                    write!(f, " for rank {peer}")?;
+                }
+                write!(f, " failed: {status}")
+            }
+            Self::PmixVersion {
+                rank,
+                peer,
+                launcher,
+                ours,
+                theirs,
+            } => match theirs {
+                Some(theirs) => write!(
+                    f,
+                    "rank {rank} under {launcher}: rank {peer} speaks rverbs PMIx protocol \
+                     version {theirs}, this rank {ours}: every rank of a job must run the same \
+                     rverbs version"
+                ),
+                None => write!(
+                    f,
+                    "rank {rank} under {launcher}: rank {peer} put a value that is not an \
+                     rverbs PMIx envelope (this rank speaks version {ours})"
+                ),
+            },
+            Self::PmixValue {
+                rank,
+                peer,
+                launcher,
+                reason,
+            } => write!(
+                f,
+                "rank {rank} under {launcher}: the value of rank {peer} is unusable: {reason}"
+            ),
         }
     }
 }

@@ -50,7 +50,13 @@
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
 //! layouts, at most [`config::MAX_CONFIG_BYTES`]), [`launcher`] finds rank and
 //! world size, [`secret`] loads the job secret, [`exchange`](mod@exchange) runs
-//! the rendezvous, [`wire`] defines and decodes the frames and their MACs.
+//! the rendezvous, [`wire`] defines and decodes the frames and their MACs,
+//! [`pmix`] starts without a file under a PMIx launcher (`mpirun`, `srun --mpi=pmix`).
+//!
+//! Under such a launcher no cluster file is needed: `Launch::detect(None, None)`
+//! and `connect_launch` (feature `verbs`) take rank, world and the endpoint
+//! exchange from the launcher's PMIx server, and the device from the host (see
+//! `docs/launchers.md`).
 //!
 //! # Cargo features
 //!
@@ -58,6 +64,10 @@
 //!   `rverbs_core::node::Node`; links libibverbs. Without it the crate is the
 //!   configuration, launcher detection and TCP exchange only (which is what the fuzzers
 //!   build).
+//! - `pmix`: [`pmix::PmixSession`], the rendezvous through the launcher's PMIx
+//!   server, and the PMIx start of `connect_launch`. Links the system's OpenPMIx
+//!   (pkg-config `pmix`, Debian `libpmix-dev`; `RVERBS_PMIX_DIR` names another
+//!   prefix); bindings are generated from its header at build time.
 //!
 //! The crate needs `std` (sockets, threads, files).
 //!
@@ -75,16 +85,23 @@
 //! one TCP connection per peer (rank 0) or one to rank 0 (other ranks) until
 //! it is dropped or [`Session::close`]d. When the exchange returns, rank 0
 //! shuts the connections of clients whose hello it was still reading, so their
-//! reader threads end at once rather than at their deadline.
+//! reader threads end at once rather than at their deadline. A `pmix::PmixSession`
+//! calls `PMIx_Finalize` when dropped or closed; the values its rounds put stay in
+//! the launcher's store until the job ends (PMIx has no delete).
 
-#![forbid(unsafe_code)]
+// Only `pmix::ffi`, the libpmix binding of the `pmix` feature, allows it.
+#![deny(unsafe_code)]
 
 pub mod config;
 #[cfg(feature = "verbs")]
 pub mod connect;
 pub mod error;
 pub mod exchange;
+#[cfg(feature = "verbs")]
+mod launch;
 pub mod launcher;
+mod oob;
+pub mod pmix;
 pub mod secret;
 pub mod wire;
 
@@ -95,6 +112,9 @@ pub use error::{BootstrapError, Result};
 pub use exchange::{
     exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
 };
+#[cfg(feature = "verbs")]
+pub use launch::{connect_launch, HostDevice, Launch, DEVICE_VAR};
 pub use launcher::{LaunchInfo, LaunchSource};
+pub use oob::OutOfBand;
 pub use secret::JobSecret;
 pub use wire::WireError;

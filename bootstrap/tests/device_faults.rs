@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig, Session};
+use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, OutOfBand, RankConfig};
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
@@ -316,7 +316,7 @@ fn child_rank() {
 }
 
 /// Stays connected, posting nothing, until the parent kills this process.
-fn victim(session: &mut Session) {
+fn victim(session: &mut OutOfBand) {
     session.allgather(b"ready").unwrap();
     std::thread::sleep(Duration::from_secs(120));
     panic!("rank 1 was never killed");
@@ -335,7 +335,7 @@ fn names(e: &ChannelError, rank: u32) -> bool {
 fn survivor(
     wait: &str,
     node: &mut VerbsNode<StdBackoff>,
-    session: &mut Session,
+    session: &mut OutOfBand,
     mark: &Path,
     retries: Duration,
 ) {
@@ -484,7 +484,7 @@ fn payload(seq: u32) -> Vec<u8> {
 
 fn messaging(
     node: &mut VerbsNode<StdBackoff>,
-    session: &mut Session,
+    session: &mut OutOfBand,
     clock: &Monotonic,
     rank: u32,
 ) {
@@ -528,7 +528,7 @@ fn messaging(
 
 /// Rank 0: each round's messages, then waits until rank 1 has them all (its completions,
 /// then the out-of-band round), so at most one round (never more than `SLOTS`) is in flight.
-fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut Session, clock: &Monotonic) {
+fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clock: &Monotonic) {
     let mut seq = 0;
     for n in ROUNDS {
         for _ in 0..n {
@@ -580,7 +580,7 @@ enum Seen {
 }
 
 /// Rank 1: the handler panics on the first message; every later one must still arrive.
-fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut Session, clock: &Monotonic) {
+fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clock: &Monotonic) {
     let seen = RefCell::new(Seen::Nothing);
     let deadline = Deadline::after(clock, Duration::from_secs(30));
     eprintln!("rank 1: the handler panics on purpose on the first message:");

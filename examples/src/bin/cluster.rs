@@ -4,6 +4,9 @@
 //! `--device`), each a rank of one world, and prints their combined summary. With
 //! `--config FILE` it is one rank of a real cluster; its rank comes from `--rank`,
 //! `RVERBS_RANK`, Slurm, Open MPI or PMI, so it runs under `srun`/`mpirun` unchanged.
+//! Started by a PMIx launcher without `--config` (`mpirun -n 4 cluster`, `srun --mpi=pmix
+//! -n 4 cluster`), it is one rank of the launcher's job and needs no file at all: the
+//! device is `--device`, `RVERBS_DEVICE`, or the first with an active port.
 //!
 //! Every rank connects through `rverbs_bootstrap::connect`, then:
 //! 1. ping-pong in pairs (0-1, 2-3, ...): 8-byte inline RDMA writes, each side spinning on
@@ -21,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rverbs_bootstrap::{connect, launcher, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_bootstrap::pmix::{LauncherEnv, LauncherKind};
+use rverbs_bootstrap::{
+    connect_launch, ClusterConfig, ConnectOptions, Launch, OutOfBand, RankConfig,
+};
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::sge::Sge;
 use rverbs_core::verbs::AccessFlags;
@@ -40,9 +46,10 @@ struct Args {
     /// Local ranks to start when no --config is given.
     #[arg(long, default_value_t = 4)]
     ranks: u32,
-    /// RDMA device for local ranks.
-    #[arg(long, default_value = "rxe0")]
-    device: String,
+    /// RDMA device: for local ranks (default rxe0), or under a PMIx launcher (default
+    /// RVERBS_DEVICE, else the first device with an active port). A --config names its own.
+    #[arg(long)]
+    device: Option<String>,
     /// First TCP port for local ranks' bootstrap.
     #[arg(long, default_value_t = 18515)]
     port: u16,
@@ -64,6 +71,9 @@ struct Args {
     /// Sleep length in microseconds for --wait sleep.
     #[arg(long, default_value_t = 20)]
     sleep_us: u64,
+    /// Under a PMIx launcher: do not pin each rank to a CPU near its device (by local rank).
+    #[arg(long)]
+    no_pin: bool,
     /// Give up after this many seconds (bootstrap, any wait).
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
@@ -144,8 +154,10 @@ macro_rules! say {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.config {
+        // Started by mpirun or srun: one rank of the launcher's job (PMIx), or a clear error.
+        None if LauncherEnv::detect().kind != LauncherKind::None => run_launched(&args),
         None => launch_local(&args),
-        Some(path) => run_rank(&args, path.clone()),
+        Some(path) => run_config(&args, path.clone()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -163,12 +175,13 @@ fn launch_local(args: &Args) -> Res<()> {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
+    let device = args.device.clone().unwrap_or_else(|| "rxe0".to_owned());
     let ranks = (0..args.ranks)
         .map(|r| RankConfig {
             rank: r,
             host: "127.0.0.1".into(),
             port: args.port + r as u16,
-            device: args.device.clone(),
+            device: device.clone(),
             ib_port: 1,
             gid_index: None,
             comment: None,
@@ -184,7 +197,7 @@ fn launch_local(args: &Args) -> Res<()> {
     say!(
         "cluster: starting {} ranks on {} (config {})",
         args.ranks,
-        args.device,
+        device,
         path.display()
     );
     let exe = std::env::current_exe()?;
@@ -241,28 +254,52 @@ fn launch_local(args: &Args) -> Res<()> {
     }
 }
 
-fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
+/// One rank of a cluster file.
+fn run_config(args: &Args, path: PathBuf) -> Res<()> {
     let config = ClusterConfig::from_file(&path)?;
-    let world = config.world_size();
-    let me = match args.rank {
-        Some(r) => launcher::resolve(Some(r), Some(world))?,
-        None => launcher::resolve(None, None)?,
-    };
-    config.check_launch(&me)?;
-    let rank = me.rank;
+    let launch = Launch::detect(Some(&config), args.rank)?;
+    run_rank(args, &launch, ConnectOptions::for_config(&config))
+}
+
+/// One rank of a job started by a PMIx launcher, with no file.
+fn run_launched(args: &Args) -> Res<()> {
+    let mut launch = Launch::detect(None, args.rank)?;
+    if let Launch::Pmix(host) = &mut launch {
+        if let Some(device) = &args.device {
+            host.device = Some(device.clone());
+        }
+        host.pin = !args.no_pin;
+    }
+    run_rank(args, &launch, ConnectOptions::default())
+}
+
+fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<()> {
     let timeout = Duration::from_secs(args.timeout_secs);
-    let mut opts = ConnectOptions::for_config(&config);
     opts.wait = args.wait_policy();
     opts.exchange.timeout = timeout;
     opts.first_barrier_timeout = timeout;
     let t0 = Instant::now();
-    let c = connect(&config, rank, &opts)?;
+    let c = connect_launch(launch, &opts)?;
     let connect_ms = t0.elapsed().as_millis() as u64;
     // The watch stays alive until the end: a rank that dies is named by every survivor.
     let (mut node, mut session, _watch, clock) = (c.node, c.session, c.watch, c.clock);
+    let (rank, world) = (session.rank(), session.world_size());
+    let how = match &session {
+        OutOfBand::Tcp(_) => "TCP rendezvous".to_owned(),
+        #[cfg(feature = "pmix")]
+        OutOfBand::Pmix(p) => format!(
+            "PMIx, local rank {} of {}, CPUs {}",
+            p.local_rank(),
+            p.local_size(),
+            rverbs_std_shim::current_thread_affinity()
+                .map_or_else(|e| e.to_string(), |set| format!("{set}"))
+        ),
+        _ => "another rendezvous".to_owned(),
+    };
     say!(
-        "[rank {rank}] connected to {} peers in {connect_ms} ms",
-        world - 1
+        "[rank {rank}] connected to {} peers on {} in {connect_ms} ms ({how})",
+        world - 1,
+        node.pd().context().name()
     );
     let mut checks = Vec::new();
 
@@ -450,7 +487,7 @@ fn run_rank(args: &Args, path: PathBuf) -> Res<()> {
         })
         .collect();
     if rank == 0 {
-        print_summary(args, &config, &reports);
+        print_summary(args, node.pd().context().name(), &reports);
     }
     if failed.is_empty() {
         Ok(())
@@ -509,9 +546,8 @@ fn spin_for(
     }
 }
 
-fn print_summary(args: &Args, config: &ClusterConfig, reports: &[Report]) {
-    let world = config.world_size();
-    let device = &config.rank(0).device;
+fn print_summary(args: &Args, device: &str, reports: &[Report]) {
+    let world = reports.len();
     let max_connect = reports.iter().map(|r| r.connect_ms).max().unwrap_or(0);
     println!();
     println!(
