@@ -203,6 +203,7 @@ where
                 });
             })?)
         }
+        #[allow(unreachable_patterns)] // without feature `pmix`, TCP is the only session
         _ => None,
     };
     Ok(Connected {

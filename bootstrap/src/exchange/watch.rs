@@ -75,11 +75,18 @@ impl Session {
         let flag = Arc::clone(&stop);
         // This session closing on purpose shuts its connections down too: not a failure.
         let closing = Arc::clone(&self.closing);
+        // Everything the thread needs is allocated here, and `watch` returns only once the
+        // thread runs: a node beside it proves it allocates nothing after connecting, and
+        // counts every thread.
+        let mut hung = vec![false; watched.len()];
+        let mut set = PollSet::with_capacity(watched.len());
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let go = Arc::clone(&started);
         let thread = std::thread::Builder::new()
             .name(format!("rverbs-watch-{}", self.rank()))
             .spawn(move || {
-                let mut hung = vec![false; watched.len()];
-                let mut set = PollSet::with_capacity(watched.len());
+                go.wait();
+                drop(go);
                 let ending = || flag.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
                 while !ending() && !watched.is_empty() {
                     hung.fill(false);
@@ -115,6 +122,7 @@ impl Session {
                 op: "watch (start the thread)",
                 source,
             })?;
+        started.wait();
         Ok(Watch {
             stop,
             thread: Some(thread),
