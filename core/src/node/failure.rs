@@ -24,8 +24,6 @@ pub(crate) struct Failures {
     world: u32,
     alarm: FailureAlarm,
     known: Option<Failure>,
-    /// The known failure came from the alarm and is not yet passed on to the peers.
-    unspread: bool,
 }
 
 impl Failures {
@@ -35,7 +33,6 @@ impl Failures {
             world,
             alarm: FailureAlarm::new(),
             known: None,
-            unspread: false,
         }
     }
 
@@ -44,20 +41,27 @@ impl Failures {
     }
 
     /// The failure this node knows of: the first one seen, raised on the alarm, or written
-    /// into `flags`' notice slot by a peer. Two loads when nothing is known. Does not allocate.
+    /// into `flags`' notice slot by a peer; one raised on the alarm is passed on to every other
+    /// rank the first time it is seen. Two loads when nothing is known. Does not allocate.
     #[inline]
-    pub(crate) fn check(&mut self, flags: &impl Region) -> Option<Failure> {
+    pub(crate) fn news<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        flags: &impl Region,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) -> Option<Failure> {
         if self.known.is_none() {
             let local = self.alarm.load();
-            let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
-            // The alarm is raised in this process and cleared by a rejoin: always current.
+            // The alarm is raised in this process: always about the rank's current life.
             self.known = self.accept(local, true);
-            if local != 0 && self.known.is_none() {
-                // Not about this world: make room for real news.
-                self.alarm.clear(local);
-            }
-            self.unspread = self.known.is_some();
-            if self.known.is_none() {
+            if let Some(f) = self.known {
+                self.tell_all(&f, multi, peer_flags);
+            } else {
+                if local != 0 {
+                    // Not about this world: make room for real news.
+                    self.alarm.clear(local);
+                }
+                let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
                 self.known = self.accept(remote, false);
             }
         }
@@ -72,18 +76,6 @@ impl Failures {
         }
         let (f, life) = notice::decode(word)?;
         (f.rank < self.world && f.reporter < self.world && (local || life == 0)).then_some(f)
-    }
-
-    /// Passes a failure raised on the alarm on to every other rank, once.
-    pub(crate) fn spread<P: Provider, B: Backoff + Clone>(
-        &mut self,
-        multi: &mut MultiChannel<P, B>,
-        peer_flags: &[RemoteMemory],
-    ) {
-        if let (true, Some(f)) = (self.unspread, self.known) {
-            self.unspread = false;
-            self.tell_all(&f, multi, peer_flags);
-        }
     }
 
     /// Records that this node saw `rank` fail, and tells every other rank (one 8-byte inline

@@ -362,20 +362,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         if let Err(e) = self.poll_channels() {
             return Err(self.news(e));
         }
-        match self.failures.check(self.flags) {
-            Some(f) => {
-                self.failures.spread(self.multi, self.peer_flags);
-                Err(BarrierError::PeerFailed(f))
-            }
+        match self.failure() {
+            Some(f) => Err(BarrierError::PeerFailed(f)),
             None => Ok(()),
         }
     }
 
     #[inline]
     fn failure(&mut self) -> Option<crate::failure::Failure> {
-        let f = self.failures.check(self.flags)?;
-        self.failures.spread(self.multi, self.peer_flags);
-        Some(f)
+        self.failures.news(self.flags, self.multi, self.peer_flags)
     }
 
     fn probe_grace(&self) -> Duration {
@@ -563,9 +558,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// window memory, say) to learn of a failure elsewhere in the world.
     #[inline]
     pub fn failure(&mut self) -> Option<crate::failure::Failure> {
-        let f = self.failures.check(&self.flags)?;
-        self.failures.spread(&mut self.multi, &self.peer_flags);
-        Some(f)
+        self.failures
+            .news(&self.flags, &mut self.multi, &self.peer_flags)
     }
 
     /// Sets how long a barrier waits after its deadline for news of a failure before it reports
