@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_bootstrap::{connect, ConnectOptions};
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::poll::Clock;
 use rverbs_std_shim::MONOTONIC;
@@ -117,19 +117,7 @@ fn child_rank() {
     let port: u16 = env("RVERBS_FAIL_PORT").parse().unwrap();
     let dir = PathBuf::from(env("RVERBS_FAIL_DIR"));
     let dev = env("RVERBS_TEST_DEVICE");
-    let ranks = (0..WORLD)
-        .map(|r| RankConfig {
-            rank: r,
-            host: "127.0.0.1".into(),
-            port: port + r as u16,
-            device: dev.clone(),
-            ib_port: 1,
-            gid_index: None,
-            comment: None,
-        })
-        .collect();
-    let config =
-        ClusterConfig::new("test", Some(format!("failures-{scenario}-{port}")), ranks).unwrap();
+    let config = support::local_config(WORLD, port, &dev, format!("failures-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = match scenario.as_str() {
         "centralized" => BarrierAlgorithm::Centralized,

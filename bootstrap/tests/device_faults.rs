@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, OutOfBand, RankConfig};
+use rverbs_bootstrap::{connect, ConnectOptions, OutOfBand};
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
@@ -269,19 +269,7 @@ fn child_rank() {
     let port: u16 = env("RVERBS_FAULT_PORT").parse().unwrap();
     let mark = PathBuf::from(env("RVERBS_FAULT_MARK"));
     let dev = env("RVERBS_TEST_DEVICE");
-    let ranks = (0..2)
-        .map(|r| RankConfig {
-            rank: r,
-            host: "127.0.0.1".into(),
-            port: port + r as u16,
-            device: dev.clone(),
-            ib_port: 1,
-            gid_index: None,
-            comment: None,
-        })
-        .collect();
-    let config =
-        ClusterConfig::new("test", Some(format!("faults-{scenario}-{port}")), ranks).unwrap();
+    let config = support::local_config(2, port, &dev, format!("faults-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.channel.timeout = TIMEOUT;
     opts.wait = WaitPolicy::Sleep {

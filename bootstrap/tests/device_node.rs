@@ -14,7 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_bootstrap::{connect, ConnectOptions};
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::node::NodeError;
 use rverbs_core::sge::{Sge, SgeMut};
@@ -108,19 +108,7 @@ fn child_rank() {
     let world = env_u32("RVERBS_NODE_WORLD");
     let port = env_u32("RVERBS_NODE_PORT") as u16;
     let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
-    let ranks = (0..world)
-        .map(|r| RankConfig {
-            rank: r,
-            host: "127.0.0.1".into(),
-            port: port + r as u16,
-            device: dev.clone(),
-            ib_port: 1,
-            gid_index: None,
-            comment: None,
-        })
-        .collect();
-    let config =
-        ClusterConfig::new("test", Some(format!("{scenario}-{world}-{port}")), ranks).unwrap();
+    let config = support::local_config(world, port, &dev, format!("{scenario}-{world}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     // gather_receive posts its receives when it is called; senders that get there first
     // are told "receiver not ready" and retry until it does.

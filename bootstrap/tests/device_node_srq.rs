@@ -15,7 +15,7 @@ use support::device;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ClusterConfig, ConnectOptions, RankConfig};
+use rverbs_bootstrap::{connect, ConnectOptions};
 use rverbs_core::node::{Event, NodeError, Receive};
 use rverbs_core::params::RnrRetry;
 
@@ -86,18 +86,7 @@ fn child_rank() {
     let world = env_u32("RVERBS_SRQ_WORLD");
     let port = env_u32("RVERBS_SRQ_PORT") as u16;
     let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
-    let ranks = (0..world)
-        .map(|r| RankConfig {
-            rank: r,
-            host: "127.0.0.1".into(),
-            port: port + r as u16,
-            device: dev.clone(),
-            ib_port: 1,
-            gid_index: None,
-            comment: None,
-        })
-        .collect();
-    let config = ClusterConfig::new("test", Some(format!("srq-{scenario}-{port}")), ranks).unwrap();
+    let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.receive = Receive::Shared { slots: POOL };
     // An RNR NAK is retried, not fatal: the counters, not a failed completion, tell.

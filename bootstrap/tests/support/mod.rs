@@ -3,6 +3,8 @@
 #![allow(dead_code, unreachable_pub, clippy::std_instead_of_core)] // test code; not every test uses all of it
 
 use std::process::Command;
+
+use rverbs_bootstrap::{ClusterConfig, RankConfig};
 use std::time::{Duration, Instant};
 
 /// The device from `RVERBS_TEST_DEVICE`, or `None` (after saying so) when the test should be
@@ -72,4 +74,22 @@ pub fn run_children(
         }
     }
     (failed, start.elapsed())
+}
+
+/// A world of `world` ranks on this host, all on device `dev`, rank `r` listening on
+/// `port + r`, under the job name `job` (which sets the job id, so worlds of different tests
+/// never take each other's connections).
+pub fn local_config(world: u32, port: u16, dev: &str, job: String) -> ClusterConfig {
+    let ranks = (0..world)
+        .map(|r| RankConfig {
+            rank: r,
+            host: "127.0.0.1".into(),
+            port: port + r as u16,
+            device: dev.to_owned(),
+            ib_port: 1,
+            gid_index: None,
+            comment: None,
+        })
+        .collect();
+    ClusterConfig::new("test", Some(job), ranks).unwrap()
 }
