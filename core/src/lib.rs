@@ -52,6 +52,7 @@
 //! - [`channel`]: one peer — blocking, batched, scoped and ticket posting (a bare verb waits;
 //!   `post_*` returns a ticket); the lowest-latency call for each operation is named there.
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
+//! - [`gid`]: port and group addresses.
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
@@ -111,6 +112,7 @@ pub mod barrier;
 pub mod channel;
 pub mod completion;
 mod fatal;
+pub mod gid;
 // Owned memory is an `unsafe trait`; volatile access to bytes the device writes.
 #[allow(unsafe_code)]
 pub mod memory;

@@ -11,7 +11,7 @@ use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
 use super::event::{ChannelInner, CompletionChannel};
 use super::ffi::{self, errno, sys};
-use crate::completion::{Completion, CompletionKind, WcStatus};
+use crate::completion::{Completion, CompletionKind, DatagramCompletion, WcStatus};
 
 pub(crate) struct CqInner {
     pub(crate) raw: NonNull<sys::ibv_cq>,
@@ -172,6 +172,34 @@ impl Cq {
         let n = n as usize;
         for (dst, src) in out.iter_mut().zip(&wc[..n]) {
             *dst = convert(src);
+        }
+        Ok(n)
+    }
+
+    /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
+    /// with what each receive says about its sender. Does not allocate.
+    #[inline]
+    pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
+        let mut wc = [sys::ibv_wc::default(); POLL_BATCH];
+        let want = out.len().min(POLL_BATCH);
+        // SAFETY: the CQ is live and wc has room for `want` entries.
+        let n = unsafe { ffi::poll_cq(self.as_raw(), want as core::ffi::c_int, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::Call {
+                verb: Verb::PollCq,
+                errno: -n,
+            });
+        }
+        let n = n as usize;
+        for (dst, src) in out.iter_mut().zip(&wc[..n]) {
+            *dst = DatagramCompletion {
+                wc: convert(src),
+                src_qp: src.src_qp,
+                slid: src.slid,
+                sl: src.sl,
+                path_bits: src.dlid_path_bits,
+                grh: (src.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH).0 != 0,
+            };
         }
         Ok(n)
     }
