@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig};
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Peer};
 use rverbs_core::memory::PageMemory;
 use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::verbs_ud::VerbsDatagram;
-use rverbs_core::verbs::{open_device, AccessFlags, UdConfig};
+use rverbs_core::verbs::{open_device, AccessFlags, AddressHandle, OwnedRegion, UdConfig};
 use rverbs_core::wire::DatagramEndpoint;
 use rverbs_std_shim::MONOTONIC;
 
@@ -53,6 +53,9 @@ struct Args {
     /// Ask for a send completion every k-th datagram.
     #[arg(long, default_value_t = 16)]
     signal_every: u32,
+    /// Print every iteration's time (nanoseconds) after the summary.
+    #[arg(long, hide = true)]
+    dump: bool,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -77,13 +80,32 @@ fn unhex(s: &str) -> Res<Vec<u8>> {
         .collect()
 }
 
-/// Sends our endpoint and reads the peer's, one hex line each way.
-fn exchange(stream: TcpStream, mine: &DatagramEndpoint) -> Res<DatagramEndpoint> {
+/// The client sends its endpoint first; the server reads it, makes its address of the
+/// client, and only then answers with its own, so that neither side's setup falls inside
+/// the timed loop (as `ibv_ud_pingpong` orders it).
+fn exchange(
+    stream: TcpStream,
+    ep: &mut Datagram<VerbsDatagram, OwnedRegion>,
+    client: bool,
+) -> Res<(DatagramEndpoint, Peer<AddressHandle>)> {
     let mut w = stream.try_clone()?;
-    writeln!(w, "{}", hex(&mine.encode()))?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    Ok(DatagramEndpoint::decode(&unhex(line.trim())?)?)
+    let mut r = BufReader::new(stream);
+    let mut read = || -> Res<DatagramEndpoint> {
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        Ok(DatagramEndpoint::decode(&unhex(line.trim())?)?)
+    };
+    let mine = hex(&ep.endpoint().encode());
+    if client {
+        writeln!(w, "{mine}")?;
+        let theirs = read()?;
+        Ok((theirs, ep.peer(&theirs)?))
+    } else {
+        let theirs = read()?;
+        let to = ep.peer(&theirs)?;
+        writeln!(w, "{mine}")?;
+        Ok((theirs, to))
+    }
 }
 
 fn run(args: &Args) -> Res<()> {
@@ -106,28 +128,33 @@ fn run(args: &Args) -> Res<()> {
         Some(host) => TcpStream::connect((host.as_str(), args.port))?,
         None => TcpListener::bind(("0.0.0.0", args.port))?.accept()?.0,
     };
-    let theirs = exchange(stream, &ep.endpoint())?;
-    let to = ep.peer(&theirs)?;
+    let (theirs, to) = exchange(stream, &mut ep, args.server.is_some())?;
     let payload: Vec<u8> = (0..args.size).map(|i| (i * 7) as u8).collect();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let client = args.server.is_some();
+    // As ibv_ud_pingpong does, the client posts its first datagram before the clock starts;
+    // an iteration then ends with the receipt of an answer (client) or of a datagram and the
+    // posting of the answer (server).
+    if client {
+        ep.send(&to, &payload)?;
+    }
     let t0 = Instant::now();
     let mut last = t0;
+    let mut times = Vec::with_capacity(args.iters as usize);
     for i in 0..args.iters {
-        if args.server.is_some() {
-            ep.send(&to, &payload)?;
-            let d = ep.recv()?;
-            if d.payload != payload {
-                return Err(format!("round trip {i}: the answer differs").into());
-            }
-        } else {
-            let d = ep.recv()?;
-            if d.payload.len() != args.size || d.source.qpn != theirs.qpn {
-                return Err(format!("round trip {i}: unexpected datagram").into());
-            }
+        let d = ep.recv()?;
+        if client && d.payload != payload {
+            return Err(format!("round trip {i}: the answer differs").into());
+        }
+        if d.payload.len() != args.size || d.source.qpn != theirs.qpn {
+            return Err(format!("round trip {i}: unexpected datagram").into());
+        }
+        if !client || i + 1 < args.iters {
             ep.send(&to, &payload)?;
         }
         let now = Instant::now();
         hist.record((now - last).as_nanos().max(1) as u64)?;
+        times.push((now - last).as_nanos() as u64);
         last = now;
     }
     let us = t0.elapsed().as_secs_f64() * 1e6;
@@ -147,5 +174,8 @@ fn run(args: &Args) -> Res<()> {
         s.sent,
         s.received
     );
+    if args.dump {
+        println!("{times:?}");
+    }
     Ok(())
 }
