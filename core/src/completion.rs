@@ -180,6 +180,44 @@ impl Default for Completion {
     }
 }
 
+/// A completion of a datagram (UD) queue pair: a [`Completion`] and what a receive learns
+/// about the datagram's sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatagramCompletion {
+    /// The completion itself (`byte_len` of a receive counts the 40 bytes of the network
+    /// header in front of the payload).
+    pub wc: Completion,
+    /// The sender's queue pair number (receives only).
+    pub src_qp: u32,
+    /// The sender's LID (receives on InfiniBand; 0 on RoCE).
+    pub slid: u16,
+    /// The service level the datagram came with.
+    pub sl: u8,
+    /// The destination LID path bits (InfiniBand; 0 for multicast and on RoCE).
+    pub path_bits: u8,
+    /// Whether the first 40 bytes of the receive buffer hold the datagram's network header
+    /// (always on RoCE; on InfiniBand only for routed or multicast traffic).
+    pub grh: bool,
+}
+
+impl DatagramCompletion {
+    /// An empty completion, for initialising poll arrays.
+    pub const EMPTY: DatagramCompletion = DatagramCompletion {
+        wc: Completion::EMPTY,
+        src_qp: 0,
+        slid: 0,
+        sl: 0,
+        path_bits: 0,
+        grh: false,
+    };
+}
+
+impl Default for DatagramCompletion {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

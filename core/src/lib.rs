@@ -52,6 +52,8 @@
 //! - [`channel`]: one peer — blocking, batched, scoped and ticket posting (a bare verb waits;
 //!   `post_*` returns a ticket); the lowest-latency call for each operation is named there.
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
+//! - [`datagram`]: unreliable datagrams (UD) to any peer and multicast to many, with the
+//!   network header stripped and losses counted; [`gid`]: port and group addresses.
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
@@ -110,8 +112,12 @@ pub mod barrier;
 #[allow(unsafe_code)]
 pub mod channel;
 pub mod completion;
+// Receive slots are read after their completion; inline entries are made from slices.
+#[allow(unsafe_code)]
+pub mod datagram;
 pub mod failure;
 mod fatal;
+pub mod gid;
 // Owned memory is an `unsafe trait`; volatile access to bytes the device writes.
 #[allow(unsafe_code)]
 pub mod memory;

@@ -52,6 +52,17 @@ pub enum Verb {
     ModifySrq,
     /// `ibv_post_srq_recv`
     PostSrqRecv,
+    /// `ibv_create_ah`
+    CreateAh,
+    /// `ibv_init_ah_from_wc`
+    InitAhFromWc,
+    /// `ibv_attach_mcast`
+    AttachMcast,
+    /// `ibv_detach_mcast`
+    DetachMcast,
+    /// `setsockopt(IP_ADD_MEMBERSHIP)`: not a verb, but what a RoCE v2 multicast join needs
+    /// from the IP stack (see `verbs::mcast`).
+    IpAddMembership,
 }
 
 impl Verb {
@@ -81,6 +92,11 @@ impl Verb {
             Self::CreateSrq => "ibv_create_srq",
             Self::ModifySrq => "ibv_modify_srq",
             Self::PostSrqRecv => "ibv_post_srq_recv",
+            Self::CreateAh => "ibv_create_ah",
+            Self::InitAhFromWc => "ibv_init_ah_from_wc",
+            Self::AttachMcast => "ibv_attach_mcast",
+            Self::DetachMcast => "ibv_detach_mcast",
+            Self::IpAddMembership => "setsockopt(IP_ADD_MEMBERSHIP)",
         }
     }
 }

@@ -233,6 +233,29 @@ pub struct RecvRequest<'a> {
     pub sges: &'a [Sge<'a>],
 }
 
+/// One send request of a datagram (UD) queue pair: a send (with an optional immediate) to
+/// the queue pair `remote_qpn` behind the address `dest`, which must carry `remote_qkey`.
+///
+/// `A` is the provider's address type: an address handle on a device
+/// (`verbs::AddressHandle`), a node or group of the software model.
+#[derive(Clone, Copy, Debug)]
+pub struct DatagramRequest<'a, A> {
+    /// Identifier returned in the completion.
+    pub wr_id: u64,
+    /// Flags (`SIGNALED`, `INLINE`, `SOLICITED`; `FENCE` means nothing for datagrams).
+    pub flags: SendFlags,
+    /// The payload, gathered (or copied at post time when `INLINE`).
+    pub sges: &'a [Sge<'a>],
+    /// An immediate delivered in the receiver's completion.
+    pub imm: Option<u32>,
+    /// Where the datagram goes: a port, or a multicast group.
+    pub dest: &'a A,
+    /// The destination queue pair (`0xFF_FFFF` for a multicast group).
+    pub remote_qpn: u32,
+    /// The Q_Key the destination queue pair expects; a datagram with another is dropped.
+    pub remote_qkey: u32,
+}
+
 /// A post that the device refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PostFailure {

@@ -6,6 +6,9 @@
 //! - [`soft`]: a deterministic in-memory model of an RC connection, so the engine builds
 //!   and is tested without a device, under `no_std`, Miri and fuzzers. It never stands in for
 //!   a device in a test that claims to test the data path.
+//!
+//! Datagrams (UD) have a seam of their own, [`datagram::DatagramProvider`]: a real
+//! [`verbs_ud::VerbsDatagram`], or datagram queue pairs of the model's net.
 
 use core::fmt;
 
@@ -13,11 +16,14 @@ use crate::completion::Completion;
 use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
+pub mod datagram;
 #[cfg(feature = "alloc")]
 pub mod shared;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+#[cfg(feature = "verbs")]
+pub mod verbs_ud;
 
 pub use crate::verb::Verb;
 

@@ -4,6 +4,7 @@ use alloc::sync::Arc;
 use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
+use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicBool;
 
@@ -11,7 +12,7 @@ use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
 use super::event::{ChannelInner, CompletionChannel};
 use super::ffi::{self, errno, sys};
-use crate::completion::{Completion, CompletionKind, WcStatus};
+use crate::completion::{Completion, CompletionKind, DatagramCompletion, WcStatus};
 
 pub(crate) struct CqInner {
     pub(crate) raw: NonNull<sys::ibv_cq>,
@@ -159,19 +160,60 @@ impl Cq {
     /// many. Does not allocate.
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let mut wc = [sys::ibv_wc::default(); POLL_BATCH];
-        let want = out.len().min(POLL_BATCH);
-        // SAFETY: the CQ is live and wc has room for `want` entries.
-        let n = unsafe { ffi::poll_cq(self.as_raw(), want as core::ffi::c_int, wc.as_mut_ptr()) };
+        let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
+        let n = self.poll_raw(&mut wc, out.len())?;
+        for (dst, src) in out.iter_mut().zip(&wc[..n]) {
+            // SAFETY: ibv_poll_cq wrote the first `n` entries.
+            *dst = convert(unsafe { src.assume_init_ref() });
+        }
+        Ok(n)
+    }
+
+    /// Polls up to `want` (at most [`POLL_BATCH`]) completions into `wc`, which is left
+    /// uninitialised (an empty poll, the common case of a busy-polling loop, then writes no
+    /// memory); returns how many entries the device wrote, from the start.
+    #[inline]
+    fn poll_raw(
+        &mut self,
+        wc: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+        want: usize,
+    ) -> Result<usize> {
+        let want = want.min(POLL_BATCH);
+        // SAFETY: the CQ is live and wc has room for `want` entries, which ibv_poll_cq writes
+        // (MaybeUninit<ibv_wc> has the layout of ibv_wc).
+        let n = unsafe {
+            ffi::poll_cq(
+                self.as_raw(),
+                want as core::ffi::c_int,
+                wc.as_mut_ptr().cast(),
+            )
+        };
         if n < 0 {
             return Err(VerbsError::Call {
                 verb: Verb::PollCq,
                 errno: -n,
             });
         }
-        let n = n as usize;
+        Ok((n as usize).min(want))
+    }
+
+    /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
+    /// with what each receive says about its sender. Does not allocate.
+    #[inline]
+    pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
+        let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
+        let n = self.poll_raw(&mut wc, out.len())?;
         for (dst, src) in out.iter_mut().zip(&wc[..n]) {
-            *dst = convert(src);
+            // SAFETY: ibv_poll_cq wrote the first `n` entries.
+            let src = unsafe { src.assume_init_ref() };
+            *dst = DatagramCompletion {
+                wc: convert(src),
+                src_qp: src.src_qp,
+                slid: src.slid,
+                sl: src.sl,
+                path_bits: src.dlid_path_bits,
+                grh: (src.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH).0 != 0,
+            };
         }
         Ok(n)
     }

@@ -9,6 +9,7 @@ use core::ptr::NonNull;
 
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{errno, sys};
+pub use crate::gid::Gid;
 use crate::params::Mtu;
 
 /// The RDMA devices present on this host (`ibv_get_device_list`).
@@ -292,6 +293,24 @@ impl Context {
         })
     }
 
+    /// The route for a port: the GID at `gid_index` (routed by GID), or
+    /// [`Context::default_route`] when `None`.
+    pub fn route(&self, port: u8, gid_index: Option<u8>) -> Result<Route> {
+        let Some(i) = gid_index else {
+            return self.default_route(port);
+        };
+        let e = self
+            .gid_entry(port, u32::from(i))?
+            .ok_or(VerbsError::InvalidArgument {
+                what: "the chosen GID index is empty",
+            })?;
+        Ok(Route {
+            gid_index: i,
+            gid: e.gid,
+            global: true,
+        })
+    }
+
     /// The routing choice for a port: on Ethernet (RoCE) ports, a RoCE v2 GID that maps an
     /// IPv4 address (else any RoCE v2, else any GID); on InfiniBand ports, LID routing with
     /// GID index 0 kept for the endpoint.
@@ -411,49 +430,6 @@ pub struct PortAttr {
     pub gid_table_len: u32,
     /// Largest message.
     pub max_msg_size: u32,
-}
-
-/// A 128-bit global identifier (an IPv6 address on RoCE).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// Whether every byte is zero (an empty table slot).
-    pub fn is_zero(&self) -> bool {
-        self.0 == [0; 16]
-    }
-
-    /// Whether this is an IPv4-mapped address (`::ffff:a.b.c.d`), as RoCE v2 uses for IPv4.
-    pub fn is_ipv4_mapped(&self) -> bool {
-        self.0[..10] == [0; 10] && self.0[10] == 0xff && self.0[11] == 0xff
-    }
-}
-
-impl fmt::Display for Gid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_ipv4_mapped() {
-            let b = &self.0[12..];
-            return write!(f, "::ffff:{}.{}.{}.{}", b[0], b[1], b[2], b[3]);
-        }
-        for i in 0..8 {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(
-                f,
-                "{:x}",
-                u16::from_be_bytes([self.0[2 * i], self.0[2 * i + 1]])
-            )?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for Gid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gid({self})")
-    }
 }
 
 /// The kind of a GID table entry.

@@ -20,6 +20,69 @@ extern "C" {
     fn __errno_location() -> *mut c_int;
     /// From the C library: core has no `libc` dependency for one call.
     fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
+    fn setsockopt(
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        value: *const core::ffi::c_void,
+        len: u32,
+    ) -> c_int;
+    fn close(fd: c_int) -> c_int;
+}
+
+/// `struct ip_mreqn` of Linux: group, local interface address, interface index (all in
+/// network order but the index).
+#[repr(C)]
+struct IpMreqn {
+    multiaddr: [u8; 4],
+    address: [u8; 4],
+    ifindex: c_int,
+}
+
+/// Opens a datagram socket and makes the IP layer a member of the IPv4 multicast `group` on
+/// the interface that has the address `local` (`IP_ADD_MEMBERSHIP`). Returns the socket:
+/// the membership lasts until it is closed ([`close_fd`]). `Err(errno)` on failure.
+pub(crate) fn join_ipv4_group(group: [u8; 4], local: [u8; 4]) -> Result<c_int, i32> {
+    const AF_INET: c_int = 2;
+    const SOCK_DGRAM: c_int = 2;
+    const SOCK_CLOEXEC: c_int = 0o2_000_000;
+    const IPPROTO_IP: c_int = 0;
+    const IP_ADD_MEMBERSHIP: c_int = 35;
+    // SAFETY: socket(2) takes no pointers; a failure returns -1.
+    let fd = unsafe { socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let req = IpMreqn {
+        multiaddr: group,
+        address: local,
+        ifindex: 0,
+    };
+    // SAFETY: `req` is a valid ip_mreqn for the length passed, read only during the call.
+    let rc = unsafe {
+        setsockopt(
+            fd,
+            IPPROTO_IP,
+            IP_ADD_MEMBERSHIP,
+            (&raw const req).cast(),
+            core::mem::size_of::<IpMreqn>() as u32,
+        )
+    };
+    if rc != 0 {
+        let e = errno();
+        close_fd(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// Closes a descriptor this module opened.
+pub(crate) fn close_fd(fd: c_int) {
+    // SAFETY: the caller owns `fd` and never uses it again; close(2) takes no pointers.
+    unsafe {
+        close(fd);
+    }
 }
 
 /// `EAGAIN` on Linux.

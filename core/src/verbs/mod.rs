@@ -3,20 +3,25 @@
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
 //! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
 //! channels and events in [`event`]; RC queue pairs and posting in [`qp`]; shared receive
-//! queues in [`srq`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
+//! queues in [`srq`]; datagram (UD) queue pairs and multicast attach in [`ud`], their address
+//! handles in [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
 //! does not wrap, and [`ffi`] re-exports the bindings.
 
+pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod error;
 pub mod event;
 pub mod ffi;
+pub mod mcast;
 pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+pub mod ud;
 
 pub use crate::params::QpCaps;
+pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use cq::{Cq, POLL_BATCH};
 pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
@@ -24,10 +29,12 @@ pub use device::{
 };
 pub use error::{Verb, VerbsError};
 pub use event::{CompletionChannel, CqEvents};
+pub use mcast::IpMembership;
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
 pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic};
 pub use srq::Srq;
+pub use ud::{UdConfig, UdQp, DEFAULT_QKEY, GRH_LEN, MULTICAST_QPN};
 
 static_assertions::assert_eq_size!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);
 static_assertions::assert_eq_align!(crate::sge::Sge<'static>, ffi::sys::ibv_sge);

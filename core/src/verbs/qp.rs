@@ -99,8 +99,8 @@ pub struct RdAtomic {
     pub responder: u8,
 }
 
-struct QpHandle {
-    raw: NonNull<sys::ibv_qp>,
+pub(super) struct QpHandle {
+    pub(super) raw: NonNull<sys::ibv_qp>,
 }
 
 impl Drop for QpHandle {
@@ -146,7 +146,7 @@ impl fmt::Debug for PreparedQp {
     }
 }
 
-fn modify(
+pub(super) fn modify(
     qp: NonNull<sys::ibv_qp>,
     attr: &mut sys::ibv_qp_attr,
     mask: u32,
@@ -161,7 +161,7 @@ fn modify(
     }
 }
 
-fn zeroed_attr() -> sys::ibv_qp_attr {
+pub(super) fn zeroed_attr() -> sys::ibv_qp_attr {
     // SAFETY: ibv_qp_attr is plain C data for which all-zero is valid.
     unsafe { MaybeUninit::zeroed().assume_init() }
 }
@@ -209,21 +209,7 @@ impl Pd {
                 state: port.state,
             });
         }
-        let route = match cfg.gid_index {
-            None => ctx.default_route(cfg.port)?,
-            Some(i) => {
-                let e =
-                    ctx.gid_entry(cfg.port, u32::from(i))?
-                        .ok_or(VerbsError::InvalidArgument {
-                            what: "the chosen GID index is empty",
-                        })?;
-                Route {
-                    gid_index: i,
-                    gid: e.gid,
-                    global: true,
-                }
-            }
-        };
+        let route = ctx.route(cfg.port, cfg.gid_index)?;
         let mut init = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: send_cq.as_raw(),
@@ -636,46 +622,60 @@ impl Qp {
         &mut self,
         wrs: &[RecvRequest<'_>],
     ) -> core::result::Result<(), PostFailure> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        if wrs.len() > MAX_BATCH {
-            return Err(PostFailure {
-                posted: 0,
-                errno: 22,
-            });
-        }
-        let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
-            [const { MaybeUninit::uninit() }; MAX_BATCH];
-        let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-        for (i, w) in wrs.iter().enumerate() {
-            let next = if i + 1 < wrs.len() {
-                // SAFETY: inside the array.
-                unsafe { base.add(i + 1) }
-            } else {
-                ptr::null_mut()
-            };
-            chain[i].write(sys::ibv_recv_wr {
-                wr_id: w.wr_id,
-                next,
-                sg_list: w.sges.as_ptr().cast_mut().cast(),
-                num_sge: w.sges.len() as core::ffi::c_int,
-            });
-        }
-        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: as in post_send.
-        let rc = unsafe { ffi::post_recv(self.as_raw(), base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: bad points into our chain array.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err(PostFailure { posted, errno: rc })
+        // SAFETY: the QP is live; forwarded contract.
+        unsafe { post_recv_chain(self.as_raw(), wrs) }
     }
+}
+
+/// Posts `wrs` to the receive queue of `qp` as one chain (at most [`MAX_BATCH`]).
+///
+/// # Safety
+/// `qp` is live; the posting contract for the buffers.
+pub(super) unsafe fn post_recv_chain(
+    qp: *mut sys::ibv_qp,
+    wrs: &[RecvRequest<'_>],
+) -> core::result::Result<(), PostFailure> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    if wrs.len() > MAX_BATCH {
+        return Err(PostFailure {
+            posted: 0,
+            errno: 22,
+        });
+    }
+    let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
+        [const { MaybeUninit::uninit() }; MAX_BATCH];
+    let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
+    for (i, w) in wrs.iter().enumerate() {
+        let next = if i + 1 < wrs.len() {
+            // SAFETY: inside the array.
+            unsafe { base.add(i + 1) }
+        } else {
+            ptr::null_mut()
+        };
+        chain[i].write(sys::ibv_recv_wr {
+            wr_id: w.wr_id,
+            next,
+            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+            sg_list: w.sges.as_ptr().cast_mut().cast(),
+            num_sge: w.sges.len() as core::ffi::c_int,
+        });
+    }
+    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
+    // posting contract and that qp is live.
+    let rc = unsafe { ffi::post_recv(qp, base, &mut bad) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let posted = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: bad points into our chain array.
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    };
+    Err(PostFailure { posted, errno: rc })
 }
 
 /// Flags as the device sees them; checked against the header's values at compile time.

@@ -166,7 +166,7 @@ mod tests;
 
 pub use fabric::{SoftEnd, SoftFabric};
 #[cfg(feature = "alloc")]
-pub use net::{NetCq, NetQp, NetRegion, SoftNet, SoftNetConfig};
+pub use net::{NetAddress, NetCq, NetDatagram, NetQp, NetRegion, SoftNet, SoftNetConfig};
 pub use region::SoftRegion;
 
 /// Entries of every queue (send, receive and both completion queues) of each side.
@@ -267,4 +267,7 @@ pub struct SoftStats {
     pub rnr_retries: u64,
     /// Transport retries (ticks that found the peer dead or in the error state).
     pub transport_retries: u64,
+    /// Datagrams that reached a datagram queue pair of this node and were dropped: no
+    /// receive posted, a Q_Key it does not expect, or the queue pair in the error state.
+    pub datagrams_dropped: u64,
 }

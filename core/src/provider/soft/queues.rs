@@ -141,6 +141,7 @@ impl QpState {
                 recv_cqes: 0,
                 rnr_retries: 0,
                 transport_retries: 0,
+                datagrams_dropped: 0,
             },
         }
     }

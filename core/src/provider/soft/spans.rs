@@ -36,6 +36,30 @@ impl Spans {
         s
     }
 
+    /// The spans without their first `n` bytes (empty if they hold fewer).
+    #[cfg(feature = "alloc")]
+    pub(super) fn skip(&self, mut n: u64) -> Spans {
+        let mut out = Spans::EMPTY;
+        for s in self.as_slice() {
+            let len = s.len as u64;
+            if n >= len {
+                n -= len;
+                continue;
+            }
+            let at = n as usize;
+            n = 0;
+            out.list[out.n] = Span {
+                // Inside the span: keeps its provenance (wrapping_add only because it needs
+                // no unsafe).
+                ptr: s.ptr.wrapping_add(at),
+                len: s.len - at,
+            };
+            out.n += 1;
+            out.total += (s.len - at) as u64;
+        }
+        out
+    }
+
     pub(super) fn as_slice(&self) -> &[Span] {
         &self.list[..self.n.min(MAX_SGE)]
     }

@@ -449,13 +449,25 @@ impl NetState {
         Ok(count)
     }
 
-    /// Kills `node`: dead, and every queue pair of it flushed.
+    /// Kills `node`: dead, and every queue pair of it flushed (its datagram queue pairs
+    /// too).
     pub(super) fn kill(&mut self, node: usize) {
         let Some(n) = self.world.nodes.get_mut(node) else {
             return;
         };
         n.dead = true;
-        for i in 0..n.qps.len() {
+        let qps = n.qps.len();
+        for u in 0..self.world.ud.len() {
+            if self
+                .world
+                .ud
+                .get(u)
+                .is_some_and(|d| d.node as usize == node)
+            {
+                self.ud_enter_error(u);
+            }
+        }
+        for i in 0..qps {
             if let Some(&q) = self.world.nodes.get(node).and_then(|n| n.qps.get(i)) {
                 enter_error(&mut self.world, q as usize);
             }

@@ -63,6 +63,8 @@
 //!   get no answer and fail with [`WcStatus::RetryExceeded`] after `retry_count` ticks, and
 //!   their receives are never consumed.
 //! - [`SoftNet::stats`] counts per node (all its queue pairs together).
+//! - Nodes also have datagram (UD) queue pairs, unicast and multicast, with rules of their
+//!   own: [`datagram`].
 //!
 //! # When work executes
 //! Deterministically, inside the calls, and only on the queue pairs a call can affect, so
@@ -130,6 +132,7 @@ use crate::completion::WcStatus;
 use crate::provider::QueuePair;
 
 mod calls;
+pub mod datagram;
 mod handles;
 mod region;
 mod state;
@@ -141,6 +144,7 @@ mod tests_scale;
 mod tests_srq;
 mod world;
 
+pub use datagram::{NetAddress, NetDatagram};
 pub use handles::{NetCq, NetQp};
 pub use region::NetRegion;
 pub use world::SoftNet;

@@ -313,6 +313,10 @@ pub(super) struct World {
     connected: Vec<u64>,
     /// The generation the next registration gets (one counter for the whole net).
     pub(super) next_gen: u32,
+    /// Datagram queue pairs (`net/datagram.rs`), numbered from `UD_QPN_BASE`.
+    pub(super) ud: Vec<super::datagram::UdState>,
+    /// Multicast groups and their members (datagram queue pair indices), in joining order.
+    pub(super) groups: Vec<super::datagram::Group>,
 }
 
 impl World {
@@ -334,6 +338,8 @@ impl World {
             qps: Vec::new(),
             connected: alloc::vec![0u64; (n * n).div_ceil(64)],
             next_gen: 1,
+            ud: Vec::new(),
+            groups: Vec::new(),
         }
     }
 
@@ -435,5 +441,15 @@ impl World {
             + self.qps.capacity() * size_of::<QpSlot>()
             + self.qps.len() * QpSlot::heap_bytes(&self.caps)
             + self.connected.capacity() * size_of::<u64>()
+            + self
+                .ud
+                .iter()
+                .map(super::datagram::UdState::heap_bytes)
+                .sum::<usize>()
+            + self
+                .groups
+                .iter()
+                .map(super::datagram::Group::heap_bytes)
+                .sum::<usize>()
     }
 }

@@ -1,0 +1,222 @@
+//! Sending: inline or through a send slot, one post per datagram, selective signaling.
+
+use super::{Datagram, DatagramError, Peer, MAX_PARTS};
+use crate::completion::WcStatus;
+use crate::memory::Region;
+use crate::poll::{Backoff, Deadline};
+use crate::provider::datagram::DatagramProvider;
+use crate::sge::Sge;
+use crate::wr::{DatagramRequest, SendFlags};
+
+impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, B, N> {
+    /// Sends `payload` to `to`: inline when it fits the queue pair's inline limit, else
+    /// copied into the next send slot. The bytes are free again when the call returns; the
+    /// call waits only when the send queue or the send slot is still busy (at most the
+    /// endpoint's timeout). A payload over the MTU is refused before anything is posted
+    /// ([`DatagramError::TooLarge`]). Delivery is not confirmed: see the
+    /// [module docs](super). Does not allocate.
+    #[inline]
+    pub fn send(&mut self, to: &Peer<P::Address>, payload: &[u8]) -> Result<(), DatagramError> {
+        self.send_parts(to, &[payload])
+    }
+
+    /// Sends the concatenation of up to [`MAX_PARTS`] slices as one datagram (a header and
+    /// a body, say) without joining them first: gathered inline, or copied one after the
+    /// other into a send slot. Otherwise as [`Datagram::send`]. Does not allocate.
+    pub fn send_parts(
+        &mut self,
+        to: &Peer<P::Address>,
+        parts: &[&[u8]],
+    ) -> Result<(), DatagramError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        if parts.len() > MAX_PARTS {
+            return Err(DatagramError::TooManyParts {
+                max: MAX_PARTS,
+                got: parts.len(),
+            });
+        }
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total > to.mtu as usize {
+            return Err(DatagramError::TooLarge {
+                max: to.mtu,
+                got: total,
+            });
+        }
+        if !self.fits() {
+            self.wait_sends(Self::fits)?;
+        }
+        let seq = self.next_seq;
+        let inline = total <= self.caps.max_inline_data as usize
+            && parts.len() <= self.caps.max_send_sge as usize;
+        // SAFETY: placeholders, never posted: only the first `n` entries are.
+        let mut sges = [unsafe { Sge::from_raw(0, 0, 0) }; MAX_PARTS];
+        let mut flags = SendFlags::empty();
+        let n;
+        let mut stage = None;
+        if inline {
+            for (e, p) in sges.iter_mut().zip(parts) {
+                // SAFETY: inline data is copied into the work request during the post, so
+                // the device never reads it through this entry later, and needs no lkey.
+                *e = unsafe { Sge::from_raw(p.as_ptr() as u64, p.len() as u32, 0) };
+            }
+            n = parts.len();
+            flags |= SendFlags::INLINE;
+        } else {
+            let j = self.next_stage;
+            let prev = self.staged[j];
+            if prev > self.done_seq {
+                self.wait_sends(|s| s.done_seq >= prev)?;
+            }
+            let at = self.send_base + j * self.mtu as usize;
+            let mut off = at;
+            for p in parts {
+                if !self.mem.write_from(off, p) {
+                    return Err(DatagramError::InvalidSetup {
+                        what: "a send slot outside the memory",
+                    });
+                }
+                off += p.len();
+            }
+            sges[0] = self
+                .mem
+                .sge(at..at + total)
+                .ok_or(DatagramError::InvalidSetup {
+                    what: "a send slot outside the memory",
+                })?;
+            n = 1;
+            stage = Some((j, prev));
+            self.staged[j] = seq + 1;
+            self.next_stage = (j + 1) % self.send_slots;
+        }
+        let since = self.since_signal;
+        self.since_signal += 1;
+        if self.since_signal >= self.signal_every {
+            flags |= SendFlags::SIGNALED;
+            self.since_signal = 0;
+        }
+        let wr = DatagramRequest {
+            wr_id: seq,
+            flags,
+            sges: &sges[..n],
+            imm: None,
+            dest: &to.address,
+            remote_qpn: to.qpn,
+            remote_qkey: to.qkey,
+        };
+        // SAFETY: inline entries are copied during the post; a send slot is written by the
+        // CPU only once the send that used it before has completed (`staged`), and the
+        // endpoint frees the memory only after draining the queue pair.
+        if let Err(f) = unsafe { self.p.post_send(&[wr]) } {
+            // One request, refused: nothing was posted.
+            self.since_signal = since;
+            if let Some((j, prev)) = stage {
+                self.staged[j] = prev;
+                self.next_stage = j;
+            }
+            return Err(DatagramError::Post { errno: f.errno });
+        }
+        self.next_seq += 1;
+        self.stats.sent += 1;
+        if inline {
+            self.stats.sent_inline += 1;
+        }
+        Ok(())
+    }
+
+    /// Waits until every datagram posted so far has left (at most the endpoint's timeout):
+    /// call it before dropping an endpoint whose last datagrams matter, because dropping
+    /// flushes whatever the device has not sent yet. If the last send was not signaled,
+    /// posts one empty datagram to this endpoint itself with a Q_Key it does not accept (its
+    /// own device drops it on arrival), whose completion retires the sends before it. Does
+    /// not allocate.
+    pub fn wait_sent(&mut self) -> Result<(), DatagramError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        if self.since_signal > 0 {
+            if !self.fits() {
+                self.wait_sends(Self::fits)?;
+            }
+            let wr = DatagramRequest {
+                wr_id: self.next_seq,
+                flags: SendFlags::SIGNALED,
+                sges: &[],
+                imm: None,
+                dest: &*self.drain_to,
+                remote_qpn: self.qp_num,
+                remote_qkey: (self.qkey ^ 1) & 0x7fff_ffff,
+            };
+            // SAFETY: the request names no memory at all.
+            unsafe { self.p.post_send(&[wr]) }
+                .map_err(|f| DatagramError::Post { errno: f.errno })?;
+            self.next_seq += 1;
+            self.since_signal = 0;
+        }
+        let last = self.next_seq;
+        self.wait_sends(|s| s.done_seq >= last)
+    }
+
+    /// Whether one more send fits next to those not yet retired.
+    #[inline]
+    fn fits(&self) -> bool {
+        self.next_seq + 1 - self.done_seq <= self.sq_depth
+    }
+
+    /// Polls until `done`, at most the endpoint's timeout; if the device does not complete
+    /// the sends in time (or a poll fails), flushes and drains the queue pair and breaks
+    /// the endpoint.
+    fn wait_sends(&mut self, done: impl Fn(&Self) -> bool) -> Result<(), DatagramError> {
+        self.backoff.reset();
+        let (clock, timeout) = (self.clock, self.timeout);
+        let deadline = Deadline::after(clock, timeout);
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            match self.poll_once() {
+                Ok(0) => {}
+                Ok(_) => {
+                    self.backoff.reset();
+                    continue;
+                }
+                Err(e) => {
+                    self.break_with(false, WcStatus::General);
+                    self.flush_and_drain();
+                    return Err(DatagramError::Provider(e));
+                }
+            }
+            if deadline.passed(clock) {
+                let outstanding = self.outstanding_sends();
+                self.break_with(false, WcStatus::General);
+                self.flush_and_drain();
+                return Err(DatagramError::SendsStuck { outstanding });
+            }
+            self.backoff
+                .snooze_within(&mut || deadline.remaining(clock));
+        }
+    }
+
+    /// Posts one signaled request with no data, to this endpoint itself, to the queue pair
+    /// in the error state (the verbs drain idiom): it completes flushed after everything
+    /// posted before it, retiring unsignaled sends that will never complete on their own.
+    pub(super) fn post_drain_request(&mut self) {
+        let wr = DatagramRequest {
+            wr_id: self.next_seq,
+            flags: SendFlags::SIGNALED,
+            sges: &[],
+            imm: None,
+            dest: &*self.drain_to,
+            remote_qpn: self.qp_num,
+            remote_qkey: self.qkey,
+        };
+        // SAFETY: the request names no memory at all.
+        if unsafe { self.p.post_send(&[wr]) }.is_ok() {
+            self.next_seq += 1;
+        }
+    }
+}

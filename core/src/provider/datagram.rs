@@ -1,0 +1,94 @@
+//! The seam for datagrams: what the [`Datagram`](crate::datagram::Datagram) endpoint needs
+//! from an unreliable-datagram (UD) queue pair, behind one trait.
+//!
+//! Two implementations exist, as for RC:
+//! - [`verbs_ud`](super::verbs_ud) (feature `verbs`): a [`UdQp`](crate::verbs::UdQp) with
+//!   its own two completion queues, address handles for addresses, and multicast groups
+//!   joined on the device and in the IP layer;
+//! - the software model's [`NetDatagram`](super::soft::NetDatagram) (feature `alloc`):
+//!   datagram queue pairs on the nodes of a [`SoftNet`](super::soft::SoftNet), unicast and
+//!   multicast fan-out, executed deterministically inside the calls.
+//!
+//! What both promise: a send completes once the datagram left (whether anybody received it
+//! or not), in posting order; a receive completes with the 40-byte network header
+//! ([`crate::wire::grh`]) in front of the payload, `byte_len` counting both, and the
+//! sender's queue pair number; [`DatagramProvider::set_error`] flushes every outstanding
+//! request, and requests posted after it complete flushed.
+
+use crate::completion::{Completion, DatagramCompletion};
+use crate::gid::Gid;
+use crate::params::QpCaps;
+use crate::provider::ProviderError;
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
+
+/// Where a datagram goes, before the provider makes an address of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// A port (or a multicast group) by GID: a routed address with a global route header,
+    /// what RoCE requires.
+    Gid(Gid),
+    /// A port inside one InfiniBand subnet, by LID.
+    Lid(u16),
+}
+
+/// One datagram queue pair with its own send and receive completion queues. See the
+/// [module docs](self).
+pub trait DatagramProvider {
+    /// What a send names as its destination: an address handle on a device.
+    type Address;
+
+    /// What the queue pair can hold.
+    fn caps(&self) -> QpCaps;
+
+    /// The queue pair's number: what senders address and receivers see as the source.
+    fn qp_num(&self) -> u32;
+
+    /// The Q_Key datagrams to this queue pair must carry.
+    fn qkey(&self) -> u32;
+
+    /// The GID of the port this queue pair sends from (its address for senders on RoCE).
+    fn gid(&self) -> Gid;
+
+    /// The LID of the port (InfiniBand; 0 on RoCE).
+    fn lid(&self) -> u16;
+
+    /// The largest payload a datagram may carry (the path MTU, in bytes).
+    fn mtu(&self) -> u32;
+
+    /// The address of `to`, to send to. Setup: may allocate (an address handle); keep it.
+    fn address(&mut self, to: Destination) -> Result<Self::Address, ProviderError>;
+
+    /// Posts the sends as one chain (one doorbell). At most
+    /// [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract).
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, Self::Address>],
+    ) -> Result<(), PostFailure>;
+
+    /// Posts receives as one chain. At most [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract).
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure>;
+
+    /// Polls send completions into `out`; returns how many.
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
+
+    /// Polls receive completions into `out`; returns how many.
+    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError>;
+
+    /// Moves the queue pair to the error state: every outstanding request completes,
+    /// flushed.
+    fn set_error(&mut self) -> Result<(), ProviderError>;
+
+    /// Makes the queue pair a member of the multicast group `group`: datagrams sent to the
+    /// group are delivered to it too. Setup: may allocate. Joining a group twice is refused (`EINVAL`).
+    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError>;
+
+    /// Ends the membership in `group`: nothing sent to it after this is delivered here.
+    /// Leaving a group not joined is refused (`EINVAL`).
+    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError>;
+}

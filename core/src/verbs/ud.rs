@@ -1,0 +1,402 @@
+//! Datagram (unreliable datagram, UD) queue pairs: creation, bring-up with a Q_Key, posting,
+//! and attaching to multicast groups.
+//!
+//! A UD queue pair is connected to nobody. It is ready to send and receive as soon as it is
+//! created (INIT with its Q_Key, RTR, RTS: no peer is needed for any of them); each send
+//! names an [`AddressHandle`], the destination queue pair number and its Q_Key. What UD does
+//! not do, and RC does: acknowledge, retransmit, or report a lost datagram. A send completes
+//! once the datagram left; one that finds no receive posted, or a Q_Key it does not expect,
+//! or that is dropped on the way, is gone without a trace.
+//!
+//! Every received datagram is preceded, in the receive buffer, by the 40 bytes of its network
+//! header (the GRH, on RoCE v2 an IPv4 header in its last 20 bytes): receives must be 40
+//! bytes longer than the largest payload, and a payload is at most the path MTU
+//! ([`UdQp::mtu`]).
+//!
+//! ```no_run
+//! use rverbs_core::verbs::{open_device, UdConfig};
+//! # fn main() -> Result<(), rverbs_core::verbs::VerbsError> {
+//! let ctx = open_device("rxe0")?;
+//! let pd = ctx.alloc_pd()?;
+//! let (send_cq, recv_cq) = (ctx.create_cq(64)?, ctx.create_cq(64)?);
+//! let qp = pd.create_ud_qp(&send_cq, &recv_cq, &UdConfig::default())?;
+//! println!("qpn {} q_key {:#x} mtu {:?}", qp.qp_num(), qp.qkey(), qp.mtu());
+//! # Ok(()) }
+//! ```
+
+use core::fmt;
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+
+use alloc::sync::Arc;
+
+use super::ah::AddressHandle;
+use super::cq::{Cq, CqInner};
+use super::device::{LinkLayer, Route};
+use super::error::{Result, Verb, VerbsError};
+use super::ffi::{self, errno, sys};
+use super::pd::Pd;
+use super::qp::{modify, post_recv_chain, zeroed_attr, QpHandle};
+use crate::gid::Gid;
+use crate::params::{Mtu, QpCaps};
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, MAX_BATCH};
+
+/// The Q_Key a datagram queue pair takes by default: the one the RDMA connection manager
+/// gives UD and multicast queue pairs (`RDMA_UDP_QKEY`), so endpoints made here and there
+/// can talk. Its high bit is clear, as it must be: Q_Keys with the high bit set are
+/// "controlled", for privileged queue pairs only.
+pub const DEFAULT_QKEY: u32 = 0x0123_4567;
+
+/// The queue pair number a datagram is sent to when it goes to a multicast group.
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+
+/// Bytes of the network header (GRH) in front of every received datagram.
+pub const GRH_LEN: usize = 40;
+
+/// How to make a datagram queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UdConfig {
+    /// Port number (from 1).
+    pub port: u8,
+    /// Source GID index for the addresses made for this queue pair; `None` picks
+    /// [`Context::default_route`](super::Context::default_route).
+    pub gid_index: Option<u8>,
+    /// The Q_Key: datagrams carrying another are dropped on arrival. High bit clear.
+    pub qkey: u32,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive.
+    pub max_recv_sge: u32,
+    /// Largest inline payload (the device may grant more).
+    pub max_inline_data: u32,
+}
+
+impl Default for UdConfig {
+    fn default() -> Self {
+        Self {
+            port: 1,
+            gid_index: None,
+            qkey: DEFAULT_QKEY,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// A datagram queue pair, ready to send and receive (RTS). See the [module docs](self).
+pub struct UdQp {
+    qpn: u32,
+    qkey: u32,
+    caps: QpCaps,
+    route: Route,
+    port: u8,
+    link_layer: LinkLayer,
+    lid: u16,
+    mtu: Mtu,
+    // Field order is drop order: the QP goes before its CQs and PD.
+    handle: QpHandle,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+    pd: Pd,
+}
+
+// SAFETY: a QP may be posted to from any thread; UdQp owns its handle and posting needs &mut.
+unsafe impl Send for UdQp {}
+
+impl fmt::Debug for UdQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdQp")
+            .field("qpn", &self.qpn)
+            .field("qkey", &self.qkey)
+            .field("route", &self.route)
+            .field("mtu", &self.mtu)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// Creates a datagram queue pair on `cfg.port` and brings it up to RTS with `cfg.qkey`.
+    /// Fails with [`VerbsError::InvalidArgument`] for a Q_Key with the high bit set.
+    pub fn create_ud_qp(&self, send_cq: &Cq, recv_cq: &Cq, cfg: &UdConfig) -> Result<UdQp> {
+        if cfg.qkey & 0x8000_0000 != 0 {
+            return Err(VerbsError::InvalidArgument {
+                what: "a Q_Key with the high bit set is for privileged queue pairs only",
+            });
+        }
+        let ctx = self.context();
+        let port = ctx.query_port(cfg.port)?;
+        if !port.active {
+            return Err(VerbsError::PortNotActive {
+                port: cfg.port,
+                state: port.state,
+            });
+        }
+        let route = ctx.route(cfg.port, cfg.gid_index)?;
+        let mut init = sys::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.as_raw(),
+            recv_cq: recv_cq.as_raw(),
+            srq: ptr::null_mut(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: cfg.max_send_wr,
+                max_recv_wr: cfg.max_recv_wr,
+                max_send_sge: cfg.max_send_sge,
+                max_recv_sge: cfg.max_recv_sge,
+                max_inline_data: cfg.max_inline_data,
+            },
+            qp_type: sys::ibv_qp_type::IBV_QPT_UD,
+            // Selective signaling: only requests flagged SIGNALED complete.
+            sq_sig_all: 0,
+        };
+        // SAFETY: the PD and both CQs are live (we hold them); init is fully initialised.
+        let raw = unsafe { sys::ibv_create_qp(self.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+            verb: Verb::CreateQp,
+            errno: errno(),
+        })?;
+        let handle = QpHandle { raw };
+        use sys::ibv_qp_attr_mask as m;
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = cfg.port;
+        attr.qkey = cfg.qkey;
+        modify(
+            raw,
+            &mut attr,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY).0,
+            Verb::ModifyQpInit,
+        )?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        modify(raw, &mut attr, m::IBV_QP_STATE.0, Verb::ModifyQpRtr)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = 0;
+        modify(
+            raw,
+            &mut attr,
+            (m::IBV_QP_STATE | m::IBV_QP_SQ_PSN).0,
+            Verb::ModifyQpRts,
+        )?;
+        // SAFETY: raw is live; qp_num is set at creation.
+        let qpn = unsafe { (*raw.as_ptr()).qp_num };
+        Ok(UdQp {
+            qpn,
+            qkey: cfg.qkey,
+            caps: QpCaps {
+                max_send_wr: init.cap.max_send_wr,
+                max_recv_wr: init.cap.max_recv_wr,
+                max_send_sge: init.cap.max_send_sge,
+                max_recv_sge: init.cap.max_recv_sge,
+                max_inline_data: init.cap.max_inline_data,
+            },
+            route,
+            port: cfg.port,
+            link_layer: port.link_layer,
+            lid: port.lid,
+            mtu: port.active_mtu,
+            handle,
+            _send_cq: send_cq.keep_alive(),
+            _recv_cq: recv_cq.keep_alive(),
+            pd: self.clone(),
+        })
+    }
+}
+
+impl UdQp {
+    /// The QP number.
+    #[inline]
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The Q_Key datagrams to this queue pair must carry.
+    #[inline]
+    pub fn qkey(&self) -> u32 {
+        self.qkey
+    }
+
+    /// What the device granted.
+    #[inline]
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The route addresses made for this queue pair send from (GID index and GID).
+    #[inline]
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// The port it is on.
+    #[inline]
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    /// The port's link layer (RoCE ports route every datagram by GID).
+    #[inline]
+    pub fn link_layer(&self) -> LinkLayer {
+        self.link_layer
+    }
+
+    /// The port's LID (InfiniBand).
+    #[inline]
+    pub fn lid(&self) -> u16 {
+        self.lid
+    }
+
+    /// The port's active MTU when the queue pair was made: the largest datagram payload.
+    #[inline]
+    pub fn mtu(&self) -> Mtu {
+        self.mtu
+    }
+
+    /// The protection domain (to make address handles and register memory on).
+    #[inline]
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The raw `ibv_qp`.
+    #[inline]
+    pub fn as_raw(&self) -> *mut sys::ibv_qp {
+        self.handle.raw.as_ptr()
+    }
+
+    /// Attaches the queue pair to the multicast group `gid` (`ibv_attach_mcast`; `lid` is the
+    /// group's LID on InfiniBand, 0 on RoCE): datagrams sent to the group are delivered to it
+    /// too. On RoCE v2 the IP layer must be a member of the group as well (see
+    /// [`super::mcast`]).
+    pub fn attach_mcast(&mut self, gid: &Gid, lid: u16) -> Result<()> {
+        let g = sys::ibv_gid { raw: gid.0 };
+        // SAFETY: the QP is live; g is read only during the call.
+        let rc = unsafe { sys::ibv_attach_mcast(self.as_raw(), &g, lid) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(VerbsError::Call {
+                verb: Verb::AttachMcast,
+                errno: rc,
+            })
+        }
+    }
+
+    /// Detaches the queue pair from the multicast group `gid` (`ibv_detach_mcast`).
+    pub fn detach_mcast(&mut self, gid: &Gid, lid: u16) -> Result<()> {
+        let g = sys::ibv_gid { raw: gid.0 };
+        // SAFETY: the QP is live; g is read only during the call.
+        let rc = unsafe { sys::ibv_detach_mcast(self.as_raw(), &g, lid) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(VerbsError::Call {
+                verb: Verb::DetachMcast,
+                errno: rc,
+            })
+        }
+    }
+
+    /// Moves the QP to the error state: outstanding requests complete as flushed.
+    pub fn set_error(&mut self) -> Result<()> {
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        modify(
+            self.handle.raw,
+            &mut attr,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
+            Verb::ModifyQpErr,
+        )
+    }
+
+    /// Posts up to [`MAX_BATCH`] datagram sends as one chain: one doorbell. Does not
+    /// allocate.
+    ///
+    /// # Safety
+    /// The [posting contract](crate#the-posting-contract) for the buffers the requests name
+    /// (inline ones are copied during the post). The address handles must stay alive until
+    /// the post returns (the borrow in each request sees to it).
+    #[inline]
+    pub unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, AddressHandle>],
+    ) -> core::result::Result<(), PostFailure> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > MAX_BATCH {
+            return Err(PostFailure {
+                posted: 0,
+                errno: 22,
+            });
+        }
+        let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
+            [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        for (i, w) in wrs.iter().enumerate() {
+            // SAFETY: ibv_send_wr is plain C data for which zero is valid.
+            let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+            wr.wr_id = w.wr_id;
+            wr.next = if i + 1 < wrs.len() {
+                // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
+                unsafe { base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+            wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+            wr.num_sge = w.sges.len() as core::ffi::c_int;
+            (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
+                Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
+            };
+            wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
+            wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: w.dest.as_raw(),
+                remote_qpn: w.remote_qpn,
+                remote_qkey: w.remote_qkey,
+            };
+            chain[i].write(wr);
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the first wrs.len() entries are initialised and chained; the address
+        // handles are alive (borrowed by the requests); the caller upholds the posting
+        // contract for the buffers.
+        let rc = unsafe { ffi::post_send(self.as_raw(), base, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let posted = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: bad points into our chain array.
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        Err(PostFailure { posted, errno: rc })
+    }
+
+    /// Posts up to [`MAX_BATCH`] receives as one chain. Each must hold [`GRH_LEN`] bytes
+    /// more than the largest payload it takes. Does not allocate.
+    ///
+    /// # Safety
+    /// As for [`UdQp::post_send`]: the scatter buffers are the device's until their receive
+    /// completions are polled.
+    #[inline]
+    pub unsafe fn post_recv(
+        &mut self,
+        wrs: &[RecvRequest<'_>],
+    ) -> core::result::Result<(), PostFailure> {
+        // SAFETY: the QP is live; forwarded contract.
+        unsafe { post_recv_chain(self.as_raw(), wrs) }
+    }
+}

@@ -1,0 +1,567 @@
+//! Datagrams on a real device, between processes: UD both ways (inline, staged and
+//! MTU-sized payloads, the MTU + 1 refused before posting); multicast from one sender to
+//! three receivers, every receiver getting every datagram in order; a receiver that joins
+//! late getting only what follows; leaving stopping delivery; zero allocations per datagram
+//! on both sides; and, on the verbs layer, answering a datagram through
+//! `ibv_init_ah_from_wc`.
+//!
+//! The peers are child processes: this same test binary running the ignored `child`
+//! entry point, driven over its stdin and stdout (endpoints in their wire encoding, as hex,
+//! and one command per line). The parent is the sender.
+#![allow(clippy::std_instead_of_core)] // test code
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rverbs_core::completion::DatagramCompletion;
+use rverbs_core::datagram::{
+    memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
+};
+use rverbs_core::memory::PageMemory;
+use rverbs_core::provider::verbs_ud::VerbsDatagram;
+use rverbs_core::verbs::{
+    AccessFlags, AhAttr, Context, OwnedRegion, UdConfig, GRH_LEN, MULTICAST_QPN,
+};
+use rverbs_core::wire::DatagramEndpoint;
+use rverbs_core::wr::{DatagramRequest, RecvRequest, SendFlags};
+
+struct Counting;
+
+thread_local! {
+    /// Allocations made by this thread (the harness's own threads do not count).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+}
+
+fn allocs() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        count();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Lines of the protocol start with this (libtest prints its own lines on the same stdout).
+const TAG: &str = "DGRAM ";
+const GROUP: [u8; 4] = [239, 1, 2, 3];
+/// Receive slots: the most datagrams a receiver can fall behind by.
+const SLOTS: u32 = 256;
+
+type Endpoint = Datagram<VerbsDatagram, OwnedRegion, Yield, 256>;
+
+/// Gives the core away between empty polls: the VM has fewer CPUs than busy processes.
+#[derive(Debug, Default)]
+struct Yield;
+
+impl rverbs_core::poll::Backoff for Yield {
+    fn snooze(&mut self) {
+        std::thread::yield_now();
+    }
+    fn reset(&mut self) {}
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn config() -> DatagramConfig {
+    let mut c = DatagramConfig::default();
+    c.recv_slots = SLOTS;
+    c.send_slots = 16;
+    c.timeout = Duration::from_secs(10);
+    c
+}
+
+/// A datagram endpoint on `ctx` with enough receive slots for a burst of `SLOTS`.
+fn endpoint(ctx: &Context) -> Endpoint {
+    let pd = ctx.alloc_pd().unwrap();
+    let mut ud = UdConfig::default();
+    ud.max_recv_wr = SLOTS;
+    ud.max_send_wr = 64;
+    let qp = VerbsDatagram::new(ctx, &pd, &ud).unwrap();
+    let c = config();
+    let need = memory_needed(
+        rverbs_core::provider::datagram::DatagramProvider::mtu(&qp),
+        &c,
+    );
+    let mem = pd
+        .register_shared(PageMemory::zeroed(need).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    Datagram::with_backoff(qp, mem, c, Yield, &support::WALL).unwrap()
+}
+
+/// A child process and the parent's ends of its pipes.
+struct Peer {
+    child: Child,
+    to: ChildStdin,
+    from: BufReader<ChildStdout>,
+    name: String,
+}
+
+impl Peer {
+    fn start(dev: &str, role: &str, name: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("RVERBS_DGRAM_ROLE", role)
+            .env("RVERBS_TEST_DEVICE", dev)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let to = child.stdin.take().unwrap();
+        let from = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            to,
+            from,
+            name: name.to_owned(),
+        }
+    }
+
+    fn say(&mut self, line: &str) {
+        writeln!(self.to, "{line}").unwrap();
+        self.to.flush().unwrap();
+    }
+
+    /// The next protocol line, which must be `what`; its argument.
+    fn line(&mut self, what: &str) -> String {
+        let mut l = String::new();
+        loop {
+            l.clear();
+            assert!(
+                self.from.read_line(&mut l).unwrap() > 0,
+                "{} ended before sending `{what}`",
+                self.name
+            );
+            if let Some((_, rest)) = l.trim_end().split_once(TAG) {
+                let (w, arg) = rest.split_once(' ').unwrap_or((rest, ""));
+                assert_eq!(w, what, "{}: {l}", self.name);
+                return arg.to_owned();
+            }
+        }
+    }
+
+    fn endpoint(&mut self) -> DatagramEndpoint {
+        DatagramEndpoint::decode(&unhex(&self.line("endpoint"))).unwrap()
+    }
+
+    fn finish(mut self) {
+        self.say("quit");
+        assert!(self.child.wait().unwrap().success(), "{} failed", self.name);
+    }
+}
+
+/// Sends datagrams `first..first + n` of `seq`'s stream to `to`, one every `gap`.
+fn send_sequenced(
+    ep: &mut Endpoint,
+    to: &rverbs_core::datagram::Peer<rverbs_core::verbs::AddressHandle>,
+    seq: &mut Sequencer,
+    n: u64,
+    gap: Duration,
+) -> u64 {
+    let body = [0x5au8; 48];
+    let before = allocs();
+    let mut next = Instant::now();
+    for _ in 0..n {
+        while Instant::now() < next {
+            std::hint::spin_loop();
+        }
+        next += gap;
+        let h = seq.stamp();
+        ep.send_parts(to, &[&h, &body]).unwrap();
+    }
+    allocs() - before
+}
+
+#[test]
+fn ud_both_ways_between_processes_without_allocating() {
+    let Some(dev) = support::test_device("ud_both_ways_between_processes_without_allocating")
+    else {
+        return;
+    };
+    let ctx = support::open("ud").unwrap();
+    let mut me = endpoint(&ctx);
+    let mut echo = Peer::start(&dev, "echo", "the echo process");
+    let theirs = echo.endpoint();
+    echo.say(&format!("endpoint {}", hex(&me.endpoint().encode())));
+    let to = me.peer(&theirs).unwrap();
+    let mtu = me.mtu() as usize;
+    assert!(
+        me.caps().max_inline_data < 100,
+        "the 100-byte case goes through a send slot"
+    );
+    // The MTU + 1 is refused before anything is posted.
+    assert_eq!(
+        me.send(&to, &vec![0u8; mtu + 1]),
+        Err(DatagramError::TooLarge {
+            max: mtu as u32,
+            got: mtu + 1
+        })
+    );
+    assert_eq!(me.stats().sent, 0);
+    let sizes = [8usize, 100, mtu];
+    let payloads: Vec<Vec<u8>> = sizes
+        .iter()
+        .map(|&n| support::pattern(n, n as u8))
+        .collect();
+    let rounds = 600;
+    echo.say(&format!("echo {rounds}"));
+    echo.line("echoing");
+    let before = allocs();
+    let t0 = Instant::now();
+    for i in 0..rounds {
+        let p = &payloads[i % 3];
+        me.send(&to, p).unwrap();
+        let d = me.recv().unwrap();
+        assert_eq!(d.payload, &p[..], "round {i}");
+        assert_eq!((d.source.qpn, d.source.gid), (theirs.qpn, theirs.gid));
+        assert_eq!(d.source.group, None);
+    }
+    let mine = allocs() - before;
+    let elapsed = t0.elapsed();
+    let theirs_allocs: u64 = echo.line("allocs").parse().unwrap();
+    eprintln!(
+        "{rounds} round trips (8, 100 and {mtu} bytes) in {elapsed:?}: {:.1} us each; \
+         allocations: here {mine}, in the echo process {theirs_allocs}",
+        elapsed.as_secs_f64() * 1e6 / rounds as f64
+    );
+    assert_eq!(mine, 0, "the sender allocated");
+    assert_eq!(theirs_allocs, 0, "the echo process allocated");
+    assert_eq!(me.stats().received, rounds as u64);
+    echo.finish();
+}
+
+#[test]
+fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
+    let Some(dev) = support::test_device("multicast_to_three_receivers_in_order") else {
+        return;
+    };
+    let ctx = support::open("multicast").unwrap();
+    let group = Group::ipv4(GROUP).unwrap();
+    let mut me = endpoint(&ctx);
+    let to_group = me.group_peer(group).unwrap();
+    let mut rx: Vec<Peer> = (0..3)
+        .map(|i| Peer::start(&dev, "member", &format!("receiver {i}")))
+        .collect();
+    let mut late = Peer::start(&dev, "member", "the late receiver");
+    for p in rx.iter_mut() {
+        p.endpoint();
+        p.say("join");
+        p.line("joined");
+    }
+    late.endpoint();
+    let mut seq = Sequencer::new(1);
+    // A modest rate: one datagram every 200 us, well inside what the receivers' 256 slots
+    // absorb while they are descheduled.
+    let gap = Duration::from_micros(200);
+    let t0 = Instant::now();
+
+    // Phase 1: 500 datagrams to the three members; the late receiver has not joined.
+    for p in rx.iter_mut() {
+        p.say("expect 0 500");
+        p.line("waiting");
+    }
+    late.say("silent 0");
+    late.line("waiting");
+    let mut sender_allocs = send_sequenced(&mut me, &to_group, &mut seq, 500, gap);
+    for p in rx.iter_mut() {
+        assert_eq!(p.line("got"), "500 0", "{}: count and allocations", p.name);
+    }
+    assert_eq!(
+        late.line("got"),
+        "0 0",
+        "a receiver that has not joined gets nothing"
+    );
+
+    // Phase 2: the late receiver joins; it gets what follows, from 500 on.
+    late.say("join");
+    late.line("joined");
+    for p in rx.iter_mut().chain([&mut late]) {
+        p.say("expect 500 500");
+        p.line("waiting");
+    }
+    sender_allocs += send_sequenced(&mut me, &to_group, &mut seq, 500, gap);
+    for p in rx.iter_mut().chain([&mut late]) {
+        assert_eq!(p.line("got"), "500 0", "{}", p.name);
+    }
+
+    // Phase 3: receiver 0 leaves; the others get everything, it nothing.
+    rx[0].say("leave");
+    rx[0].line("left");
+    rx[0].say("silent 1000");
+    rx[0].line("waiting");
+    for p in rx[1..].iter_mut().chain([&mut late]) {
+        p.say("expect 1000 300");
+        p.line("waiting");
+    }
+    sender_allocs += send_sequenced(&mut me, &to_group, &mut seq, 300, gap);
+    for p in rx[1..].iter_mut().chain([&mut late]) {
+        assert_eq!(p.line("got"), "300 0", "{}", p.name);
+    }
+    assert_eq!(
+        rx[0].line("got"),
+        "0 0",
+        "delivery stopped when receiver 0 left"
+    );
+
+    let s = me.stats();
+    eprintln!(
+        "1300 datagrams to 3-4 receivers in {:?}: {} posts by the sender ({:.2} per datagram), \
+         {sender_allocs} allocations while sending",
+        t0.elapsed(),
+        s.sent,
+        s.sent as f64 / 1300.0
+    );
+    assert_eq!(
+        s.sent, 1300,
+        "one post per datagram, whatever the number of receivers"
+    );
+    assert_eq!(sender_allocs, 0, "the sender allocated");
+    for p in rx.into_iter().chain([late]) {
+        p.finish();
+    }
+}
+
+/// The verbs layer alone: a datagram between two queue pairs of this process, answered with
+/// an address made from its completion and network header (`ibv_init_ah_from_wc`).
+#[test]
+fn an_address_from_a_completion_answers_the_sender() {
+    let Some(ctx) = support::open("an_address_from_a_completion_answers_the_sender") else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let cfg = UdConfig::default();
+    let (scq_a, mut rcq_a) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+    let (scq_b, mut rcq_b) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+    let mut a = pd.create_ud_qp(&scq_a, &rcq_a, &cfg).unwrap();
+    let mut b = pd.create_ud_qp(&scq_b, &rcq_b, &cfg).unwrap();
+    let mut mem = pd
+        .register_shared(PageMemory::zeroed(8192).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let route = a.route();
+    let to_b = pd
+        .create_ah(&AhAttr::global(1, b.route().gid, route.gid_index))
+        .unwrap();
+    assert!(!b.route().gid.is_multicast());
+    // A RoCE address without a GID is refused with a clear error.
+    if b.link_layer() == rverbs_core::verbs::LinkLayer::Ethernet {
+        assert!(pd.create_ah(&AhAttr::lid(1, 1)).is_err());
+    }
+    let recv = |qp: &mut rverbs_core::verbs::UdQp, mem: &mut OwnedRegion, at: usize| {
+        let e = mem.sge_mut(at..at + 256).unwrap();
+        let e = recv_entry(&e);
+        // SAFETY: the region outlives the receive, which is polled to completion below
+        // before the region is read or dropped.
+        unsafe {
+            qp.post_recv(&[RecvRequest {
+                wr_id: at as u64,
+                sges: &[e],
+            }])
+        }
+        .unwrap();
+    };
+    recv(&mut b, &mut mem, 0);
+    recv(&mut a, &mut mem, 4096);
+    let req = DatagramRequest {
+        wr_id: 1,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        sges: &[inline_entry(b"hello b")],
+        imm: Some(77),
+        dest: &to_b,
+        remote_qpn: b.qp_num(),
+        remote_qkey: b.qkey(),
+    };
+    // SAFETY: inline: the bytes are copied during the post.
+    unsafe { a.post_send(&[req]) }.unwrap();
+    let c = poll_one(&mut rcq_b);
+    assert!(c.wc.status.is_success(), "{c:?}");
+    assert_eq!(
+        (c.src_qp, c.wc.imm, c.wc.byte_len),
+        (a.qp_num(), Some(77), 40 + 7)
+    );
+    let mut grh = [0u8; GRH_LEN];
+    assert!(mem.read_into(0, &mut grh));
+    let mut got = [0u8; 7];
+    assert!(mem.read_into(GRH_LEN, &mut got));
+    assert_eq!(&got, b"hello b");
+    let back = pd.create_ah_from_wc(1, &c, &grh).unwrap();
+    let attr = back.attr();
+    assert_eq!(
+        attr.global.map(|g| g.dgid),
+        Some(route.gid),
+        "the sender's GID"
+    );
+    let req = DatagramRequest {
+        wr_id: 2,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        sges: &[inline_entry(b"hello a")],
+        imm: None,
+        dest: &back,
+        remote_qpn: c.src_qp,
+        remote_qkey: a.qkey(),
+    };
+    // SAFETY: inline, as above.
+    unsafe { b.post_send(&[req]) }.unwrap();
+    let c = poll_one(&mut rcq_a);
+    assert!(c.wc.status.is_success(), "{c:?}");
+    assert_eq!(c.src_qp, b.qp_num());
+    let mut got = [0u8; 7];
+    assert!(mem.read_into(4096 + GRH_LEN, &mut got));
+    assert_eq!(&got, b"hello a");
+    // Attaching to and detaching from a group; a unicast GID is no group.
+    let g = rverbs_core::gid::Gid::ipv4_multicast([239, 4, 4, 4]).unwrap();
+    b.attach_mcast(&g, 0).unwrap();
+    b.detach_mcast(&g, 0).unwrap();
+    assert_eq!(MULTICAST_QPN, 0xff_ffff);
+}
+
+/// A receive entry from a scatter entry of the same region (same layout).
+fn recv_entry<'a>(e: &rverbs_core::sge::SgeMut<'a>) -> rverbs_core::sge::Sge<'a> {
+    // SAFETY: the entry names memory of a region with local write access that the test
+    // keeps alive and does not touch until the receive completed.
+    unsafe { rverbs_core::sge::Sge::from_raw(e.addr(), e.len(), e.lkey()) }
+}
+
+/// An inline entry for `data` (copied at post time; no lkey).
+fn inline_entry(data: &[u8]) -> rverbs_core::sge::Sge<'_> {
+    // SAFETY: posted only with INLINE, which copies the bytes during the post.
+    unsafe { rverbs_core::sge::Sge::from_raw(data.as_ptr() as u64, data.len() as u32, 0) }
+}
+
+fn poll_one(cq: &mut rverbs_core::verbs::Cq) -> DatagramCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = [DatagramCompletion::EMPTY; 1];
+    loop {
+        if cq.poll_datagrams(&mut out).unwrap() == 1 {
+            return out[0];
+        }
+        assert!(Instant::now() < deadline, "no completion within 10 s");
+        std::thread::yield_now();
+    }
+}
+
+/// The other side, in its own process. Roles: `echo` (answers every datagram, counting its
+/// allocations), `member` (joins, leaves and checks what arrives when told).
+#[test]
+#[ignore = "child-process entry point; the tests above run it"]
+fn child() {
+    let say = |l: &str| {
+        println!("{TAG}{l}");
+        std::io::stdout().flush().unwrap();
+    };
+    let role = std::env::var("RVERBS_DGRAM_ROLE").unwrap();
+    let ctx = support::open("child").expect("the parent passes RVERBS_TEST_DEVICE");
+    let mut ep = endpoint(&ctx);
+    say(&format!("endpoint {}", hex(&ep.endpoint().encode())));
+    let group = Group::ipv4(GROUP).unwrap();
+    let mut lines = std::io::stdin().lock().lines();
+    let mut tracker = SequenceTracker::for_stream(1);
+    while let Some(l) = lines.next() {
+        let l = l.unwrap();
+        let words: Vec<&str> = l.split(' ').collect();
+        match (role.as_str(), words.as_slice()) {
+            (_, ["quit"]) => break,
+            ("echo", ["endpoint", e]) => {
+                let peer = DatagramEndpoint::decode(&unhex(e)).unwrap();
+                let n: usize = lines.next().unwrap().unwrap()["echo ".len()..]
+                    .parse()
+                    .unwrap();
+                let back = ep.peer(&peer).unwrap();
+                let mut copy = vec![0u8; ep.mtu() as usize];
+                say("echoing");
+                let before = allocs();
+                for _ in 0..n {
+                    let d = ep.recv().unwrap();
+                    assert_eq!(d.source.qpn, peer.qpn);
+                    let len = d.payload.len();
+                    copy[..len].copy_from_slice(d.payload);
+                    ep.send(&back, &copy[..len]).unwrap();
+                }
+                say(&format!("allocs {}", allocs() - before));
+            }
+            ("member", ["join"]) => {
+                ep.join(group).unwrap();
+                say("joined");
+            }
+            ("member", ["leave"]) => {
+                ep.leave(group).unwrap();
+                say("left");
+            }
+            ("member", ["expect", first, n]) => {
+                let (first, n): (u64, u64) = (first.parse().unwrap(), n.parse().unwrap());
+                say("waiting");
+                let before = allocs();
+                let mut got = 0;
+                while got < n {
+                    let d = ep.recv().unwrap();
+                    assert_eq!(d.source.group, Some(group.gid()));
+                    let (h, body) = tracker.observe(d.payload).unwrap();
+                    assert_eq!(h.sequence, first + got, "in order, none missing");
+                    assert_eq!(body, &[0x5au8; 48]);
+                    got += 1;
+                }
+                let c = tracker.counts();
+                assert_eq!((c.lost, c.reordered), (0, 0));
+                say(&format!("got {got} {}", allocs() - before));
+            }
+            ("member", ["silent", _]) => {
+                // Nothing may arrive while the parent sends a phase: wait for one datagram
+                // for 3 s (the phase takes well under that).
+                say("waiting");
+                let before = allocs();
+                let deadline =
+                    rverbs_core::poll::Deadline::after(&support::WALL, Duration::from_secs(3));
+                let got = match ep.recv_until(deadline) {
+                    Ok(_) => 1,
+                    Err(DatagramError::TimedOut { .. }) => 0,
+                    Err(e) => panic!("{e}"),
+                };
+                say(&format!("got {got} {}", allocs() - before));
+            }
+            (r, w) => panic!("role {r}: unexpected command {w:?}"),
+        }
+    }
+}

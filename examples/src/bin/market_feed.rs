@@ -1,0 +1,297 @@
+//! `market-feed`: one publisher, N subscribers on a multicast group, each in its own process.
+//!
+//! The publisher starts `--subscribers` copies of itself (role `subscriber`), waits until each
+//! has joined the group, then publishes `--messages` datagrams of `--size` bytes at
+//! `--rate` per second to the group: one post per datagram, whatever the number of
+//! subscribers. Each datagram starts with a sequence header (`rverbs_core::wire::sequence`)
+//! and carries the publisher's `CLOCK_MONOTONIC` time of sending. At the end it announces
+//! the last sequence number (a few times: that announcement is a datagram too).
+//!
+//! Each subscriber prints what it received, what it lost (sequence numbers it never saw, up
+//! to the announced last one) and reordered, and the one-way latency percentiles (receive
+//! time minus send time: every process runs on this machine, on the same clock). Datagrams
+//! are unreliable: a subscriber that falls behind by more than its receive slots loses the
+//! excess, and the counts say so rather than hide it.
+//!
+//! ```text
+//! tools/rxe-vm --devices 1 -- target/release/market-feed --subscribers 3 --messages 20000
+//! ```
+#![allow(clippy::std_instead_of_core)] // a std program
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use rverbs_core::datagram::{
+    memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
+};
+use rverbs_core::memory::PageMemory;
+use rverbs_core::poll::{Clock, Deadline};
+use rverbs_core::provider::datagram::DatagramProvider;
+use rverbs_core::provider::verbs_ud::VerbsDatagram;
+use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, UdConfig};
+use rverbs_core::wire::SequenceHeader;
+use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
+
+/// The stream of market data; the end announcement goes on its own stream.
+const DATA: u32 = 1;
+const END: u32 = 0xffff_fff0;
+/// Receive slots: how far a subscriber may fall behind before it loses datagrams.
+const SLOTS: usize = 512;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Role {
+    Publisher,
+    Subscriber,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Wait {
+    /// Spin (a core per process).
+    Spin,
+    /// Spin 64 empty polls, then yield (more processes than cores, as in the test VM).
+    Yield,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Multicast market feed: one publisher, N subscriber processes")]
+struct Args {
+    /// Subscriber processes.
+    #[arg(long, default_value_t = 3)]
+    subscribers: u32,
+    /// Datagrams to publish.
+    #[arg(long, default_value_t = 20_000)]
+    messages: u64,
+    /// Datagrams per second.
+    #[arg(long, default_value_t = 20_000)]
+    rate: u64,
+    /// Bytes per datagram (sequence header and timestamp included; at most the path MTU).
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// IPv4 multicast group.
+    #[arg(long, default_value = "239.1.2.3")]
+    group: std::net::Ipv4Addr,
+    /// RDMA device.
+    #[arg(long, default_value = "rxe0")]
+    device: String,
+    /// What a waiting process does between empty polls.
+    #[arg(long, value_enum, default_value_t = Wait::Yield)]
+    wait: Wait,
+    /// Internal: this process's role.
+    #[arg(long, value_enum, default_value_t = Role::Publisher, hide = true)]
+    role: Role,
+    /// Internal: the subscriber's number.
+    #[arg(long, default_value_t = 0, hide = true)]
+    index: u32,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+type Endpoint = Datagram<VerbsDatagram, OwnedRegion, StdBackoff, SLOTS>;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let r = match args.role {
+        Role::Publisher => publish(&args),
+        Role::Subscriber => subscribe(&args),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("market-feed ({:?} {}): {e}", args.role, args.index);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn endpoint(args: &Args) -> Res<Endpoint> {
+    let ctx = open_device(&args.device)?;
+    let pd = ctx.alloc_pd()?;
+    let mut ud = UdConfig::default();
+    ud.max_recv_wr = SLOTS as u32;
+    ud.max_send_wr = 256;
+    let qp = VerbsDatagram::new(&ctx, &pd, &ud)?;
+    let mut cfg = DatagramConfig::default();
+    cfg.recv_slots = SLOTS as u32;
+    cfg.timeout = Duration::from_secs(10);
+    let need = memory_needed(qp.mtu(), &cfg);
+    let mem = pd.register_shared(
+        PageMemory::zeroed(need).ok_or("cannot allocate")?,
+        AccessFlags::LOCAL_WRITE,
+    )?;
+    let policy = match args.wait {
+        Wait::Spin => WaitPolicy::Spin,
+        Wait::Yield => WaitPolicy::Yield { spins: 64 },
+    };
+    Ok(Datagram::with_backoff(
+        qp,
+        mem,
+        cfg,
+        policy.backoff(),
+        &MONOTONIC,
+    )?)
+}
+
+fn group(args: &Args) -> Res<Group> {
+    Ok(Group::ipv4(args.group.octets()).ok_or("--group is not an IPv4 multicast address")?)
+}
+
+fn now_ns() -> u64 {
+    MONOTONIC.now().as_nanos()
+}
+
+fn publish(args: &Args) -> Res<()> {
+    let group = group(args)?;
+    let mut ep = endpoint(args)?;
+    let min = rverbs_core::wire::SEQUENCE_HEADER_LEN + 8;
+    if args.size < min || args.size > ep.mtu() as usize {
+        return Err(format!("--size must be {min} ..= {} (the path MTU)", ep.mtu()).into());
+    }
+    let to_group = ep.group_peer(group)?;
+    let exe = std::env::current_exe()?;
+    let mut subs: Vec<(Child, BufReader<std::process::ChildStdout>)> = Vec::new();
+    for i in 0..args.subscribers {
+        let mut c = Command::new(&exe)
+            .args(["--role", "subscriber", "--index", &i.to_string()])
+            .args(["--device", &args.device, "--group", &args.group.to_string()])
+            .args(["--messages", &args.messages.to_string()])
+            .args([
+                "--wait",
+                if args.wait == Wait::Spin {
+                    "spin"
+                } else {
+                    "yield"
+                },
+            ])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let out = BufReader::new(c.stdout.take().ok_or("no pipe")?);
+        subs.push((c, out));
+    }
+    for (i, (_, out)) in subs.iter_mut().enumerate() {
+        let mut l = String::new();
+        out.read_line(&mut l)?;
+        if l.trim() != "READY" {
+            return Err(format!("subscriber {i} did not join the group: {l:?}").into());
+        }
+    }
+    let mut seq = Sequencer::new(DATA);
+    let filler = vec![0x42u8; args.size - min];
+    let gap = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+    let t0 = Instant::now();
+    let mut next = t0;
+    for _ in 0..args.messages {
+        while Instant::now() < next {
+            std::hint::spin_loop();
+        }
+        next += gap;
+        let h = seq.stamp();
+        ep.send_parts(&to_group, &[&h, &now_ns().to_le_bytes(), &filler])?;
+    }
+    let elapsed = t0.elapsed();
+    let last = seq.next_sequence().saturating_sub(1);
+    let mut end = Sequencer::new(END);
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(20));
+        ep.send_parts(&to_group, &[&end.stamp(), &last.to_le_bytes()])?;
+    }
+    ep.wait_sent()?;
+    let s = ep.stats();
+    println!(
+        "publisher: {} datagrams of {} bytes to {} in {:.2} s ({:.0}/s), {} posts ({:.2} per datagram), {} subscribers",
+        args.messages,
+        args.size,
+        args.group,
+        elapsed.as_secs_f64(),
+        args.messages as f64 / elapsed.as_secs_f64(),
+        s.sent - 5,
+        (s.sent - 5) as f64 / args.messages as f64,
+        args.subscribers
+    );
+    let mut failed = 0;
+    for (i, (mut c, mut out)) in subs.into_iter().enumerate() {
+        let mut report = String::new();
+        out.read_to_string_lossy(&mut report)?;
+        print!("{report}");
+        if !c.wait()?.success() {
+            eprintln!("subscriber {i} failed");
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} subscribers failed").into());
+    }
+    Ok(())
+}
+
+trait ReadAll {
+    fn read_to_string_lossy(&mut self, s: &mut String) -> std::io::Result<()>;
+}
+
+impl<R: BufRead> ReadAll for R {
+    fn read_to_string_lossy(&mut self, s: &mut String) -> std::io::Result<()> {
+        let mut b = Vec::new();
+        self.read_to_end(&mut b)?;
+        s.push_str(&String::from_utf8_lossy(&b));
+        Ok(())
+    }
+}
+
+fn subscribe(args: &Args) -> Res<()> {
+    let group = group(args)?;
+    let mut ep = endpoint(args)?;
+    ep.join(group)?;
+    println!("READY");
+    std::io::stdout().flush()?;
+    let mut tracker = SequenceTracker::for_stream(DATA);
+    let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut last = None;
+    // Before the first datagram, wait as long as the publisher may take to start; after it,
+    // a silence of 2 s ends the run (the end announcement may be lost too).
+    let mut idle = Duration::from_secs(30);
+    loop {
+        let deadline = Deadline::after(&MONOTONIC, idle);
+        let d = match ep.recv_until(deadline) {
+            Ok(d) => d,
+            Err(DatagramError::TimedOut { .. }) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let at = now_ns();
+        idle = Duration::from_secs(2);
+        if let Ok((h, body)) = SequenceHeader::decode(d.payload) {
+            if h.stream == END {
+                last = body.first_chunk::<8>().map(|b| u64::from_le_bytes(*b));
+                break;
+            }
+        }
+        if let Ok((_, body)) = tracker.observe(d.payload) {
+            if let Some(ts) = body.first_chunk::<8>() {
+                lat.record(at.saturating_sub(u64::from_le_bytes(*ts)).max(1))?;
+            }
+        }
+    }
+    let c = tracker.counts();
+    let (lost, how) = match last {
+        Some(l) => (
+            (l + 1).saturating_sub(c.received),
+            "up to the announced last",
+        ),
+        None => (
+            args.messages.saturating_sub(c.received),
+            "end announcement lost; counted against --messages",
+        ),
+    };
+    let us = |q: f64| lat.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "subscriber {}: received {} lost {} ({how}) reordered {} latency_us p50={:.1} p99={:.1} max={:.1}",
+        args.index,
+        c.received,
+        lost,
+        c.reordered,
+        us(0.5),
+        us(0.99),
+        lat.max() as f64 / 1000.0
+    );
+    Ok(())
+}
