@@ -62,6 +62,8 @@
 //!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).
 //! - `alloc`: [`multi`], [`barrier`] (allocate only at setup).
 //! - `serde`: serde traits on configuration types.
+//! - `instant`: `provider::instant`, a driver that completes every request at once without
+//!   touching memory, for measuring rverbs' own cost (implies `verbs`).
 //! - `device-tests`: builds the tests that need an RDMA device.
 //!
 //! Without default features the crate needs neither std nor alloc nor libibverbs, and builds

@@ -160,41 +160,8 @@ impl Cq {
     /// many. Does not allocate.
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
-        let n = self.poll_raw(&mut wc, out.len())?;
-        for (dst, src) in out.iter_mut().zip(&wc[..n]) {
-            // SAFETY: ibv_poll_cq wrote the first `n` entries.
-            *dst = convert(unsafe { src.assume_init_ref() });
-        }
-        Ok(n)
-    }
-
-    /// Polls up to `want` (at most [`POLL_BATCH`]) completions into `wc`, which is left
-    /// uninitialised (an empty poll, the common case of a busy-polling loop, then writes no
-    /// memory); returns how many entries the device wrote, from the start.
-    #[inline]
-    fn poll_raw(
-        &mut self,
-        wc: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
-        want: usize,
-    ) -> Result<usize> {
-        let want = want.min(POLL_BATCH);
-        // SAFETY: the CQ is live and wc has room for `want` entries, which ibv_poll_cq writes
-        // (MaybeUninit<ibv_wc> has the layout of ibv_wc).
-        let n = unsafe {
-            ffi::poll_cq(
-                self.as_raw(),
-                want as core::ffi::c_int,
-                wc.as_mut_ptr().cast(),
-            )
-        };
-        if n < 0 {
-            return Err(VerbsError::Call {
-                verb: Verb::PollCq,
-                errno: -n,
-            });
-        }
-        Ok((n as usize).min(want))
+        // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+        unsafe { poll_completions(self.as_raw(), out) }
     }
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
@@ -202,7 +169,8 @@ impl Cq {
     #[inline]
     pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
         let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
-        let n = self.poll_raw(&mut wc, out.len())?;
+        // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+        let n = unsafe { poll_raw(self.as_raw(), &mut wc, out.len()) }?;
         for (dst, src) in out.iter_mut().zip(&wc[..n]) {
             // SAFETY: ibv_poll_cq wrote the first `n` entries.
             let src = unsafe { src.assume_init_ref() };
@@ -217,6 +185,53 @@ impl Cq {
         }
         Ok(n)
     }
+}
+
+/// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of `cq` into `out` through
+/// the provider's `poll_cq`, and returns how many: the one place completions are taken from
+/// a device and converted ([`Cq::poll`] and the instant provider's queues both poll through
+/// it). Does not allocate.
+///
+/// # Safety
+/// `cq` is live, and nobody else polls it meanwhile.
+#[inline]
+pub(crate) unsafe fn poll_completions(
+    cq: *mut sys::ibv_cq,
+    out: &mut [Completion],
+) -> Result<usize> {
+    let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
+    // SAFETY: forwarded contract.
+    let n = unsafe { poll_raw(cq, &mut wc, out.len()) }?;
+    for (dst, src) in out.iter_mut().zip(&wc[..n]) {
+        // SAFETY: ibv_poll_cq wrote the first `n` entries.
+        *dst = convert(unsafe { src.assume_init_ref() });
+    }
+    Ok(n)
+}
+
+/// Polls up to `want` (at most [`POLL_BATCH`]) completions of `cq` into `wc`, which is left
+/// uninitialised (an empty poll, the common case of a busy-polling loop, then writes no
+/// memory); returns how many entries the device wrote, from the start.
+///
+/// # Safety
+/// `cq` is live, and nobody else polls it meanwhile.
+#[inline]
+unsafe fn poll_raw(
+    cq: *mut sys::ibv_cq,
+    wc: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+    want: usize,
+) -> Result<usize> {
+    let want = want.min(POLL_BATCH);
+    // SAFETY: the caller keeps the CQ live; wc has room for `want` entries, which
+    // ibv_poll_cq writes (MaybeUninit<ibv_wc> has the layout of ibv_wc).
+    let n = unsafe { ffi::poll_cq(cq, want as core::ffi::c_int, wc.as_mut_ptr().cast()) };
+    if n < 0 {
+        return Err(VerbsError::Call {
+            verb: Verb::PollCq,
+            errno: -n,
+        });
+    }
+    Ok((n as usize).min(want))
 }
 
 #[inline]

@@ -546,70 +546,8 @@ impl Qp {
         &mut self,
         wrs: &[WorkRequest<'_>],
     ) -> core::result::Result<(), PostFailure> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        if wrs.len() > MAX_BATCH {
-            return Err(PostFailure {
-                posted: 0,
-                errno: 22,
-            });
-        }
-        let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
-            [const { MaybeUninit::uninit() }; MAX_BATCH];
-        let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
-        for (i, w) in wrs.iter().enumerate() {
-            let (opcode, imm) = send_opcode(w.opcode);
-            // SAFETY: ibv_send_wr is plain C data for which zero is valid.
-            let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-            wr.wr_id = w.wr_id;
-            wr.next = if i + 1 < wrs.len() {
-                // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
-                unsafe { base.add(i + 1) }
-            } else {
-                ptr::null_mut()
-            };
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            wr.sg_list = w.sges.as_ptr().cast_mut().cast();
-            wr.num_sge = w.sges.len() as core::ffi::c_int;
-            wr.opcode = opcode;
-            wr.send_flags = w.flags.bits();
-            wr.__bindgen_anon_1.imm_data = imm.to_be();
-            match w.opcode {
-                Opcode::Atomic(op) => {
-                    let (compare_add, swap) = match op {
-                        AtomicOp::CompareSwap { compare, swap } => (compare, swap),
-                        AtomicOp::FetchAdd(add) => (add, 0),
-                    };
-                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: w.remote.addr,
-                        compare_add,
-                        swap,
-                        rkey: w.remote.rkey,
-                    };
-                }
-                op if op.is_rdma() => {
-                    wr.wr.rdma.remote_addr = w.remote.addr;
-                    wr.wr.rdma.rkey = w.remote.rkey;
-                }
-                _ => {}
-            }
-            chain[i].write(wr);
-        }
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds
-        // the posting contract for the buffers they name.
-        let rc = unsafe { ffi::post_send(self.as_raw(), base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: bad points into our chain array.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err(PostFailure { posted, errno: rc })
+        // SAFETY: the QP is live; forwarded contract.
+        unsafe { post_send_chain(self.as_raw(), wrs) }
     }
 
     /// Posts up to [`MAX_BATCH`] receives as one chain. Does not allocate.
@@ -627,11 +565,89 @@ impl Qp {
     }
 }
 
+/// Builds `wrs` into a chain of `ibv_send_wr` on the stack and posts it to `qp` with one
+/// call of the provider's `post_send` (one doorbell). At most [`MAX_BATCH`] requests. The
+/// one place a send chain is made: [`Qp::post_send`] and the instant provider's queue pairs
+/// both post through it. Does not allocate.
+///
+/// # Safety
+/// `qp` is live; the posting contract for the buffers.
+#[inline]
+pub(crate) unsafe fn post_send_chain(
+    qp: *mut sys::ibv_qp,
+    wrs: &[WorkRequest<'_>],
+) -> core::result::Result<(), PostFailure> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    if wrs.len() > MAX_BATCH {
+        return Err(PostFailure {
+            posted: 0,
+            errno: 22,
+        });
+    }
+    let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
+        [const { MaybeUninit::uninit() }; MAX_BATCH];
+    let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+    for (i, w) in wrs.iter().enumerate() {
+        let (opcode, imm) = send_opcode(w.opcode);
+        // SAFETY: ibv_send_wr is plain C data for which zero is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+        wr.wr_id = w.wr_id;
+        wr.next = if i + 1 < wrs.len() {
+            // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
+            unsafe { base.add(i + 1) }
+        } else {
+            ptr::null_mut()
+        };
+        // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+        wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+        wr.num_sge = w.sges.len() as core::ffi::c_int;
+        wr.opcode = opcode;
+        wr.send_flags = w.flags.bits();
+        wr.__bindgen_anon_1.imm_data = imm.to_be();
+        match w.opcode {
+            Opcode::Atomic(op) => {
+                let (compare_add, swap) = match op {
+                    AtomicOp::CompareSwap { compare, swap } => (compare, swap),
+                    AtomicOp::FetchAdd(add) => (add, 0),
+                };
+                wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: w.remote.addr,
+                    compare_add,
+                    swap,
+                    rkey: w.remote.rkey,
+                };
+            }
+            op if op.is_rdma() => {
+                wr.wr.rdma.remote_addr = w.remote.addr;
+                wr.wr.rdma.rkey = w.remote.rkey;
+            }
+            _ => {}
+        }
+        chain[i].write(wr);
+    }
+    let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds
+    // the posting contract for the buffers they name, and that qp is live.
+    let rc = unsafe { ffi::post_send(qp, base, &mut bad) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let posted = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: bad points into our chain array.
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    };
+    Err(PostFailure { posted, errno: rc })
+}
+
 /// Posts `wrs` to the receive queue of `qp` as one chain (at most [`MAX_BATCH`]).
 ///
 /// # Safety
 /// `qp` is live; the posting contract for the buffers.
-pub(super) unsafe fn post_recv_chain(
+pub(crate) unsafe fn post_recv_chain(
     qp: *mut sys::ibv_qp,
     wrs: &[RecvRequest<'_>],
 ) -> core::result::Result<(), PostFailure> {
