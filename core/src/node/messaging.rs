@@ -387,8 +387,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 None => Err(NodeError::WouldBlock { rank }),
             };
         }
-        chan.post_send_inline(data)
-            .map_err(|error| NodeError::Channel { rank, error })
+        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
+        // wait to cover it.
+        chan.post_inline_flags(
+            crate::wr::Opcode::Send,
+            data,
+            crate::sge::RemoteMemory::default(),
+            crate::wr::SendFlags::SIGNALED,
+        )
+        .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Polls the peers, starting where the last call stopped, and hands up to `budget`
@@ -661,7 +668,12 @@ fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     // and a failure shows up as the channel's `Failed` event.
     if chan.send_room(1)
         && chan
-            .post_write_inline(&consumed.to_le_bytes(), slot)
+            .post_inline_flags(
+                crate::wr::Opcode::Write,
+                &consumed.to_le_bytes(),
+                slot,
+                crate::wr::SendFlags::SIGNALED,
+            )
             .is_ok()
     {
         rings.reported[p] = consumed;
