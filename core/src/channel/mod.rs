@@ -553,8 +553,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
         let first = self.next_seq;
         let mut signaled_to = self.signaled_to;
+        let mut consumes = 0u64;
         for (i, w) in wrs.iter_mut().enumerate() {
             w.wr_id = first + i as u64;
+            consumes += u64::from(w.opcode.consumes_remote_recv());
             self.since_signal += 1;
             if w.flags.contains(SendFlags::SIGNALED) || self.since_signal >= self.signal_every {
                 w.flags |= SendFlags::SIGNALED;
@@ -564,16 +566,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
         // SAFETY: forwarded contract.
         let r = unsafe { self.p.post_send(wrs) };
-        let posted = match r {
-            Ok(()) => wrs.len(),
-            Err(f) => f.posted.min(wrs.len()),
-        };
-        self.remote_recvs_used += wrs[..posted]
-            .iter()
-            .filter(|w| w.opcode.consumes_remote_recv())
-            .count() as u64;
         match r {
             Ok(()) => {
+                self.remote_recvs_used += consumes;
                 self.signaled_to = signaled_to;
                 self.next_seq += need;
                 Ok(self.ticket(Work::Sends {
@@ -582,6 +577,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 }))
             }
             Err(f) => {
+                let posted = f.posted.min(wrs.len());
+                self.remote_recvs_used += wrs[..posted]
+                    .iter()
+                    .filter(|w| w.opcode.consumes_remote_recv())
+                    .count() as u64;
                 self.next_seq += f.posted as u64;
                 if f.posted > 0 {
                     // The posted prefix may end unsignaled: flush it so it completes, and do

@@ -59,7 +59,7 @@ use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb}
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::poll_completions;
 use crate::verbs::ffi::sys;
-use crate::verbs::qp::{post_recv_chain, post_send_chain};
+use crate::verbs::qp::{post_recv_chain, post_send_chain, SendChain};
 use crate::verbs::VerbsError;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
@@ -335,6 +335,7 @@ impl InstantDevice {
         InstantQp {
             raw: Box::new(UnsafeCell::new(raw)),
             state,
+            chain: SendChain::new(),
             caps,
             _cqs: [send_cq.inner.clone(), recv_cq.inner.clone()],
         }
@@ -423,6 +424,7 @@ pub struct InstantQp {
     // Field order is drop order: the QP struct goes before the state it points at.
     raw: Box<UnsafeCell<sys::ibv_qp>>,
     state: Box<UnsafeCell<QpState>>,
+    chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
 }
@@ -458,7 +460,7 @@ impl QueuePair for InstantQp {
     #[inline]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
-        unsafe { post_send_chain(self.raw(), wrs) }
+        unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
     }
 
     #[inline]

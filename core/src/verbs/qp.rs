@@ -1,5 +1,6 @@
 //! Reliable-connected queue pairs: creation, bring-up (INIT, RTR, RTS) and posting.
 
+use alloc::boxed::Box;
 use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
@@ -388,7 +389,28 @@ impl PreparedQp {
             srq: self.srq,
             srq_wr: self.srq_wr,
             _pd: self.pd,
+            chain: SendChain::new(),
         })
+    }
+}
+
+/// The `ibv_send_wr` list a queue pair posts from, made (zeroed) once with the queue pair:
+/// a post writes only the fields a request uses, in place, rather than zeroing and copying
+/// a whole `ibv_send_wr` per request. Between posts it holds stale values the driver never
+/// reads (it reads a request only during the `ibv_post_send` that names it).
+pub(crate) struct SendChain(Box<[sys::ibv_send_wr; MAX_BATCH]>);
+
+impl SendChain {
+    /// A zeroed list. Allocates (setup).
+    pub(crate) fn new() -> Self {
+        // SAFETY: ibv_send_wr is plain C data for which all-zero bytes are a valid value.
+        Self(unsafe { Box::<[sys::ibv_send_wr; MAX_BATCH]>::new_zeroed().assume_init() })
+    }
+}
+
+impl fmt::Debug for SendChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SendChain")
     }
 }
 
@@ -407,9 +429,12 @@ pub struct Qp {
     srq: Option<Arc<SrqInner>>,
     srq_wr: u32,
     _pd: Pd,
+    chain: SendChain,
 }
 
-// SAFETY: a QP may be posted to from any thread; Qp owns its handle and posting needs &mut.
+// SAFETY: a QP may be posted to from any thread; Qp owns its handle and posting needs &mut
+// (its send chain holds pointers only the posting thread writes and the driver reads during
+// a post).
 unsafe impl Send for Qp {}
 
 impl fmt::Debug for Qp {
@@ -547,7 +572,7 @@ impl Qp {
         wrs: &[WorkRequest<'_>],
     ) -> core::result::Result<(), PostFailure> {
         // SAFETY: the QP is live; forwarded contract.
-        unsafe { post_send_chain(self.as_raw(), wrs) }
+        unsafe { post_send_chain(self.handle.raw.as_ptr(), &mut self.chain, wrs) }
     }
 
     /// Posts up to [`MAX_BATCH`] receives as one chain. Does not allocate.
@@ -565,8 +590,8 @@ impl Qp {
     }
 }
 
-/// Builds `wrs` into a chain of `ibv_send_wr` on the stack and posts it to `qp` with one
-/// call of the provider's `post_send` (one doorbell). At most [`MAX_BATCH`] requests. The
+/// Builds `wrs` into `chain` (the queue pair's own `ibv_send_wr` list) and posts it to `qp`
+/// with one call of the provider's `post_send` (one doorbell). At most [`MAX_BATCH`] requests. The
 /// one place a send chain is made: [`Qp::post_send`] and the instant provider's queue pairs
 /// both post through it. Does not allocate.
 ///
@@ -575,6 +600,7 @@ impl Qp {
 #[inline]
 pub(crate) unsafe fn post_send_chain(
     qp: *mut sys::ibv_qp,
+    chain: &mut SendChain,
     wrs: &[WorkRequest<'_>],
 ) -> core::result::Result<(), PostFailure> {
     if wrs.is_empty() {
@@ -586,13 +612,14 @@ pub(crate) unsafe fn post_send_chain(
             errno: 22,
         });
     }
-    let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
-        [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+    // Every entry is reached through this one pointer (the list is linked by pointers into
+    // itself).
+    let base = chain.0.as_mut_ptr();
     for (i, w) in wrs.iter().enumerate() {
+        // SAFETY: i < wrs.len() <= MAX_BATCH: inside the array, and no other reference to
+        // entry i is alive.
+        let wr = unsafe { &mut *base.add(i) };
         let (opcode, imm) = send_opcode(w.opcode);
-        // SAFETY: ibv_send_wr is plain C data for which zero is valid.
-        let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
         wr.wr_id = w.wr_id;
         wr.next = if i + 1 < wrs.len() {
             // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
@@ -625,7 +652,6 @@ pub(crate) unsafe fn post_send_chain(
             }
             _ => {}
         }
-        chain[i].write(wr);
     }
     let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
     // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds
