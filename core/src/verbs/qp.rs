@@ -404,7 +404,8 @@ impl SendChain {
     /// A zeroed list. Allocates (setup).
     pub(crate) fn new() -> Self {
         // SAFETY: ibv_send_wr is plain C data for which all-zero bytes are a valid value.
-        Self(unsafe { Box::<[sys::ibv_send_wr; MAX_BATCH]>::new_zeroed().assume_init() })
+        let list: [sys::ibv_send_wr; MAX_BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
+        Self(Box::new(list))
     }
 }
 
