@@ -130,9 +130,9 @@ Doorbells per request: `write(2)` calls of the client under `strace -f -c -e tra
     if btable:
         section += f"""
 Barrier latency against world size (`cluster --ranks N`, 1000 barriers per algorithm, the
-default wait policy, the median over ranks of each rank's median per barrier). Beyond 2
-ranks the processes outnumber the VM's vCPUs and the scheduler, not the library, sets the
-pace.
+default wait policy, the median over ranks of each rank's median per barrier). Once the
+ranks (and rxe's kernel threads) outnumber the VM's vCPUs, the scheduler, not the library,
+sets the pace.
 
 {btable}
 
