@@ -101,7 +101,8 @@ if barriers:
                     "ranks", "median per barrier [us]"], input=data.encode(), check=True)
     print(f"plot: {target}")
 
-print(table)
+if rows:
+    print(table)
 if dtable:
     print()
     print(dtable)
