@@ -26,6 +26,7 @@
 //! [`BarrierError::PeerFailed`]) rather than a live rank it happened to wait for.
 
 mod failure;
+mod credits;
 mod messaging;
 mod pool;
 mod soft;
