@@ -111,6 +111,10 @@ pub mod barrier;
 // Posting hands the device raw addresses; the posting contract is enforced here.
 #[allow(unsafe_code)]
 pub mod channel;
+// The second FFI boundary: every call into librdmacm.
+#[cfg(feature = "rdmacm")]
+#[allow(unsafe_code)]
+pub mod cm;
 pub mod completion;
 // Receive slots are read after their completion; inline entries are made from slices.
 #[allow(unsafe_code)]

@@ -1,0 +1,2 @@
+//! rdmacm.
+pub(crate) mod ffi;
