@@ -152,9 +152,9 @@ pub fn connect(
     let id = CmId::new(sys::rdma_port_space::RDMA_PS_TCP)?;
     let mut dst = ffi::to_sockaddr(to);
     let mut src = cfg.local.map(ffi::ip_sockaddr);
-    let src_ptr = src
-        .as_mut()
-        .map_or(core::ptr::null_mut(), |s| (s as *mut sys::sockaddr_storage).cast());
+    let src_ptr = src.as_mut().map_or(core::ptr::null_mut(), |s| {
+        (s as *mut sys::sockaddr_storage).cast()
+    });
     let deadline = fresh();
     // SAFETY: the identifier is live; both addresses are valid for the call (librdmacm
     // copies them).
@@ -204,9 +204,8 @@ pub fn connect(
         timeout,
         clock,
     )?;
-    let theirs = ConnectData::decode(answer.private_data()).map_err(|error| {
-        reject(&id, CmError::BadConnectData { peer: to, error })
-    })?;
+    let theirs = ConnectData::decode(answer.private_data())
+        .map_err(|error| reject(&id, CmError::BadConnectData { peer: to, error }))?;
     // What the peer accepted: it answers our reads and atomics with its responder
     // resources and issues its own up to its initiator depth.
     let rd = RdAtomic {
@@ -484,35 +483,28 @@ impl Provider for Connection {
 impl<B: Backoff, const R: usize> Channel<Connection, B, R> {
     /// Ends the connection from this side: waits (at most the channel's timeout) until the
     /// sends posted so far completed, so they reach the peer; disconnects
-    /// (`rdma_disconnect`); flushes the receives still posted; then waits, at most
-    /// [`CmConfig::timeout`], for the peer's answer. Every later call on the channel fails
-    /// with [`ChannelError::Disconnected`](crate::channel::ChannelError::Disconnected).
-    /// Disconnecting a channel the peer already disconnected is not an error.
+    /// (`rdma_disconnect`: the peer's connection manager reports `DISCONNECTED`, see
+    /// [`Channel::peer_disconnected`]); and flushes the receives still posted. It does not
+    /// wait for the peer to answer: the connection manager finishes that on its own. Every
+    /// later call on the channel fails with
+    /// [`ChannelError::Disconnected`](crate::channel::ChannelError::Disconnected).
+    /// Disconnecting a channel that is closed already (by either side) is not an error.
+    ///
+    /// If the sends do not complete in time the channel is closed all the same, and the
+    /// error says why.
     pub fn disconnect(&mut self) -> Result<(), CmError> {
-        use sys::rdma_cm_event_type as t;
         if self.is_closed() {
             return Ok(());
         }
         let sent = self.wait_sends();
-        let conn = self.provider();
-        let (peer, timeout, clock) = (conn.peer, conn.timeout, conn.clock);
-        let told = conn.send_disconnect();
+        let told = self.provider().send_disconnect();
         self.close();
         sent?;
         if told.is_err() && self.provider().take_disconnect()? {
             // The peer was first; our call found the connection down already.
             return Ok(());
         }
-        told?;
-        self.provider().id.expect(
-            t::RDMA_CM_EVENT_DISCONNECTED,
-            CmStep::Disconnect,
-            peer,
-            Deadline::after(clock, timeout),
-            timeout,
-            clock,
-        )?;
-        Ok(())
+        told
     }
 
     /// Whether the peer disconnected; never blocks, does not allocate. When it did, this

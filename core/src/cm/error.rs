@@ -83,8 +83,6 @@ pub enum CmStep {
     ConnectRequest,
     /// The peer's confirmation of an accepted connection (`ESTABLISHED`).
     Established,
-    /// The peer's answer to our disconnect (`DISCONNECTED`).
-    Disconnect,
     /// The peer's disconnect, waited for (`DISCONNECTED`).
     PeerDisconnect,
     /// A multicast join (`MULTICAST_JOIN`).
@@ -99,7 +97,6 @@ impl CmStep {
             Self::ConnectResponse => "waiting for the peer to accept the connection",
             Self::ConnectRequest => "waiting for a connection request",
             Self::Established => "waiting for the peer to confirm the connection",
-            Self::Disconnect => "waiting for the peer to answer the disconnect",
             Self::PeerDisconnect => "waiting for the peer to disconnect",
             Self::Join => "joining the multicast group",
         }
@@ -341,7 +338,10 @@ impl fmt::Display for CmError {
             }
             Self::Verbs(e) => write!(f, "setting up the queue pair: {e}"),
             Self::Refused { peer } => {
-                write!(f, "connection refused by {peer}: nobody listens on that port")
+                write!(
+                    f,
+                    "connection refused by {peer}: nobody listens on that port"
+                )
             }
             Self::Rejected { peer, status } => {
                 write!(f, "connection rejected by {peer} (reject reason {status})")
@@ -392,7 +392,10 @@ impl fmt::Display for CmError {
                 status,
             } => write!(f, "{addr}: unexpected {event} (status {status})"),
             Self::JoinFailed { group, status } => {
-                write!(f, "joining multicast group {group} failed (status {status})")
+                write!(
+                    f,
+                    "joining multicast group {group} failed (status {status})"
+                )
             }
             Self::QkeyMismatch {
                 group,

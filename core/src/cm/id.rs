@@ -45,9 +45,8 @@ impl CmId {
         let events = EventChannel::new()?;
         let mut raw: *mut sys::rdma_cm_id = core::ptr::null_mut();
         // SAFETY: the channel is live; raw is a valid out-pointer; no context pointer.
-        let rc = unsafe {
-            sys::rdma_create_id(events.as_raw(), &mut raw, core::ptr::null_mut(), ps)
-        };
+        let rc =
+            unsafe { sys::rdma_create_id(events.as_raw(), &mut raw, core::ptr::null_mut(), ps) };
         check(rc, CmCall::CreateId)?;
         let raw = NonNull::new(raw).ok_or(CmError::Call {
             call: CmCall::CreateId,

@@ -8,5 +8,5 @@ mod id;
 pub mod multicast;
 
 pub use connect::{connect, CmConfig, Connection, Listener};
-pub use multicast::CmJoin;
 pub use error::{CmCall, CmError, CmEvent, CmStep, DeviceName};
+pub use multicast::CmJoin;

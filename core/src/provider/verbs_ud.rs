@@ -305,7 +305,8 @@ impl DatagramProvider for VerbsDatagram {
         let left = self.groups.swap_remove(i);
         #[cfg(feature = "rdmacm")]
         if let (Some(cm), Some((ip, _))) = (&self.cm, left.cm) {
-            cm.leave(ip).map_err(|e| cm_error(e, Verb::LeaveMulticast))?;
+            cm.leave(ip)
+                .map_err(|e| cm_error(e, Verb::LeaveMulticast))?;
         }
         let _ = left;
         Ok(())
