@@ -224,7 +224,8 @@ pub enum CmError {
         /// The event's status (an errno, or an IB CM reason).
         status: i32,
     },
-    /// No local RDMA device reaches the address (`ADDR_ERROR`).
+    /// The address cannot be resolved (`ADDR_ERROR`): no local RDMA device routes to it, or
+    /// nobody answers at it (no ARP/neighbour reply).
     AddressError {
         /// The address.
         peer: SocketAddr,
@@ -351,8 +352,8 @@ impl fmt::Display for CmError {
             }
             Self::AddressError { peer, status } => write!(
                 f,
-                "cannot resolve {} to a local RDMA device (status {status}): is an RDMA \
-                 device's netdev on a route to it?",
+                "cannot resolve {} (status {status}): no local RDMA device's netdev routes to \
+                 it, or no host answers at that address",
                 peer.ip()
             ),
             Self::RouteError { peer, status } => {

@@ -4,7 +4,11 @@
 //! ```text
 //! rdmacm_pingpong --listen 192.168.77.1:7471 &      # server: accepts one connection
 //! rdmacm_pingpong 192.168.77.1:7471                 # client
+//! rdmacm_pingpong --pair 192.168.77.1:7471          # both: starts the server as a child
 //! ```
+//!
+//! In the SoftRoCE VM: `tools/rxe-vm --devices 1 -- target/release/rdmacm_pingpong --pair
+//! 192.168.77.1:7471`.
 //!
 //! Each side offers a window of its memory in the connection's private data. One iteration:
 //! the client RDMA-writes `--size` bytes into the server's window and sends the iteration
@@ -27,7 +31,7 @@ use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, Pd};
 use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(about = "RC ping-pong over a connection made by the RDMA connection manager")]
 struct Args {
     /// The server's address and port; without it, be the server (see --listen).
@@ -35,6 +39,9 @@ struct Args {
     /// Listen on this address and port, accept one connection, and answer it.
     #[arg(long, conflicts_with = "server")]
     listen: Option<SocketAddr>,
+    /// Be both: start a server process listening here, and connect to it.
+    #[arg(long, conflicts_with_all = ["server", "listen"])]
+    pair: Option<SocketAddr>,
     /// RDMA device: must own the address (the connection manager picks the port).
     #[arg(long, default_value = "rxe0")]
     device: String,
@@ -84,6 +91,9 @@ fn byte(i: u32, k: usize) -> u8 {
 }
 
 fn run(args: &Args) -> Res<()> {
+    if let Some(at) = args.pair {
+        return pair(args, at);
+    }
     if args.size == 0 || args.size > WINDOW {
         return Err(format!("--size must be 1..={WINDOW}").into());
     }
@@ -177,6 +187,41 @@ fn run(args: &Args) -> Res<()> {
             "rdmacm_pingpong: the client disconnected after {} iterations",
             args.iters
         );
+    }
+    Ok(())
+}
+
+/// Starts a server on `at` (this program with `--listen`) and runs the client against it.
+fn pair(args: &Args, at: SocketAddr) -> Res<()> {
+    let mut server = std::process::Command::new(std::env::current_exe()?)
+        .args(["--listen", &at.to_string(), "--device", &args.device])
+        .args([
+            "--size",
+            &args.size.to_string(),
+            "--iters",
+            &args.iters.to_string(),
+        ])
+        .args([
+            "--wait",
+            &args.wait,
+            "--timeout-secs",
+            &args.timeout_secs.to_string(),
+        ])
+        .spawn()?;
+    let client = Args {
+        server: Some(at),
+        pair: None,
+        ..args.clone()
+    };
+    let r = run(&client);
+    if r.is_err() {
+        // It may be waiting for a connection that will not come.
+        let _ = server.kill();
+    }
+    let status = server.wait()?;
+    r?;
+    if !status.success() {
+        return Err(format!("the server process failed ({status})").into());
     }
     Ok(())
 }
