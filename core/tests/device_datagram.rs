@@ -2,8 +2,9 @@
 //! MTU-sized payloads, the MTU + 1 refused before posting); multicast from one sender to
 //! three receivers, every receiver getting every datagram in order; a receiver that joins
 //! late getting only what follows; leaving stopping delivery; zero allocations per datagram
-//! on both sides; and, on the verbs layer, answering a datagram through
-//! `ibv_init_ah_from_wc`.
+//! on both sides; dropping queue pairs and endpoints still joined to groups destroys them
+//! (nothing left in the kernel, no destroy refused); and, on the verbs layer, answering a
+//! datagram through `ibv_init_ah_from_wc`.
 //!
 //! The peers are child processes: this same test binary running the ignored `child`
 //! entry point, driven over its stdin and stdout (endpoints in their wire encoding, as hex,
@@ -25,7 +26,7 @@ use rverbs_core::datagram::{
 use rverbs_core::memory::PageMemory;
 use rverbs_core::provider::verbs_ud::VerbsDatagram;
 use rverbs_core::verbs::{
-    AccessFlags, AhAttr, Context, OwnedRegion, UdConfig, GRH_LEN, MULTICAST_QPN,
+    failed_destroys, AccessFlags, AhAttr, Context, OwnedRegion, UdConfig, GRH_LEN, MULTICAST_QPN,
 };
 use rverbs_core::wire::DatagramEndpoint;
 use rverbs_core::wr::{DatagramRequest, RecvRequest, SendFlags};
@@ -456,6 +457,116 @@ fn an_address_from_a_completion_answers_the_sender() {
     b.attach_mcast(&g, 0).unwrap();
     b.detach_mcast(&g, 0).unwrap();
     assert_eq!(MULTICAST_QPN, 0xff_ffff);
+}
+
+/// The UD queue pairs the kernel holds for this process, by `rdma resource show qp`. Its
+/// `pid` is the thread that created the queue pair: counted if that thread is one of ours
+/// (`Tgid` in `/proc/<pid>/status`) or gone (then whose it was is unknown, and it stays
+/// counted the same way across a test).
+fn my_ud_qps() -> usize {
+    let out = Command::new("rdma")
+        .args(["resource", "show", "qp"])
+        .output()
+        .expect("the `rdma` tool (iproute2) lists the kernel's queue pairs");
+    assert!(out.status.success(), "rdma resource show qp: {out:?}");
+    let me = std::process::id().to_string();
+    let ours = |tid: &str| match std::fs::read_to_string(format!("/proc/{tid}/status")) {
+        Ok(status) => status
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Tgid:", me.as_str()]),
+        Err(_) => true,
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.windows(2).any(|p| p == ["type", "UD"])
+                && w.windows(2).any(|p| p[0] == "pid" && ours(p[1]))
+        })
+        .count()
+}
+
+/// The kernel refuses to destroy a queue pair still attached to a multicast group (EBUSY),
+/// which would leak it, its completion queues and its protection domain: dropping a `UdQp`
+/// detaches it from every group first.
+#[test]
+fn dropping_an_attached_queue_pair_destroys_it() {
+    let Some(ctx) = support::open("dropping_an_attached_queue_pair_destroys_it") else {
+        return;
+    };
+    let (qps, refused) = (my_ud_qps(), failed_destroys());
+    {
+        let pd = ctx.alloc_pd().unwrap();
+        let (s, r) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+        let mut qp = pd.create_ud_qp(&s, &r, &UdConfig::default()).unwrap();
+        for g in [[239, 4, 4, 5], [239, 4, 4, 6], [239, 4, 4, 7]] {
+            qp.attach_mcast(&rverbs_core::gid::Gid::ipv4_multicast(g).unwrap(), 0)
+                .unwrap();
+        }
+        // One detached by hand: the drop detaches the other two.
+        qp.detach_mcast(
+            &rverbs_core::gid::Gid::ipv4_multicast([239, 4, 4, 6]).unwrap(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            my_ud_qps(),
+            qps + 1,
+            "the queue pair is listed while it lives"
+        );
+    }
+    assert_eq!(failed_destroys(), refused, "a destroy was refused");
+    assert_eq!(
+        my_ud_qps(),
+        qps,
+        "the dropped queue pair is still in the kernel"
+    );
+}
+
+/// Endpoints joined to groups (attached, and members in the IP layer), some with sends
+/// and receives in flight, dropped: no queue pair stays behind, no destroy is refused, and
+/// a new endpoint joins the same group and receives on it.
+#[test]
+fn dropping_joined_endpoints_leaves_no_queue_pair_behind() {
+    let Some(ctx) = support::open("dropping_joined_endpoints_leaves_no_queue_pair_behind") else {
+        return;
+    };
+    let group = Group::ipv4([239, 4, 4, 8]).unwrap();
+    let (qps, refused) = (my_ud_qps(), failed_destroys());
+    for round in 0..4 {
+        let mut a = endpoint(&ctx);
+        let mut b = endpoint(&ctx);
+        a.join(group).unwrap();
+        b.join(group).unwrap();
+        b.join(Group::ipv4([239, 4, 4, 9]).unwrap()).unwrap();
+        assert_eq!(my_ud_qps(), qps + 2, "round {round}");
+        if round % 2 == 1 {
+            // Work in flight: sends not yet known to have left, receives posted.
+            let to = a.group_peer(group).unwrap();
+            for _ in 0..3 {
+                a.send(&to, &[7u8; 200]).unwrap();
+            }
+        }
+        drop(a);
+        drop(b);
+        assert_eq!(
+            failed_destroys(),
+            refused,
+            "round {round}: a destroy was refused"
+        );
+        assert_eq!(
+            my_ud_qps(),
+            qps,
+            "round {round}: a dropped endpoint's queue pair leaked"
+        );
+    }
+    // The group is clean: a new member receives on it.
+    let mut rx = endpoint(&ctx);
+    let mut tx = endpoint(&ctx);
+    rx.join(group).unwrap();
+    let to = tx.group_peer(group).unwrap();
+    tx.send(&to, b"after").unwrap();
+    assert_eq!(rx.recv().unwrap().payload, b"after");
 }
 
 /// A receive entry from a scatter entry of the same region (same layout).

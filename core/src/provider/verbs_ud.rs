@@ -67,7 +67,8 @@ struct Joined {
 /// A datagram queue pair and the two completion queues it owns, as a [`DatagramProvider`].
 #[derive(Debug)]
 pub struct VerbsDatagram {
-    // Field order is drop order: the IP memberships and the queue pair go before the CQs.
+    // Field order is drop order: the IP memberships, then the queue pair (which detaches
+    // from its groups before it is destroyed), then the CQs.
     groups: Vec<Joined>,
     qp: UdQp,
     send_cq: Cq,

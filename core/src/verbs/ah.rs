@@ -119,9 +119,8 @@ impl Drop for AhInner {
         // SAFETY: the handle came from ibv_create_ah(_from_wc) and is destroyed once, by the
         // last clone; every work request that named it held a clone until it was posted (the
         // device copies the address into the request at post time). A failure leaks it.
-        unsafe {
-            sys::ibv_destroy_ah(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_ah(self.raw.as_ptr()) };
+        super::destroy::check(super::destroy::Kind::Ah, rc);
     }
 }
 

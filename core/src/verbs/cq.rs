@@ -28,9 +28,9 @@ pub(crate) struct CqInner {
 impl Drop for CqInner {
     fn drop(&mut self) {
         // SAFETY: every QP using this CQ holds an Arc to it, so none is alive now.
-        unsafe {
-            sys::ibv_destroy_cq(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
+        // A refusal (EBUSY: a queue pair on it was not destroyed) leaks it.
+        super::destroy::check(super::destroy::Kind::Cq, rc);
     }
 }
 
