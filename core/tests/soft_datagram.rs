@@ -100,6 +100,19 @@ fn endpoints<'n>(net: &'n SoftNet<'n>, mem: &'n mut [Vec<u8>], c: DatagramConfig
         .collect()
 }
 
+/// One endpoint on `node` with its own `mtu`.
+fn endpoint_on<'n>(
+    net: &'n SoftNet<'n>,
+    node: u32,
+    mtu: Mtu,
+    m: &'n mut [u8],
+    c: DatagramConfig,
+) -> End<'n> {
+    let qp = net.create_datagram(node, QKEY, mtu).unwrap();
+    let region = net.register(node, m, AccessFlags::LOCAL_WRITE).unwrap();
+    Datagram::new(qp, region, c, &CLOCK).unwrap()
+}
+
 #[test]
 fn datagrams_both_ways_with_the_header_stripped_and_the_sender_known() {
     let c = cfg(8);
@@ -146,6 +159,43 @@ fn datagrams_both_ways_with_the_header_stripped_and_the_sender_known() {
         a.send_parts(&to_b, &[&[], &[], &[], &[], &[]]),
         Err(DatagramError::TooManyParts { max: 4, got: 5 })
     ));
+}
+
+/// A peer made by an endpoint with a larger MTU, used on one with a smaller: the send is
+/// refused before anything is copied into a send slot (whose neighbours may be in flight)
+/// or posted.
+#[test]
+fn a_peer_made_by_another_endpoint_is_held_to_the_senders_mtu() {
+    let c = cfg(4);
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut ma = vec![0u8; memory_needed(1024, &c)];
+    let mut mb = vec![0u8; memory_needed(256, &c)];
+    let mut mc = vec![0u8; memory_needed(1024, &c)];
+    {
+        let mut a = endpoint_on(&net, 0, Mtu::B1024, &mut ma, c);
+        let mut b = endpoint_on(&net, 1, Mtu::B256, &mut mb, c);
+        let mut cc = endpoint_on(&net, 2, Mtu::B1024, &mut mc, c);
+        let to_c = a.peer(&cc.endpoint()).unwrap();
+        assert_eq!(to_c.mtu(), 1024);
+        let posted = net.stats(1).sends_posted;
+        assert_eq!(
+            b.send(&to_c, &[0xab; 1000]),
+            Err(DatagramError::TooLarge {
+                max: 256,
+                got: 1000
+            })
+        );
+        assert_eq!(net.stats(1).sends_posted, posted, "nothing was posted");
+        // Up to B's MTU the borrowed peer works.
+        b.send(&to_c, &[0xcd; 256]).unwrap();
+        assert_eq!(cc.recv().unwrap().payload, &[0xcd; 256]);
+        a.send(&to_c, &[0xef; 1000]).unwrap();
+        assert_eq!(cc.recv().unwrap().payload.len(), 1000);
+    }
+    assert!(
+        !mb.contains(&0xab),
+        "the refused payload was copied into B's memory"
+    );
 }
 
 #[test]
