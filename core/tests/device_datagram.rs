@@ -569,6 +569,48 @@ fn dropping_joined_endpoints_leaves_no_queue_pair_behind() {
     assert_eq!(rx.recv().unwrap().payload, b"after");
 }
 
+/// libibverbs requires a datagram's address handle to come from the queue pair's protection
+/// domain: a peer made by an endpoint on another one is refused before posting, by the
+/// endpoint with a clear error and by the queue pair itself.
+#[test]
+fn a_peer_of_another_protection_domain_is_refused() {
+    let Some(ctx) = support::open("a_peer_of_another_protection_domain_is_refused") else {
+        return;
+    };
+    // Each endpoint has a protection domain of its own.
+    let mut a = endpoint(&ctx);
+    let mut b = endpoint(&ctx);
+    let to_b = b.peer(&b.endpoint()).unwrap();
+    assert_eq!(a.send(&to_b, b"x"), Err(DatagramError::ForeignPeer));
+    assert_eq!(a.send(&to_b, &[1u8; 200]), Err(DatagramError::ForeignPeer));
+    assert_eq!(a.stats().sent, 0);
+    assert!(a.failure().is_none(), "the endpoint goes on");
+    let to_b = a.peer(&b.endpoint()).unwrap();
+    a.send(&to_b, b"own peer").unwrap();
+    assert_eq!(b.recv().unwrap().payload, b"own peer");
+    // The queue pair refuses it too.
+    let pd = ctx.alloc_pd().unwrap();
+    let other = ctx.alloc_pd().unwrap();
+    let (s, r) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+    let mut qp = pd.create_ud_qp(&s, &r, &UdConfig::default()).unwrap();
+    let route = qp.route();
+    let ah = other
+        .create_ah(&AhAttr::global(1, route.gid, route.gid_index))
+        .unwrap();
+    let req = DatagramRequest {
+        wr_id: 1,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        sges: &[inline_entry(b"no")],
+        imm: None,
+        dest: &ah,
+        remote_qpn: qp.qp_num(),
+        remote_qkey: qp.qkey(),
+    };
+    // SAFETY: inline: the bytes are copied during the post (which is refused anyway).
+    let r = unsafe { qp.post_send(&[req]) };
+    assert_eq!(r.map_err(|f| (f.posted, f.errno)), Err((0, 22)));
+}
+
 /// A receive entry from a scatter entry of the same region (same layout).
 fn recv_entry<'a>(e: &rverbs_core::sge::SgeMut<'a>) -> rverbs_core::sge::Sge<'a> {
     // SAFETY: the entry names memory of a region with local write access that the test

@@ -19,6 +19,10 @@ pub enum DatagramError {
         /// The payload's length.
         got: usize,
     },
+    /// The peer's address cannot be used by this endpoint's queue pair: on a device, it was
+    /// made on another protection domain (a peer of another endpoint). Refused before
+    /// posting; make the peer with this endpoint ([`Datagram::peer`](super::Datagram::peer)).
+    ForeignPeer,
     /// More payload parts than one send gathers. Refused before posting.
     TooManyParts {
         /// The limit.
@@ -85,6 +89,11 @@ impl fmt::Display for DatagramError {
             Self::TooLarge { max, got } => write!(
                 f,
                 "datagram of {got} bytes refused before posting: the path allows at most {max}"
+            ),
+            Self::ForeignPeer => write!(
+                f,
+                "the peer's address belongs to another protection domain than this endpoint's \
+                 queue pair: make the peer with this endpoint"
             ),
             Self::TooManyParts { max, got } => {
                 write!(f, "{got} payload parts, one datagram gathers at most {max}")

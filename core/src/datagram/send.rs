@@ -13,7 +13,9 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// copied into the next send slot. The bytes are free again when the call returns; the
     /// call waits only when the send queue or the send slot is still busy (at most the
     /// endpoint's timeout). A payload over the MTU (the smaller of this endpoint's and the
-    /// peer's) is refused before anything is posted or copied ([`DatagramError::TooLarge`]). Delivery is not confirmed: see the
+    /// peer's) is refused before anything is posted or copied ([`DatagramError::TooLarge`]),
+    /// and so is a peer whose address this queue pair cannot use, one made by an endpoint on
+    /// another protection domain ([`DatagramError::ForeignPeer`]). Delivery is not confirmed: see the
     /// [module docs](super). Does not allocate.
     #[inline]
     pub fn send(&mut self, to: &Peer<P::Address>, payload: &[u8]) -> Result<(), DatagramError> {
@@ -43,6 +45,9 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         let max = to.mtu.min(self.mtu);
         if total > max as usize {
             return Err(DatagramError::TooLarge { max, got: total });
+        }
+        if !self.p.owns(&to.address) {
+            return Err(DatagramError::ForeignPeer);
         }
         if !self.fits() {
             self.wait_sends(Self::fits)?;

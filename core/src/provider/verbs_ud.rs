@@ -148,6 +148,13 @@ impl DatagramProvider for VerbsDatagram {
             .map_err(|e| provider_error(e, Verb::CreateAh))
     }
 
+    /// Whether the address handle was made on this queue pair's protection domain (one
+    /// pointer compare).
+    #[inline]
+    fn owns(&self, address: &AddressHandle) -> bool {
+        address.pd_raw() == self.qp.pd().as_raw()
+    }
+
     #[inline]
     unsafe fn post_send(
         &mut self,

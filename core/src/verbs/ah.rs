@@ -110,6 +110,8 @@ impl AhAttr {
 
 struct AhInner {
     raw: NonNull<sys::ibv_ah>,
+    /// The raw `ibv_pd` it was made on (`_pd`'s), here for one load on the send path.
+    pd_raw: NonNull<sys::ibv_pd>,
     // Dropped after the address handle is destroyed.
     _pd: Pd,
 }
@@ -153,6 +155,13 @@ impl AddressHandle {
         self.inner.raw.as_ptr()
     }
 
+    /// The raw `ibv_pd` it was made on: a queue pair may send with it only if it was made on
+    /// the same protection domain.
+    #[inline]
+    pub fn pd_raw(&self) -> *mut sys::ibv_pd {
+        self.inner.pd_raw.as_ptr()
+    }
+
     /// What it was made from.
     pub fn attr(&self) -> AhAttr {
         self.attr
@@ -180,6 +189,7 @@ impl Pd {
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,
+                pd_raw: self.inner.raw,
                 _pd: self.clone(),
             }),
             attr: *attr,

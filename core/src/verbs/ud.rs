@@ -347,6 +347,10 @@ impl UdQp {
     /// Posts up to [`MAX_BATCH`] datagram sends as one chain: one doorbell. Does not
     /// allocate.
     ///
+    /// An address handle made on another protection domain than the queue pair's is refused
+    /// (`EINVAL`, nothing posted): libibverbs requires the same one, and a device may fail the
+    /// send or use the handle of the wrong domain otherwise.
+    ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract) for the buffers the requests name
     /// (inline ones are copied during the post). The address handles must stay alive until
@@ -368,7 +372,14 @@ impl UdQp {
         let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
             [const { MaybeUninit::uninit() }; MAX_BATCH];
         let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        let pd = self.pd.as_raw();
         for (i, w) in wrs.iter().enumerate() {
+            if w.dest.pd_raw() != pd {
+                return Err(PostFailure {
+                    posted: 0,
+                    errno: 22,
+                });
+            }
             // SAFETY: ibv_send_wr is plain C data for which zero is valid.
             let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
             wr.wr_id = w.wr_id;
