@@ -345,6 +345,145 @@ fn datagrams_beyond_the_posted_receives_are_lost_and_counted_exactly() {
     assert_eq!(t.missing_through(seq.next_sequence() - 1), dropped);
 }
 
+/// The headers of datagrams `0..n` of `stream`.
+fn stamps(stream: u32, n: usize) -> Vec<[u8; 16]> {
+    let mut s = Sequencer::new(stream);
+    (0..n).map(|_| s.stamp()).collect()
+}
+
+/// Feeds `t` the datagrams of `all` at `order`; checks that each is counted exactly once.
+fn feed(t: &mut SequenceTracker, all: &[[u8; 16]], order: impl IntoIterator<Item = usize>) {
+    for i in order {
+        t.observe(&all[i]).unwrap();
+    }
+}
+
+fn counted_once(t: &SequenceTracker, fed: u64) {
+    let c = t.counts();
+    assert_eq!(
+        c.received + c.duplicates + c.stale + c.out_of_range,
+        fed,
+        "every datagram counted once: {c:?}"
+    );
+}
+
+#[test]
+fn a_restarted_sender_is_counted_as_a_restart_and_the_new_runs_losses_as_lost() {
+    let run = stamps(1, 140);
+    let mut t = SequenceTracker::for_stream(1);
+    feed(&mut t, &run, 0..=100);
+    // The publisher restarts at 0; 50..=60 of the new run are lost.
+    feed(&mut t, &run, (0..=100).filter(|i| !(50..=60).contains(i)));
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.reordered, c.duplicates),
+        (1, 11, 0, 0)
+    );
+    assert_eq!((c.first, c.highest), (Some(0), Some(100)));
+    // It goes on past the old high mark and loses 110..130: counted too.
+    feed(&mut t, &run, (101..140).filter(|i| !(110..130).contains(i)));
+    let c = t.counts();
+    assert_eq!((c.restarts, c.lost, c.reordered), (1, 31, 0));
+    assert_eq!(c.received, 101 + 90 + 19);
+    assert_eq!(t.missing_through(139), 31);
+    counted_once(&t, 101 + 90 + 19);
+}
+
+#[test]
+fn a_duplicate_does_not_cancel_a_loss() {
+    let s = stamps(1, 4);
+    let mut t = SequenceTracker::new();
+    feed(&mut t, &s, [0, 1, 1, 3]);
+    let c = t.counts();
+    assert_eq!(
+        (c.received, c.lost, c.reordered, c.duplicates, c.restarts),
+        (3, 1, 0, 1, 0)
+    );
+    counted_once(&t, 4);
+}
+
+#[test]
+fn a_late_joiner_whose_first_datagram_was_overtaken_still_counts_what_follows() {
+    let s = stamps(1, 8);
+    let mut t = SequenceTracker::new();
+    // 4 arrives after 5, the first one seen; 6 is lost.
+    feed(&mut t, &s, [5, 4, 7]);
+    let c = t.counts();
+    assert_eq!((c.received, c.lost, c.stale, c.first), (2, 1, 1, Some(5)));
+    assert_eq!(t.missing_through(7), 1);
+    counted_once(&t, 3);
+}
+
+#[test]
+fn late_arrivals_fill_gaps_within_the_window_and_are_stale_beyond_it() {
+    let s = stamps(1, 300);
+    let mut t = SequenceTracker::new();
+    feed(&mut t, &s, (0..300).filter(|&i| i != 10 && i != 250));
+    assert_eq!(t.counts().lost, 2);
+    // 250 is within the window of the highest (299): it fills its gap; 10 is not.
+    feed(&mut t, &s, [250, 10]);
+    let c = t.counts();
+    assert_eq!((c.lost, c.reordered, c.stale, c.restarts), (1, 1, 1, 0));
+    counted_once(&t, 300);
+}
+
+#[test]
+fn a_strangers_sequence_numbers_are_counted_apart_and_change_nothing() {
+    let s = stamps(1, 10);
+    let mut t = SequenceTracker::for_stream(1);
+    let mut evil = s[0];
+    evil[8..16].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
+    t.observe(&s[0]).unwrap();
+    t.observe(&evil).unwrap();
+    feed(&mut t, &s, (1..10).filter(|&i| i != 5));
+    let c = t.counts();
+    assert_eq!(
+        (c.lost, c.reordered, c.out_of_range, c.restarts, c.highest),
+        (1, 0, 1, 0, Some(9))
+    );
+    counted_once(&t, 10);
+    // A peer-announced last sequence number near the end of the range.
+    assert_eq!(t.missing_through(u64::MAX), 1 + (u64::MAX - 9));
+    assert_eq!(t.missing_through(0), 1);
+    assert_eq!(SequenceTracker::new().missing_through(u64::MAX), 0);
+    // Started by a stranger's datagram: the real stream takes over after two datagrams.
+    let mut t = SequenceTracker::for_stream(1);
+    t.observe(&evil).unwrap();
+    feed(&mut t, &s, 0..10);
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.first, c.highest),
+        (1, 0, Some(0), Some(9))
+    );
+    counted_once(&t, 11);
+}
+
+#[test]
+fn a_sender_that_jumps_far_ahead_is_followed_after_two_datagrams() {
+    let mut far = Sequencer::new(1);
+    let mut t = SequenceTracker::new();
+    let h = far.stamp();
+    t.observe(&h).unwrap();
+    let s: Vec<[u8; 16]> = {
+        let mut x = [0u8; 16];
+        x.copy_from_slice(&h);
+        (0..3u64)
+            .map(|i| {
+                x[8..16].copy_from_slice(&(rverbs_core::datagram::MAX_GAP * 3 + i).to_le_bytes());
+                x
+            })
+            .collect()
+    };
+    feed(&mut t, &s, 0..3);
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.out_of_range, c.received),
+        (1, 0, 0, 4)
+    );
+    assert_eq!(c.first, Some(rverbs_core::datagram::MAX_GAP * 3));
+    counted_once(&t, 4);
+}
+
 #[test]
 fn no_allocation_per_datagram() {
     let c = cfg(8);

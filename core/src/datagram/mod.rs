@@ -99,7 +99,7 @@ mod sequence;
 pub use error::DatagramError;
 pub use group::Group;
 pub use recv::{Received, Source};
-pub use sequence::{SequenceTracker, Sequencer, StreamCounts};
+pub use sequence::{SequenceTracker, Sequencer, StreamCounts, MAX_GAP, REORDER_WINDOW};
 
 use core::fmt;
 use core::mem::ManuallyDrop;
