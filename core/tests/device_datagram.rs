@@ -611,6 +611,47 @@ fn a_peer_of_another_protection_domain_is_refused() {
     assert_eq!(r.map_err(|f| (f.posted, f.errno)), Err((0, 22)));
 }
 
+/// An IPv4 group's datagrams are IPv4 packets: an endpoint whose queue pair sends from
+/// another GID (rxe's link-local IPv6 GID at index 0) would receive nothing, so joining is
+/// refused, by the endpoint and by the provider.
+#[test]
+fn an_ipv4_group_needs_an_ipv4_route() {
+    let Some(ctx) = support::open("an_ipv4_group_needs_an_ipv4_route") else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let mut ud = UdConfig::default();
+    ud.gid_index = Some(0);
+    let qp = VerbsDatagram::new(&ctx, &pd, &ud).unwrap();
+    let local = rverbs_core::provider::datagram::DatagramProvider::gid(&qp);
+    assert!(local.ipv4().is_none(), "GID index 0 is IPv6: {local}");
+    let mut c = config();
+    c.recv_slots = 8;
+    let need = memory_needed(
+        rverbs_core::provider::datagram::DatagramProvider::mtu(&qp),
+        &c,
+    );
+    let mem = pd
+        .register_shared(PageMemory::zeroed(need).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let mut ep: Datagram<_, _> = Datagram::new(qp, mem, c, &support::WALL).unwrap();
+    let group = Group::ipv4([239, 4, 4, 10]).unwrap();
+    assert_eq!(
+        ep.join(group),
+        Err(DatagramError::Ipv4GroupWithoutIpv4Route {
+            group: group.gid(),
+            local
+        })
+    );
+    assert_eq!(ep.groups().count(), 0);
+    // The provider itself refuses too.
+    let mut qp = VerbsDatagram::new(&ctx, &pd, &ud).unwrap();
+    let e = rverbs_core::provider::datagram::DatagramProvider::join_group(&mut qp, group.gid())
+        .unwrap_err();
+    assert_eq!(e.errno, 97, "EAFNOSUPPORT: {e}");
+    assert_eq!(qp.groups().count(), 0);
+}
+
 /// A receive entry from a scatter entry of the same region (same layout).
 fn recv_entry<'a>(e: &rverbs_core::sge::SgeMut<'a>) -> rverbs_core::sge::Sge<'a> {
     // SAFETY: the entry names memory of a region with local write access that the test

@@ -3,7 +3,9 @@
 //! Addresses are [`AddressHandle`]s: by GID from the queue pair's route (RoCE, or
 //! InfiniBand across subnets), or by LID. Joining a multicast group attaches the queue pair
 //! (`ibv_attach_mcast`) and, for an IPv4 group on a RoCE v2 port with an IPv4 address, makes
-//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why).
+//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why). An
+//! IPv4 group on a route whose GID is not IPv4-mapped is refused (`EAFNOSUPPORT`): nothing
+//! sent to it would arrive.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn core::error::Error>> {
@@ -44,6 +46,7 @@ use crate::verbs::{
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
 
 const EINVAL: i32 = 22;
+const EAFNOSUPPORT: i32 = 97;
 
 /// The verb and errno of a device-layer failure; a failure that is not a verb's keeps
 /// `fallback` as the verb and `EINVAL`.
@@ -204,6 +207,14 @@ impl DatagramProvider for VerbsDatagram {
                 IpMembership::join(g, local)
                     .map_err(|e| provider_error(e, Verb::IpAddMembership))?,
             ),
+            // An IPv4 group's datagrams are IPv4 packets (RoCE v2): a queue pair sending and
+            // receiving on another route (IPv6, RoCE v1, InfiniBand) would get none of them.
+            (Some(_), None) => {
+                return Err(ProviderError {
+                    verb: Verb::AttachMcast,
+                    errno: EAFNOSUPPORT,
+                })
+            }
             _ => None,
         };
         self.qp
