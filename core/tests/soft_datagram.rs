@@ -595,6 +595,43 @@ fn bad_setups_are_refused() {
     assert_eq!(Group::ipv4([192, 168, 0, 1]), None);
 }
 
+/// A dropped endpoint's queue pair is destroyed, as on a device: it is no group member any
+/// more, and datagrams to the group no longer reach (and are not counted dropped at) it.
+#[test]
+fn a_dropped_endpoint_leaves_its_groups() {
+    let c = cfg(4);
+    let mut mem = memory(3, &c);
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut ends = endpoints(&net, &mut mem, c);
+    let g = Group::ipv4([239, 7, 7, 7]).unwrap();
+    let other = Group::ipv4([239, 7, 7, 8]).unwrap();
+    for e in &mut ends[1..] {
+        e.join(g).unwrap();
+    }
+    ends[2].join(other).unwrap();
+    assert_eq!(net.group_members(g.gid()), 2);
+    drop(ends.pop());
+    assert_eq!(net.group_members(g.gid()), 1);
+    assert_eq!(net.group_members(other.gid()), 0);
+    let to_g = ends[0].group_peer(g).unwrap();
+    ends[0].send(&to_g, b"x").unwrap();
+    assert_eq!(ends[1].recv().unwrap().payload, b"x");
+    assert_eq!(
+        net.stats(2).datagrams_dropped,
+        0,
+        "the dropped endpoint got it"
+    );
+}
+
+/// Q_Keys with the high bit set are for privileged queue pairs: a device refuses them, and
+/// so does the model (a peer could not decode such an endpoint).
+#[test]
+fn a_controlled_qkey_is_refused_as_on_a_device() {
+    let net = SoftNet::new(SoftNetConfig::new(1, CAPS));
+    assert!(net.create_datagram(0, 0x8000_0001, MTU).is_none());
+    assert!(net.create_datagram(0, 0x7fff_ffff, MTU).is_some());
+}
+
 /// A back-off that panics after `n` empty polls: caller code that runs inside every wait.
 struct PanicAfter(u32);
 
