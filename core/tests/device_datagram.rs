@@ -1,6 +1,7 @@
 //! Datagrams on a real device, between processes: UD both ways (inline, staged and
 //! MTU-sized payloads, the MTU + 1 refused before posting); multicast from one sender to
-//! three receivers, every receiver getting every datagram in order; a receiver that joins
+//! three receivers, every receiver getting every datagram in order and the device sending one
+//! packet per datagram (by its own counter, on rxe); a receiver that joins
 //! late getting only what follows; leaving stopping delivery; zero allocations per datagram
 //! on both sides; dropping queue pairs and endpoints still joined to groups destroys them
 //! (nothing left in the kernel, no destroy refused); and, on the verbs layer, answering a
@@ -195,6 +196,19 @@ impl Peer {
     }
 }
 
+/// Packets the device's port 1 sent, by the device's own counter (rxe has it:
+/// `hw_counters/sent_pkts`; other devices name theirs differently): a count of what left
+/// that does not come from the endpoint.
+fn device_sent_packets(dev: &str) -> Option<u64> {
+    std::fs::read_to_string(format!(
+        "/sys/class/infiniband/{dev}/ports/1/hw_counters/sent_pkts"
+    ))
+    .ok()?
+    .trim()
+    .parse()
+    .ok()
+}
+
 /// Sends datagrams `first..first + n` of `seq`'s stream to `to`, one every `gap`.
 fn send_sequenced(
     ep: &mut Endpoint,
@@ -299,6 +313,7 @@ fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
     // absorb while they are descheduled.
     let gap = Duration::from_micros(200);
     let t0 = Instant::now();
+    let packets0 = device_sent_packets(&dev);
 
     // Phase 1: 500 datagrams to the three members; the late receiver has not joined.
     for p in rx.iter_mut() {
@@ -348,18 +363,26 @@ fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
         "delivery stopped when receiver 0 left"
     );
 
-    let s = me.stats();
+    // Every receiver has confirmed every datagram, so the device has sent them all; nobody
+    // else sent anything meanwhile (the receivers only receive).
+    let packets = packets0.zip(device_sent_packets(&dev)).map(|(a, b)| b - a);
     eprintln!(
-        "1300 datagrams to 3-4 receivers in {:?}: {} posts by the sender ({:.2} per datagram), \
+        "1300 datagrams to 3-4 receivers in {:?}: the device sent {} packets, \
          {sender_allocs} allocations while sending",
         t0.elapsed(),
-        s.sent,
-        s.sent as f64 / 1300.0
+        packets.map_or("an uncounted number of".to_owned(), |p| format!(
+            "{p} ({:.2} per datagram)",
+            p as f64 / 1300.0
+        )),
     );
-    assert_eq!(
-        s.sent, 1300,
-        "one post per datagram, whatever the number of receivers"
-    );
+    if dev.starts_with("rxe") {
+        assert_eq!(
+            packets,
+            Some(1300),
+            "one packet per datagram, whatever the number of receivers (rxe's sent_pkts)"
+        );
+    }
+    assert_eq!(me.stats().sent, 1300);
     assert_eq!(sender_allocs, 0, "the sender allocated");
     for p in rx.into_iter().chain([late]) {
         p.finish();

@@ -533,10 +533,10 @@ fn dropping_or_swapping_endpoints_with_work_in_flight_drains_them() {
     assert!(ends[0].outstanding_sends() > 0);
     let mut d = ends.pop().unwrap();
     let mut e = ends.pop().unwrap();
-    let (qd, qe) = (d.endpoint().qpn, e.endpoint().qpn);
-    // Swapping two endpoints swaps queue pairs and memory together.
+    // Swapping whole endpoints moves each queue pair with its memory (the provider alone
+    // cannot be swapped: `Datagram::provider` lends it as `&`, a compile_fail doctest);
+    // dropped after the swap, each still drains the receives posted into its own memory.
     std::mem::swap(&mut d, &mut e);
-    assert_eq!((d.endpoint().qpn, e.endpoint().qpn), (qe, qd));
     drop(d);
     drop(e);
     let a = ends.remove(0);
