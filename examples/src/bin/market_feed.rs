@@ -158,7 +158,7 @@ fn hex(b: &[u8]) -> String {
 fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| char::from(c).to_digit(16);
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return None;
     }
     b.chunks_exact(2)

@@ -79,7 +79,7 @@ fn hex(b: &[u8]) -> String {
 fn unhex(s: &str) -> Res<Vec<u8>> {
     let digit = |c: u8| char::from(c).to_digit(16).ok_or("the endpoint is not hex");
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return Err("the endpoint has an odd number of hex digits".into());
     }
     b.chunks_exact(2)
