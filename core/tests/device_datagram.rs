@@ -367,11 +367,11 @@ fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
     // else sent anything meanwhile (the receivers only receive).
     let packets = packets0.zip(device_sent_packets(&dev)).map(|(a, b)| b - a);
     eprintln!(
-        "1300 datagrams to 3-4 receivers in {:?}: the device sent {} packets, \
+        "1300 datagrams to 3-4 receivers in {:?}: the device sent {}, \
          {sender_allocs} allocations while sending",
         t0.elapsed(),
-        packets.map_or("an uncounted number of".to_owned(), |p| format!(
-            "{p} ({:.2} per datagram)",
+        packets.map_or("uncounted packets".to_owned(), |p| format!(
+            "{p} packets ({:.2} per datagram)",
             p as f64 / 1300.0
         )),
     );
