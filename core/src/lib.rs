@@ -89,7 +89,10 @@
 //! Every verbs object is released on drop, children before parents (a queue pair keeps its
 //! CQs and PD alive; an MR keeps its PD alive). Dropping a channel with work in flight is
 //! safe for memory, because the posting contract already required the buffers to outlive
-//! the work; destroying the queue pair flushes it.
+//! the work; destroying the queue pair flushes it. A datagram queue pair is detached from
+//! its multicast groups before it is destroyed (the kernel refuses to destroy an attached
+//! one). A destroy the device refuses anyway cannot be reported from `Drop`: it leaks the
+//! object and is counted (`verbs::failed_destroys`).
 //!
 //! # The posting contract
 //!

@@ -25,8 +25,8 @@
 //! poll, so every survivor's error names the rank that failed ([`NodeError::PeerFailed`],
 //! [`BarrierError::PeerFailed`]) rather than a live rank it happened to wait for.
 
-mod failure;
 mod credits;
+mod failure;
 mod messaging;
 mod pool;
 mod soft;

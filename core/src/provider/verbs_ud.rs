@@ -3,7 +3,9 @@
 //! Addresses are [`AddressHandle`]s: by GID from the queue pair's route (RoCE, or
 //! InfiniBand across subnets), or by LID. Joining a multicast group attaches the queue pair
 //! (`ibv_attach_mcast`) and, for an IPv4 group on a RoCE v2 port with an IPv4 address, makes
-//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why).
+//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why). An
+//! IPv4 group on a route whose GID is not IPv4-mapped is refused (`EAFNOSUPPORT`): nothing
+//! sent to it would arrive.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn core::error::Error>> {
@@ -44,6 +46,7 @@ use crate::verbs::{
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
 
 const EINVAL: i32 = 22;
+const EAFNOSUPPORT: i32 = 97;
 
 /// The verb and errno of a device-layer failure; a failure that is not a verb's keeps
 /// `fallback` as the verb and `EINVAL`.
@@ -73,8 +76,9 @@ struct Joined {
 /// A datagram queue pair and the two completion queues it owns, as a [`DatagramProvider`].
 #[derive(Debug)]
 pub struct VerbsDatagram {
-    // Field order is drop order: the IP memberships and the queue pair go before the CQs
-    // (and the connection manager's identifier, whose memberships end with it).
+    // Field order is drop order: the IP memberships, then the queue pair (which detaches
+    // from its groups before it is destroyed), then the connection manager's identifier
+    // (whose memberships end with it), then the CQs.
     groups: Vec<Joined>,
     qp: UdQp,
     #[cfg(feature = "rdmacm")]
@@ -222,6 +226,13 @@ impl DatagramProvider for VerbsDatagram {
             .map_err(|e| provider_error(e, Verb::CreateAh))
     }
 
+    /// Whether the address handle was made on this queue pair's protection domain (one
+    /// pointer compare).
+    #[inline]
+    fn owns(&self, address: &AddressHandle) -> bool {
+        address.pd_raw() == self.qp.pd().as_raw()
+    }
+
     #[inline]
     unsafe fn post_send(
         &mut self,
@@ -275,6 +286,14 @@ impl DatagramProvider for VerbsDatagram {
                 IpMembership::join(g, local)
                     .map_err(|e| provider_error(e, Verb::IpAddMembership))?,
             ),
+            // An IPv4 group's datagrams are IPv4 packets (RoCE v2): a queue pair sending and
+            // receiving on another route (IPv6, RoCE v1, InfiniBand) would get none of them.
+            (Some(_), None) => {
+                return Err(ProviderError {
+                    verb: Verb::AttachMcast,
+                    errno: EAFNOSUPPORT,
+                })
+            }
             _ => None,
         };
         self.qp

@@ -128,6 +128,8 @@ impl AhAttr {
 
 struct AhInner {
     raw: NonNull<sys::ibv_ah>,
+    /// The raw `ibv_pd` it was made on (`_pd`'s), here for one load on the send path.
+    pd_raw: NonNull<sys::ibv_pd>,
     // Dropped after the address handle is destroyed.
     _pd: Pd,
 }
@@ -137,9 +139,8 @@ impl Drop for AhInner {
         // SAFETY: the handle came from ibv_create_ah(_from_wc) and is destroyed once, by the
         // last clone; every work request that named it held a clone until it was posted (the
         // device copies the address into the request at post time). A failure leaks it.
-        unsafe {
-            sys::ibv_destroy_ah(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_ah(self.raw.as_ptr()) };
+        super::destroy::check(super::destroy::Kind::Ah, rc);
     }
 }
 
@@ -172,6 +173,13 @@ impl AddressHandle {
         self.inner.raw.as_ptr()
     }
 
+    /// The raw `ibv_pd` it was made on: a queue pair may send with it only if it was made on
+    /// the same protection domain.
+    #[inline]
+    pub fn pd_raw(&self) -> *mut sys::ibv_pd {
+        self.inner.pd_raw.as_ptr()
+    }
+
     /// What it was made from.
     pub fn attr(&self) -> AhAttr {
         self.attr
@@ -199,6 +207,7 @@ impl Pd {
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,
+                pd_raw: self.inner.raw,
                 _pd: self.clone(),
             }),
             attr: *attr,

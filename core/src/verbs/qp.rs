@@ -107,9 +107,9 @@ impl Drop for QpHandle {
     fn drop(&mut self) {
         // SAFETY: the QP came from ibv_create_qp and is destroyed once; the owning struct
         // keeps its PD and CQs alive until after this runs (field order).
-        unsafe {
-            sys::ibv_destroy_qp(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
+        // A refusal (EBUSY: still attached to a multicast group) leaks it.
+        super::destroy::check(super::destroy::Kind::Qp, rc);
     }
 }
 
