@@ -107,7 +107,7 @@ pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 #[cfg(feature = "verbs")]
-pub use connect::{connect, ConnectOptions, Connected};
+pub use connect::{connect, rejoin, ConnectOptions, Connected};
 pub use error::{BootstrapError, Result};
 pub use exchange::{
     exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,

@@ -100,7 +100,8 @@ fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock, when: &st
 fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
     // The victims in turn: a rank in the middle, the leader of the centralized barrier
     // (rank 0, the tree's root), the last rank, and the middle one again.
-    let victims = [2, 0, 3, 2];
+    // Under Miri, the first two.
+    let victims: &[u32] = if cfg!(miri) { &[2, 0] } else { &[2, 0, 3, 2] };
     let mut lives: Vec<Vec<u8>> = victims
         .iter()
         .map(|_| vec![0u8; soft_rejoin_bytes(WORLD, WINDOW)])

@@ -51,7 +51,7 @@ pub use soft::{
     soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_receiving, SoftNode,
 };
 #[cfg(feature = "verbs")]
-pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
+pub use verbs::{NodeConfig, PreparedNode, ReadmitQp, VerbsNode, VerbsQp};
 
 use alloc::vec::Vec;
 use core::fmt;
