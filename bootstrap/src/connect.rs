@@ -2,6 +2,7 @@
 
 use core::time::Duration;
 
+use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, ReadmitError, Receive, VerbsNode};
 use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
@@ -104,6 +105,9 @@ pub struct Connected {
     pub clock: Monotonic,
     /// The settings the node's queue pairs were made with, for a readmitted rank's.
     qp: QpConfig,
+    /// The barrier algorithm the node was configured with: a new process's first barrier
+    /// runs it, so the barrier closing a readmission does too.
+    algorithm: BarrierAlgorithm,
 }
 
 impl Connected {
@@ -111,8 +115,9 @@ impl Connected {
     /// ([`rejoin`]): every surviving rank calls it at the same time (once its node knows of
     /// the failure, or as soon as the job decides to; a barrier in progress is abandoned).
     /// Returns once every rank, the new process included, has passed a barrier over the
-    /// whole world: from then on barriers run as before, every count having started again
-    /// from zero. Every wait is bounded by `timeout` (rank 0 waits that long for the new
+    /// whole world (with the algorithm the node was configured with, [`NodeConfig::algorithm`],
+    /// as the new process's first barrier): from then on barriers run as before, every count
+    /// having started again from zero. Every wait is bounded by `timeout` (rank 0 waits that long for the new
     /// process and every survivor).
     ///
     /// What happens (see `rverbs_core::node`'s "When a rank rejoins"): the node settles its
@@ -154,14 +159,16 @@ impl Connected {
         };
         // News about the failed rank's old connection must not reach the world it rejoins.
         self.watch = None;
-        let (node, qp, clock) = (&mut self.node, &self.qp, &self.clock);
+        let (node, qp, clock, algorithm) = (&mut self.node, &self.qp, &self.clock, self.algorithm);
         let result = (|| {
             let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
             let theirs = session.readmit(rank, &blob, timeout)?;
             node.readmit_connect(prepared, &theirs).map_err(rdma)?;
             // Nobody starts a barrier before every rank has reset its counters.
             session.allgather(b"readmitted")?;
-            node.barrier(clock, timeout).map_err(rdma)
+            let members: Vec<u32> = (0..node.world_size()).collect();
+            node.barrier_group(&members, algorithm, clock, timeout)
+                .map_err(rdma)
         })();
         let watch = watch_session(&self.session, &self.node);
         match watch {
@@ -334,5 +341,6 @@ where
         watch,
         clock,
         qp: node_cfg.qp,
+        algorithm: node_cfg.algorithm,
     })
 }

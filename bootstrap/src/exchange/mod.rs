@@ -66,7 +66,9 @@ pub use self::personalize::Personalize;
 pub use self::session::Session;
 pub use self::watch::Watch;
 
-pub(crate) use self::readmit::{exchange_rejoin, RANK_ZERO};
+pub use self::readmit::exchange_rejoin;
+#[cfg(feature = "verbs")]
+pub(crate) use self::readmit::RANK_ZERO;
 
 /// Knobs of an exchange and of the session's later rounds.
 #[derive(Clone, Debug)]

@@ -21,17 +21,22 @@ pub(crate) const RANK_ZERO: &str = "rank 0 holds the rendezvous (every rank's bo
     connection leads to it); a job whose rank 0 failed cannot readmit it: restart every rank";
 
 impl Session {
-    /// A survivor's part in readmitting `rejoiner`: sends rank 0 `own` (this rank's node blob
-    /// addressed to the new process) and returns the new process's node blob addressed to
-    /// this rank. Rank 0 first waits for every survivor's part and for the new process (see
-    /// [`rejoin`](crate::rejoin)), all within `timeout`; on rank 0 the new process's
-    /// connection then takes the place of the old one. A failed round poisons the session.
-    pub(crate) fn readmit(
-        &mut self,
-        rejoiner: u32,
-        own: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>> {
+    /// A survivor's part in readmitting `rejoiner`, a rank whose process failed and was
+    /// started again ([`exchange_rejoin`]): sends rank 0 `own` (this rank's rverbs-core node
+    /// blob addressed to the new process, see [`rverbs_core::wire::node`]) and returns the
+    /// new process's node blob addressed to this rank. Every survivor calls it at the same
+    /// time. Rank 0 first waits for every survivor's part and for the new process, all within
+    /// `timeout`, on the listener its exchange kept; then its connection to the new process
+    /// takes the place of the old one, and later rounds include it.
+    /// [`Connected::readmit`](crate::Connected::readmit) is this round with the node's steps
+    /// around it.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Readmit`] for rank 0 (the rendezvous died with it) and for a
+    /// poisoned session; the errors of [`Session::allgather`] otherwise, rank 0's timeout
+    /// naming the new process or the survivors that did not come. A failed round poisons the
+    /// session.
+    pub fn readmit(&mut self, rejoiner: u32, own: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let (rank, world_size) = (self.rank(), self.world_size());
         let refuse = |reason: &str| BootstrapError::Readmit {
             rank,
@@ -108,10 +113,18 @@ impl Session {
     }
 }
 
-/// The restarted process's exchange: like [`exchange`](super::exchange) for a rank other
-/// than 0, but it opens with a `Rejoin`, which the rank 0 of a running world takes while its
-/// survivors readmit this rank, and it receives each survivor's endpoint for it.
-pub(crate) fn exchange_rejoin(
+/// The exchange of a rank whose process failed and was started again while the others run:
+/// like [`exchange`](super::exchange) for a rank other than 0 with node blobs
+/// ([`NodeBlobs`]), but it opens with a `Rejoin`, which the rank 0 of a running world takes
+/// while the survivors readmit this rank ([`Session::readmit`]), and it receives each
+/// survivor's endpoint for it (this rank's own entry is `blob`). The session it returns is
+/// an ordinary one: later rounds include every rank.
+///
+/// # Errors
+/// [`BootstrapError::Readmit`] for rank 0; otherwise those of [`exchange`](super::exchange)
+/// (rank 0 says why it refused the hello, for example that the old process is still
+/// connected).
+pub fn exchange_rejoin(
     config: &ClusterConfig,
     rank: u32,
     blob: &[u8],
