@@ -81,7 +81,8 @@ impl Failures {
     }
 
     /// The failure in `word`, if it is one about a rank of this world (and, for a notice from
-    /// a peer, about the rank's first life: no rank rejoins in this version).
+    /// a peer, of incarnation 0, the only one written: a readmission forgets the news between
+    /// two rounds in which nobody writes, so no notice of an earlier life can arrive later).
     fn accept(&self, word: u64, local: bool) -> Option<Failure> {
         if word == 0 {
             return None;
