@@ -1,5 +1,5 @@
 //! Readmitting a rank that failed and was started again: the survivors' side (see
-//! [the module docs](super#when-a-rank-rejoins)).
+//! [the module docs](crate::node#when-a-rank-rejoins)).
 //!
 //! The survivors cannot tell the new process's writes from the old one's unless every count
 //! starts again, so readmitting is collective and happens between two out-of-band rounds:
@@ -99,7 +99,7 @@ impl core::error::Error for ReadmitError {}
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Step one of readmitting `rank`, which failed and was started again (see [the module
-    /// docs](self#when-a-rank-rejoins)); every other surviving rank takes it at the same
+    /// docs](crate::node#when-a-rank-rejoins)); every other surviving rank takes it at the same
     /// time. Abandons any barrier in progress and refuses new ones until
     /// [`Node::readmit_finish`]; waits until everything posted to the live ranks completed
     /// (at most each channel's timeout); flushes and drains the channel to `rank`.
