@@ -614,7 +614,6 @@ fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clo
                 Event::Message {
                     rank: 0,
                     data,
-                    imm: None,
                 } => got.borrow_mut().push(data.to_vec()),
                 Event::SendsCompleted { .. } => {}
                 other => panic!("rank 1: unexpected event {other:?}"),

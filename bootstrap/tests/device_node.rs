@@ -430,7 +430,6 @@ fn full(
             rverbs_core::node::Event::Message {
                 rank: from,
                 data,
-                imm: None,
             } if data.len() == 12 => {
                 let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
                 let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());

@@ -54,6 +54,8 @@
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
 //! - [`datagram`]: unreliable datagrams (UD) to any peer and multicast to many, with the
 //!   network header stripped and losses counted; [`gid`]: port and group addresses.
+//! - `cm` (feature `rdmacm`): the RDMA connection manager: connect a channel by address and
+//!   port, listen and accept, disconnect; join multicast groups through it.
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
@@ -61,6 +63,8 @@
 //! - `verbs` (default): the device layer, linking libibverbs through `ibverbs-sys`.
 //!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).
 //! - `alloc`: [`multi`], [`barrier`] (allocate only at setup).
+//! - `rdmacm`: the `cm` module, linking the system's librdmacm (Debian `librdmacm-dev`;
+//!   bindings generated at build time, so libclang too). Implies `verbs`.
 //! - `serde`: serde traits on configuration types.
 //! - `device-tests`: builds the tests that need an RDMA device.
 //!
@@ -111,6 +115,10 @@ pub mod barrier;
 // Posting hands the device raw addresses; the posting contract is enforced here.
 #[allow(unsafe_code)]
 pub mod channel;
+// The second FFI boundary: every call into librdmacm.
+#[cfg(feature = "rdmacm")]
+#[allow(unsafe_code)]
+pub mod cm;
 pub mod completion;
 // Receive slots are read after their completion; inline entries are made from slices.
 #[allow(unsafe_code)]

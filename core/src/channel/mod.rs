@@ -202,6 +202,9 @@ enum Broken {
     Wr(WrFailure),
     TimedOut,
     Provider(ProviderError),
+    /// Closed by a connection manager disconnect (`cm`, feature `rdmacm`).
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    Disconnected,
 }
 
 /// One connection to one peer. See the [module docs](self).
@@ -406,6 +409,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Broken::Wr(w) => ChannelError::Broken(w),
             Broken::TimedOut => ChannelError::TimedOut { peer: self.peer },
             Broken::Provider(e) => ChannelError::Provider(e),
+            Broken::Disconnected => ChannelError::Disconnected { peer: self.peer },
         })
     }
 

@@ -37,6 +37,7 @@
 //! readmit ([`ReadmitError`] says why).
 
 mod failure;
+mod credits;
 mod messaging;
 mod pool;
 mod readmit;

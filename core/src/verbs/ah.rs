@@ -90,6 +90,24 @@ impl AhAttr {
         }
     }
 
+    /// The attributes a verb filled in (`ibv_init_ah_from_wc`, or the connection manager's
+    /// multicast join).
+    pub(crate) fn from_sys(a: &sys::ibv_ah_attr) -> Self {
+        AhAttr {
+            port: a.port_num,
+            dlid: a.dlid,
+            sl: a.sl,
+            global: (a.is_global != 0).then_some(GlobalRoute {
+                // SAFETY: ibv_gid is a union of a byte array and two u64: any bits are bytes.
+                dgid: Gid(unsafe { a.grh.dgid.raw }),
+                sgid_index: a.grh.sgid_index,
+                hop_limit: a.grh.hop_limit,
+                traffic_class: a.grh.traffic_class,
+                flow_label: a.grh.flow_label,
+            }),
+        }
+    }
+
     fn to_sys(self) -> sys::ibv_ah_attr {
         // SAFETY: ibv_ah_attr is plain C data for which all-zero is valid.
         let mut a: sys::ibv_ah_attr = unsafe { MaybeUninit::zeroed().assume_init() };
@@ -229,19 +247,7 @@ impl Pd {
                 errno: errno(),
             });
         }
-        let attr = AhAttr {
-            port: a.port_num,
-            dlid: a.dlid,
-            sl: a.sl,
-            global: (a.is_global != 0).then_some(GlobalRoute {
-                // SAFETY: ibv_gid is a union of a byte array and two u64: any bits are bytes.
-                dgid: Gid(unsafe { a.grh.dgid.raw }),
-                sgid_index: a.grh.sgid_index,
-                hop_limit: a.grh.hop_limit,
-                traffic_class: a.grh.traffic_class,
-                flow_label: a.grh.flow_label,
-            }),
-        };
+        let attr = AhAttr::from_sys(&a);
         self.create_ah(&attr)
     }
 }

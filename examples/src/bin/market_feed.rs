@@ -16,6 +16,10 @@
 //! ```text
 //! tools/rxe-vm --devices 1 -- target/release/market-feed --subscribers 3 --messages 20000
 //! ```
+//!
+//! With `--cm` (feature `rdmacm`) the subscribers join through the RDMA connection manager
+//! (`rdma_join_multicast`) instead of attaching their queue pairs and joining the IP group
+//! themselves.
 #![allow(clippy::std_instead_of_core)] // a std program
 
 use std::io::{BufRead, BufReader, Write};
@@ -79,6 +83,10 @@ struct Args {
     /// What a waiting process does between empty polls.
     #[arg(long, value_enum, default_value_t = Wait::Yield)]
     wait: Wait,
+    /// Subscribers join through the RDMA connection manager (`rdma_join_multicast`).
+    #[cfg(feature = "rdmacm")]
+    #[arg(long)]
+    cm: bool,
     /// Internal: this process's role.
     #[arg(long, value_enum, default_value_t = Role::Publisher, hide = true)]
     role: Role,
@@ -112,6 +120,12 @@ fn endpoint(args: &Args) -> Res<Endpoint> {
     ud.max_recv_wr = SLOTS as u32;
     ud.max_send_wr = 256;
     let qp = VerbsDatagram::new(&ctx, &pd, &ud)?;
+    #[cfg(feature = "rdmacm")]
+    let qp = if args.cm && args.role == Role::Subscriber {
+        qp.joining_through_cm(Duration::from_secs(10), &MONOTONIC)?
+    } else {
+        qp
+    };
     let mut cfg = DatagramConfig::default();
     cfg.recv_slots = SLOTS as u32;
     cfg.timeout = Duration::from_secs(10);
@@ -135,6 +149,16 @@ fn endpoint(args: &Args) -> Res<Endpoint> {
 
 fn group(args: &Args) -> Res<Group> {
     Ok(Group::ipv4(args.group.octets()).ok_or("--group is not an IPv4 multicast address")?)
+}
+
+/// `--cm` for the subscribers, if the publisher was given it.
+fn cm_flag(args: &Args) -> &'static [&'static str] {
+    #[cfg(feature = "rdmacm")]
+    if args.cm {
+        return &["--cm"];
+    }
+    let _ = args;
+    &[]
 }
 
 fn now_ns() -> u64 {
@@ -164,6 +188,7 @@ fn publish(args: &Args) -> Res<()> {
                     "yield"
                 },
             ])
+            .args(cm_flag(args))
             .stdout(Stdio::piped())
             .spawn()?;
         let out = BufReader::new(c.stdout.take().ok_or("no pipe")?);
