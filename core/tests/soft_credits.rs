@@ -137,7 +137,10 @@ fn a_one_way_stream_returns_credits_by_write_every_half_of_them() {
         // that consumed that many), and at least once per SLOTS; the sender never writes.
         let (n, slots) = (u64::from(ROUNDS), SLOTS as u64);
         let w = r.credit_writes[0];
-        assert!(w >= n / slots && w <= n / (slots / 2), "{receive:?}: {w} writes");
+        assert!(
+            w >= n / slots && w <= n / (slots / 2),
+            "{receive:?}: {w} writes"
+        );
         assert_eq!(r.credit_writes[1], 0, "{receive:?}");
         assert!(r.would_block > 0, "{receive:?}: the stream never waited");
         assert_eq!(r.rnr, 0, "{receive:?}");

@@ -144,7 +144,6 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::credit_in;

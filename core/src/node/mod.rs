@@ -36,8 +36,8 @@
 //! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
 //! readmit ([`ReadmitError`] says why).
 
-mod failure;
 mod credits;
+mod failure;
 mod messaging;
 mod pool;
 mod readmit;

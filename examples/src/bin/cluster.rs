@@ -30,8 +30,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use rverbs_bootstrap::pmix::{LauncherEnv, LauncherKind};
 use rverbs_bootstrap::{
-    connect_launch, rejoin, ClusterConfig, ConnectOptions, Connected, Launch, OutOfBand,
-    RankConfig,
+    connect_launch, rejoin, ClusterConfig, ConnectOptions, Connected, Launch, OutOfBand, RankConfig,
 };
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::sge::Sge;
@@ -206,9 +205,11 @@ fn launch_local(args: &Args) -> Res<()> {
         .into());
     }
     if args.rejoin && args.wait == Wait::Block {
-        return Err("--rejoin cannot run with --wait block: the barrier wake-ups it turns on keep \
+        return Err(
+            "--rejoin cannot run with --wait block: the barrier wake-ups it turns on keep \
              receives posted on every connection, which are not rebuilt for a restarted rank"
-            .into());
+                .into(),
+        );
     }
     let rejoin_dir =
         std::env::temp_dir().join(format!("rverbs-cluster-rejoin-{}", std::process::id()));
@@ -631,12 +632,7 @@ fn barriers_again(c: &mut Connected, barriers: u32, timeout: Duration) -> Res<bo
 
 /// The new process of [`VICTIM`]: rejoins, runs the barriers the survivors run after the
 /// readmission, and sends its report.
-fn run_rejoined(
-    args: &Args,
-    launch: &Launch<'_>,
-    opts: &ConnectOptions,
-    t0: Instant,
-) -> Res<()> {
+fn run_rejoined(args: &Args, launch: &Launch<'_>, opts: &ConnectOptions, t0: Instant) -> Res<()> {
     let Launch::Config { config, rank } = launch else {
         return Err("--rejoined needs a cluster config".into());
     };
@@ -762,7 +758,11 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
     }
     println!("barriers over all {world} ranks, {} each (per-barrier latency; p50 is the median over ranks):", args.barriers);
     // A rank started again (--rejoin) measured none: its first process did.
-    let timed = || reports.iter().filter_map(|r| r.barriers.get(..BarrierAlgorithm::ALL.len()));
+    let timed = || {
+        reports
+            .iter()
+            .filter_map(|r| r.barriers.get(..BarrierAlgorithm::ALL.len()))
+    };
     for (i, alg) in BarrierAlgorithm::ALL.iter().enumerate() {
         let mut p50: Vec<u64> = timed().map(|b| b[i].1.p50_ns).collect();
         p50.sort_unstable();
