@@ -81,7 +81,7 @@ const GROUP: [u8; 4] = [239, 1, 2, 3];
 // emulated, and a loaded host starves it): UD drops what finds no receive posted.
 const SLOTS: u32 = 1024;
 
-type Endpoint = Datagram<VerbsDatagram, OwnedRegion, Yield, 256>;
+type Endpoint = Datagram<VerbsDatagram, OwnedRegion, Yield, { SLOTS as usize }>;
 
 /// Gives the core away between empty polls: the VM has fewer CPUs than busy processes.
 #[derive(Debug, Default)]
