@@ -66,6 +66,8 @@
 //! - `rdmacm`: the `cm` module, linking the system's librdmacm (Debian `librdmacm-dev`;
 //!   bindings generated at build time, so libclang too). Implies `verbs`.
 //! - `serde`: serde traits on configuration types.
+//! - `instant`: `provider::instant`, a driver that completes every request at once without
+//!   touching memory, for measuring rverbs' own cost (implies `verbs`).
 //! - `device-tests`: builds the tests that need an RDMA device.
 //!
 //! Without default features the crate needs neither std nor alloc nor libibverbs, and builds

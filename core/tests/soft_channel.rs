@@ -369,7 +369,12 @@ fn selective_signaling(depth: u32, signal_every: u32, writes: usize) -> (u64, u6
     let n = writes * chunk;
     assert_eq!(got[..n], data[..n]);
     let stats = f.stats(Side::A);
-    assert_eq!(stats.sends_posted, writes as u64);
+    // wait_all adds one zero-length write when the last post ended unsignaled.
+    assert!(
+        stats.sends_posted == writes as u64 || stats.sends_posted == writes as u64 + 1,
+        "{} requests for {writes} writes",
+        stats.sends_posted
+    );
     (stats.send_cqes, u64::from(a.signal_every()))
 }
 
@@ -695,4 +700,67 @@ fn flushed_receive_breaks_the_channel() {
     assert!(a
         .post_write_inline(b"x", rverbs_core::sge::RemoteMemory::default())
         .is_err());
+}
+
+/// Unpolled posts ask for a completion only every k-th request; a wait for a ticket no
+/// signaled request covers posts one signaled zero-length write behind it (which touches no
+/// memory), and calls that wait at once signal their own request instead.
+#[test]
+fn unpolled_posts_signal_every_kth_and_waits_cover_the_rest() {
+    let (mut sbuf, mut dbuf) = ([0u8; 8], [0u8; 256]);
+    let f = fabric(64);
+    let _src = f.register(Side::A, &mut sbuf, RW).unwrap();
+    let dst = f.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = f.ends().unwrap();
+    let mut cfg = ChannelConfig::default();
+    cfg.signal_every = 8;
+    let mut a = Channel::new(ea, cfg, clock!());
+    let at = |i: u64| dst.remote().slice(i * 8, 8).unwrap();
+
+    // 20 unpolled writes: requests 8 and 16 are signaled, the last 4 are not.
+    let mut tickets = Vec::new();
+    for i in 0..20u64 {
+        tickets.push(a.post_write_inline(&i.to_le_bytes(), at(i)).unwrap());
+    }
+    a.poll().unwrap();
+    let s = f.stats(Side::A);
+    assert_eq!((s.sends_posted, s.send_cqes), (20, 2));
+    assert_eq!(a.outstanding_sends(), 4, "only the signaled ones retire");
+    // A covered ticket needs no cover.
+    a.wait(tickets[3]).unwrap();
+    assert_eq!(f.stats(Side::A).sends_posted, 20);
+    // The last one is covered by one zero-length write.
+    a.wait(tickets[19]).unwrap();
+    let s = f.stats(Side::A);
+    assert_eq!((s.sends_posted, s.send_cqes), (21, 3));
+    assert_eq!(a.outstanding_sends(), 0);
+    for i in 0..20u64 {
+        assert_eq!(dst.load_u64(i as usize * 8), Some(i));
+    }
+    assert_eq!(bytes::<8>(&dst, 160), [0; 8], "the cover wrote nothing");
+
+    // try_wait covers too, and comes back complete.
+    let t = a.post_write_inline(&[9; 8], at(21)).unwrap();
+    let mut polls = 0;
+    while a.try_wait(t).is_none() {
+        polls += 1;
+        assert!(polls < 100, "try_wait never completed an unsignaled ticket");
+    }
+    assert_eq!(f.stats(Side::A).sends_posted, 23);
+
+    // Blocking calls and Batch::run signal their own last request: no cover.
+    a.write_inline(&[1; 8], at(22)).unwrap();
+    let mut b = a.batch();
+    b.write_inline(&[2; 8], at(23)).unwrap();
+    b.write_inline(&[3; 8], at(24)).unwrap();
+    b.run().unwrap();
+    assert_eq!(f.stats(Side::A).sends_posted, 26);
+    assert_eq!(a.outstanding_sends(), 0);
+
+    // A scope's end covers what it posted unsignaled.
+    a.scope(|s| s.write_inline(&[4; 8], at(25)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(dst.load_u64(25 * 8), Some(u64::from_le_bytes([4; 8])));
 }

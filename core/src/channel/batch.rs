@@ -213,6 +213,8 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         if self.wrs.is_empty() {
             return Ok(());
         }
+        // Waited for at once: the last request's own completion ends the wait.
+        self.signaled();
         // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait
         // for the batch (or its flush) before returning; the guard settles the channel if
         // the wait unwinds.

@@ -75,6 +75,13 @@
 //! queue in order, so one signaled completion retires every request before it: the channel
 //! keeps only "everything below `done` has completed" and the first failure, no map. A send
 //! queue slot is reused only after a signaled completion at or past it has been polled.
+//!
+//! Only every [`ChannelConfig::signal_every`]-th request asks for a completion (and those a
+//! call asks for), so a stream of unpolled posts costs the device one completion per k
+//! requests. A wait for a ticket that no signaled request covers (its last request and
+//! everything after it unsignaled) first posts one signaled zero-length RDMA write: RC
+//! completes it after the ticket's requests, and the peer's device answers it without
+//! reaching memory (a zero-length RDMA write carries no key to check, IBTA C9-88).
 //! Receives complete in order too; their results go to a fixed slot table indexed by
 //! sequence number modulo `R`.
 //!
@@ -131,13 +138,25 @@ const POLL_AT_ONCE: usize = 16;
 /// completion; every 16th keeps the deadline within a few microseconds.
 const CLOCK_EVERY: u32 = 16;
 
+/// Which completion queues a wait polls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Queues {
+    /// The send queue alone.
+    Sends,
+    /// Both.
+    Both,
+}
+
 /// Channel settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ChannelConfig {
-    /// Signal (ask for a completion of) every k-th send request. The last request of every
-    /// post is signaled too, so waiting for it is always possible. Clamped so that a full
-    /// batch always fits in the send queue.
+    /// Signal (ask for a completion of) every k-th send request, and no other unless asked:
+    /// calls that wait at once (the blocking verbs, [`Batch::run`]) ask for their last
+    /// request, and [`Batch::signaled`] asks for any. Waiting for a ticket no signaled
+    /// request covers yet posts one signaled zero-length RDMA write behind it (see
+    /// [Completion tracking](self#completion-tracking)). Clamped so that a full batch always
+    /// fits in the send queue.
     pub signal_every: u32,
     /// How long any call waits for the peer before it gives up with
     /// [`ChannelError::TimedOut`] and breaks the channel (10 s by default). Calls with an
@@ -226,6 +245,9 @@ pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     max_post: usize,
     next_seq: u64,
     done_seq: u64,
+    /// One past the last signaled send request posted: a wait for requests below it needs
+    /// no cover request.
+    signaled_to: u64,
     /// Posted requests that consume a receive at the peer (sends, writes with immediate).
     remote_recvs_used: u64,
     since_signal: u32,
@@ -234,6 +256,9 @@ pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     recv_done: u64,
     recv_cap: u64,
     slots: [RecvSlot; R],
+    /// Where polls put completions: kept across polls, so an empty poll (the common case of
+    /// a spinning wait) writes nothing but what the provider writes.
+    wc: [Completion; POLL_AT_ONCE],
 }
 
 impl<P: Provider + fmt::Debug, B: Backoff, const R: usize> fmt::Debug for Channel<P, B, R> {
@@ -286,6 +311,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             max_post: 1,
             next_seq: 0,
             done_seq: 0,
+            signaled_to: 0,
             remote_recvs_used: 0,
             since_signal: 0,
             broken: None,
@@ -293,6 +319,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             recv_done: 0,
             recv_cap: 0,
             slots: [EMPTY_SLOT; R],
+            wc: [Completion::EMPTY; POLL_AT_ONCE],
         };
         c.start_afresh(cfg.signal_every);
         c
@@ -316,6 +343,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.signal_every = k;
         self.max_post = ((depth - k + 1) as usize).min(MAX_BATCH);
         self.next_seq = 0;
+        self.signaled_to = 0;
         self.done_seq = 0;
         self.remote_recvs_used = 0;
         self.since_signal = 0;
@@ -467,17 +495,35 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     fn poll_once(&mut self) -> Result<usize, ProviderError> {
-        let mut wc = [Completion::EMPTY; POLL_AT_ONCE];
-        let (mut seen, qpn) = (0, self.qp_num);
-        let n = self.p.poll_send(&mut wc)?;
-        for c in wc[..n].iter().filter(|c| c.qp_num == qpn) {
-            self.on_send_completion(c);
-            seen += 1;
+        Ok(self.poll_sends()? + self.poll_recvs()?)
+    }
+
+    /// Polls the send completion queue once: what a wait for send requests needs (their
+    /// completions come on that queue alone).
+    #[inline]
+    fn poll_sends(&mut self) -> Result<usize, ProviderError> {
+        let n = self.p.poll_send(&mut self.wc)?.min(POLL_AT_ONCE);
+        let mut seen = 0;
+        for i in 0..n {
+            let c = self.wc[i];
+            if c.qp_num == self.qp_num {
+                self.on_send_completion(&c);
+                seen += 1;
+            }
         }
-        let m = self.p.poll_recv(&mut wc)?;
-        for c in wc[..m].iter().filter(|c| c.qp_num == qpn) {
-            self.on_recv_completion(c);
-            seen += 1;
+        Ok(seen)
+    }
+
+    #[inline]
+    fn poll_recvs(&mut self) -> Result<usize, ProviderError> {
+        let n = self.p.poll_recv(&mut self.wc)?.min(POLL_AT_ONCE);
+        let mut seen = 0;
+        for i in 0..n {
+            let c = self.wc[i];
+            if c.qp_num == self.qp_num {
+                self.on_recv_completion(&c);
+                seen += 1;
+            }
         }
         Ok(seen)
     }
@@ -548,37 +594,30 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let need = n as u64;
         // Retire completed requests until n slots are free.
         if !self.fits(need) {
-            self.poll_until(|c| c.fits(need), None)?;
+            self.poll_until_on(Queues::Sends, |c| c.fits(need), None)?;
             if let Some(e) = self.failure() {
                 return Err(e);
             }
         }
         let first = self.next_seq;
+        let mut signaled_to = self.signaled_to;
+        let mut consumes = 0u64;
         for (i, w) in wrs.iter_mut().enumerate() {
             w.wr_id = first + i as u64;
+            consumes += u64::from(w.opcode.consumes_remote_recv());
             self.since_signal += 1;
-            let asked = w.flags.contains(SendFlags::SIGNALED);
-            if asked || i + 1 == n || self.since_signal >= self.signal_every {
+            if w.flags.contains(SendFlags::SIGNALED) || self.since_signal >= self.signal_every {
                 w.flags |= SendFlags::SIGNALED;
-            } else {
-                w.flags &= !SendFlags::SIGNALED;
-            }
-            if w.flags.contains(SendFlags::SIGNALED) {
                 self.since_signal = 0;
+                signaled_to = w.wr_id + 1;
             }
         }
         // SAFETY: forwarded contract.
         let r = unsafe { self.p.post_send(wrs) };
-        let posted = match r {
-            Ok(()) => wrs.len(),
-            Err(f) => f.posted.min(wrs.len()),
-        };
-        self.remote_recvs_used += wrs[..posted]
-            .iter()
-            .filter(|w| w.opcode.consumes_remote_recv())
-            .count() as u64;
         match r {
             Ok(()) => {
+                self.remote_recvs_used += consumes;
+                self.signaled_to = signaled_to;
                 self.next_seq += need;
                 Ok(self.ticket(Work::Sends {
                     first,
@@ -586,6 +625,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 }))
             }
             Err(f) => {
+                let posted = f.posted.min(wrs.len());
+                self.remote_recvs_used += wrs[..posted]
+                    .iter()
+                    .filter(|w| w.opcode.consumes_remote_recv())
+                    .count() as u64;
                 self.next_seq += f.posted as u64;
                 if f.posted > 0 {
                     // The posted prefix may end unsignaled: flush it so it completes, and do

@@ -23,7 +23,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts `wr` and waits for it: every blocking verb.
-    pub(super) fn run_one(&mut self, wr: WorkRequest<'_>) -> Result<(), ChannelError> {
+    pub(super) fn run_one(&mut self, mut wr: WorkRequest<'_>) -> Result<(), ChannelError> {
+        // Waited for at once: its own completion ends the wait (no cover request).
+        wr.flags |= SendFlags::SIGNALED;
         // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
         // the flush) before returning; the guard settles the channel if the wait unwinds.
         let t = unsafe { self.post_wr(wr) }?;
@@ -67,9 +69,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         data: &[u8],
         remote: RemoteMemory,
     ) -> Result<Ticket, ChannelError> {
+        self.post_inline_flags(opcode, data, remote, SendFlags::INLINE)
+    }
+
+    /// [`Channel::post_inline`] with more flags (`SIGNALED` for a request waited for at
+    /// once, or whose completion must show without a wait).
+    pub(crate) fn post_inline_flags(
+        &mut self,
+        opcode: Opcode,
+        data: &[u8],
+        remote: RemoteMemory,
+        flags: SendFlags,
+    ) -> Result<Ticket, ChannelError> {
         let sge = [self.inline_sge(data)?];
         // SAFETY: inline payloads are copied during the post; remote memory is the peer's.
-        unsafe { self.post_one(opcode, SendFlags::INLINE, &sge, remote) }
+        unsafe { self.post_one(opcode, flags | SendFlags::INLINE, &sge, remote) }
     }
 
     /// Sends `sges` to the peer (which must have a receive posted) and waits for the
@@ -96,7 +110,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Sends `data` inline (copied into the work request; no registered memory needed), up to
     /// the queue pair's inline limit, and waits. Does not allocate.
     pub fn send_inline(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        let t = self.post_send_inline(data)?;
+        let t = self.post_inline_flags(
+            Opcode::Send,
+            data,
+            RemoteMemory::default(),
+            SendFlags::SIGNALED,
+        )?;
         self.wait(t).map(|_| ())
     }
 
@@ -107,7 +126,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     /// Writes `data` inline into the peer's `remote` memory and waits. Does not allocate.
     pub fn write_inline(&mut self, data: &[u8], remote: RemoteMemory) -> Result<(), ChannelError> {
-        let t = self.post_write_inline(data, remote)?;
+        let t = self.post_inline_flags(Opcode::Write, data, remote, SendFlags::SIGNALED)?;
         self.wait(t).map(|_| ())
     }
 
@@ -163,9 +182,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts an inline send of `data` and returns its ticket without waiting: the
-    /// lowest-latency way to send (no registered memory, one doorbell, no wait). The peer
-    /// must have a receive posted. Safe: the bytes are copied during the post. Does not
-    /// allocate.
+    /// lowest-latency way to send (no registered memory, one doorbell, no wait; signaled
+    /// only every [`ChannelConfig::signal_every`](super::ChannelConfig::signal_every)-th
+    /// request). The peer must have a receive posted. Safe: the bytes are copied during the
+    /// post. Does not allocate.
     pub fn post_send_inline(&mut self, data: &[u8]) -> Result<Ticket, ChannelError> {
         self.post_inline(Opcode::Send, data, RemoteMemory::default())
     }
@@ -177,9 +197,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts an inline write of `data` into the peer's `remote` memory and returns its ticket
-    /// without waiting: the lowest-latency way to write. Safe: the bytes are copied during
-    /// the post; a failure shows up on a later call (the channel is then broken). Does not
-    /// allocate.
+    /// without waiting: the lowest-latency way to write (signaled only every
+    /// [`ChannelConfig::signal_every`](super::ChannelConfig::signal_every)-th request).
+    /// Safe: the bytes are copied during the post; a failure shows up on a later call (the
+    /// channel is then broken). Does not allocate.
     pub fn post_write_inline(
         &mut self,
         data: &[u8],

@@ -68,12 +68,14 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         // earlier ones come with them) and the receives posted in the scope, but not
         // receives posted before it (a receive ring's), which wait for their messages.
         let (send_end, recv_end) = (chan.next_seq, chan.recv_next);
-        // Bounded by the channel's timeout, and drained before it returns an error, so the
-        // guard below has nothing left to do on this path.
-        let r = chan.poll_until(
-            |c| c.done_seq >= send_end && (recv_end == recv_start || c.recv_done >= recv_end),
-            None,
-        );
+        // Bounded by the channel's timeout, and drained before it returns an error (as a
+        // failed cover's post is), so the guard below has nothing left to do on this path.
+        let r = chan.cover_all().and_then(|()| {
+            chan.poll_until(
+                |c| c.done_seq >= send_end && (recv_end == recv_start || c.recv_done >= recv_end),
+                None,
+            )
+        });
         chan.release_recv_results(recv_start..recv_end);
         // Nothing of the scope's is in flight any more (or it was drained): the guard is
         // only for unwinding, and would flush receives posted before the scope.

@@ -4,7 +4,7 @@
 
 use super::ticket::Work;
 use super::{
-    Broken, Channel, ChannelError, Done, PeerName, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
+    Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
 };
 use crate::completion::WcStatus;
 use crate::poll::{Backoff, Deadline};
@@ -37,6 +37,17 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         done: impl Fn(&Self) -> bool,
         deadline: Option<Deadline>,
     ) -> Result<(), ChannelError> {
+        self.poll_until_on(Queues::Both, done, deadline)
+    }
+
+    /// [`Channel::poll_until`], polling only `queues`: a wait for send requests polls the
+    /// send queue alone (the receive queue's completions keep until a wait needs them).
+    pub(super) fn poll_until_on(
+        &mut self,
+        queues: Queues,
+        done: impl Fn(&Self) -> bool,
+        deadline: Option<Deadline>,
+    ) -> Result<(), ChannelError> {
         self.backoff.reset();
         let mut deadline = deadline;
         let mut empty: u32 = 0;
@@ -44,7 +55,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             if done(self) {
                 return Ok(());
             }
-            match self.poll_once() {
+            let polled = match queues {
+                Queues::Sends => self.poll_sends(),
+                Queues::Both => self.poll_once(),
+            };
+            match polled {
                 Ok(0) => {}
                 Ok(_) => {
                     self.backoff.reset();
@@ -72,6 +87,51 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                     .get_or_insert_with(|| Deadline::after(clock, timeout))
                     .remaining(clock)
             });
+        }
+    }
+
+    /// Makes sure that a signaled request at or after send request `seq` is posted, so that a
+    /// wait for `seq` ends: if none is, posts a signaled zero-length RDMA write, which names
+    /// no memory at either end (its responder checks no key, IBTA C9-88) and completes after
+    /// everything before it. Nothing to do on a broken channel (its flush completes
+    /// everything). Does not allocate.
+    pub(super) fn cover(&mut self, seq: u64) -> Result<(), ChannelError> {
+        if seq < self.signaled_to || seq < self.done_seq || seq >= self.next_seq {
+            return Ok(());
+        }
+        if self.broken.is_some() {
+            return Ok(());
+        }
+        let mut wr = [WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Write,
+            flags: SendFlags::SIGNALED,
+            sges: &[],
+            remote: RemoteMemory::default(),
+        }];
+        // SAFETY: the request names no memory, local or remote.
+        match unsafe { self.post_send_wrs(&mut wr) } {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // Without the cover nothing may complete what the caller waits for: break the
+                // channel and drain it, so no request outlives the buffers it named.
+                self.broken.get_or_insert(Broken::Wr(WrFailure {
+                    peer: self.peer,
+                    wr_id: self.next_seq,
+                    status: WcStatus::General,
+                    vendor_err: 0,
+                }));
+                self.flush_and_drain();
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Channel::cover`] for everything posted so far.
+    pub(super) fn cover_all(&mut self) -> Result<(), ChannelError> {
+        match self.next_seq.checked_sub(1) {
+            Some(last) => self.cover(last),
+            None => Ok(()),
         }
     }
 
@@ -180,6 +240,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             return Some(Err(ChannelError::ForeignTicket));
         }
         if !self.is_complete(ticket) {
+            if let Work::Sends { last, .. } = ticket.work {
+                if let Err(e) = self.cover(last) {
+                    return Some(Err(e));
+                }
+            }
             if let Err(e) = self.poll() {
                 return Some(Err(e));
             }
@@ -219,7 +284,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
         match ticket.work {
             Work::Sends { first, last } => {
-                self.poll_until(|c| c.done_seq > last, deadline)?;
+                if self.done_seq <= last {
+                    self.cover(last)?;
+                    self.poll_until_on(Queues::Sends, |c| c.done_seq > last, deadline)?;
+                }
                 self.check_send(first, last).map(|()| Done::default())
             }
             Work::Recv(r) => self.wait_recv_seq(r, deadline),
@@ -228,6 +296,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     /// Waits until everything posted has completed, at most the channel's timeout.
     pub fn wait_all(&mut self) -> Result<(), ChannelError> {
+        self.cover_all()?;
         self.poll_until(Self::all_done, None)?;
         self.failure().map_or(Ok(()), Err)
     }
@@ -243,7 +312,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             self.broken.get_or_insert(Broken::TimedOut);
             self.flush_and_drain();
         } else {
-            // wait_until drains before it returns an error.
+            // poll_until drains before it returns an error; so does a cover that failed.
+            let _ = self.cover_all();
             let _ = self.poll_until(Self::all_done, None);
         }
     }

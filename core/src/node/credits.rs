@@ -27,6 +27,8 @@ use crate::memory::Region;
 use crate::multi::MultiChannel;
 use crate::poll::Backoff;
 use crate::provider::Provider;
+use crate::sge::RemoteMemory;
+use crate::wr::{Opcode, SendFlags};
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Messages this node may have in flight to one peer (0 before messaging started).
@@ -72,16 +74,19 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 None => Err(NodeError::WouldBlock { rank }),
             };
         }
-        let Some((_, _, _, consumed)) = credit else {
-            return chan
-                .post_send_inline(data)
-                .map_err(|error| NodeError::Channel { rank, error });
+        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
+        // wait to cover it. Once messaging runs, the credit return rides along: the low 32
+        // bits of our consumed count (the peer widens it against what it had, `credit_in`).
+        let (opcode, consumed) = match credit {
+            Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
+            None => (Opcode::Send, None),
         };
-        // The credit return rides along: the low 32 bits of our consumed count (the peer
-        // widens it against what it had, see `credit_in`).
         let t = chan
-            .post_send_imm_inline(data, consumed as u32)
+            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::SIGNALED)
             .map_err(|error| NodeError::Channel { rank, error })?;
+        let Some(consumed) = consumed else {
+            return Ok(t);
+        };
         if let Some(r) = self.rings.as_mut() {
             r.reported[p] = consumed;
         }
@@ -136,7 +141,12 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     // and a failure shows up as the channel's `Failed` event.
     if chan.send_room(1)
         && chan
-            .post_write_inline(&consumed.to_le_bytes(), slot)
+            .post_inline_flags(
+                Opcode::Write,
+                &consumed.to_le_bytes(),
+                slot,
+                SendFlags::SIGNALED,
+            )
             .is_ok()
     {
         rings.reported[p] = consumed;

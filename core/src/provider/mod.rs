@@ -6,6 +6,9 @@
 //! - [`soft`]: a deterministic in-memory model of an RC connection, so the engine builds
 //!   and is tested without a device, under `no_std`, Miri and fuzzers. It never stands in for
 //!   a device in a test that claims to test the data path.
+//! - `instant` (feature `instant`): a driver behind libibverbs' own operations table that
+//!   completes every request at once without touching memory, so benchmarks time rverbs'
+//!   work alone.
 //!
 //! Datagrams (UD) have a seam of their own, [`datagram::DatagramProvider`]: a real
 //! [`verbs_ud::VerbsDatagram`], or datagram queue pairs of the model's net.
@@ -17,6 +20,8 @@ use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 pub mod datagram;
+#[cfg(feature = "instant")]
+pub mod instant;
 #[cfg(feature = "alloc")]
 pub mod shared;
 pub mod soft;

@@ -209,6 +209,9 @@ struct State<C> {
     /// With a shared receive queue: every receive completion, in arrival order (the queue
     /// pairs have no receives of their own), and whether one found it full.
     pool: Option<(Mailbox, bool)>,
+    /// Where a poll of a shared queue lands, kept across polls (an empty poll then writes
+    /// nothing).
+    scratch: [Completion; POLL_BATCH],
 }
 
 impl<C: CompletionQueue> State<C> {
@@ -248,14 +251,15 @@ impl<C: CompletionQueue> State<C> {
 
     /// Polls one shared queue once, routing everything into mailboxes.
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
-        let mut wc = [Completion::EMPTY; POLL_BATCH];
         let n = if recv {
-            self.recv_cq.poll(&mut wc)?
+            self.recv_cq.poll(&mut self.scratch)?
         } else {
-            self.send_cq.poll(&mut wc)?
-        };
-        for c in &wc[..n] {
-            self.route(*c, recv);
+            self.send_cq.poll(&mut self.scratch)?
+        }
+        .min(POLL_BATCH);
+        for i in 0..n {
+            let c = self.scratch[i];
+            self.route(c, recv);
         }
         Ok(n)
     }
@@ -450,6 +454,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                     slots: Vec::with_capacity(max_qps),
                     ready: Ring::new(max_qps as u32, 0),
                     pool,
+                    scratch: [Completion::EMPTY; POLL_BATCH],
                 }),
             }),
         }

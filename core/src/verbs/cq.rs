@@ -168,34 +168,8 @@ impl Cq {
     /// many. Does not allocate.
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let n = self.poll_raw(out.len())?;
-        for (dst, src) in out.iter_mut().zip(&self.wc[..n]) {
-            *dst = convert(src);
-        }
-        Ok(n)
-    }
-
-    /// Polls up to `want` (at most [`POLL_BATCH`]) completions into `self.wc`; returns how
-    /// many entries the device wrote, from the start.
-    #[inline]
-    fn poll_raw(&mut self, want: usize) -> Result<usize> {
-        let want = want.min(POLL_BATCH);
-        // SAFETY: the CQ is live and `self.wc` has room for `want` entries, which
-        // ibv_poll_cq writes.
-        let n = unsafe {
-            ffi::poll_cq(
-                self.as_raw(),
-                want as core::ffi::c_int,
-                self.wc.as_mut_ptr(),
-            )
-        };
-        if n < 0 {
-            return Err(VerbsError::Call {
-                verb: Verb::PollCq,
-                errno: -n,
-            });
-        }
-        Ok((n as usize).min(want))
+        // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+        unsafe { poll_completions(self.as_raw(), &mut self.wc, out) }
     }
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
@@ -203,7 +177,8 @@ impl Cq {
     /// completions, whose sender fields the device does not define). Does not allocate.
     #[inline]
     pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
-        let n = self.poll_raw(out.len())?;
+        // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+        let n = unsafe { poll_raw(self.as_raw(), &mut self.wc, out.len()) }?;
         for (dst, src) in out.iter_mut().zip(&self.wc[..n]) {
             let wc = convert(src);
             *dst = if wc.status.is_success() && wc.kind.is_recv() {
@@ -224,6 +199,52 @@ impl Cq {
         }
         Ok(n)
     }
+}
+
+/// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of `cq` into `out` through
+/// the provider's `poll_cq`, by way of `wc` (initialised once by its owner, so fields a
+/// device leaves unwritten hold old values, never uninitialised memory), and returns how
+/// many: the one place completions are taken from a device and converted ([`Cq::poll`] and
+/// the instant provider's queues both poll through it). Does not allocate.
+///
+/// # Safety
+/// `cq` is live, and nobody else polls it meanwhile.
+#[inline]
+pub(crate) unsafe fn poll_completions(
+    cq: *mut sys::ibv_cq,
+    wc: &mut [sys::ibv_wc; POLL_BATCH],
+    out: &mut [Completion],
+) -> Result<usize> {
+    // SAFETY: forwarded contract.
+    let n = unsafe { poll_raw(cq, wc, out.len()) }?;
+    for (dst, src) in out.iter_mut().zip(&wc[..n]) {
+        *dst = convert(src);
+    }
+    Ok(n)
+}
+
+/// Polls up to `want` (at most [`POLL_BATCH`]) completions of `cq` into `wc`; returns how
+/// many entries the device wrote, from the start.
+///
+/// # Safety
+/// `cq` is live, and nobody else polls it meanwhile.
+#[inline]
+unsafe fn poll_raw(
+    cq: *mut sys::ibv_cq,
+    wc: &mut [sys::ibv_wc; POLL_BATCH],
+    want: usize,
+) -> Result<usize> {
+    let want = want.min(POLL_BATCH);
+    // SAFETY: the caller keeps the CQ live; wc has room for `want` entries, which
+    // ibv_poll_cq writes.
+    let n = unsafe { ffi::poll_cq(cq, want as core::ffi::c_int, wc.as_mut_ptr()) };
+    if n < 0 {
+        return Err(VerbsError::Call {
+            verb: Verb::PollCq,
+            errno: -n,
+        });
+    }
+    Ok((n as usize).min(want))
 }
 
 /// Reads a completion the way `ibv_poll_cq(3)` defines its fields: an error completion

@@ -1,0 +1,716 @@
+//! A device that completes every request the moment it is posted and never touches memory,
+//! so that what a benchmark over it times is rverbs' own work per request: sequence numbers,
+//! signaling, scatter/gather checks, building and chaining the `ibv_send_wr` list, taking
+//! and converting completions, and the channel's bookkeeping (feature `instant`).
+//!
+//! It is a device at the level a driver plugs into libibverbs: a context whose operations
+//! table has `post_send`, `post_recv` and `poll_cq` of its own, and queue pairs and
+//! completion queues that are the C structures libibverbs hands to a driver. rverbs posts to
+//! it and polls it through exactly the code it uses for a real device
+//! ([`Qp::post_send`](crate::verbs::Qp::post_send)'s chain builder and
+//! [`Cq::poll`](crate::verbs::Cq::poll)'s conversion); only the driver differs. The driver
+//! reads each request's id, opcode and flags (as a driver reads them to build its work queue
+//! entries) and, for each signaled one, writes a successful completion into the queue's
+//! ring. Receives stay posted until the queue pair moves to the error state, which flushes
+//! them. Remote memory is never reached: an RDMA write goes nowhere, a read brings nothing.
+//!
+//! Its raw handles ([`InstantProvider::raw_qp`], [`InstantCq::raw`]) let a baseline post
+//! hand-built `ibv_send_wr` chains to the same driver and poll the same rings, so the two
+//! can be compared: `benches/benches/library.rs`.
+//!
+//! ```
+//! use rverbs_core::channel::{Channel, ChannelConfig};
+//! use rverbs_core::memory::AccessFlags;
+//! use rverbs_core::params::QpCaps;
+//! use rverbs_core::provider::instant::InstantDevice;
+//! use rverbs_core::poll::StepClock;
+//!
+//! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+//! let dev = InstantDevice::new();
+//! let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 1, max_recv_sge: 1,
+//!                     max_inline_data: 64 };
+//! let src = dev.region(64, AccessFlags::LOCAL_WRITE);
+//! let peer = dev.region(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+//! let mut chan = Channel::new(dev.provider(caps), ChannelConfig::default(), &CLOCK);
+//! chan.write(&[src.sge(0..8).unwrap()], peer.remote().slice(0, 8).unwrap()).unwrap();
+//! chan.write_inline(b"12345678", peer.remote().slice(8, 8).unwrap()).unwrap();
+//! assert_eq!(chan.outstanding_sends(), 0);
+//! // Nothing moved: the device completes requests without touching memory.
+//! assert_eq!(peer.load_u64(0), Some(0));
+//! ```
+//!
+//! # Thread safety
+//! None of its types is `Send` or `Sync`: the driver state sits behind raw pointers in the C
+//! structures, for one thread.
+
+use alloc::boxed::Box;
+use alloc::rc::Rc;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::ffi::{c_int, c_void};
+use core::fmt;
+use core::ptr::{self, NonNull};
+
+use crate::completion::Completion;
+use crate::memory::{AccessFlags, VolatileBytes};
+use crate::params::QpCaps;
+use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
+use crate::sge::{RemoteMemory, Sge, SgeMut};
+use crate::verbs::cq::{poll_completions, POLL_BATCH};
+use crate::verbs::ffi::sys;
+use crate::verbs::qp::{post_recv_chain, post_send_chain, SendChain};
+use crate::verbs::VerbsError;
+use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+
+const ENOMEM: c_int = 12;
+
+/// `struct ibv_wc` as a driver writes it (the binding's fields are private).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawWc {
+    wr_id: u64,
+    status: u32,
+    opcode: u32,
+    vendor_err: u32,
+    byte_len: u32,
+    imm_data: u32,
+    qp_num: u32,
+    src_qp: u32,
+    wc_flags: u32,
+    pkey_index: u16,
+    slid: u16,
+    sl: u8,
+    dlid_path_bits: u8,
+}
+
+const _: () = assert!(core::mem::size_of::<RawWc>() == core::mem::size_of::<sys::ibv_wc>());
+const _: () = assert!(core::mem::align_of::<RawWc>() == core::mem::align_of::<sys::ibv_wc>());
+
+/// A completion queue's entries: a fixed ring.
+struct Ring {
+    wc: Vec<RawWc>,
+    head: usize,
+    len: usize,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Self {
+        Self {
+            wc: vec![RawWc::default(); cap.max(1)],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, wc: RawWc) -> bool {
+        let cap = self.wc.len();
+        if self.len == cap {
+            return false;
+        }
+        let at = (self.head + self.len) % cap;
+        self.wc[at] = wc;
+        self.len += 1;
+        true
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<RawWc> {
+        if self.len == 0 {
+            return None;
+        }
+        let wc = self.wc[self.head];
+        self.head = (self.head + 1) % self.wc.len();
+        self.len -= 1;
+        Some(wc)
+    }
+}
+
+/// A queue pair's driver state: the receives it holds and whether it is in the error state.
+struct QpState {
+    recvs: Vec<u64>,
+    error: bool,
+}
+
+/// The completion opcode of a send opcode.
+fn wc_opcode(op: sys::ibv_wr_opcode::Type) -> u32 {
+    use sys::ibv_wc_opcode as wc;
+    use sys::ibv_wr_opcode as wr;
+    match op {
+        wr::IBV_WR_RDMA_WRITE | wr::IBV_WR_RDMA_WRITE_WITH_IMM => wc::IBV_WC_RDMA_WRITE,
+        wr::IBV_WR_RDMA_READ => wc::IBV_WC_RDMA_READ,
+        wr::IBV_WR_ATOMIC_CMP_AND_SWP => wc::IBV_WC_COMP_SWAP,
+        wr::IBV_WR_ATOMIC_FETCH_AND_ADD => wc::IBV_WC_FETCH_ADD,
+        _ => wc::IBV_WC_SEND,
+    }
+}
+
+const FLUSHED: u32 = sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+
+/// The driver's `post_send`: a successful completion for each signaled request (every
+/// request, flushed, in the error state), at once.
+///
+/// # Safety
+/// `qp` is one of this module's queue pairs; `wr` heads a null-terminated chain.
+unsafe extern "C" fn drv_post_send(
+    qp: *mut sys::ibv_qp,
+    mut wr: *mut sys::ibv_send_wr,
+    bad: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    // SAFETY: the caller's contract: `qp` is ours, so its context pointers lead to our state
+    // and its send CQ's ring, which nothing else accesses during this call (one thread).
+    unsafe {
+        let st = &*(*qp).qp_context.cast::<QpState>();
+        let ring = &mut *(*(*qp).send_cq).cq_context.cast::<Ring>();
+        let qp_num = (*qp).qp_num;
+        while !wr.is_null() {
+            let w = &*wr;
+            let signaled = w.send_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+            if signaled || st.error {
+                let wc = RawWc {
+                    wr_id: w.wr_id,
+                    status: if st.error { FLUSHED } else { 0 },
+                    opcode: wc_opcode(w.opcode),
+                    qp_num,
+                    ..RawWc::default()
+                };
+                if !ring.push(wc) {
+                    *bad = wr;
+                    return ENOMEM;
+                }
+            }
+            wr = w.next;
+        }
+    }
+    0
+}
+
+/// The driver's `post_recv`: receives wait (nothing ever arrives) until a flush.
+///
+/// # Safety
+/// As for [`drv_post_send`].
+unsafe extern "C" fn drv_post_recv(
+    qp: *mut sys::ibv_qp,
+    mut wr: *mut sys::ibv_recv_wr,
+    bad: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    // SAFETY: as in drv_post_send.
+    unsafe {
+        let st = &mut *(*qp).qp_context.cast::<QpState>();
+        let ring = &mut *(*(*qp).recv_cq).cq_context.cast::<Ring>();
+        let qp_num = (*qp).qp_num;
+        while !wr.is_null() {
+            let w = &*wr;
+            if st.error {
+                let wc = RawWc {
+                    wr_id: w.wr_id,
+                    status: FLUSHED,
+                    opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
+                    qp_num,
+                    ..RawWc::default()
+                };
+                if !ring.push(wc) {
+                    *bad = wr;
+                    return ENOMEM;
+                }
+            } else if st.recvs.len() < st.recvs.capacity() {
+                st.recvs.push(w.wr_id);
+            } else {
+                *bad = wr;
+                return ENOMEM;
+            }
+            wr = w.next;
+        }
+    }
+    0
+}
+
+/// The driver's `poll_cq`.
+///
+/// # Safety
+/// `cq` is one of this module's queues; `wc` has room for `n` entries.
+unsafe extern "C" fn drv_poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_wc) -> c_int {
+    // SAFETY: the caller's contract: the ring behind `cq_context` is ours and `wc` has room.
+    unsafe {
+        let ring = &mut *(*cq).cq_context.cast::<Ring>();
+        let out = wc.cast::<RawWc>();
+        let mut i = 0;
+        while i < n {
+            let Some(e) = ring.pop() else { break };
+            out.add(i as usize).write(e);
+            i += 1;
+        }
+        i
+    }
+}
+
+struct DeviceInner {
+    ctx: Box<UnsafeCell<sys::ibv_context>>,
+    next_qpn: core::cell::Cell<u32>,
+    next_key: core::cell::Cell<u32>,
+}
+
+/// The instant device: makes queue pairs, completion queues and memory regions. See the
+/// [module docs](self).
+#[derive(Clone)]
+pub struct InstantDevice {
+    inner: Rc<DeviceInner>,
+}
+
+impl fmt::Debug for InstantDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantDevice").finish_non_exhaustive()
+    }
+}
+
+impl Default for InstantDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A zeroed C structure of libibverbs (all of them are plain data for which zero is valid:
+/// null pointers, absent function pointers, a statically initialised mutex).
+fn zeroed<T>() -> T {
+    // SAFETY: only instantiated below with libibverbs structs of that kind.
+    unsafe { core::mem::MaybeUninit::zeroed().assume_init() }
+}
+
+impl InstantDevice {
+    /// A device. Allocates (setup).
+    pub fn new() -> Self {
+        let mut ctx: sys::ibv_context = zeroed();
+        ctx.ops.post_send = Some(drv_post_send);
+        ctx.ops.post_recv = Some(drv_post_recv);
+        ctx.ops.poll_cq = Some(drv_poll_cq);
+        ctx.cmd_fd = -1;
+        ctx.async_fd = -1;
+        Self {
+            inner: Rc::new(DeviceInner {
+                ctx: Box::new(UnsafeCell::new(ctx)),
+                next_qpn: core::cell::Cell::new(0x100),
+                next_key: core::cell::Cell::new(0x1000),
+            }),
+        }
+    }
+
+    fn ctx(&self) -> *mut sys::ibv_context {
+        self.inner.ctx.get()
+    }
+
+    /// A completion queue of `capacity` entries. Allocates (setup).
+    pub fn cq(&self, capacity: u32) -> InstantCq {
+        let ring = Box::new(UnsafeCell::new(Ring::new(capacity as usize)));
+        let mut raw: sys::ibv_cq = zeroed();
+        raw.context = self.ctx();
+        raw.cq_context = ring.get().cast::<c_void>();
+        raw.cqe = capacity as c_int;
+        InstantCq {
+            wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
+            inner: Rc::new(CqInner {
+                raw: Box::new(UnsafeCell::new(raw)),
+                _ring: ring,
+                capacity,
+                _dev: self.clone(),
+            }),
+        }
+    }
+
+    /// A queue pair completing into `send_cq` and `recv_cq` (which it keeps alive).
+    /// Allocates (setup).
+    pub fn qp(&self, send_cq: &InstantCq, recv_cq: &InstantCq, caps: QpCaps) -> InstantQp {
+        let qp_num = self.inner.next_qpn.get();
+        self.inner.next_qpn.set(qp_num + 1);
+        let state = Box::new(UnsafeCell::new(QpState {
+            recvs: Vec::with_capacity(caps.max_recv_wr as usize),
+            error: false,
+        }));
+        let mut raw: sys::ibv_qp = zeroed();
+        raw.context = self.ctx();
+        raw.qp_context = state.get().cast::<c_void>();
+        raw.send_cq = send_cq.raw();
+        raw.recv_cq = recv_cq.raw();
+        raw.qp_num = qp_num;
+        raw.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        InstantQp {
+            raw: Box::new(UnsafeCell::new(raw)),
+            state,
+            chain: SendChain::new(),
+            caps,
+            _cqs: [send_cq.inner.clone(), recv_cq.inner.clone()],
+        }
+    }
+
+    /// A queue pair with a send and a receive completion queue of its own, each as deep as
+    /// its queue (plus one entry for a drain request): what a
+    /// [`Channel`](crate::channel::Channel) runs on. Allocates (setup).
+    pub fn provider(&self, caps: QpCaps) -> InstantProvider {
+        let send_cq = self.cq(caps.max_send_wr + 1);
+        let recv_cq = self.cq(caps.max_recv_wr + 1);
+        let qp = self.qp(&send_cq, &recv_cq, caps);
+        InstantProvider {
+            qp,
+            send_cq,
+            recv_cq,
+        }
+    }
+
+    /// A zeroed memory region of `len` bytes with `access`. Allocates (setup).
+    pub fn region(&self, len: usize, access: AccessFlags) -> InstantRegion {
+        let key = self.inner.next_key.get();
+        self.inner.next_key.set(key + 1);
+        InstantRegion {
+            mem: Rc::new(Memory::zeroed(len)),
+            access,
+            key,
+        }
+    }
+}
+
+struct CqInner {
+    // Field order is drop order: nothing points at the ring once the CQ struct is gone.
+    raw: Box<UnsafeCell<sys::ibv_cq>>,
+    _ring: Box<UnsafeCell<Ring>>,
+    capacity: u32,
+    _dev: InstantDevice,
+}
+
+/// A completion queue of the instant device (poll it through [`CompletionQueue`]).
+pub struct InstantCq {
+    inner: Rc<CqInner>,
+    /// Where polls put work completions (initialised once, as a device queue's).
+    wc: Box<[sys::ibv_wc; POLL_BATCH]>,
+}
+
+impl fmt::Debug for InstantCq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantCq")
+            .field("capacity", &self.inner.capacity)
+            .finish()
+    }
+}
+
+impl InstantCq {
+    /// The `ibv_cq` a hand-written poller passes to `ops.poll_cq`: valid while this handle
+    /// lives, to be polled by one poller at a time.
+    pub fn raw(&self) -> *mut sys::ibv_cq {
+        self.inner.raw.get()
+    }
+}
+
+fn call_error(e: VerbsError) -> ProviderError {
+    match e {
+        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
+        other => ProviderError {
+            verb: Verb::PollCq,
+            errno: other.errno().unwrap_or(0),
+        },
+    }
+}
+
+impl CompletionQueue for InstantCq {
+    #[inline]
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        // SAFETY: the CQ lives as long as this handle, and `&mut self` makes this the only
+        // poller.
+        unsafe { poll_completions(self.raw(), &mut self.wc, out) }.map_err(call_error)
+    }
+
+    fn capacity(&self) -> u32 {
+        self.inner.capacity
+    }
+}
+
+/// A queue pair of the instant device.
+pub struct InstantQp {
+    // Field order is drop order: the QP struct goes before the state it points at.
+    raw: Box<UnsafeCell<sys::ibv_qp>>,
+    state: Box<UnsafeCell<QpState>>,
+    chain: SendChain,
+    caps: QpCaps,
+    _cqs: [Rc<CqInner>; 2],
+}
+
+impl fmt::Debug for InstantQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantQp")
+            .field("qp_num", &self.qp_num())
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+impl InstantQp {
+    /// The `ibv_qp` a hand-written poster passes to `ops.post_send`: valid while this handle
+    /// lives.
+    pub fn raw(&self) -> *mut sys::ibv_qp {
+        self.raw.get()
+    }
+}
+
+impl QueuePair for InstantQp {
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        // SAFETY: the struct lives as long as self; only the driver writes other fields.
+        unsafe { (*self.raw.get()).qp_num }
+    }
+
+    #[inline]
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
+        unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: as above.
+        unsafe { post_recv_chain(self.raw(), wrs) }
+    }
+
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        // SAFETY: the state and the receive CQ's ring are ours and not borrowed elsewhere
+        // (the driver runs only inside calls made from this thread).
+        unsafe {
+            let st = &mut *self.state.get();
+            st.error = true;
+            let ring = &mut *(*(*self.raw()).recv_cq).cq_context.cast::<Ring>();
+            for wr_id in st.recvs.drain(..) {
+                let wc = RawWc {
+                    wr_id,
+                    status: FLUSHED,
+                    opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
+                    qp_num: (*self.raw()).qp_num,
+                    ..RawWc::default()
+                };
+                if !ring.push(wc) {
+                    return Err(ProviderError {
+                        verb: Verb::ModifyQpErr,
+                        errno: ENOMEM,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A queue pair with its own two completion queues: a [`Provider`].
+#[derive(Debug)]
+pub struct InstantProvider {
+    qp: InstantQp,
+    send_cq: InstantCq,
+    recv_cq: InstantCq,
+}
+
+impl InstantProvider {
+    /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
+    pub fn raw_qp(&self) -> *mut sys::ibv_qp {
+        self.qp.raw()
+    }
+
+    /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
+    pub fn raw_send_cq(&self) -> *mut sys::ibv_cq {
+        self.send_cq.raw()
+    }
+
+    /// The receive completion queue's `ibv_cq` (see [`InstantCq::raw`]).
+    pub fn raw_recv_cq(&self) -> *mut sys::ibv_cq {
+        self.recv_cq.raw()
+    }
+}
+
+impl QueuePair for InstantProvider {
+    fn caps(&self) -> QpCaps {
+        self.qp.caps
+    }
+
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    #[inline]
+    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract.
+        unsafe { self.qp.post_send(wrs) }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp.set_error()
+    }
+}
+
+impl Provider for InstantProvider {
+    #[inline]
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.send_cq.poll(out)
+    }
+
+    #[inline]
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.recv_cq.poll(out)
+    }
+}
+
+/// Heap bytes a region owns (and a [`PeerHand`] keeps alive).
+struct Memory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Memory {
+    fn zeroed(len: usize) -> Self {
+        let b: Box<[u8]> = vec![0u8; len.max(8)].into_boxed_slice();
+        let len = b.len();
+        let ptr = NonNull::from(Box::leak(b)).cast::<u8>();
+        Self { ptr, len }
+    }
+
+    fn bytes(&self) -> VolatileBytes {
+        // SAFETY: the bytes stay allocated while `self` lives, and are only reached through
+        // volatile accesses and entries handed to the device (which never touches them).
+        unsafe { VolatileBytes::new(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: made from a leaked Box<[u8]> of this length; nothing reaches it any more
+        // (the instant device never touches memory).
+        unsafe {
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            )));
+        }
+    }
+}
+
+/// Memory "registered" with the instant device. It owns its bytes; since the device never
+/// touches memory, they are only what the CPU writes (and what a [`PeerHand`] plays a peer
+/// writing).
+pub struct InstantRegion {
+    mem: Rc<Memory>,
+    access: AccessFlags,
+    key: u32,
+}
+
+impl fmt::Debug for InstantRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantRegion")
+            .field("len", &self.mem.len)
+            .field("key", &self.key)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl InstantRegion {
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Whether the region is empty (never).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// Access it was made with.
+    #[inline]
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// Its local (and remote) key.
+    #[inline]
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    /// The descriptor a peer would write it through.
+    #[inline]
+    pub fn remote(&self) -> RemoteMemory {
+        self.bytes().remote(self.key)
+    }
+
+    #[inline]
+    fn bytes(&self) -> VolatileBytes {
+        self.mem.bytes()
+    }
+
+    crate::memory::volatile_byte_accessors!();
+
+    /// The bytes of `range`, or `None` if out of bounds.
+    ///
+    /// # Safety
+    /// Nobody may write the range while the slice lives (no [`PeerHand`] of this region).
+    pub unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
+        let (addr, len) = self.bytes().entry(&range)?;
+        // SAFETY: in bounds; the caller rules out writers while the slice lives.
+        Some(unsafe { core::slice::from_raw_parts(addr as usize as *const u8, len as usize) })
+    }
+
+    /// A gather entry for `range`, or `None` if out of bounds. Does not allocate.
+    pub fn sge(&self, range: core::ops::Range<usize>) -> Option<Sge<'_>> {
+        let (addr, len) = self.bytes().entry(&range)?;
+        // SAFETY: inside this region, which outlives the entry's borrow.
+        Some(unsafe { Sge::from_raw(addr, len, self.key) })
+    }
+
+    /// A scatter entry for `range`, or `None` if out of bounds or without local write
+    /// access. Does not allocate.
+    pub fn sge_mut(&mut self, range: core::ops::Range<usize>) -> Option<SgeMut<'_>> {
+        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
+            return None;
+        }
+        let (addr, len) = self.bytes().entry(&range)?;
+        // SAFETY: inside this region, borrowed mutably for the entry's life.
+        Some(unsafe { SgeMut::from_raw(addr, len, self.key) })
+    }
+
+    /// A handle that plays a peer writing this region (the instant device delivers no
+    /// writes): a benchmark makes a barrier's peers arrive with it.
+    pub fn peer_hand(&self) -> PeerHand {
+        PeerHand {
+            mem: self.mem.clone(),
+        }
+    }
+}
+
+crate::memory::region_by_inherent_methods!(InstantRegion);
+
+/// Writes a region as a peer's RDMA write would ([`InstantRegion::peer_hand`]).
+pub struct PeerHand {
+    mem: Rc<Memory>,
+}
+
+impl fmt::Debug for PeerHand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerHand")
+            .field("len", &self.mem.len)
+            .finish()
+    }
+}
+
+impl PeerHand {
+    /// A volatile little-endian `u64` store at an 8-aligned `offset`; `false` if misaligned
+    /// or out of bounds. Does not allocate.
+    #[inline]
+    pub fn store_u64(&self, offset: usize, v: u64) -> bool {
+        self.mem.bytes().store_u64(offset, v)
+    }
+}

@@ -1,0 +1,151 @@
+//! rverbs-perf against itself on a real device: every test runs as two processes (server
+//! and client over 127.0.0.1), both must succeed, and the client's `--json` must carry
+//! perftest's columns with consistent values. Small iteration counts: this proves the tool
+//! works, it measures nothing (about 10 s on SoftRoCE).
+//!
+//! The device comes from `RVERBS_TEST_DEVICE`; without it the test says it was skipped,
+//! except under `CI=true`, where that fails.
+#![allow(clippy::std_instead_of_core)]
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn device() -> Option<String> {
+    match std::env::var("RVERBS_TEST_DEVICE") {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ => {
+            assert!(
+                !std::env::var("CI").is_ok_and(|v| v == "true"),
+                "RVERBS_TEST_DEVICE is not set and CI=true; device tests must run on a device"
+            );
+            eprintln!("device_perf: SKIPPED: RVERBS_TEST_DEVICE is not set");
+            None
+        }
+    }
+}
+
+/// Runs `test` with `args` as server and client on `port`; returns the client's JSON.
+fn run(dev: &str, port: u16, test: &str, args: &[&str]) -> Value {
+    let bin = env!("CARGO_BIN_EXE_rverbs-perf");
+    let port = port.to_string();
+    let common = |c: &mut Command| {
+        c.arg(test)
+            .args(["-d", dev, "-p", &port, "--json"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped());
+    };
+    let mut server = Command::new(bin);
+    common(&mut server);
+    let server = server.spawn().expect("start the server");
+    // The client retries its connection while the server starts.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut client = Command::new(bin);
+    common(&mut client);
+    let client = client.arg("127.0.0.1").output().expect("run the client");
+    let server = server.wait_with_output().expect("wait for the server");
+    for (side, out) in [("client", &client), ("server", &server)] {
+        assert!(
+            out.status.success(),
+            "{test} {args:?}: the {side} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8(client.stdout).expect("UTF-8");
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["test"], test);
+    assert_eq!(v["side"], "client");
+    v
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v["results"][key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+#[test]
+fn every_test_runs_against_itself_and_reports_perftest_columns() {
+    let Some(dev) = device() else { return };
+    let mut port = 18_900;
+    for (test, size) in [
+        ("write_lat", "8"),
+        ("write_lat", "4096"),
+        ("send_lat", "8"),
+        ("send_lat", "4096"),
+        ("read_lat", "64"),
+        ("atomic_lat", "8"),
+    ] {
+        port += 1;
+        let v = run(&dev, port, test, &["-s", size, "-n", "200"]);
+        assert_eq!(v["results"]["iterations"], 200, "{v}");
+        assert_eq!(v["results"]["bytes"].as_u64(), size.parse().ok(), "{v}");
+        let (min, typ, avg, max) = (
+            num(&v, "t_min"),
+            num(&v, "t_typical"),
+            num(&v, "t_avg"),
+            num(&v, "t_max"),
+        );
+        let (p99, p999) = (num(&v, "p99"), num(&v, "p99_9"));
+        assert!(
+            min > 0.0 && min <= typ && typ <= p99 && p99 <= p999,
+            "{test}: {v}"
+        );
+        assert!(min <= avg && p999 <= max.max(p999), "{test}: {v}");
+    }
+    for (test, l) in [
+        ("write_bw", "1"),
+        ("write_bw", "32"),
+        ("send_bw", "1"),
+        ("send_bw", "32"),
+        ("read_bw", "8"),
+    ] {
+        port += 1;
+        let v = run(&dev, port, test, &["-s", "64", "-n", "640", "-l", l]);
+        assert_eq!(v["results"]["iterations"], 640, "{v}");
+        let (peak, avg, rate) = (
+            num(&v, "bw_peak"),
+            num(&v, "bw_average"),
+            num(&v, "msg_rate"),
+        );
+        assert!(avg > 0.0 && peak >= avg * 0.999, "{test} -l {l}: {v}");
+        // 64-byte messages: MiB/s and Mpps describe the same stream.
+        let from_rate = rate * 1e6 * 64.0 / f64::from(1u32 << 20);
+        assert!((from_rate - avg).abs() <= avg * 1e-6, "{test} -l {l}: {v}");
+    }
+}
+
+#[test]
+fn mismatched_flags_are_refused_on_both_sides() {
+    let Some(dev) = device() else { return };
+    let bin = env!("CARGO_BIN_EXE_rverbs-perf");
+    let server = Command::new(bin)
+        .args(["write_lat", "-d", &dev, "-p", "18950", "-s", "8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    std::thread::sleep(Duration::from_millis(200));
+    let client = Command::new(bin)
+        .args([
+            "write_lat",
+            "-d",
+            &dev,
+            "-p",
+            "18950",
+            "-s",
+            "16",
+            "127.0.0.1",
+        ])
+        .stdout(Stdio::null())
+        .output()
+        .expect("run the client");
+    let server = server.wait_with_output().expect("wait for the server");
+    for out in [&client, &server] {
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("give both sides the same flags"), "{err}");
+    }
+}
