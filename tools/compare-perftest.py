@@ -105,11 +105,13 @@ if os.environ.get("RVERBS_COMPARE_DOC") == "1":
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    commit = os.environ.get("RVERBS_COMPARE_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     section = f"""<!-- compare-perftest:begin (written by tools/compare-perftest; edits here are replaced) -->
 ## rverbs-perf against perftest on rxe
 
 Written by `RVERBS_COMPARE_DOC=1 {os.environ.get('RVERBS_COMPARE_CMD', 'tools/compare-perftest')}` on
-{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, host {platform.machine()} ({cpu}, {os.cpu_count()} cores),
+{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (commit {commit or 'unknown'}), host {platform.machine()} ({cpu}, {os.cpu_count()} cores),
 SoftRoCE in one VM boot ({vm}). rxe is emulated (TCG): read the ratios, not the absolute
 numbers. Each case runs perftest's tool and `rverbs-perf` with the same flags, interleaved;
 the ratio column is the median over rounds of each round's rverbs/perftest ratio (for
@@ -128,9 +130,9 @@ Doorbells per request: `write(2)` calls of the client under `strace -f -c -e tra
     if btable:
         section += f"""
 Barrier latency against world size (`cluster --ranks N`, 1000 barriers per algorithm, the
-default wait policy, the median over ranks of each rank's median per barrier). Beyond 2
-ranks the processes outnumber the VM's vCPUs and the scheduler, not the library, sets the
-pace.
+default wait policy, the median over ranks of each rank's median per barrier). Once the
+ranks (and rxe's kernel threads) outnumber the VM's vCPUs, the scheduler, not the library,
+sets the pace.
 
 {btable}
 

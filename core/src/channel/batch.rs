@@ -29,9 +29,11 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     chan: &'c mut Channel<P, B, R>,
     wrs: heapless::Vec<WorkRequest<'b>, MAX_BATCH>,
-    /// The entry of each inline request (the request's own `sges` is patched to point here
-    /// when the batch is posted: a batch cannot borrow from itself while it is built).
-    inline: [Option<Sge<'b>>; MAX_BATCH],
+    /// The position and entry of each inline request (the request's own `sges` is patched
+    /// to point here when the batch is posted: a batch cannot borrow from itself while it is
+    /// built). Empty for a batch without inline requests, and never filled in advance: a
+    /// batch costs nothing per slot it does not use.
+    inline: heapless::Vec<(u8, Sge<'b>), MAX_BATCH>,
 }
 
 impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B, R> {
@@ -45,7 +47,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         Self {
             chan,
             wrs: heapless::Vec::new(),
-            inline: [None; MAX_BATCH],
+            inline: heapless::Vec::new(),
         }
     }
 
@@ -147,7 +149,8 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         let sge = self.chan.inline_sge(data)?;
         let i = self.wrs.len();
         self.push(opcode, SendFlags::INLINE, &[], remote)?;
-        self.inline[i] = Some(sge);
+        // As many inline entries as requests, at most MAX_BATCH (< 256): cannot be full.
+        let _ = self.inline.push((i as u8, sge));
         Ok(self)
     }
 
@@ -157,19 +160,16 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     /// # Safety
     /// The posting contract for every buffer the requests name.
     unsafe fn post_now(&mut self) -> Result<Ticket, ChannelError> {
-        if self.inline[..self.wrs.len()].iter().all(Option::is_none) {
+        if self.inline.is_empty() {
             // SAFETY: forwarded contract.
             return unsafe { self.chan.post_send_wrs(&mut self.wrs) };
         }
-        let entries = self.inline;
-        let mut wrs: heapless::Vec<WorkRequest<'_>, MAX_BATCH> = heapless::Vec::new();
-        for (w, e) in self.wrs.iter().zip(entries.iter()) {
-            let mut w = *w;
-            if let Some(e) = e {
+        let entries = self.inline.clone();
+        let mut wrs = self.wrs.clone();
+        for (i, e) in entries.iter() {
+            if let Some(w) = wrs.get_mut(usize::from(*i)) {
                 w.sges = core::slice::from_ref(e);
             }
-            // Same capacity as `self.wrs`: cannot be full.
-            let _ = wrs.push(w);
         }
         // SAFETY: forwarded contract; inline payloads are copied during the post.
         unsafe { self.chan.post_send_wrs(&mut wrs) }

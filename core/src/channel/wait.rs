@@ -28,10 +28,10 @@ impl<P: Provider, B: Backoff, const R: usize> Drop for SettleOnDrop<'_, P, B, R>
 }
 
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
-    /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the first
-    /// empty poll, when `None`). On `Err` the channel is broken and nothing it posted is in
-    /// flight any more: a timeout or a failed poll flushes and drains it first
-    /// ([`Channel::flush_and_drain`]).
+    /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the
+    /// [`CLOCK_EVERY`]-th empty poll, when `None`). On `Err` the channel is broken and
+    /// nothing it posted is in flight any more: a timeout or a failed poll flushes and
+    /// drains it first ([`Channel::flush_and_drain`]).
     pub(super) fn poll_until(
         &mut self,
         done: impl Fn(&Self) -> bool,
@@ -71,16 +71,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                     return Err(ChannelError::Provider(e));
                 }
             }
+            empty = empty.wrapping_add(1);
+            // The clock is first read after CLOCK_EVERY empty polls: most waits of a busy
+            // connection end before that, and then read no clock at all.
             if empty.is_multiple_of(CLOCK_EVERY) {
                 let (clock, timeout) = (self.clock, self.timeout);
-                let d = *deadline.get_or_insert_with(|| Deadline::after(clock, timeout));
-                if d.passed(clock) {
-                    self.broken.get_or_insert(Broken::TimedOut);
-                    self.flush_and_drain();
-                    return Err(ChannelError::TimedOut { peer: self.peer });
+                match deadline {
+                    None => deadline = Some(Deadline::after(clock, timeout)),
+                    Some(d) if d.passed(clock) => {
+                        self.broken.get_or_insert(Broken::TimedOut);
+                        self.flush_and_drain();
+                        return Err(ChannelError::TimedOut { peer: self.peer });
+                    }
+                    Some(_) => {}
                 }
             }
-            empty = empty.wrapping_add(1);
             let (clock, timeout) = (self.clock, self.timeout);
             self.backoff.snooze_within(&mut || {
                 deadline
