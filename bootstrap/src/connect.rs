@@ -2,14 +2,15 @@
 
 use core::time::Duration;
 
+use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, VerbsNode};
-use rverbs_core::verbs::{open_device, DeviceList};
+use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, ReadmitError, Receive, VerbsNode};
+use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::exchange::{exchange, ExchangeOptions, NodeBlobs, Watch};
+use crate::exchange::{exchange, exchange_rejoin, ExchangeOptions, NodeBlobs, Watch, RANK_ZERO};
 use crate::oob::OutOfBand;
 use crate::secret::JobSecret;
 
@@ -102,6 +103,101 @@ pub struct Connected {
     pub watch: Option<Watch>,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
     pub clock: Monotonic,
+    /// The settings the node's queue pairs were made with, for a readmitted rank's.
+    qp: QpConfig,
+    /// The barrier algorithm the node was configured with: a new process's first barrier
+    /// runs it, so the barrier closing a readmission does too.
+    algorithm: BarrierAlgorithm,
+}
+
+impl Connected {
+    /// Readmits rank `rank`, which failed and was started again with the same configuration
+    /// ([`rejoin`]): every surviving rank calls it at the same time (once its node knows of
+    /// the failure, or as soon as the job decides to; a barrier in progress is abandoned).
+    /// Returns once every rank, the new process included, has passed a barrier over the
+    /// whole world (with the algorithm the node was configured with, [`NodeConfig::algorithm`],
+    /// as the new process's first barrier): from then on barriers run as before, every count
+    /// having started again from zero. Every wait is bounded by `timeout` (rank 0 waits that long for the new
+    /// process and every survivor).
+    ///
+    /// What happens (see `rverbs_core::node`'s "When a rank rejoins"): the node settles its
+    /// queue pairs and makes a new one for the new process; rank 0 collects every survivor's
+    /// endpoint for it and takes the new process's hello on the rendezvous listener it kept;
+    /// every survivor connects its new queue pair and resets its barrier counters and flag
+    /// array; an all-gather round and a barrier close it. The session watch is stopped
+    /// meanwhile and started again with the new process's connection.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Readmit`] when it cannot work, saying why: `rank` is 0 (the
+    /// rendezvous died with it), the job was started under a PMIx launcher (no rendezvous),
+    /// or the node uses messaging or barrier wake-ups ([`BootstrapError::Rdma`] with
+    /// [`ReadmitError`]); the errors of the exchange when the new process or a survivor does
+    /// not come in time (rank 0's names them); [`BootstrapError::Rdma`] for the queue pairs
+    /// and the closing barrier. After an error the node stays poisoned and the session is
+    /// poisoned: restart every rank.
+    pub fn readmit(&mut self, rank: u32, timeout: Duration) -> Result<()> {
+        let me = self.node.rank();
+        let refuse = |reason: &str| BootstrapError::Readmit {
+            rank: me,
+            rejoiner: rank,
+            reason: reason.to_owned(),
+        };
+        if rank == 0 {
+            return Err(refuse(RANK_ZERO));
+        }
+        let device = self.node.pd().context().name().to_owned();
+        let rdma = |source| BootstrapError::Rdma {
+            rank: me,
+            device: device.clone(),
+            source,
+        };
+        let Some(session) = self.session.as_tcp() else {
+            return Err(refuse(
+                "the job was started under a PMIx launcher, which ends the job when a rank \
+                 dies: there is no rendezvous for a new process to rejoin through",
+            ));
+        };
+        // News about the failed rank's old connection must not reach the world it rejoins.
+        self.watch = None;
+        let (node, qp, clock, algorithm) = (&mut self.node, &self.qp, &self.clock, self.algorithm);
+        let result = (|| {
+            let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
+            let theirs = session.readmit(rank, &blob, timeout)?;
+            node.readmit_connect(prepared, &theirs).map_err(rdma)?;
+            // Nobody starts a barrier before every rank has reset its counters.
+            session.allgather(b"readmitted")?;
+            let members: Vec<u32> = (0..node.world_size()).collect();
+            node.barrier_group(&members, algorithm, clock, timeout)
+                .map_err(rdma)
+        })();
+        let watch = watch_session(&self.session, &self.node);
+        match watch {
+            Ok(w) => self.watch = w,
+            Err(e) if result.is_ok() => return Err(e),
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Starts the watch over a TCP session's connections (none under PMIx): a rank whose
+/// connection closes without a goodbye is raised on the node's failure alarm.
+fn watch_session(session: &OutOfBand, node: &VerbsNode<StdBackoff>) -> Result<Option<Watch>> {
+    match session {
+        OutOfBand::Tcp(tcp) => {
+            let alarm = node.failure_alarm();
+            let rank = node.rank();
+            Ok(Some(tcp.watch(move |lost| {
+                alarm.raise(Failure {
+                    rank: lost,
+                    cause: FailureCause::SessionClosed,
+                    reporter: rank,
+                });
+            })?))
+        }
+        #[allow(unreachable_patterns)] // without feature `pmix`, TCP is the only session
+        _ => Ok(None),
+    }
 }
 
 /// Opens this rank's device, builds its node, exchanges endpoints with every rank over TCP,
@@ -109,6 +205,48 @@ pub struct Connected {
 ///
 /// To start without a cluster file under mpirun or srun, see [`connect_launch`](crate::connect_launch).
 pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Result<Connected> {
+    start(config, rank, opts, false)
+}
+
+/// [`connect`] for a rank started again after it failed, while the other ranks still run:
+/// the same configuration and options as its first start, and its survivors call
+/// [`Connected::readmit`] for it at the same time. Rank 0 takes this process's hello in
+/// place of the old one's (refusing it while the old process is still connected) and sends
+/// it every survivor's endpoint; then it connects, joins an all-gather round and passes a
+/// barrier with every rank, like [`connect`].
+///
+/// # Errors
+/// Those of [`connect`], and [`BootstrapError::Readmit`] for rank 0 (the rendezvous died
+/// with it: restart every rank) and for options a survivor cannot readmit (barrier
+/// wake-ups, a shared receive queue). A rank 0 that turns the hello away says why
+/// ([`BootstrapError::Rejected`]: another job, another world size, the old process still
+/// connected, ...); one whose survivors do not readmit this rank in time leaves it with a
+/// timeout.
+pub fn rejoin(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Result<Connected> {
+    let refuse = |reason: String| BootstrapError::Readmit {
+        rank,
+        rejoiner: rank,
+        reason,
+    };
+    if rank == 0 {
+        return Err(refuse(RANK_ZERO.to_owned()));
+    }
+    if opts.node.barrier_wakeups {
+        return Err(refuse(ReadmitError::Wakeups.to_string()));
+    }
+    if matches!(opts.node.receive, Receive::Shared { .. }) {
+        return Err(refuse(ReadmitError::SharedReceive.to_string()));
+    }
+    start(config, rank, opts, true)
+}
+
+/// [`connect`], or [`rejoin`] with `again`.
+fn start(
+    config: &ClusterConfig,
+    rank: u32,
+    opts: &ConnectOptions,
+    again: bool,
+) -> Result<Connected> {
     let world = config.world_size();
     let entry = config.get(rank).ok_or(BootstrapError::RankOutOfRange {
         rank,
@@ -136,7 +274,11 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
             secret,
             ..exchange_opts.clone()
         };
-        let (session, blobs) = exchange(config, rank, blob, &exchange_opts)?;
+        let (session, blobs) = if again {
+            exchange_rejoin(config, rank, blob, &exchange_opts)?
+        } else {
+            exchange(config, rank, blob, &exchange_opts)?
+        };
         Ok((OutOfBand::Tcp(session), blobs))
     })
 }
@@ -192,24 +334,13 @@ where
     let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(rdma)?;
-    let watch = match &session {
-        OutOfBand::Tcp(tcp) => {
-            let alarm = node.failure_alarm();
-            Some(tcp.watch(move |lost| {
-                alarm.raise(Failure {
-                    rank: lost,
-                    cause: FailureCause::SessionClosed,
-                    reporter: rank,
-                });
-            })?)
-        }
-        #[allow(unreachable_patterns)] // without feature `pmix`, TCP is the only session
-        _ => None,
-    };
+    let watch = watch_session(&session, &node)?;
     Ok(Connected {
         node,
         session,
         watch,
         clock,
+        qp: node_cfg.qp,
+        algorithm: node_cfg.algorithm,
     })
 }

@@ -254,6 +254,18 @@ pub enum BootstrapError {
         /// The calling rank.
         rank: u32,
     },
+    /// A restarted rank cannot rejoin the running world (see
+    /// [`Connected::readmit`](crate::Connected::readmit) and [`rejoin`](crate::rejoin)), for
+    /// a reason no retry changes: rank 0 failed, the job was started under a PMIx launcher,
+    /// the node uses messaging or barrier wake-ups, ...
+    Readmit {
+        /// The calling rank.
+        rank: u32,
+        /// The rank to readmit.
+        rejoiner: u32,
+        /// Why it cannot.
+        reason: String,
+    },
     /// Setting up RDMA (device, queue pairs, memory, handshake, first barrier) failed.
     #[cfg(feature = "verbs")]
     Rdma {
@@ -495,6 +507,11 @@ impl fmt::Display for BootstrapError {
                 f,
                 "rank {rank}: an earlier round of this bootstrap session failed"
             ),
+            Self::Readmit {
+                rank,
+                rejoiner,
+                reason,
+            } => write!(f, "rank {rank}: rank {rejoiner} cannot rejoin: {reason}"),
             #[cfg(feature = "verbs")]
             Self::Rdma {
                 rank,

@@ -107,10 +107,11 @@ pub mod wire;
 
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 #[cfg(feature = "verbs")]
-pub use connect::{connect, ConnectOptions, Connected};
+pub use connect::{connect, rejoin, ConnectOptions, Connected};
 pub use error::{BootstrapError, Result};
 pub use exchange::{
-    exchange, exchange_at, ExchangeOptions, NodeBlobs, Personalize, Rendezvous, Session,
+    exchange, exchange_at, exchange_rejoin, ExchangeOptions, NodeBlobs, Personalize, Rendezvous,
+    Session,
 };
 #[cfg(feature = "verbs")]
 pub use launch::{connect_launch, HostDevice, Launch, DEVICE_VAR};

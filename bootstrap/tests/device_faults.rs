@@ -611,11 +611,7 @@ fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clo
             clock,
             Deadline::after(clock, Duration::from_secs(30)),
             |ev| match ev {
-                Event::Message {
-                    rank: 0,
-                    data,
-                    imm: None,
-                } => got.borrow_mut().push(data.to_vec()),
+                Event::Message { rank: 0, data } => got.borrow_mut().push(data.to_vec()),
                 Event::SendsCompleted { .. } => {}
                 other => panic!("rank 1: unexpected event {other:?}"),
             },

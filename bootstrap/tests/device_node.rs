@@ -427,11 +427,7 @@ fn full(
         let bad_seen = std::cell::Cell::new(0u32);
         let completions = std::cell::Cell::new(0u64);
         let on_event = |ev: rverbs_core::node::Event<'_>| match ev {
-            rverbs_core::node::Event::Message {
-                rank: from,
-                data,
-                imm: None,
-            } if data.len() == 12 => {
+            rverbs_core::node::Event::Message { rank: from, data } if data.len() == 12 => {
                 let sender = u32::from_le_bytes(data[..4].try_into().unwrap());
                 let seq = u32::from_le_bytes(data[4..8].try_into().unwrap());
                 let to = u32::from_le_bytes(data[8..].try_into().unwrap());

@@ -487,7 +487,12 @@ fn peer_disconnecting_mid_frame_is_refused() {
             .unwrap();
     }
     let shown = expect_root_timeout(handle, &[1]);
-    assert!(shown.contains("closed the connection"), "{shown}");
+    // The fake never read rank 0's challenge, so its close may arrive as a reset (unread
+    // data) rather than an end of stream: either way the connection is named as refused.
+    assert!(
+        shown.contains("closed the connection") || shown.contains("Connection reset by peer"),
+        "{shown}"
+    );
 }
 
 #[test]

@@ -54,6 +54,8 @@
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
 //! - [`datagram`]: unreliable datagrams (UD) to any peer and multicast to many, with the
 //!   network header stripped and losses counted; [`gid`]: port and group addresses.
+//! - `cm` (feature `rdmacm`): the RDMA connection manager: connect a channel by address and
+//!   port, listen and accept, disconnect; join multicast groups through it.
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
@@ -61,6 +63,8 @@
 //! - `verbs` (default): the device layer, linking libibverbs through `ibverbs-sys`.
 //!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).
 //! - `alloc`: [`multi`], [`barrier`] (allocate only at setup).
+//! - `rdmacm`: the `cm` module, linking the system's librdmacm (Debian `librdmacm-dev`;
+//!   bindings generated at build time, so libclang too). Implies `verbs`.
 //! - `serde`: serde traits on configuration types.
 //! - `instant`: `provider::instant`, a driver that completes every request at once without
 //!   touching memory, for measuring rverbs' own cost (implies `verbs`).
@@ -87,7 +91,10 @@
 //! Every verbs object is released on drop, children before parents (a queue pair keeps its
 //! CQs and PD alive; an MR keeps its PD alive). Dropping a channel with work in flight is
 //! safe for memory, because the posting contract already required the buffers to outlive
-//! the work; destroying the queue pair flushes it.
+//! the work; destroying the queue pair flushes it. A datagram queue pair is detached from
+//! its multicast groups before it is destroyed (the kernel refuses to destroy an attached
+//! one). A destroy the device refuses anyway cannot be reported from `Drop`: it leaks the
+//! object and is counted (`verbs::failed_destroys`).
 //!
 //! # The posting contract
 //!
@@ -113,6 +120,10 @@ pub mod barrier;
 // Posting hands the device raw addresses; the posting contract is enforced here.
 #[allow(unsafe_code)]
 pub mod channel;
+// The second FFI boundary: every call into librdmacm.
+#[cfg(feature = "rdmacm")]
+#[allow(unsafe_code)]
+pub mod cm;
 pub mod completion;
 // Receive slots are read after their completion; inline entries are made from slices.
 #[allow(unsafe_code)]

@@ -63,6 +63,11 @@ pub enum Verb {
     /// `setsockopt(IP_ADD_MEMBERSHIP)`: not a verb, but what a RoCE v2 multicast join needs
     /// from the IP stack (see `verbs::mcast`).
     IpAddMembership,
+    /// `rdma_join_multicast`: a multicast join through the connection manager (feature
+    /// `rdmacm`), named where a provider error stands for it.
+    JoinMulticast,
+    /// `rdma_leave_multicast`
+    LeaveMulticast,
 }
 
 impl Verb {
@@ -97,6 +102,8 @@ impl Verb {
             Self::AttachMcast => "ibv_attach_mcast",
             Self::DetachMcast => "ibv_detach_mcast",
             Self::IpAddMembership => "setsockopt(IP_ADD_MEMBERSHIP)",
+            Self::JoinMulticast => "rdma_join_multicast",
+            Self::LeaveMulticast => "rdma_leave_multicast",
         }
     }
 }

@@ -735,6 +735,7 @@ fn unpolled_posts_signal_every_kth_and_waits_cover_the_rest() {
     assert_eq!((s.sends_posted, s.send_cqes), (21, 3));
     assert_eq!(a.outstanding_sends(), 0);
     for i in 0..20u64 {
+        // Bytes, not load_u64: the stack buffer need not be 8-aligned (Miri moves it).
         assert_eq!(bytes::<8>(&dst, i as usize * 8), i.to_le_bytes());
     }
     assert_eq!(bytes::<8>(&dst, 160), [0; 8], "the cover wrote nothing");

@@ -100,6 +100,19 @@ fn endpoints<'n>(net: &'n SoftNet<'n>, mem: &'n mut [Vec<u8>], c: DatagramConfig
         .collect()
 }
 
+/// One endpoint on `node` with its own `mtu`.
+fn endpoint_on<'n>(
+    net: &'n SoftNet<'n>,
+    node: u32,
+    mtu: Mtu,
+    m: &'n mut [u8],
+    c: DatagramConfig,
+) -> End<'n> {
+    let qp = net.create_datagram(node, QKEY, mtu).unwrap();
+    let region = net.register(node, m, AccessFlags::LOCAL_WRITE).unwrap();
+    Datagram::new(qp, region, c, &CLOCK).unwrap()
+}
+
 #[test]
 fn datagrams_both_ways_with_the_header_stripped_and_the_sender_known() {
     let c = cfg(8);
@@ -146,6 +159,43 @@ fn datagrams_both_ways_with_the_header_stripped_and_the_sender_known() {
         a.send_parts(&to_b, &[&[], &[], &[], &[], &[]]),
         Err(DatagramError::TooManyParts { max: 4, got: 5 })
     ));
+}
+
+/// A peer made by an endpoint with a larger MTU, used on one with a smaller: the send is
+/// refused before anything is copied into a send slot (whose neighbours may be in flight)
+/// or posted.
+#[test]
+fn a_peer_made_by_another_endpoint_is_held_to_the_senders_mtu() {
+    let c = cfg(4);
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut ma = vec![0u8; memory_needed(1024, &c)];
+    let mut mb = vec![0u8; memory_needed(256, &c)];
+    let mut mc = vec![0u8; memory_needed(1024, &c)];
+    {
+        let mut a = endpoint_on(&net, 0, Mtu::B1024, &mut ma, c);
+        let mut b = endpoint_on(&net, 1, Mtu::B256, &mut mb, c);
+        let mut cc = endpoint_on(&net, 2, Mtu::B1024, &mut mc, c);
+        let to_c = a.peer(&cc.endpoint()).unwrap();
+        assert_eq!(to_c.mtu(), 1024);
+        let posted = net.stats(1).sends_posted;
+        assert_eq!(
+            b.send(&to_c, &[0xab; 1000]),
+            Err(DatagramError::TooLarge {
+                max: 256,
+                got: 1000
+            })
+        );
+        assert_eq!(net.stats(1).sends_posted, posted, "nothing was posted");
+        // Up to B's MTU the borrowed peer works.
+        b.send(&to_c, &[0xcd; 256]).unwrap();
+        assert_eq!(cc.recv().unwrap().payload, &[0xcd; 256]);
+        a.send(&to_c, &[0xef; 1000]).unwrap();
+        assert_eq!(cc.recv().unwrap().payload.len(), 1000);
+    }
+    assert!(
+        !mb.contains(&0xab),
+        "the refused payload was copied into B's memory"
+    );
 }
 
 #[test]
@@ -295,6 +345,145 @@ fn datagrams_beyond_the_posted_receives_are_lost_and_counted_exactly() {
     assert_eq!(t.missing_through(seq.next_sequence() - 1), dropped);
 }
 
+/// The headers of datagrams `0..n` of `stream`.
+fn stamps(stream: u32, n: usize) -> Vec<[u8; 16]> {
+    let mut s = Sequencer::new(stream);
+    (0..n).map(|_| s.stamp()).collect()
+}
+
+/// Feeds `t` the datagrams of `all` at `order`; checks that each is counted exactly once.
+fn feed(t: &mut SequenceTracker, all: &[[u8; 16]], order: impl IntoIterator<Item = usize>) {
+    for i in order {
+        t.observe(&all[i]).unwrap();
+    }
+}
+
+fn counted_once(t: &SequenceTracker, fed: u64) {
+    let c = t.counts();
+    assert_eq!(
+        c.received + c.duplicates + c.stale + c.out_of_range,
+        fed,
+        "every datagram counted once: {c:?}"
+    );
+}
+
+#[test]
+fn a_restarted_sender_is_counted_as_a_restart_and_the_new_runs_losses_as_lost() {
+    let run = stamps(1, 140);
+    let mut t = SequenceTracker::for_stream(1);
+    feed(&mut t, &run, 0..=100);
+    // The publisher restarts at 0; 50..=60 of the new run are lost.
+    feed(&mut t, &run, (0..=100).filter(|i| !(50..=60).contains(i)));
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.reordered, c.duplicates),
+        (1, 11, 0, 0)
+    );
+    assert_eq!((c.first, c.highest), (Some(0), Some(100)));
+    // It goes on past the old high mark and loses 110..130: counted too.
+    feed(&mut t, &run, (101..140).filter(|i| !(110..130).contains(i)));
+    let c = t.counts();
+    assert_eq!((c.restarts, c.lost, c.reordered), (1, 31, 0));
+    assert_eq!(c.received, 101 + 90 + 19);
+    assert_eq!(t.missing_through(139), 31);
+    counted_once(&t, 101 + 90 + 19);
+}
+
+#[test]
+fn a_duplicate_does_not_cancel_a_loss() {
+    let s = stamps(1, 4);
+    let mut t = SequenceTracker::new();
+    feed(&mut t, &s, [0, 1, 1, 3]);
+    let c = t.counts();
+    assert_eq!(
+        (c.received, c.lost, c.reordered, c.duplicates, c.restarts),
+        (3, 1, 0, 1, 0)
+    );
+    counted_once(&t, 4);
+}
+
+#[test]
+fn a_late_joiner_whose_first_datagram_was_overtaken_still_counts_what_follows() {
+    let s = stamps(1, 8);
+    let mut t = SequenceTracker::new();
+    // 4 arrives after 5, the first one seen; 6 is lost.
+    feed(&mut t, &s, [5, 4, 7]);
+    let c = t.counts();
+    assert_eq!((c.received, c.lost, c.stale, c.first), (2, 1, 1, Some(5)));
+    assert_eq!(t.missing_through(7), 1);
+    counted_once(&t, 3);
+}
+
+#[test]
+fn late_arrivals_fill_gaps_within_the_window_and_are_stale_beyond_it() {
+    let s = stamps(1, 300);
+    let mut t = SequenceTracker::new();
+    feed(&mut t, &s, (0..300).filter(|&i| i != 10 && i != 250));
+    assert_eq!(t.counts().lost, 2);
+    // 250 is within the window of the highest (299): it fills its gap; 10 is not.
+    feed(&mut t, &s, [250, 10]);
+    let c = t.counts();
+    assert_eq!((c.lost, c.reordered, c.stale, c.restarts), (1, 1, 1, 0));
+    counted_once(&t, 300);
+}
+
+#[test]
+fn a_strangers_sequence_numbers_are_counted_apart_and_change_nothing() {
+    let s = stamps(1, 10);
+    let mut t = SequenceTracker::for_stream(1);
+    let mut evil = s[0];
+    evil[8..16].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
+    t.observe(&s[0]).unwrap();
+    t.observe(&evil).unwrap();
+    feed(&mut t, &s, (1..10).filter(|&i| i != 5));
+    let c = t.counts();
+    assert_eq!(
+        (c.lost, c.reordered, c.out_of_range, c.restarts, c.highest),
+        (1, 0, 1, 0, Some(9))
+    );
+    counted_once(&t, 10);
+    // A peer-announced last sequence number near the end of the range.
+    assert_eq!(t.missing_through(u64::MAX), 1 + (u64::MAX - 9));
+    assert_eq!(t.missing_through(0), 1);
+    assert_eq!(SequenceTracker::new().missing_through(u64::MAX), 0);
+    // Started by a stranger's datagram: the real stream takes over after two datagrams.
+    let mut t = SequenceTracker::for_stream(1);
+    t.observe(&evil).unwrap();
+    feed(&mut t, &s, 0..10);
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.first, c.highest),
+        (1, 0, Some(0), Some(9))
+    );
+    counted_once(&t, 11);
+}
+
+#[test]
+fn a_sender_that_jumps_far_ahead_is_followed_after_two_datagrams() {
+    let mut far = Sequencer::new(1);
+    let mut t = SequenceTracker::new();
+    let h = far.stamp();
+    t.observe(&h).unwrap();
+    let s: Vec<[u8; 16]> = {
+        let mut x = [0u8; 16];
+        x.copy_from_slice(&h);
+        (0..3u64)
+            .map(|i| {
+                x[8..16].copy_from_slice(&(rverbs_core::datagram::MAX_GAP * 3 + i).to_le_bytes());
+                x
+            })
+            .collect()
+    };
+    feed(&mut t, &s, 0..3);
+    let c = t.counts();
+    assert_eq!(
+        (c.restarts, c.lost, c.out_of_range, c.received),
+        (1, 0, 0, 4)
+    );
+    assert_eq!(c.first, Some(rverbs_core::datagram::MAX_GAP * 3));
+    counted_once(&t, 4);
+}
+
 #[test]
 fn no_allocation_per_datagram() {
     let c = cfg(8);
@@ -344,10 +533,10 @@ fn dropping_or_swapping_endpoints_with_work_in_flight_drains_them() {
     assert!(ends[0].outstanding_sends() > 0);
     let mut d = ends.pop().unwrap();
     let mut e = ends.pop().unwrap();
-    let (qd, qe) = (d.endpoint().qpn, e.endpoint().qpn);
-    // Swapping two endpoints swaps queue pairs and memory together.
+    // Swapping whole endpoints moves each queue pair with its memory (the provider alone
+    // cannot be swapped: `Datagram::provider` lends it as `&`, a compile_fail doctest);
+    // dropped after the swap, each still drains the receives posted into its own memory.
     std::mem::swap(&mut d, &mut e);
-    assert_eq!((d.endpoint().qpn, e.endpoint().qpn), (qe, qd));
     drop(d);
     drop(e);
     let a = ends.remove(0);
@@ -404,6 +593,43 @@ fn bad_setups_are_refused() {
         Err(DatagramError::InvalidSetup { .. })
     ));
     assert_eq!(Group::ipv4([192, 168, 0, 1]), None);
+}
+
+/// A dropped endpoint's queue pair is destroyed, as on a device: it is no group member any
+/// more, and datagrams to the group no longer reach (and are not counted dropped at) it.
+#[test]
+fn a_dropped_endpoint_leaves_its_groups() {
+    let c = cfg(4);
+    let mut mem = memory(3, &c);
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut ends = endpoints(&net, &mut mem, c);
+    let g = Group::ipv4([239, 7, 7, 7]).unwrap();
+    let other = Group::ipv4([239, 7, 7, 8]).unwrap();
+    for e in &mut ends[1..] {
+        e.join(g).unwrap();
+    }
+    ends[2].join(other).unwrap();
+    assert_eq!(net.group_members(g.gid()), 2);
+    drop(ends.pop());
+    assert_eq!(net.group_members(g.gid()), 1);
+    assert_eq!(net.group_members(other.gid()), 0);
+    let to_g = ends[0].group_peer(g).unwrap();
+    ends[0].send(&to_g, b"x").unwrap();
+    assert_eq!(ends[1].recv().unwrap().payload, b"x");
+    assert_eq!(
+        net.stats(2).datagrams_dropped,
+        0,
+        "the dropped endpoint got it"
+    );
+}
+
+/// Q_Keys with the high bit set are for privileged queue pairs: a device refuses them, and
+/// so does the model (a peer could not decode such an endpoint).
+#[test]
+fn a_controlled_qkey_is_refused_as_on_a_device() {
+    let net = SoftNet::new(SoftNetConfig::new(1, CAPS));
+    assert!(net.create_datagram(0, 0x8000_0001, MTU).is_none());
+    assert!(net.create_datagram(0, 0x7fff_ffff, MTU).is_some());
 }
 
 /// A back-off that panics after `n` empty polls: caller code that runs inside every wait.

@@ -2,7 +2,8 @@
 //! port scanner, another job, or someone without the job secret), so decoding
 //! must be total, and the MAC check must accept nothing that was not sealed with
 //! the secret. The header is followed by its payload and, with the MAC flag, a
-//! MAC; a `Table` payload is decoded too, as a rank would.
+//! MAC; a `Table` payload is decoded too, as a rank would, and the node blob of a
+//! `Rejoin` or `Readmit`, as rank 0 would.
 //!
 //! Two oracles on top of "never panics": a frame made from fuzzer bytes never
 //! passes the MAC check of an end that holds the secret; and the same bytes
@@ -16,6 +17,7 @@ use rverbs_bootstrap::wire::{
     CHALLENGE_LEN, HEADER_LEN, MAX_PAYLOAD,
 };
 use rverbs_bootstrap::JobSecret;
+use rverbs_core::wire::node::NodeBlob;
 
 /// The payload limit the targets use; small enough that limit checks get exercised.
 const LIMIT: u32 = 64 * 1024;
@@ -44,8 +46,18 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(frame) = decode_frame(data, LIMIT) {
         assert_eq!(frame.mac.is_some(), frame.header.mac);
         assert_eq!(frame.payload.len(), frame.header.payload_len as usize);
-        if frame.header.kind == FrameKind::Table {
-            let _ = decode_table(frame.payload, LIMIT as usize);
+        match frame.header.kind {
+            FrameKind::Table => {
+                let _ = decode_table(frame.payload, LIMIT as usize);
+            }
+            // A restarted rank's hello and a survivor's part carry node blobs, which rank 0
+            // decodes (and cuts) before it answers.
+            FrameKind::Rejoin | FrameKind::Readmit => {
+                if let Ok(blob) = NodeBlob::decode(frame.payload) {
+                    let _ = NodeBlob::cut_for(frame.payload, blob.rank ^ 1);
+                }
+            }
+            _ => {}
         }
         // Whatever it is, it is no forgery.
         let secret = secret();
@@ -67,7 +79,9 @@ fuzz_target!(|data: &[u8]| {
     peer.open(&decode_frame(&from_root, LIMIT).unwrap()).unwrap();
     root.open(&decode_frame(&from_peer, LIMIT).unwrap()).unwrap();
     let payload = &data[..data.len().min(LIMIT as usize)];
-    let hello = peer.encode(FrameKind::Hello, 7, 1, 2, payload).unwrap();
+    // The opening frame of a first start or of a restarted rank, or a survivor's part.
+    let kind = [FrameKind::Hello, FrameKind::Rejoin, FrameKind::Readmit][data.len() % 3];
+    let hello = peer.encode(kind, 7, 1, 2, payload).unwrap();
     let frame = decode_frame(&hello, LIMIT).unwrap();
     assert_eq!(frame.payload, payload);
     assert!(root.clone().open(&frame).is_ok());

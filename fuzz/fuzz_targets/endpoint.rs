@@ -1,12 +1,12 @@
 //! Endpoint and remote-memory descriptors arrive from peers during the bootstrap
-//! exchange, and failure notices are written into our flag array by peers, so their
+//! exchange, rdmacm connect data in a connection request or reply, and failure notices are written into our flag array by peers, so their
 //! decoders must reject any bytes without panicking, and every accepted encoding must be
 //! the one canonical form of the value it decodes to.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rverbs_core::sge::RemoteMemory;
-use rverbs_core::wire::{notice, Endpoint};
+use rverbs_core::wire::{notice, ConnectData, Endpoint, CONNECT_DATA_LEN};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(e) = Endpoint::decode(data) {
@@ -19,6 +19,13 @@ fuzz_target!(|data: &[u8]| {
         let bytes = r.encode();
         assert_eq!(RemoteMemory::decode(&bytes), Ok(r));
         assert_eq!(bytes[..], data[..]);
+    }
+    if let Ok(d) = ConnectData::decode(data) {
+        let bytes = d.encode();
+        assert_eq!(ConnectData::decode(&bytes), Ok(d));
+        // The one spelling, then the zero padding the connection manager adds.
+        assert_eq!(bytes[..], data[..CONNECT_DATA_LEN]);
+        assert!(data[CONNECT_DATA_LEN..].iter().all(|&b| b == 0));
     }
     if let Ok(word) = <[u8; 8]>::try_from(data) {
         let word = u64::from_le_bytes(word);

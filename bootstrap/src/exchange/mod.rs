@@ -42,6 +42,9 @@ mod node_blobs;
 mod peer;
 mod personalize;
 mod progress;
+mod readmit;
+#[cfg(test)]
+mod readmit_tests;
 mod root;
 mod session;
 mod watch;
@@ -62,6 +65,10 @@ pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
 pub use self::session::Session;
 pub use self::watch::Watch;
+
+pub use self::readmit::exchange_rejoin;
+#[cfg(feature = "verbs")]
+pub(crate) use self::readmit::RANK_ZERO;
 
 /// Knobs of an exchange and of the session's later rounds.
 #[derive(Clone, Debug)]
@@ -230,7 +237,8 @@ pub fn exchange_at(
         };
         let (peers, blobs) =
             root::root_join(&listener, world_size, blob, options, clock, &mut progress)?;
-        let session = Session::new(rank, world_size, options.clone(), Link::Root(peers));
+        let mut session = Session::new(rank, world_size, options.clone(), Link::Root(peers));
+        session.listener = Some(listener);
         Ok((session, blobs))
     } else {
         let Rendezvous::Address { host, port } = rendezvous else {
@@ -245,6 +253,7 @@ pub fn exchange_at(
             &host,
             port,
             addr,
+            crate::wire::FrameKind::Hello,
             rank,
             world_size,
             blob,

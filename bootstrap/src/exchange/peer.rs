@@ -177,6 +177,7 @@ pub(super) fn peer_join(
     host: &str,
     port: u16,
     addr: String,
+    hello: FrameKind,
     rank: u32,
     world_size: u32,
     blob: &[u8],
@@ -211,7 +212,9 @@ pub(super) fn peer_join(
             stream,
             seal: Seal::peer(options.secret.as_ref(), challenge),
         };
-        match join_once(&mut link, rank, world_size, blob, options, clock, progress) {
+        match join_once(
+            &mut link, hello, rank, world_size, blob, options, clock, progress,
+        ) {
             Ok(blobs) => return Ok((link, blobs)),
             Err(Attempt::Fail(error)) => return Err(*error),
             Err(Attempt::Again { what, error }) => {
@@ -233,9 +236,12 @@ pub(super) fn peer_join(
     }
 }
 
-/// One attempt over a fresh connection: the challenges, then the hello round.
+/// One attempt over a fresh connection: the challenges, then the hello round (`hello` is
+/// `Hello`, or `Rejoin` for a restarted rank).
+#[allow(clippy::too_many_arguments)]
 fn join_once(
     link: &mut PeerLink,
+    hello: FrameKind,
     rank: u32,
     world_size: u32,
     blob: &[u8],
@@ -306,7 +312,7 @@ fn join_once(
     }
     peer_round(
         link,
-        FrameKind::Hello,
+        hello,
         options.personalize,
         rank,
         world_size,
@@ -378,10 +384,10 @@ pub(super) fn peer_round(
             rank,
             reason: format!("cannot frame the blob: {source}"),
         })?;
-    let op = if kind == FrameKind::Hello {
-        "send hello"
-    } else {
-        "send all-gather contribution"
+    let op = match kind {
+        FrameKind::Hello | FrameKind::Rejoin => "send hello",
+        FrameKind::Readmit => "send readmission part",
+        _ => "send all-gather contribution",
     };
     write_frame(&link.stream, &sealed, own, options.io_timeout).map_err(|source| {
         BootstrapError::Io {

@@ -3,7 +3,7 @@
 
 use core::time::Duration;
 use std::io;
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 
 use crate::error::{BootstrapError, Result};
 use crate::wire::{FrameKind, Seal};
@@ -32,7 +32,11 @@ pub struct Session {
     world_size: u32,
     options: ExchangeOptions,
     pub(super) link: Link,
-    poisoned: bool,
+    /// Rank 0's rendezvous, kept open after the exchange for a rank that restarts (see
+    /// [`Session::readmit`]): nothing accepts on it in between, so connections made then
+    /// wait in the kernel's listen queue (a bounded one) until a readmit reads them.
+    pub(super) listener: Option<TcpListener>,
+    pub(super) poisoned: bool,
     said_goodbye: bool,
     /// Set before this session says goodbye and shuts its connections down, so its own
     /// [`Watch`](super::Watch) does not take that for a peer's failure.
@@ -73,6 +77,7 @@ impl Session {
             world_size,
             options,
             link,
+            listener: None,
             poisoned: false,
             said_goodbye: false,
             closing: std::sync::Arc::default(),

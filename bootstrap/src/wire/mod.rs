@@ -22,8 +22,12 @@
 //! With a job secret every frame of either end, of every kind, carries the MAC;
 //! without one, none does. [`Seal`] makes and checks them.
 //!
-//! Payloads by kind: `Challenge` carries the challenge; `Hello` and `Sync` carry
-//! the sender's opaque bytes; `Reject` carries a UTF-8 reason (at most
+//! A rank started again in a running world opens with a `Rejoin` in place of the
+//! `Hello`; the surviving ranks send rank 0 a `Readmit` each in place of a `Sync`,
+//! and rank 0 answers both with a `Table` (see `Connected::readmit`).
+//!
+//! Payloads by kind: `Challenge` carries the challenge; `Hello`, `Sync`, `Rejoin`
+//! and `Readmit` carry the sender's opaque bytes; `Reject` carries a UTF-8 reason (at most
 //! [`REJECT_REASON_MAX`] bytes); `Table` carries the table layout described at
 //! [`encode_table`]: one entry per rank, rank `i`'s blob in entry `i`, or, when the
 //! exchange is personalized (see [`Personalize`](crate::exchange::Personalize)),
@@ -78,6 +82,12 @@ pub enum FrameKind {
     /// A rank closes its session on purpose (no payload): the connection closing after it is
     /// a goodbye, not a failure.
     Bye,
+    /// A restarted rank introduces itself to the rank 0 of a running world, in place of a
+    /// `Hello`, with the endpoint blob of its new process.
+    Rejoin,
+    /// A surviving rank's part in readmitting a restarted one, in place of a `Sync`: the
+    /// endpoint blob it made for the new process.
+    Readmit,
 }
 
 impl FrameKind {
@@ -91,6 +101,8 @@ impl FrameKind {
             Self::Sync => 4,
             Self::Challenge => 5,
             Self::Bye => 6,
+            Self::Rejoin => 7,
+            Self::Readmit => 8,
         }
     }
 
@@ -104,6 +116,8 @@ impl FrameKind {
             4 => Some(Self::Sync),
             5 => Some(Self::Challenge),
             6 => Some(Self::Bye),
+            7 => Some(Self::Rejoin),
+            8 => Some(Self::Readmit),
             _ => None,
         }
     }

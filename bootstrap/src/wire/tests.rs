@@ -35,9 +35,14 @@ fn every_kind_round_trips() {
         FrameKind::Reject,
         FrameKind::Sync,
         FrameKind::Challenge,
+        FrameKind::Bye,
+        FrameKind::Rejoin,
+        FrameKind::Readmit,
     ] {
         assert_eq!(FrameKind::from_u8(kind.to_u8()), Some(kind));
     }
+    assert_eq!(FrameKind::from_u8(0), None);
+    assert_eq!(FrameKind::from_u8(9), None);
 }
 
 #[test]
@@ -81,7 +86,7 @@ fn rejects_unknown_version() {
 #[test]
 fn rejects_unknown_kind() {
     let mut bytes = sample().encode();
-    for kind in [0u8, 7, 0xff] {
+    for kind in [0u8, 9, 0xff] {
         bytes[6] = kind;
         assert_eq!(
             decode_header(&bytes),

@@ -28,7 +28,9 @@
 //!
 //! A barrier that fails **poisons** the state: the counters no longer agree with the peers'
 //! (a late arrival would satisfy the wrong barrier), so every later barrier fails with
-//! [`BarrierError::Poisoned`]; recovery means new nodes for every rank.
+//! [`BarrierError::Poisoned`]. Recovery is collective: every rank resets its counters
+//! ([`BarrierState::reset`]) while nobody sends, as readmitting a restarted rank does
+//! ([`Node::readmit_begin`](crate::node::Node::readmit_begin)), or builds a new node.
 //!
 //! News about a rank outside the barrier's members (and a broken channel to one) does not
 //! fail the barrier: the members can still meet.
@@ -115,9 +117,10 @@ pub enum BarrierError {
 impl fmt::Display for BarrierError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Poisoned => {
-                f.write_str("barrier state is poisoned by an earlier failure; reconnect")
-            }
+            Self::Poisoned => f.write_str(
+                "barrier state is poisoned by an earlier failure; readmit the failed rank \
+                 (every rank resets its counters) or reconnect",
+            ),
             Self::SelfNotInGroup => f.write_str("this rank is not in the barrier's member list"),
             Self::UnorderedPeers => f.write_str("barrier members must be sorted ascending"),
             Self::DuplicatePeers => f.write_str("barrier members must not repeat"),
@@ -273,6 +276,22 @@ impl BarrierState {
             poisoned: false,
             pending: None,
         }
+    }
+
+    /// Forgets every count, the barrier in progress and the poison: the state of a new
+    /// world. Every rank must reset together, with no notification in flight and its flag
+    /// array zeroed, before any of them starts another barrier. Does not allocate.
+    pub fn reset(&mut self) {
+        self.sent.fill(0);
+        self.expected.fill(0);
+        self.poisoned = false;
+        self.pending = None;
+    }
+
+    /// Abandons the barrier in progress and refuses new ones until [`BarrierState::reset`].
+    pub(crate) fn poison(&mut self) {
+        self.poisoned = true;
+        self.pending = None;
     }
 
     /// Whether a barrier was started and has not finished.

@@ -89,6 +89,12 @@ pub enum ChannelError {
         /// The peer's rank, if the channel knows it.
         peer: Option<u32>,
     },
+    /// The connection was closed: this side disconnected it, or the peer did
+    /// (`cm`, feature `rdmacm`). Outstanding work was flushed.
+    Disconnected {
+        /// The peer's rank, if the channel knows it.
+        peer: Option<u32>,
+    },
     /// An atomic was refused before posting (nothing was posted; the channel is intact):
     /// its target or result buffer is misaligned or of the wrong length.
     InvalidAtomic(AtomicFault),
@@ -126,6 +132,11 @@ impl fmt::Display for ChannelError {
             Self::TimedOut { peer } => write!(
                 f,
                 "timed out waiting for {}; outstanding work was flushed",
+                PeerName(*peer)
+            ),
+            Self::Disconnected { peer } => write!(
+                f,
+                "the connection to {} was disconnected; outstanding work was flushed",
                 PeerName(*peer)
             ),
         }

@@ -221,6 +221,9 @@ enum Broken {
     Wr(WrFailure),
     TimedOut,
     Provider(ProviderError),
+    /// Closed by a connection manager disconnect (`cm`, feature `rdmacm`).
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    Disconnected,
 }
 
 /// One connection to one peer. See the [module docs](self).
@@ -293,27 +296,19 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         if let Some(w) = p.completion_events() {
             backoff.attach(&w);
         }
-        let caps = p.caps();
-        // One send-queue slot stays free for the drain request of `flush_and_drain`.
-        let depth = caps.max_send_wr.saturating_sub(1).max(1);
-        // A post of n requests needs n free slots while up to k-1 unsignaled ones may still
-        // occupy slots nobody will retire: keep n + k - 1 <= depth. Small queues give up
-        // half their depth to the signaling interval rather than signal every request.
-        let k = cfg.signal_every.clamp(1, (depth / 2).max(1));
-        let max_post = ((depth - k + 1) as usize).min(MAX_BATCH);
-        Self {
-            id: NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
-            qp_num: p.qp_num(),
+        let mut c = Self {
+            id: 0,
+            qp_num: 0,
+            caps: p.caps(),
             p,
-            caps,
             backoff,
             clock,
             timeout: cfg.timeout,
             flush_timeout: cfg.flush_timeout,
             peer: cfg.peer,
-            sq_depth: u64::from(depth),
-            signal_every: k,
-            max_post,
+            sq_depth: 1,
+            signal_every: 1,
+            max_post: 1,
             next_seq: 0,
             done_seq: 0,
             signaled_to: 0,
@@ -322,10 +317,62 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             broken: None,
             recv_next: 0,
             recv_done: 0,
-            recv_cap: (R as u64).min(u64::from(caps.max_recv_wr)),
+            recv_cap: 0,
             slots: [EMPTY_SLOT; R],
             wc: [Completion::EMPTY; POLL_AT_ONCE],
+        };
+        c.start_afresh(cfg.signal_every);
+        c
+    }
+
+    /// Sets everything that follows from the provider (identity, queue-pair number, caps and
+    /// the posting geometry) and forgets every request: the state of a new channel.
+    fn start_afresh(&mut self, signal_every: u32) {
+        let caps = self.p.caps();
+        // One send-queue slot stays free for the drain request of `flush_and_drain`.
+        let depth = caps.max_send_wr.saturating_sub(1).max(1);
+        // A post of n requests needs n free slots while up to k-1 unsignaled ones may still
+        // occupy slots nobody will retire: keep n + k - 1 <= depth. Small queues give up
+        // half their depth to the signaling interval rather than signal every request.
+        let k = signal_every.clamp(1, (depth / 2).max(1));
+        // A new identity: tickets of the old queue pair are foreign to the new one.
+        self.id = NEXT_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        self.qp_num = self.p.qp_num();
+        self.caps = caps;
+        self.sq_depth = u64::from(depth);
+        self.signal_every = k;
+        self.max_post = ((depth - k + 1) as usize).min(MAX_BATCH);
+        self.next_seq = 0;
+        self.signaled_to = 0;
+        self.done_seq = 0;
+        self.remote_recvs_used = 0;
+        self.since_signal = 0;
+        self.broken = None;
+        self.recv_next = 0;
+        self.recv_done = 0;
+        self.recv_cap = (R as u64).min(u64::from(caps.max_recv_wr));
+        self.slots = [EMPTY_SLOT; R];
+    }
+
+    /// Lets `swap` replace the queue pair under the provider (a peer that restarted, see
+    /// [`Node::readmit_finish`](crate::node::Node::readmit_finish)), then starts the channel
+    /// afresh on it: new identity, sequence numbers from zero, not broken. The channel must
+    /// have nothing in flight (flushed and drained, or all completed); `swap` is not called
+    /// otherwise. Allocates nothing.
+    #[cfg(feature = "alloc")]
+    pub(crate) fn renew<E>(
+        &mut self,
+        swap: impl FnOnce(&mut P) -> Result<(), E>,
+    ) -> Result<Result<(), E>, ()> {
+        if !self.all_done() {
+            return Err(());
         }
+        let r = swap(&mut self.p);
+        if r.is_ok() {
+            let k = self.signal_every;
+            self.start_afresh(k);
+        }
+        Ok(r)
     }
 
     /// The back-off this channel waits with (to read what a policy recorded, such as
@@ -390,6 +437,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Broken::Wr(w) => ChannelError::Broken(w),
             Broken::TimedOut => ChannelError::TimedOut { peer: self.peer },
             Broken::Provider(e) => ChannelError::Provider(e),
+            Broken::Disconnected => ChannelError::Disconnected { peer: self.peer },
         })
     }
 

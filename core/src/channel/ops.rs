@@ -190,6 +190,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.post_inline(Opcode::Send, data, RemoteMemory::default())
     }
 
+    /// [`Channel::post_send_inline`] with a 32-bit immediate, delivered with the message.
+    /// Does not allocate.
+    pub fn post_send_imm_inline(&mut self, data: &[u8], imm: u32) -> Result<Ticket, ChannelError> {
+        self.post_inline(Opcode::SendImm(imm), data, RemoteMemory::default())
+    }
+
     /// Posts an inline write of `data` into the peer's `remote` memory and returns its ticket
     /// without waiting: the lowest-latency way to write (signaled only every
     /// [`ChannelConfig::signal_every`](super::ChannelConfig::signal_every)-th request).

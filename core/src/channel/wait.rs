@@ -323,6 +323,29 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    /// Waits, at most the channel's timeout, until every send posted so far completed (a
+    /// connection that is about to be closed delivers what it was given first).
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn wait_sends(&mut self) -> Result<(), ChannelError> {
+        self.poll_until(|c| c.done_seq >= c.next_seq, None)?;
+        self.failure().map_or(Ok(()), Err)
+    }
+
+    /// Closes the channel for good: every later call fails with
+    /// [`ChannelError::Disconnected`] (unless it broke earlier: the first failure stays),
+    /// and everything still posted is flushed and drained before this returns.
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn close(&mut self) {
+        self.broken.get_or_insert(Broken::Disconnected);
+        self.flush_and_drain();
+    }
+
+    /// Whether the channel was closed ([`Channel::close`]).
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.broken.is_some_and(|b| b == Broken::Disconnected)
+    }
+
     pub(super) fn check_send(&self, first: u64, last: u64) -> Result<(), ChannelError> {
         match self.broken {
             None => Ok(()),
@@ -364,6 +387,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             match self.broken {
                 Some(Broken::TimedOut) => Err(ChannelError::TimedOut { peer: self.peer }),
                 Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
+                Some(Broken::Disconnected) if slot.status == WcStatus::Flushed => {
+                    Err(ChannelError::Disconnected { peer: self.peer })
+                }
                 Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
                     Err(ChannelError::Broken(first))
                 }

@@ -19,6 +19,10 @@ pub enum DatagramError {
         /// The payload's length.
         got: usize,
     },
+    /// The peer's address cannot be used by this endpoint's queue pair: on a device, it was
+    /// made on another protection domain (a peer of another endpoint). Refused before
+    /// posting; make the peer with this endpoint ([`Datagram::peer`](super::Datagram::peer)).
+    ForeignPeer,
     /// More payload parts than one send gathers. Refused before posting.
     TooManyParts {
         /// The limit.
@@ -67,6 +71,16 @@ pub enum DatagramError {
     AlreadyJoined(Gid),
     /// The group is not joined.
     NotJoined(Gid),
+    /// An IPv4 group (its datagrams are IPv4 packets) on an endpoint whose port sends from
+    /// an address that is not IPv4 (an IPv6 or RoCE v1 GID, or InfiniBand): it would
+    /// receive nothing. Pick an IPv4 RoCE v2 GID for the queue pair
+    /// (`verbs::UdConfig::gid_index`, or the default route).
+    Ipv4GroupWithoutIpv4Route {
+        /// The group.
+        group: Gid,
+        /// The GID the endpoint's port sends from.
+        local: Gid,
+    },
     /// The endpoint is a member of as many groups as it tracks.
     TooManyGroups {
         /// The limit.
@@ -85,6 +99,11 @@ impl fmt::Display for DatagramError {
             Self::TooLarge { max, got } => write!(
                 f,
                 "datagram of {got} bytes refused before posting: the path allows at most {max}"
+            ),
+            Self::ForeignPeer => write!(
+                f,
+                "the peer's address belongs to another protection domain than this endpoint's \
+                 queue pair: make the peer with this endpoint"
             ),
             Self::TooManyParts { max, got } => {
                 write!(f, "{got} payload parts, one datagram gathers at most {max}")
@@ -112,6 +131,11 @@ impl fmt::Display for DatagramError {
             ),
             Self::AlreadyJoined(g) => write!(f, "group {g} is joined already"),
             Self::NotJoined(g) => write!(f, "group {g} is not joined"),
+            Self::Ipv4GroupWithoutIpv4Route { group, local } => write!(
+                f,
+                "group {group} is an IPv4 group, but this endpoint sends from {local}, not an \
+                 IPv4 (RoCE v2) address: it would receive nothing from the group"
+            ),
             Self::TooManyGroups { max } => {
                 write!(f, "an endpoint is a member of at most {max} groups")
             }

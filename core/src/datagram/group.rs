@@ -44,8 +44,18 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// ([`crate::verbs::mcast`]). Setup: may allocate.
     ///
     /// Every member of a group must use the same Q_Key (a datagram carries the sender's
-    /// idea of it, [`Datagram::group_peer`] uses the sender's own).
+    /// idea of it, [`Datagram::group_peer`] uses the sender's own). An IPv4 group
+    /// ([`Group::ipv4`]) needs an endpoint whose port sends from an IPv4 address (RoCE v2
+    /// over IPv4: an IPv4-mapped GID), since the group's datagrams are IPv4 packets; on any
+    /// other route it is refused ([`DatagramError::Ipv4GroupWithoutIpv4Route`]) rather than
+    /// joined to receive nothing.
     pub fn join(&mut self, group: Group) -> Result<(), DatagramError> {
+        if group.0.ipv4().is_some() && self.gid.ipv4().is_none() {
+            return Err(DatagramError::Ipv4GroupWithoutIpv4Route {
+                group: group.0,
+                local: self.gid,
+            });
+        }
         if self.groups.contains(&Some(group.0)) {
             return Err(DatagramError::AlreadyJoined(group.0));
         }

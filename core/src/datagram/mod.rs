@@ -99,7 +99,7 @@ mod sequence;
 pub use error::DatagramError;
 pub use group::Group;
 pub use recv::{Received, Source};
-pub use sequence::{SequenceTracker, Sequencer, StreamCounts};
+pub use sequence::{SequenceTracker, Sequencer, StreamCounts, MAX_GAP, REORDER_WINDOW};
 
 use core::fmt;
 use core::mem::ManuallyDrop;
@@ -454,7 +454,17 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         self.stats
     }
 
-    /// The provider, for inspection (never mutably: it stays with its memory).
+    /// The provider, for inspection (never mutably: it stays with its memory, so it cannot
+    /// be swapped away from the receives it has posted into that memory).
+    ///
+    /// ```compile_fail,E0308
+    /// use rverbs_core::datagram::Datagram;
+    /// use rverbs_core::provider::soft::{NetDatagram, NetRegion};
+    /// type End<'n> = Datagram<NetDatagram<'n>, NetRegion<'n>>;
+    /// fn separate<'n>(a: &mut End<'n>, b: &mut End<'n>) {
+    ///     core::mem::swap(a.provider(), b.provider());
+    /// }
+    /// ```
     #[inline]
     pub fn provider(&self) -> &P {
         &self.p

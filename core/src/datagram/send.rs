@@ -12,8 +12,10 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// Sends `payload` to `to`: inline when it fits the queue pair's inline limit, else
     /// copied into the next send slot. The bytes are free again when the call returns; the
     /// call waits only when the send queue or the send slot is still busy (at most the
-    /// endpoint's timeout). A payload over the MTU is refused before anything is posted
-    /// ([`DatagramError::TooLarge`]). Delivery is not confirmed: see the
+    /// endpoint's timeout). A payload over the MTU (the smaller of this endpoint's and the
+    /// peer's) is refused before anything is posted or copied ([`DatagramError::TooLarge`]),
+    /// and so is a peer whose address this queue pair cannot use, one made by an endpoint on
+    /// another protection domain ([`DatagramError::ForeignPeer`]). Delivery is not confirmed: see the
     /// [module docs](super). Does not allocate.
     #[inline]
     pub fn send(&mut self, to: &Peer<P::Address>, payload: &[u8]) -> Result<(), DatagramError> {
@@ -38,11 +40,14 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             });
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        if total > to.mtu as usize {
-            return Err(DatagramError::TooLarge {
-                max: to.mtu,
-                got: total,
-            });
+        // This endpoint's MTU too: a peer made by another endpoint may allow more, and a
+        // send slot holds this endpoint's MTU.
+        let max = to.mtu.min(self.mtu);
+        if total > max as usize {
+            return Err(DatagramError::TooLarge { max, got: total });
+        }
+        if !self.p.owns(&to.address) {
+            return Err(DatagramError::ForeignPeer);
         }
         if !self.fits() {
             self.wait_sends(Self::fits)?;

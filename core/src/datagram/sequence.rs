@@ -56,22 +56,56 @@ impl Sequencer {
     }
 }
 
-/// What a [`SequenceTracker`] counted.
+/// Sequence numbers below the highest received that a [`SequenceTracker`] tells apart (a
+/// late arrival fills its gap, a second arrival is a duplicate); older arrivals are
+/// [stale](StreamCounts::stale).
+pub const REORDER_WINDOW: u64 = 128;
+
+/// The largest forward gap a [`SequenceTracker`] counts as lost in one step: a datagram
+/// further ahead than this is [out of range](StreamCounts::out_of_range) (a stranger's, or
+/// garbage) unless the next one agrees with it.
+pub const MAX_GAP: u64 = 1 << 32;
+
+/// What a [`SequenceTracker`] counted. Every datagram of the stream it saw is counted in
+/// exactly one of `received`, `duplicates`, `stale` and `out_of_range`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StreamCounts {
-    /// Datagrams of the stream received.
+    /// Datagrams of the stream counted: each sequence number once (in order, or late
+    /// within [`REORDER_WINDOW`] of the highest).
     pub received: u64,
-    /// Sequence numbers skipped (a later one arrived first) and not made up for by a late
-    /// arrival since: lost in transit, as far as this receiver can tell. Exact when the
-    /// transport does not duplicate datagrams (UD does not); datagrams lost after the last
-    /// one received are not counted here ([`SequenceTracker::missing_through`] counts them).
+    /// Sequence numbers skipped (a later one arrived first) that have not arrived since, in
+    /// every run counted (see `restarts`). Exact for what lies between the first and the
+    /// highest datagram of each run; a skipped number that arrives while it is within
+    /// [`REORDER_WINDOW`] of the highest is taken off again, one that arrives later stays
+    /// lost (that arrival is counted `stale`). Losses after the last datagram received are
+    /// not counted here ([`SequenceTracker::missing_through`] counts them), nor those across
+    /// a restart.
     pub lost: u64,
-    /// Datagrams that arrived after one with a higher sequence number.
+    /// Of `received`, datagrams that arrived after a higher sequence number and filled a
+    /// gap.
     pub reordered: u64,
-    /// The first sequence number received: what a receiver that joined late starts from.
+    /// Arrivals of a sequence number already counted (UD does not duplicate datagrams: a
+    /// replay, or a restarted sender's first datagram).
+    pub duplicates: u64,
+    /// Arrivals too old to match: more than [`REORDER_WINDOW`] below the highest, or below
+    /// the first datagram counted (a late joiner's first datagram overtook them). Not
+    /// counted in `received`.
+    pub stale: u64,
+    /// Arrivals more than [`MAX_GAP`] ahead of the highest that the next datagram did not
+    /// confirm: ignored.
+    pub out_of_range: u64,
+    /// Times counting started over: two consecutive datagrams agreed on a position the
+    /// tracker did not expect (a duplicate, stale or out-of-range datagram, followed within
+    /// [`REORDER_WINDOW`] by a higher one that is not expected either): the sender restarted
+    /// its sequence, or jumped further ahead than [`MAX_GAP`]. The first of the two is then
+    /// counted in `received` instead, `first` and `highest` describe the new run, and
+    /// nothing between the runs is counted lost.
+    pub restarts: u64,
+    /// The first sequence number of the current run: where a receiver that joined late (or
+    /// whose sender restarted) started counting.
     pub first: Option<u64>,
-    /// The highest sequence number received.
+    /// The highest sequence number of the current run.
     pub highest: Option<u64>,
     /// Payloads without a valid sequence header.
     pub malformed: u64,
@@ -79,15 +113,37 @@ pub struct StreamCounts {
     pub foreign: u64,
 }
 
-/// Counts received, lost and reordered datagrams of one stream from their sequence headers.
-/// Counting starts at the first datagram seen, so a receiver that joins a group late counts
-/// nothing before it as lost. Does not allocate.
+/// The run being counted: from `first` to `highest`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    first: u64,
+    highest: u64,
+    /// Bit `i`: `highest - i` was received.
+    seen: u128,
+    /// Sequence numbers from `first` to `highest` not received.
+    missing: u64,
+}
+
+/// Why a datagram did not fit the run (counted, and remembered in case the next one agrees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Odd {
+    Duplicate,
+    Stale,
+    OutOfRange,
+}
+
+/// Counts received, lost, reordered, duplicated and stray datagrams of one stream from their
+/// sequence headers ([`StreamCounts`] says exactly what each counter means). Counting starts
+/// at the first datagram seen, so a receiver that joins a group late counts nothing before
+/// it as lost. One stray datagram (a stranger's, or a replay) cannot upset the counts: it
+/// is counted as what it is and otherwise ignored, unless the next datagram continues from
+/// it, which starts counting over (a restart). Does not allocate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SequenceTracker {
     stream: Option<u32>,
-    /// One past the highest sequence received.
-    expected: Option<u64>,
-    gaps: u64,
+    run: Option<Run>,
+    /// The last datagram, if it did not fit the run.
+    odd: Option<(u64, Odd)>,
     counts: StreamCounts,
 }
 
@@ -96,12 +152,16 @@ impl SequenceTracker {
     pub const fn new() -> Self {
         Self {
             stream: None,
-            expected: None,
-            gaps: 0,
+            run: None,
+            odd: None,
             counts: StreamCounts {
                 received: 0,
                 lost: 0,
                 reordered: 0,
+                duplicates: 0,
+                stale: 0,
+                out_of_range: 0,
+                restarts: 0,
                 first: None,
                 highest: None,
                 malformed: 0,
@@ -120,7 +180,8 @@ impl SequenceTracker {
     /// Reads the sequence header at the start of `payload`, counts the datagram, and
     /// returns the header and the application bytes after it. A payload without a valid
     /// header is counted as malformed and returned as the error; a datagram of another
-    /// stream is returned but only counted as foreign. Does not allocate.
+    /// stream is returned but only counted as foreign. Never panics, whatever the bytes.
+    /// Does not allocate.
     pub fn observe<'a>(
         &mut self,
         payload: &'a [u8],
@@ -136,23 +197,88 @@ impl SequenceTracker {
             self.counts.foreign += 1;
             return Ok((h, rest));
         }
-        let c = &mut self.counts;
-        c.received += 1;
-        let seq = h.sequence;
-        match self.expected {
-            None => {
-                c.first = Some(seq);
-                self.expected = Some(seq.saturating_add(1));
-            }
-            Some(e) if seq >= e => {
-                self.gaps += seq - e;
-                self.expected = Some(seq.saturating_add(1));
-            }
-            Some(_) => c.reordered += 1,
-        }
-        c.highest = Some(c.highest.map_or(seq, |x| x.max(seq)));
-        c.lost = self.gaps.saturating_sub(c.reordered);
+        self.count(h.sequence);
         Ok((h, rest))
+    }
+
+    /// Counts sequence number `seq` of the stream.
+    fn count(&mut self, seq: u64) {
+        let Some(run) = self.run.as_mut() else {
+            self.start(seq);
+            return;
+        };
+        let c = &mut self.counts;
+        let odd = if seq > run.highest {
+            let gap = seq - run.highest - 1;
+            if gap < MAX_GAP {
+                run.seen = if gap + 1 >= 128 {
+                    1
+                } else {
+                    (run.seen << (gap + 1)) | 1
+                };
+                run.highest = seq;
+                run.missing += gap;
+                c.lost = c.lost.saturating_add(gap);
+                c.received += 1;
+                c.highest = Some(seq);
+                self.odd = None;
+                return;
+            }
+            Odd::OutOfRange
+        } else {
+            let back = run.highest - seq;
+            if back >= REORDER_WINDOW || seq < run.first {
+                Odd::Stale
+            } else if run.seen & (1 << back) != 0 {
+                Odd::Duplicate
+            } else {
+                run.seen |= 1 << back;
+                run.missing = run.missing.saturating_sub(1);
+                c.lost = c.lost.saturating_sub(1);
+                c.received += 1;
+                c.reordered += 1;
+                self.odd = None;
+                return;
+            }
+        };
+        match self.odd {
+            Some((p, was)) if seq > p && seq - p <= REORDER_WINDOW => {
+                // The previous odd datagram and this one agree: count from the first of them.
+                let undo = match was {
+                    Odd::Duplicate => &mut self.counts.duplicates,
+                    Odd::Stale => &mut self.counts.stale,
+                    Odd::OutOfRange => &mut self.counts.out_of_range,
+                };
+                *undo -= 1;
+                self.counts.restarts += 1;
+                self.odd = None;
+                self.start(p);
+                // Within the window ahead of the new run's start: counted as in order.
+                self.count(seq);
+            }
+            _ => {
+                let n = match odd {
+                    Odd::Duplicate => &mut self.counts.duplicates,
+                    Odd::Stale => &mut self.counts.stale,
+                    Odd::OutOfRange => &mut self.counts.out_of_range,
+                };
+                *n += 1;
+                self.odd = Some((seq, odd));
+            }
+        }
+    }
+
+    /// Starts a run at `seq`.
+    fn start(&mut self, seq: u64) {
+        self.run = Some(Run {
+            first: seq,
+            highest: seq,
+            seen: 1,
+            missing: 0,
+        });
+        self.counts.received += 1;
+        self.counts.first = Some(seq);
+        self.counts.highest = Some(seq);
     }
 
     /// What it counted.
@@ -160,13 +286,15 @@ impl SequenceTracker {
         self.counts
     }
 
-    /// Datagrams of the stream from the first one received through `last` (a sequence
-    /// number the sender announces, say at the end of a run) that this receiver does not
-    /// have: the losses after the last datagram received included. Assumes no duplicates.
+    /// Sequence numbers of the current run, from its first one through `last` (a sequence
+    /// number the sender announces, say at the end of a run) or the highest received if that
+    /// is higher, that this receiver does not have: the losses after the last datagram
+    /// received included. Takes any `last` (it may come from a peer); 0 before the first
+    /// datagram.
     pub const fn missing_through(&self, last: u64) -> u64 {
-        match self.counts.first {
-            Some(first) if last >= first => (last - first + 1).saturating_sub(self.counts.received),
-            _ => 0,
+        match self.run {
+            Some(r) => r.missing.saturating_add(last.saturating_sub(r.highest)),
+            None => 0,
         }
     }
 }

@@ -186,6 +186,27 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.get_mut(i)
     }
 
+    /// Replaces the queue pair under `rank`'s channel with `swap` and starts the channel
+    /// afresh on it (see [`Channel::renew`]), keeping its position; the lookup by queue-pair
+    /// number follows. `None` if there is no channel to `rank` or it has work in flight.
+    pub(crate) fn renew<E>(
+        &mut self,
+        rank: u32,
+        swap: impl FnOnce(&mut P) -> Result<(), E>,
+    ) -> Option<Result<(), E>> {
+        let i = self.position(rank)?;
+        let c = &mut self.chans[i];
+        let old = c.provider().qp_num();
+        let r = c.renew(swap).ok()?;
+        if r.is_ok() {
+            let new = c.provider().qp_num();
+            self.qpns.remove(old);
+            self.qpns.insert(new, i as u32);
+            self.last[i] = None;
+        }
+        Some(r)
+    }
+
     /// The identities of the channels, in the order given to [`MultiChannel::new`].
     pub(crate) fn ids(&self) -> impl Iterator<Item = usize> + '_ {
         self.chans.iter().map(Channel::id)

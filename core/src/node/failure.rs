@@ -68,8 +68,21 @@ impl Failures {
         self.known
     }
 
+    /// Forgets news about `rank` (readmitted): the failure known, and the alarm if it holds
+    /// news about it. News about another rank stays.
+    pub(crate) fn forget(&mut self, rank: u32) {
+        if self.known.is_some_and(|f| f.rank == rank) {
+            self.known = None;
+        }
+        let word = self.alarm.load();
+        if notice::decode(word).is_some_and(|(f, _)| f.rank == rank) {
+            self.alarm.clear(word);
+        }
+    }
+
     /// The failure in `word`, if it is one about a rank of this world (and, for a notice from
-    /// a peer, about the rank's first life: no rank rejoins in this version).
+    /// a peer, of incarnation 0, the only one written: a readmission forgets the news between
+    /// two rounds in which nobody writes, so no notice of an earlier life can arrive later).
     fn accept(&self, word: u64, local: bool) -> Option<Failure> {
         if word == 0 {
             return None;

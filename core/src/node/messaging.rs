@@ -10,13 +10,7 @@
 //! which names the sender, and each sender holds `slots / (world - 1)` credits.
 //!
 //! # Flow control
-//! A sender holds `slots` credits per receiver. [`Node::post_send_inline`] spends one, or,
-//! with none left, returns [`NodeError::WouldBlock`] at once (nothing was posted; call
-//! `progress` and retry): so in steady state no send ever finds the receiver without a
-//! posted buffer, and no "receiver not ready" retry happens. A receiver returns credits by
-//! writing how many of the peer's messages it has consumed into the peer's flag array (an
-//! 8-byte inline write once half a ring of that peer's messages was consumed since the last
-//! one), and the sender reads that count before each send.
+//! Credits: see [`credits`](super::credits).
 //!
 //! # Cost and fairness
 //! `progress` polls once (one poll of each completion queue the channels share, see
@@ -88,14 +82,13 @@ pub enum Receive {
 /// What [`Node::progress`] delivers.
 #[derive(Debug)]
 pub enum Event<'a> {
-    /// A message arrived from `rank` (a send, with its immediate if it carried one).
+    /// A message arrived from `rank` (a send; its immediate, if any, was the sender's credit
+    /// return and is not handed on).
     Message {
         /// The sender.
         rank: u32,
         /// The payload, valid for the duration of the handler call.
         data: &'a [u8],
-        /// The immediate, if the message carried one.
-        imm: Option<u32>,
     },
     /// `rank` wrote `len` bytes into our memory with an immediate (an RDMA write with
     /// immediate): the bytes are where the peer wrote them; no payload came with this event.
@@ -152,8 +145,13 @@ pub(super) struct Rings<M> {
     pub(super) base: Vec<u64>,
     /// Messages (and writes with immediate) of each peer consumed.
     pub(super) consumed: Vec<u64>,
-    /// The consumed count last written back to each peer.
+    /// The consumed count last told each peer (written back or piggybacked on a message).
     pub(super) reported: Vec<u64>,
+    /// What each peer last told us it consumed of our messages through a message's
+    /// immediate (the flag array holds what it wrote; the sender trusts the larger).
+    pub(super) returned: Vec<u64>,
+    /// Credit returns that needed a write of their own (no message went back in time).
+    pub(super) credit_writes: u64,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
     pub(super) todo: Vec<usize>,
@@ -193,6 +191,8 @@ impl<M: Region> Rings<M> {
             base: multi.channels().map(|c| c.remote_recvs_used()).collect(),
             consumed: vec![0; peers],
             reported: vec![0; peers],
+            returned: vec![0; peers],
+            credit_writes: 0,
             todo: vec![0; peers.max(1)],
             todo_head: 0,
             todo_len: 0,
@@ -349,55 +349,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         })
     }
 
-    /// Messages this node may have in flight to one peer (0 before messaging started).
-    pub fn credits_per_peer(&self) -> usize {
-        self.rings.as_ref().map_or(0, |r| r.credits)
-    }
-
-    /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
-    /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
-    /// Once messaging has started it spends a credit: with none left, or with the send queue
-    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Does not
-    /// allocate.
-    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
-        let p = self
-            .multi
-            .position(rank)
-            .ok_or(NodeError::UnknownRank(rank))?;
-        let credit = self.rings.as_ref().map(|r| (r.base[p], r.credits as u64));
-        let returned = self
-            .flags
-            .load_u64(8 * (self.world as usize + rank as usize))
-            .unwrap_or(0);
-        let chan = self.channel(rank)?;
-        if let Some((base, slots)) = credit {
-            // Every request that consumes one of the peer's ring slots counts, whichever
-            // call posted it (a send or a write with immediate on the channel directly too).
-            let in_flight = chan
-                .remote_recvs_used()
-                .saturating_sub(base)
-                .saturating_sub(returned);
-            if in_flight >= slots {
-                return Err(NodeError::WouldBlock { rank });
-            }
-        }
-        if !chan.send_room(1) {
-            return match chan.failure() {
-                Some(error) => Err(NodeError::Channel { rank, error }),
-                None => Err(NodeError::WouldBlock { rank }),
-            };
-        }
-        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
-        // wait to cover it.
-        chan.post_inline_flags(
-            crate::wr::Opcode::Send,
-            data,
-            crate::sge::RemoteMemory::default(),
-            crate::wr::SendFlags::SIGNALED,
-        )
-        .map_err(|error| NodeError::Channel { rank, error })
-    }
-
     /// Polls the peers, starting where the last call stopped, and hands up to `budget`
     /// events to `handler`; returns how many it handed. Received buffers are re-posted right
     /// after their handler call (or, if the handler panicked, at the start of the next
@@ -513,7 +464,7 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
             0
         };
         handed += n;
-        credit_back(multi, rings, peer_flags, (me, world), p);
+        super::credits::credit_back(multi, rings, peer_flags, (me, world), p);
         if (left > 0 && n >= left) || (left == 0 && has_events(multi, rings, p)) {
             rings.push_todo(p);
         }
@@ -593,7 +544,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
             Ok(info) => {
                 rings.consumed[p] += 1;
                 rings.repost = Some((p, i));
-                deliver(rings, rank, p * rings.slots + i, info, handler);
+                deliver(rings, p, p * rings.slots + i, info, handler);
                 handed += 1;
                 // On failure `repost` keeps the slot for the next call.
                 post_slot(multi, rings, p, i)?;
@@ -612,14 +563,16 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     Ok(handed)
 }
 
-/// Hands slot `slot` of the region (whose receive completed with `info`) to the handler.
+/// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to
+/// the handler, after taking the credit return a message's immediate carries.
 pub(super) fn deliver<M: Region>(
-    rings: &Rings<M>,
-    rank: u32,
+    rings: &mut Rings<M>,
+    p: usize,
     slot: usize,
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
 ) {
+    let rank = rings.ranks[p];
     if info.written {
         handler(Event::Written {
             rank,
@@ -628,56 +581,15 @@ pub(super) fn deliver<M: Region>(
         });
         return;
     }
+    if let Some(imm) = info.imm {
+        super::credits::credit_in(&mut rings.returned[p], imm);
+    }
     let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
     // SAFETY: this slot's receive completed and it is not re-posted until after the handler
     // returns; the region grants no remote write access (checked when messaging started).
     let data = unsafe { rings.region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
-    handler(Event::Message {
-        rank,
-        data,
-        imm: info.imm,
-    });
-}
-
-/// Writes peer `p`'s consumed count into its flag array if it changed: the credit return.
-fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
-    multi: &mut MultiChannel<P, B>,
-    rings: &mut Rings<M>,
-    peer_flags: &[crate::sge::RemoteMemory],
-    (me, world): (u32, u32),
-    p: usize,
-) {
-    let consumed = rings.consumed[p];
-    // Half the credits at a time: a sender that ran out of credits has all of them in
-    // flight, so they come back after at most half of them were consumed.
-    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
-        return;
-    }
-    let rank = rings.ranks[p];
-    let Some(slot) = peer_flags
-        .get(rank as usize)
-        .and_then(|f| f.slice(8 * (u64::from(world) + u64::from(me)), 8))
-    else {
-        return;
-    };
-    let Some(chan) = multi.by_index(p) else {
-        return;
-    };
-    // Credits never need to wait: a full send queue defers the return to the next call,
-    // and a failure shows up as the channel's `Failed` event.
-    if chan.send_room(1)
-        && chan
-            .post_inline_flags(
-                crate::wr::Opcode::Write,
-                &consumed.to_le_bytes(),
-                slot,
-                crate::wr::SendFlags::SIGNALED,
-            )
-            .is_ok()
-    {
-        rings.reported[p] = consumed;
-    }
+    handler(Event::Message { rank, data });
 }
 
 fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(

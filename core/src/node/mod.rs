@@ -24,19 +24,35 @@
 //! [`Node::failure_alarm`]. Every barrier and [`Node::progress_until`] checks for news on each
 //! poll, so every survivor's error names the rank that failed ([`NodeError::PeerFailed`],
 //! [`BarrierError::PeerFailed`]) rather than a live rank it happened to wait for.
+//!
+//! # When a rank rejoins
+//! A rank that failed can be started again with the same configuration (a new process, new
+//! queue pairs, new memory) and readmitted while the others keep their nodes: every survivor
+//! calls [`Node::readmit_begin`], the survivors and the new process exchange fresh endpoints
+//! out of band, every survivor calls [`Node::readmit_finish`] with its new queue pair to the
+//! new process, and after a second out-of-band round barriers run over all ranks again, every
+//! count starting from zero (the steps and why they are needed: `node/readmit.rs`). On a device
+//! `rverbs-bootstrap`'s `Connected::readmit` and `rejoin` do all of it; on the software model,
+//! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
+//! readmit ([`ReadmitError`] says why).
 
+mod credits;
 mod failure;
 mod messaging;
 mod pool;
+mod readmit;
 mod soft;
 #[cfg(feature = "verbs")]
 mod verbs;
 mod wakeups;
 
 pub use messaging::{Event, Receive};
-pub use soft::{soft_world, soft_world_bytes, soft_world_receiving, SoftNode};
+pub use readmit::ReadmitError;
+pub use soft::{
+    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_receiving, SoftNode,
+};
 #[cfg(feature = "verbs")]
-pub use verbs::{NodeConfig, PreparedNode, VerbsNode, VerbsQp};
+pub use verbs::{NodeConfig, PreparedNode, ReadmitQp, VerbsNode, VerbsQp};
 
 use alloc::vec::Vec;
 use core::fmt;
@@ -154,6 +170,13 @@ pub enum NodeError {
     },
     /// A rank failed (see [the module docs](self#when-a-rank-fails)); names the failed rank.
     PeerFailed(crate::failure::Failure),
+    /// A rank cannot be readmitted (see [the module docs](self#when-a-rank-rejoins)).
+    Readmit {
+        /// The rank to readmit.
+        rank: u32,
+        /// Why not.
+        error: ReadmitError,
+    },
 }
 
 impl fmt::Display for NodeError {
@@ -192,6 +215,7 @@ impl fmt::Display for NodeError {
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
             Self::PeerFailed(failure) => write!(f, "{failure}"),
+            Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),
         }
     }
 }
@@ -252,6 +276,8 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     wakeup: Option<alloc::sync::Arc<dyn crate::poll::Wakeup>>,
     barrier: BarrierState,
     failures: failure::Failures,
+    /// The rank between [`Node::readmit_begin`] and [`Node::readmit_finish`].
+    readmitting: Option<u32>,
     probe_grace: Duration,
     all: Vec<u32>,
     backoff: B,
@@ -471,6 +497,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             wakeup: None,
             barrier: BarrierState::new(rank, world),
             failures: failure::Failures::new(rank, world),
+            readmitting: None,
             probe_grace: DEFAULT_PROBE_GRACE,
             all: (0..world).collect(),
             backoff,
@@ -550,8 +577,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// The failure this node knows of: one it saw, one a peer wrote into its notice slot, or
-    /// one raised on its [alarm](Node::failure_alarm). Sticky: ranks cannot rejoin a running
-    /// world yet, so recovery means new nodes for every rank.
+    /// one raised on its [alarm](Node::failure_alarm). Sticky until the failed rank is
+    /// [readmitted](self#when-a-rank-rejoins) (or every rank builds a new node).
     /// Two 8-byte loads when nothing is known; does not allocate.
     ///
     /// Waits of the node check it on their own; call it from loops of your own (a spin on

@@ -240,7 +240,7 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
                 imm: c.imm,
                 written: c.kind == CompletionKind::RecvWriteImm,
             };
-            deliver(rings, rings.ranks[p], i, info, handler);
+            deliver(rings, p, i, info, handler);
             handed = 1;
             rings.push_todo(p);
         }

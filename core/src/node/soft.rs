@@ -3,6 +3,7 @@
 //! thread, and under Miri. Each node gets one send and one receive completion queue shared
 //! by its queue pairs, as on a device, and optionally one shared receive queue.
 
+use alloc::vec;
 use alloc::vec::Vec;
 
 use super::{flags_len, Node, NodeError, NodeParts, Receive};
@@ -182,4 +183,138 @@ pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
         })?);
     }
     Ok(nodes)
+}
+
+/// Bytes of memory [`soft_rejoin`] needs for one node of a world of `world` ranks with a
+/// window of `window_len`.
+pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
+    let w = window_len.next_multiple_of(8);
+    flags_len(world) + if w == 0 { 8 } else { w } + 8
+}
+
+/// Readmits rank `rank` of a soft world after [`SoftNet::kill`]: every survivor in
+/// `survivors` (every other rank of the world, in any order) takes step one
+/// ([`Node::readmit_begin`]); the net gives the rank a new life ([`SoftNet::restart`]); a new
+/// node for it is built (flag array and window carved out of `arena`, at least
+/// [`soft_rejoin_bytes`] long, its channels with `cfg`, `backoff` and `clock`) and connected
+/// to every survivor; every survivor takes step two ([`Node::readmit_finish`]) with its end of
+/// the new connection. Returns the new node: barriers run over all ranks again. One thread
+/// plays every rank, so the out-of-band rounds a real world needs are the order of these
+/// steps. Allocates (setup).
+///
+/// ```
+/// use rverbs_core::barrier::BarrierAlgorithm;
+/// use rverbs_core::channel::ChannelConfig;
+/// use rverbs_core::node::{soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes};
+/// use rverbs_core::params::QpCaps;
+/// use rverbs_core::poll::{Spin, StepClock};
+/// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+///
+/// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+/// let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
+///                     max_inline_data: 64 };
+/// let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+/// let mut again = vec![0u8; soft_rejoin_bytes(3, 64)];
+/// let net = SoftNet::new(SoftNetConfig::new(3, caps));
+/// let alg = BarrierAlgorithm::Dissemination;
+/// let cfg = ChannelConfig::default();
+/// let mut nodes = soft_world(&net, &mut arena, 64, cfg, alg, Spin, &CLOCK).unwrap();
+/// // Rank 1's process dies; the others learn of it (here: from a failed barrier).
+/// net.kill(1);
+/// drop(nodes.remove(1));
+/// let reborn = soft_rejoin(&net, 1, &mut again, 64, cfg, (alg, Spin, &CLOCK), &mut nodes)
+///     .unwrap();
+/// nodes.insert(1, reborn);
+/// // Counts start again from zero on every rank: barriers over all three work.
+/// for n in nodes.iter_mut() {
+///     n.barrier_start(&&CLOCK, core::time::Duration::from_secs(1)).unwrap();
+/// }
+/// while !nodes.iter_mut().all(|n| n.barrier_poll(&&CLOCK).unwrap()) {}
+/// ```
+pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
+    net: &'n SoftNet<'m>,
+    rank: u32,
+    arena: &'m mut [u8],
+    window_len: usize,
+    cfg: ChannelConfig,
+    (algorithm, backoff, clock): (BarrierAlgorithm, B, StaticClock),
+    survivors: &mut [SoftNode<'n, B>],
+) -> Result<SoftNode<'n, B>, NodeError> {
+    let world = net.nodes();
+    let bad = |what| NodeError::InvalidArgument { what };
+    if rank >= world {
+        return Err(NodeError::InvalidWorld { rank, world });
+    }
+    if survivors.len() != world as usize - 1
+        || survivors
+            .iter()
+            .any(|n| n.rank() == rank || n.world_size() != world)
+    {
+        return Err(bad("soft_rejoin needs every other rank of the world"));
+    }
+    if arena.len() < soft_rejoin_bytes(world, window_len) {
+        return Err(bad(
+            "the arena is smaller than soft_rejoin_bytes(world, window_len)",
+        ));
+    }
+    if !net.is_dead(rank) {
+        return Err(bad("soft_rejoin readmits a rank the net killed"));
+    }
+    for s in survivors.iter_mut() {
+        s.readmit_begin(rank)?;
+    }
+    if !net.restart(rank) {
+        return Err(bad("the net did not restart the rank"));
+    }
+    let skip = arena.as_ptr().align_offset(8).min(8);
+    let (f, w) = arena[skip..].split_at_mut(flags_len(world));
+    let w = &mut w[..window_len.next_multiple_of(8).max(8)];
+    let reg = |buf, access| {
+        net.register(rank, buf, access)
+            .map_err(|_| bad("soft register"))
+    };
+    let flags = reg(f, super::FLAG_ACCESS)?;
+    let window = reg(
+        w,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+    )?;
+    let (Some(s), Some(rc)) = (net.send_cq(rank), net.recv_cq(rank)) else {
+        return Err(bad("the net's completion queues were taken already"));
+    };
+    let shared = SharedCqs::new(s, rc, world as usize - 1);
+    let mut peer_flags = vec![RemoteMemory::default(); world as usize];
+    let mut peer_windows = vec![RemoteMemory::default(); world as usize];
+    let mut channels = Vec::with_capacity(world as usize - 1);
+    let mut theirs = Vec::with_capacity(survivors.len());
+    for s in survivors.iter() {
+        let peer = s.rank();
+        let (mine, other) = net
+            .connect(rank, peer)
+            .ok_or(bad("the net refused a connection"))?;
+        let routed = shared
+            .add(mine)
+            .map_err(|_| bad("the shared completion queues refused a queue pair"))?;
+        let mut c = cfg;
+        c.peer = Some(peer);
+        channels.push(Channel::with_backoff(routed, c, backoff.clone(), clock));
+        peer_flags[peer as usize] = s.flags_remote();
+        peer_windows[peer as usize] = s.window().remote();
+        theirs.push(other);
+    }
+    let (my_flags, my_window) = (flags.remote(), window.remote());
+    let node = Node::from_parts(NodeParts {
+        rank,
+        world,
+        channels,
+        flags,
+        window,
+        peer_flags,
+        peer_windows,
+        algorithm,
+        backoff,
+    })?;
+    for (s, qp) in survivors.iter_mut().zip(theirs) {
+        s.readmit_finish(rank, qp, my_flags, my_window)?;
+    }
+    Ok(node)
 }

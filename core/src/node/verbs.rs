@@ -20,7 +20,9 @@ use crate::provider::shared::{RoutedQp, SharedCqs};
 use crate::sge::RemoteMemory;
 use crate::verbs::mr::OwnedRegion;
 use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, Srq, VerbsError};
-use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError};
+use crate::wire::node::{node_blob_len, NodeBlob, NodeBlobError, ADDRESSED_BLOB_LEN};
+
+use super::ReadmitError;
 
 /// A node on a device: verbs queue pairs on two completion queues the node shares, page
 /// memory registered on its protection domain.
@@ -294,10 +296,91 @@ impl<B: Backoff + Clone> PreparedNode<B> {
     }
 }
 
+/// A queue pair made for a rank being readmitted, waiting for the new process's endpoint
+/// ([`VerbsNode::readmit_prepare`], [`VerbsNode::readmit_connect`]).
+#[derive(Debug)]
+pub struct ReadmitQp {
+    rank: u32,
+    qp: PreparedQp,
+}
+
+impl ReadmitQp {
+    /// The rank it is for.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+}
+
 impl<B: Backoff + Clone> VerbsNode<B> {
     /// The protection domain (register more memory with it).
     pub fn pd(&self) -> &Pd {
         self.window.pd()
+    }
+
+    /// Step one of readmitting `rank` on a device ([`Node::readmit_begin`], see
+    /// [the module docs](super#when-a-rank-rejoins)), then a new queue pair for the new
+    /// process, made with `qp` (the settings every queue pair of this node was made with) on
+    /// the node's protection domain and completion queues. Returns it and the bytes to send
+    /// the new process: this node's endpoint for it, flag array and window (the addressed
+    /// form of [`crate::wire::node`], which [`PreparedNode::handshake`] takes).
+    pub fn readmit_prepare(
+        &mut self,
+        rank: u32,
+        qp: &QpConfig,
+    ) -> Result<(ReadmitQp, [u8; ADDRESSED_BLOB_LEN]), NodeError> {
+        self.readmit_begin(rank)?;
+        let mut cfg = *qp;
+        // Barrier notifications and credit returns are 8-byte inline writes.
+        cfg.max_inline_data = cfg.max_inline_data.max(8);
+        let pd = self.window.pd();
+        let made = self
+            .multi
+            .channel(rank)
+            .map_err(|_| NodeError::UnknownRank(rank))?
+            .provider()
+            .with_cqs(|send, recv| pd.create_rc_qp(send, recv, &cfg))
+            .ok_or(NodeError::Readmit {
+                rank,
+                error: ReadmitError::QueuePair(crate::provider::shared::SharedCqError::Busy),
+            })??;
+        let blob = NodeBlob::encode_addressed(
+            self.rank,
+            self.world,
+            rank,
+            made.endpoint(),
+            self.flags.remote(),
+            self.window.remote(),
+        )
+        .map_err(|error| NodeError::Blob { rank, error })?;
+        Ok((ReadmitQp { rank, qp: made }, blob))
+    }
+
+    /// Step two of readmitting a rank on a device: connects `prepared` to the endpoint the
+    /// new process made for this rank in `blob` (its node blob, full or addressed to this
+    /// rank), then [`Node::readmit_finish`]. Call it once every other survivor took step one
+    /// (the exchange of blobs is that round); start no barrier before every rank took step
+    /// two.
+    pub fn readmit_connect(&mut self, prepared: ReadmitQp, blob: &[u8]) -> Result<(), NodeError> {
+        let rank = prepared.rank;
+        let blob_error = |error| NodeError::Blob { rank, error };
+        let d = NodeBlob::decode(blob).map_err(blob_error)?;
+        if d.world != self.world {
+            return Err(blob_error(NodeBlobError::WorldMismatch {
+                expected: self.world,
+                got: d.world,
+            }));
+        }
+        if d.rank != rank {
+            return Err(blob_error(NodeBlobError::BadRank(d.rank)));
+        }
+        let ep = d
+            .endpoint_for(self.rank)
+            .ok_or(blob_error(NodeBlobError::BadAddressee(self.rank)))?;
+        let qp = prepared
+            .qp
+            .handshake(&ep)
+            .map_err(|error| NodeError::Connect { rank, error })?;
+        self.readmit_finish(rank, qp, d.flags, d.window)
     }
 
     /// Starts messaging with a ring of `slots` receive buffers of `slot_size` bytes per

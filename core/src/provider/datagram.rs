@@ -58,6 +58,15 @@ pub trait DatagramProvider {
     /// The address of `to`, to send to. Setup: may allocate (an address handle); keep it.
     fn address(&mut self, to: Destination) -> Result<Self::Address, ProviderError>;
 
+    /// Whether this queue pair may send with `address` (made by another provider, say): on a
+    /// device, whether the address handle belongs to the queue pair's protection domain. The
+    /// default takes every address (the model's are plain values). Does not allocate.
+    #[inline]
+    fn owns(&self, address: &Self::Address) -> bool {
+        let _ = address;
+        true
+    }
+
     /// Posts the sends as one chain (one doorbell). At most
     /// [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
     ///

@@ -57,7 +57,7 @@ use crate::memory::{AccessFlags, VolatileBytes};
 use crate::params::QpCaps;
 use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
-use crate::verbs::cq::poll_completions;
+use crate::verbs::cq::{poll_completions, POLL_BATCH};
 use crate::verbs::ffi::sys;
 use crate::verbs::qp::{post_recv_chain, post_send_chain, SendChain};
 use crate::verbs::VerbsError;
@@ -307,6 +307,7 @@ impl InstantDevice {
         raw.cq_context = ring.get().cast::<c_void>();
         raw.cqe = capacity as c_int;
         InstantCq {
+            wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
             inner: Rc::new(CqInner {
                 raw: Box::new(UnsafeCell::new(raw)),
                 _ring: ring,
@@ -378,6 +379,8 @@ struct CqInner {
 /// A completion queue of the instant device (poll it through [`CompletionQueue`]).
 pub struct InstantCq {
     inner: Rc<CqInner>,
+    /// Where polls put work completions (initialised once, as a device queue's).
+    wc: Box<[sys::ibv_wc; POLL_BATCH]>,
 }
 
 impl fmt::Debug for InstantCq {
@@ -411,7 +414,7 @@ impl CompletionQueue for InstantCq {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         // SAFETY: the CQ lives as long as this handle, and `&mut self` makes this the only
         // poller.
-        unsafe { poll_completions(self.raw(), out) }.map_err(call_error)
+        unsafe { poll_completions(self.raw(), &mut self.wc, out) }.map_err(call_error)
     }
 
     fn capacity(&self) -> u32 {

@@ -91,20 +91,56 @@ impl QpTable {
         false
     }
 
+    /// Removes `qpn`; its value, or `None` if it was not there. Entries after it in its
+    /// probe run move back (no tombstones), so lookups stay as short as before.
+    pub(crate) fn remove(&mut self, qpn: u32) -> Option<u32> {
+        let mut hole = self.slot_of(qpn)?;
+        let val = self.vals[hole];
+        let mut j = hole;
+        loop {
+            j = (j + 1) & self.mask;
+            let key = self.keys[j];
+            if key == EMPTY_KEY {
+                break;
+            }
+            // An entry whose home lies cyclically in (hole, j] is still reachable; any
+            // other one would be cut off by the hole and moves into it.
+            let home = self.home(key);
+            let reachable = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !reachable {
+                self.keys[hole] = key;
+                self.vals[hole] = self.vals[j];
+                hole = j;
+            }
+        }
+        self.keys[hole] = EMPTY_KEY;
+        Some(val)
+    }
+
+    /// Where `qpn` is stored.
     #[inline]
-    pub(crate) fn get(&self, qpn: u32) -> Option<u32> {
+    fn slot_of(&self, qpn: u32) -> Option<usize> {
         if qpn == EMPTY_KEY {
             return None;
         }
         let mut i = self.home(qpn);
         for _ in 0..=self.mask {
             match self.keys[i] {
-                k if k == qpn => return Some(self.vals[i]),
+                k if k == qpn => return Some(i),
                 EMPTY_KEY => return None,
                 _ => i = (i + 1) & self.mask,
             }
         }
         None
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, qpn: u32) -> Option<u32> {
+        self.slot_of(qpn).map(|i| self.vals[i])
     }
 }
 
@@ -134,6 +170,11 @@ impl<T: Copy> Ring<T> {
         self.buf[at] = c;
         self.len += 1;
         true
+    }
+
+    fn clear(&mut self) {
+        self.head = 0;
+        self.len = 0;
     }
 
     fn pop(&mut self) -> Option<T> {
@@ -359,6 +400,8 @@ pub enum SharedCqError {
     /// Queues built [`with_srq`](SharedCqs::with_srq) take only queue pairs on a shared
     /// receive queue no deeper than they were built for.
     NotOnTheSrq,
+    /// Another thread was polling the shared queues at that moment; nothing was changed.
+    Busy,
 }
 
 impl fmt::Display for SharedCqError {
@@ -373,6 +416,7 @@ impl fmt::Display for SharedCqError {
             Self::NotOnTheSrq => f.write_str(
                 "the queue pair is not on a shared receive queue these completion queues were built for",
             ),
+            Self::Busy => f.write_str("another thread was polling the shared completion queues"),
         }
     }
 }
@@ -515,6 +559,76 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
     pub fn qp(&self) -> &Q {
         &self.qp
     }
+
+    /// Lends `f` the two shared completion queues (send, receive), to create another queue
+    /// pair on them (see [`RoutedQp::replace_qp`]). `None` if another thread was polling them
+    /// at that moment.
+    pub fn with_cqs<T>(&self, f: impl FnOnce(&C, &C) -> T) -> Option<T> {
+        self.shared.with(|st| f(&st.send_cq, &st.recv_cq))
+    }
+
+    /// Puts `qp` (its queues completing into these completion queues) in the place of the
+    /// queue pair routed here, and returns the old one: the slot, its mailboxes and its
+    /// share of the queues stay, its queue-pair number changes. `qp`'s caps are clamped to
+    /// the slot's share. For a peer that restarted: see
+    /// [`Node::readmit_finish`](crate::node::Node::readmit_finish).
+    ///
+    /// The old queue pair must have nothing in flight (everything it posted completed and
+    /// polled, or flushed and drained): its completions still waiting here are dropped, and
+    /// any that arrive later are no longer routed to anyone. Allocates nothing.
+    pub fn replace_qp(&mut self, qp: Q) -> Result<Q, (Q, SharedCqError)> {
+        let (slot, new) = (self.slot, qp.qp_num());
+        let mut caps = qp.caps();
+        let r = self.shared.with(|st| {
+            let pooled = st.pool.is_some();
+            let srq = qp.srq_capacity() as usize;
+            if st
+                .pool
+                .as_ref()
+                .is_some_and(|(p, _)| srq == 0 || srq > p.buf.len())
+            {
+                return Err(SharedCqError::NotOnTheSrq);
+            }
+            if st.table.get(new).is_some() {
+                return Err(SharedCqError::DuplicateQpNum(new));
+            }
+            let s = &st.slots[slot];
+            // The mailboxes were sized for the old queue pair's share: the new one gets no
+            // more (one send entry stays for a flush's drain request).
+            caps.max_send_wr = caps
+                .max_send_wr
+                .min((s.send.buf.len() as u32).saturating_sub(1));
+            caps.max_recv_wr = if pooled {
+                0
+            } else {
+                caps.max_recv_wr.min(s.recv.buf.len() as u32)
+            };
+            if caps.max_send_wr < 2 || (caps.max_recv_wr < 1 && !pooled) {
+                return Err(SharedCqError::TooSmall {
+                    needed: 3,
+                    capacity: s.send.buf.len().min(s.recv.buf.len()) as u32,
+                });
+            }
+            let old = s.qp_num;
+            st.table.remove(old);
+            // The old number is gone and the new one was not there: there is room.
+            st.table.insert(new, slot as u32);
+            let s = &mut st.slots[slot];
+            s.qp_num = new;
+            s.send.clear();
+            s.recv.clear();
+            s.overflowed = false;
+            Ok(())
+        });
+        match r {
+            Some(Ok(())) => {
+                self.caps = caps;
+                Ok(core::mem::replace(&mut self.qp, qp))
+            }
+            Some(Err(e)) => Err((qp, e)),
+            None => Err((qp, SharedCqError::Busy)),
+        }
+    }
 }
 
 impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
@@ -616,5 +730,27 @@ mod tests {
         // The empty marker is never a key.
         assert!(!t.insert(u32::MAX, 1));
         assert_eq!(t.get(u32::MAX), None);
+    }
+
+    #[test]
+    fn removing_keeps_every_other_number_reachable() {
+        let mut t = QpTable::new(64);
+        // Colliding numbers build long probe runs that wrap around the table's end.
+        let n: [u32; 64] = core::array::from_fn(|i| 0x11 + i as u32 * 4096);
+        for (i, &q) in n.iter().enumerate() {
+            assert!(t.insert(q, i as u32));
+        }
+        for (k, &gone) in n.iter().enumerate().filter(|(k, _)| k % 3 == 1) {
+            assert_eq!(t.remove(gone), Some(k as u32));
+            assert_eq!(t.remove(gone), None);
+        }
+        for (i, &q) in n.iter().enumerate() {
+            let want = (i % 3 != 1).then_some(i as u32);
+            assert_eq!(t.get(q), want, "number {q:#x}");
+        }
+        // A removed number can come back, with another value.
+        assert!(t.insert(n[1], 99));
+        assert_eq!(t.get(n[1]), Some(99));
+        assert_eq!(t.remove(0x12), None);
     }
 }

@@ -70,6 +70,33 @@ impl PreparedVerbs {
     }
 }
 
+/// For the connection manager ([`crate::cm`]), which brings the queue pair up itself.
+#[cfg(feature = "rdmacm")]
+impl PreparedVerbs {
+    /// The queue pair, waiting in INIT.
+    pub(crate) fn qp(&self) -> &PreparedQp {
+        &self.qp
+    }
+
+    /// The queue pair, to set attributes of INIT.
+    pub(crate) fn qp_mut(&mut self) -> &mut PreparedQp {
+        &mut self.qp
+    }
+
+    /// Connects the queue pair with `bring_up` and keeps its completion queues.
+    pub(crate) fn connect_with(
+        self,
+        bring_up: impl FnOnce(PreparedQp) -> Result<Qp, VerbsError>,
+    ) -> Result<VerbsProvider, VerbsError> {
+        Ok(VerbsProvider {
+            qp: bring_up(self.qp)?,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            events: self.events,
+        })
+    }
+}
+
 /// A connected RC queue pair as a [`Provider`], with the two completion queues it owns.
 #[derive(Debug)]
 pub struct VerbsProvider {

@@ -3,7 +3,9 @@
 //! Addresses are [`AddressHandle`]s: by GID from the queue pair's route (RoCE, or
 //! InfiniBand across subnets), or by LID. Joining a multicast group attaches the queue pair
 //! (`ibv_attach_mcast`) and, for an IPv4 group on a RoCE v2 port with an IPv4 address, makes
-//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why).
+//! the IP layer a member too ([`IpMembership`]; see [`crate::verbs::mcast`] for why). An
+//! IPv4 group on a route whose GID is not IPv4-mapped is refused (`EAFNOSUPPORT`): nothing
+//! sent to it would arrive.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn core::error::Error>> {
@@ -44,6 +46,7 @@ use crate::verbs::{
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
 
 const EINVAL: i32 = 22;
+const EAFNOSUPPORT: i32 = 97;
 
 /// The verb and errno of a device-layer failure; a failure that is not a verb's keeps
 /// `fallback` as the verb and `EINVAL`.
@@ -57,19 +60,29 @@ fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
     }
 }
 
-/// One group this queue pair is attached to, and the IP membership that goes with it.
+/// One group this queue pair is attached to, and the membership that goes with it.
 #[derive(Debug)]
 struct Joined {
     group: Gid,
+    /// The GID and LID the queue pair is attached to (the group's own on RoCE).
+    attached: (Gid, u16),
     _ip: Option<IpMembership>,
+    /// Joined through the connection manager: the group's address and the attributes to
+    /// send to it with.
+    #[cfg(feature = "rdmacm")]
+    cm: Option<(core::net::IpAddr, AhAttr)>,
 }
 
 /// A datagram queue pair and the two completion queues it owns, as a [`DatagramProvider`].
 #[derive(Debug)]
 pub struct VerbsDatagram {
-    // Field order is drop order: the IP memberships and the queue pair go before the CQs.
+    // Field order is drop order: the IP memberships, then the queue pair (which detaches
+    // from its groups before it is destroyed), then the connection manager's identifier
+    // (whose memberships end with it), then the CQs.
     groups: Vec<Joined>,
     qp: UdQp,
+    #[cfg(feature = "rdmacm")]
+    cm: Option<crate::cm::multicast::CmGroups>,
     send_cq: Cq,
     recv_cq: Cq,
 }
@@ -82,9 +95,73 @@ impl VerbsDatagram {
         Ok(Self {
             groups: Vec::new(),
             qp: pd.create_ud_qp(&send_cq, &recv_cq, cfg)?,
+            #[cfg(feature = "rdmacm")]
+            cm: None,
             send_cq,
             recv_cq,
         })
+    }
+
+    /// From now on, joins and leaves go through the RDMA connection manager (feature
+    /// `rdmacm`): `rdma_join_multicast` from the queue pair's own address (the IP address
+    /// its GID maps to), waiting at most `timeout` on `clock` for the answer; then the queue
+    /// pair is attached to the group the answer names, and sends to the group use the
+    /// answer's address attributes (on InfiniBand, the group's LID from the subnet
+    /// administrator). The IP-layer membership RoCE v2 needs is the connection manager's
+    /// business then. The group's Q_Key must be the queue pair's (the connection manager's
+    /// is [`crate::verbs::DEFAULT_QKEY`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn core::error::Error>> {
+    /// use core::time::Duration;
+    /// use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
+    /// use rverbs_core::memory::PageMemory;
+    /// use rverbs_core::provider::datagram::DatagramProvider;
+    /// use rverbs_core::provider::verbs_ud::VerbsDatagram;
+    /// use rverbs_core::verbs::{open_device, AccessFlags, UdConfig};
+    /// # use rverbs_core::poll::{Clock, Instant};
+    /// # struct Monotonic;
+    /// # impl Clock for Monotonic { fn now(&self) -> Instant { Instant::from_nanos(0) } }
+    /// # static MONOTONIC: Monotonic = Monotonic;
+    /// let ctx = open_device("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let qp = VerbsDatagram::new(&ctx, &pd, &UdConfig::default())?
+    ///     .joining_through_cm(Duration::from_secs(5), &MONOTONIC)?;
+    /// let cfg = DatagramConfig::default();
+    /// let mem = PageMemory::zeroed(memory_needed(qp.mtu(), &cfg)).ok_or("no memory")?;
+    /// let mem = pd.register_shared(mem, AccessFlags::LOCAL_WRITE)?;
+    /// let mut ep = Datagram::new(qp, mem, cfg, &MONOTONIC)?;
+    /// ep.join(Group::ipv4([239, 1, 2, 3]).ok_or("not a group")?)?; // rdma_join_multicast
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "rdmacm")]
+    pub fn joining_through_cm(
+        mut self,
+        timeout: core::time::Duration,
+        clock: crate::poll::StaticClock,
+    ) -> Result<Self, crate::cm::CmError> {
+        let gid = self.qp.route().gid;
+        let local = match gid.ipv4() {
+            Some(v4) => core::net::IpAddr::from(v4),
+            None => core::net::IpAddr::from(gid.0),
+        };
+        self.cm = Some(crate::cm::multicast::CmGroups::bind(
+            self.qp.pd(),
+            self.qp.port(),
+            local,
+            timeout,
+            clock,
+        )?);
+        Ok(self)
+    }
+
+    /// What joining `group` through the connection manager gave, if it was joined that way.
+    #[cfg(feature = "rdmacm")]
+    pub fn cm_join(&self, group: Gid) -> Option<AhAttr> {
+        self.groups
+            .iter()
+            .find(|j| j.group == group)
+            .and_then(|j| j.cm.map(|(_, ah)| ah))
     }
 
     /// The queue pair.
@@ -138,13 +215,22 @@ impl DatagramProvider for VerbsDatagram {
     fn address(&mut self, to: Destination) -> Result<AddressHandle, ProviderError> {
         let port = self.qp.port();
         let attr = match to {
-            Destination::Gid(g) => AhAttr::global(port, g, self.qp.route().gid_index),
+            Destination::Gid(g) => self
+                .joined_attr(g)
+                .unwrap_or_else(|| AhAttr::global(port, g, self.qp.route().gid_index)),
             Destination::Lid(l) => AhAttr::lid(port, l),
         };
         self.qp
             .pd()
             .create_ah(&attr)
             .map_err(|e| provider_error(e, Verb::CreateAh))
+    }
+
+    /// Whether the address handle was made on this queue pair's protection domain (one
+    /// pointer compare).
+    #[inline]
+    fn owns(&self, address: &AddressHandle) -> bool {
+        address.pd_raw() == self.qp.pd().as_raw()
     }
 
     #[inline]
@@ -190,18 +276,36 @@ impl DatagramProvider for VerbsDatagram {
         if !group.is_multicast() || self.groups.iter().any(|j| j.group == group) {
             return Err(refuse);
         }
+        #[cfg(feature = "rdmacm")]
+        if self.cm.is_some() {
+            return self.join_through_cm(group);
+        }
         // The IP layer first: if it refuses, nothing is attached.
         let ip = match (group.ipv4(), self.gid().ipv4()) {
             (Some(g), Some(local)) => Some(
                 IpMembership::join(g, local)
                     .map_err(|e| provider_error(e, Verb::IpAddMembership))?,
             ),
+            // An IPv4 group's datagrams are IPv4 packets (RoCE v2): a queue pair sending and
+            // receiving on another route (IPv6, RoCE v1, InfiniBand) would get none of them.
+            (Some(_), None) => {
+                return Err(ProviderError {
+                    verb: Verb::AttachMcast,
+                    errno: EAFNOSUPPORT,
+                })
+            }
             _ => None,
         };
         self.qp
             .attach_mcast(&group, 0)
             .map_err(|e| provider_error(e, Verb::AttachMcast))?;
-        self.groups.push(Joined { group, _ip: ip });
+        self.groups.push(Joined {
+            group,
+            attached: (group, 0),
+            _ip: ip,
+            #[cfg(feature = "rdmacm")]
+            cm: None,
+        });
         Ok(())
     }
 
@@ -212,11 +316,75 @@ impl DatagramProvider for VerbsDatagram {
                 errno: EINVAL,
             });
         };
+        let (gid, lid) = self.groups[i].attached;
         self.qp
-            .detach_mcast(&group, 0)
+            .detach_mcast(&gid, lid)
             .map_err(|e| provider_error(e, Verb::DetachMcast))?;
         // Dropping the membership ends the IP layer's too.
-        self.groups.swap_remove(i);
+        let left = self.groups.swap_remove(i);
+        #[cfg(feature = "rdmacm")]
+        if let (Some(cm), Some((ip, _))) = (&self.cm, left.cm) {
+            cm.leave(ip)
+                .map_err(|e| cm_error(e, Verb::LeaveMulticast))?;
+        }
+        let _ = left;
         Ok(())
     }
+}
+
+impl VerbsDatagram {
+    /// The attributes a connection manager join gave for `group`, if it was joined so.
+    fn joined_attr(&self, group: Gid) -> Option<AhAttr> {
+        #[cfg(feature = "rdmacm")]
+        return self.cm_join(group);
+        #[cfg(not(feature = "rdmacm"))]
+        {
+            let _ = group;
+            None
+        }
+    }
+
+    /// `rdma_join_multicast`, then the attachment to the group it names.
+    #[cfg(feature = "rdmacm")]
+    fn join_through_cm(&mut self, group: Gid) -> Result<(), ProviderError> {
+        let Some(cm) = &self.cm else {
+            return Err(ProviderError {
+                verb: Verb::JoinMulticast,
+                errno: EINVAL,
+            });
+        };
+        let ip = crate::cm::multicast::group_ip(group).ok_or(ProviderError {
+            verb: Verb::JoinMulticast,
+            errno: EINVAL,
+        })?;
+        let joined = cm
+            .join(ip, self.qp.qkey())
+            .map_err(|e| cm_error(e, Verb::JoinMulticast))?;
+        if let Err(e) = self.qp.attach_mcast(&joined.mgid, joined.mlid) {
+            let _ = cm.leave(ip);
+            return Err(provider_error(e, Verb::AttachMcast));
+        }
+        self.groups.push(Joined {
+            group,
+            attached: (joined.mgid, joined.mlid),
+            _ip: None,
+            cm: Some((ip, joined.ah)),
+        });
+        Ok(())
+    }
+}
+
+/// A connection manager failure as a provider error: the call and its errno, `ETIMEDOUT`
+/// for a join that got no answer, `EINVAL` for a group the queue pair cannot take.
+#[cfg(feature = "rdmacm")]
+fn cm_error(e: crate::cm::CmError, verb: Verb) -> ProviderError {
+    use crate::cm::CmError as E;
+    let errno = match e {
+        E::Call { errno, .. } => errno,
+        E::TimedOut { .. } => 110,
+        E::JoinFailed { status, .. } if status < 0 => -status,
+        E::JoinFailed { .. } => 5,
+        _ => EINVAL,
+    };
+    ProviderError { verb, errno }
 }

@@ -90,6 +90,24 @@ impl AhAttr {
         }
     }
 
+    /// The attributes a verb filled in (`ibv_init_ah_from_wc`, or the connection manager's
+    /// multicast join).
+    pub(crate) fn from_sys(a: &sys::ibv_ah_attr) -> Self {
+        AhAttr {
+            port: a.port_num,
+            dlid: a.dlid,
+            sl: a.sl,
+            global: (a.is_global != 0).then_some(GlobalRoute {
+                // SAFETY: ibv_gid is a union of a byte array and two u64: any bits are bytes.
+                dgid: Gid(unsafe { a.grh.dgid.raw }),
+                sgid_index: a.grh.sgid_index,
+                hop_limit: a.grh.hop_limit,
+                traffic_class: a.grh.traffic_class,
+                flow_label: a.grh.flow_label,
+            }),
+        }
+    }
+
     fn to_sys(self) -> sys::ibv_ah_attr {
         // SAFETY: ibv_ah_attr is plain C data for which all-zero is valid.
         let mut a: sys::ibv_ah_attr = unsafe { MaybeUninit::zeroed().assume_init() };
@@ -110,6 +128,8 @@ impl AhAttr {
 
 struct AhInner {
     raw: NonNull<sys::ibv_ah>,
+    /// The raw `ibv_pd` it was made on (`_pd`'s), here for one load on the send path.
+    pd_raw: NonNull<sys::ibv_pd>,
     // Dropped after the address handle is destroyed.
     _pd: Pd,
 }
@@ -119,9 +139,8 @@ impl Drop for AhInner {
         // SAFETY: the handle came from ibv_create_ah(_from_wc) and is destroyed once, by the
         // last clone; every work request that named it held a clone until it was posted (the
         // device copies the address into the request at post time). A failure leaks it.
-        unsafe {
-            sys::ibv_destroy_ah(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_ah(self.raw.as_ptr()) };
+        super::destroy::check(super::destroy::Kind::Ah, rc);
     }
 }
 
@@ -154,6 +173,13 @@ impl AddressHandle {
         self.inner.raw.as_ptr()
     }
 
+    /// The raw `ibv_pd` it was made on: a queue pair may send with it only if it was made on
+    /// the same protection domain.
+    #[inline]
+    pub fn pd_raw(&self) -> *mut sys::ibv_pd {
+        self.inner.pd_raw.as_ptr()
+    }
+
     /// What it was made from.
     pub fn attr(&self) -> AhAttr {
         self.attr
@@ -181,6 +207,7 @@ impl Pd {
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,
+                pd_raw: self.inner.raw,
                 _pd: self.clone(),
             }),
             attr: *attr,
@@ -229,19 +256,7 @@ impl Pd {
                 errno: errno(),
             });
         }
-        let attr = AhAttr {
-            port: a.port_num,
-            dlid: a.dlid,
-            sl: a.sl,
-            global: (a.is_global != 0).then_some(GlobalRoute {
-                // SAFETY: ibv_gid is a union of a byte array and two u64: any bits are bytes.
-                dgid: Gid(unsafe { a.grh.dgid.raw }),
-                sgid_index: a.grh.sgid_index,
-                hop_limit: a.grh.hop_limit,
-                traffic_class: a.grh.traffic_class,
-                flow_label: a.grh.flow_label,
-            }),
-        };
+        let attr = AhAttr::from_sys(&a);
         self.create_ah(&attr)
     }
 }

@@ -1,10 +1,10 @@
 //! Completion queues and work completions.
 
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
-use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicBool;
 
@@ -28,9 +28,9 @@ pub(crate) struct CqInner {
 impl Drop for CqInner {
     fn drop(&mut self) {
         // SAFETY: every QP using this CQ holds an Arc to it, so none is alive now.
-        unsafe {
-            sys::ibv_destroy_cq(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
+        // A refusal (EBUSY: a queue pair on it was not destroyed) leaks it.
+        super::destroy::check(super::destroy::Kind::Cq, rc);
     }
 }
 
@@ -61,6 +61,13 @@ unsafe impl Sync for CqInner {}
 pub struct Cq {
     inner: Arc<CqInner>,
     capacity: u32,
+    /// What `ibv_poll_cq` writes into: initialised once, at creation. A provider writes only the
+    /// fields valid for each completion (mlx5 leaves all but `wr_id`, `status`, `qp_num`,
+    /// `vendor_err` and `wc_flags` of an error completion alone, and `byte_len` of a send),
+    /// so the rest holds the initial values or an older completion's values: stale, never uninitialised,
+    /// and [`convert`] reads only what the completion defines. Kept here rather than on the
+    /// stack so that an empty poll still writes no memory.
+    wc: Box<[sys::ibv_wc; POLL_BATCH]>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -115,6 +122,7 @@ impl Context {
                 armed,
             }),
             capacity,
+            wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
             _not_sync: PhantomData,
         })
     }
@@ -161,26 +169,32 @@ impl Cq {
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
-        unsafe { poll_completions(self.as_raw(), out) }
+        unsafe { poll_completions(self.as_raw(), &mut self.wc, out) }
     }
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
-    /// with what each receive says about its sender. Does not allocate.
+    /// with what each successful receive says about its sender (zeros for other
+    /// completions, whose sender fields the device does not define). Does not allocate.
     #[inline]
     pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
-        let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
         // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
-        let n = unsafe { poll_raw(self.as_raw(), &mut wc, out.len()) }?;
-        for (dst, src) in out.iter_mut().zip(&wc[..n]) {
-            // SAFETY: ibv_poll_cq wrote the first `n` entries.
-            let src = unsafe { src.assume_init_ref() };
-            *dst = DatagramCompletion {
-                wc: convert(src),
-                src_qp: src.src_qp,
-                slid: src.slid,
-                sl: src.sl,
-                path_bits: src.dlid_path_bits,
-                grh: (src.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH).0 != 0,
+        let n = unsafe { poll_raw(self.as_raw(), &mut self.wc, out.len()) }?;
+        for (dst, src) in out.iter_mut().zip(&self.wc[..n]) {
+            let wc = convert(src);
+            *dst = if wc.status.is_success() && wc.kind.is_recv() {
+                DatagramCompletion {
+                    wc,
+                    src_qp: src.src_qp,
+                    slid: src.slid,
+                    sl: src.sl,
+                    path_bits: src.dlid_path_bits,
+                    grh: (src.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH).0 != 0,
+                }
+            } else {
+                DatagramCompletion {
+                    wc,
+                    ..DatagramCompletion::EMPTY
+                }
             };
         }
         Ok(n)
@@ -188,43 +202,42 @@ impl Cq {
 }
 
 /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of `cq` into `out` through
-/// the provider's `poll_cq`, and returns how many: the one place completions are taken from
-/// a device and converted ([`Cq::poll`] and the instant provider's queues both poll through
-/// it). Does not allocate.
+/// the provider's `poll_cq`, by way of `wc` (initialised once by its owner, so fields a
+/// device leaves unwritten hold old values, never uninitialised memory), and returns how
+/// many: the one place completions are taken from a device and converted ([`Cq::poll`] and
+/// the instant provider's queues both poll through it). Does not allocate.
 ///
 /// # Safety
 /// `cq` is live, and nobody else polls it meanwhile.
 #[inline]
 pub(crate) unsafe fn poll_completions(
     cq: *mut sys::ibv_cq,
+    wc: &mut [sys::ibv_wc; POLL_BATCH],
     out: &mut [Completion],
 ) -> Result<usize> {
-    let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
     // SAFETY: forwarded contract.
-    let n = unsafe { poll_raw(cq, &mut wc, out.len()) }?;
+    let n = unsafe { poll_raw(cq, wc, out.len()) }?;
     for (dst, src) in out.iter_mut().zip(&wc[..n]) {
-        // SAFETY: ibv_poll_cq wrote the first `n` entries.
-        *dst = convert(unsafe { src.assume_init_ref() });
+        *dst = convert(src);
     }
     Ok(n)
 }
 
-/// Polls up to `want` (at most [`POLL_BATCH`]) completions of `cq` into `wc`, which is left
-/// uninitialised (an empty poll, the common case of a busy-polling loop, then writes no
-/// memory); returns how many entries the device wrote, from the start.
+/// Polls up to `want` (at most [`POLL_BATCH`]) completions of `cq` into `wc`; returns how
+/// many entries the device wrote, from the start.
 ///
 /// # Safety
 /// `cq` is live, and nobody else polls it meanwhile.
 #[inline]
 unsafe fn poll_raw(
     cq: *mut sys::ibv_cq,
-    wc: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+    wc: &mut [sys::ibv_wc; POLL_BATCH],
     want: usize,
 ) -> Result<usize> {
     let want = want.min(POLL_BATCH);
     // SAFETY: the caller keeps the CQ live; wc has room for `want` entries, which
-    // ibv_poll_cq writes (MaybeUninit<ibv_wc> has the layout of ibv_wc).
-    let n = unsafe { ffi::poll_cq(cq, want as core::ffi::c_int, wc.as_mut_ptr().cast()) };
+    // ibv_poll_cq writes.
+    let n = unsafe { ffi::poll_cq(cq, want as core::ffi::c_int, wc.as_mut_ptr()) };
     if n < 0 {
         return Err(VerbsError::Call {
             verb: Verb::PollCq,
@@ -234,12 +247,24 @@ unsafe fn poll_raw(
     Ok((n as usize).min(want))
 }
 
+/// Reads a completion the way `ibv_poll_cq(3)` defines its fields: an error completion
+/// only by `wr_id`, `status`, `vendor_err` and `qp_num` (its opcode and lengths are
+/// undefined: kind [`CompletionKind::Other`], `byte_len` 0, no immediate); a successful one
+/// also by its opcode, its `byte_len` only for receives, reads and atomics (a send's or
+/// write's is undefined: 0), and its immediate when `wc_flags` says there is one.
 #[inline]
 fn convert(wc: &sys::ibv_wc) -> Completion {
-    let (status, vendor_err) = match wc.error() {
-        None => (WcStatus::Success, 0),
-        Some((s, v)) => (WcStatus::from_code(s), v),
-    };
+    if let Some((s, vendor_err)) = wc.error() {
+        return Completion {
+            wr_id: wc.wr_id(),
+            status: WcStatus::from_code(s),
+            vendor_err,
+            kind: CompletionKind::Other,
+            byte_len: 0,
+            imm: None,
+            qp_num: wc.qp_num,
+        };
+    }
     use sys::ibv_wc_opcode as op;
     let kind = match wc.opcode() {
         op::IBV_WC_SEND => CompletionKind::Send,
@@ -250,13 +275,85 @@ fn convert(wc: &sys::ibv_wc) -> Completion {
         op::IBV_WC_RECV_RDMA_WITH_IMM => CompletionKind::RecvWriteImm,
         _ => CompletionKind::Other,
     };
+    let byte_len = match kind {
+        CompletionKind::Recv
+        | CompletionKind::RecvWriteImm
+        | CompletionKind::Read
+        | CompletionKind::Atomic => wc.len() as u32,
+        _ => 0,
+    };
     Completion {
         wr_id: wc.wr_id(),
-        status,
-        vendor_err,
+        status: WcStatus::Success,
+        vendor_err: 0,
         kind,
-        byte_len: wc.len() as u32,
+        byte_len,
         imm: wc.imm_data().map(u32::from_be),
         qp_num: wc.qp_num,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `v` at byte `at` of `wc` (ibverbs-sys keeps these fields private; the offsets
+    /// are those of `struct ibv_wc` in verbs.h).
+    fn put(wc: &mut sys::ibv_wc, at: usize, v: u32) {
+        assert!(at + 4 <= core::mem::size_of::<sys::ibv_wc>());
+        // SAFETY: in bounds (checked); ibv_wc is plain C data, any bits are a valid value.
+        unsafe {
+            core::ptr::from_mut(wc)
+                .cast::<u8>()
+                .add(at)
+                .cast::<u32>()
+                .write_unaligned(v)
+        };
+    }
+    const STATUS: usize = 8;
+    const OPCODE: usize = 12;
+    const VENDOR_ERR: usize = 16;
+    const BYTE_LEN: usize = 20;
+    const IMM: usize = 24;
+
+    /// What a provider leaves behind in the fields a completion does not define.
+    fn stale() -> sys::ibv_wc {
+        let mut wc = sys::ibv_wc::default();
+        put(&mut wc, 0, 7);
+        put(&mut wc, STATUS, sys::ibv_wc_status::IBV_WC_SUCCESS);
+        wc.qp_num = 9;
+        put(&mut wc, OPCODE, sys::ibv_wc_opcode::IBV_WC_RECV);
+        put(&mut wc, BYTE_LEN, 1234);
+        put(&mut wc, IMM, 5);
+        wc.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_IMM;
+        wc
+    }
+
+    #[test]
+    fn an_error_completion_is_read_only_by_the_fields_it_defines() {
+        let mut wc = stale();
+        put(&mut wc, STATUS, sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
+        put(&mut wc, VENDOR_ERR, 0x99);
+        let c = convert(&wc);
+        assert_eq!((c.wr_id, c.qp_num, c.vendor_err), (7, 9, 0x99));
+        assert_eq!(c.status, WcStatus::Flushed);
+        assert_eq!(
+            (c.kind, c.byte_len, c.imm),
+            (CompletionKind::Other, 0, None)
+        );
+    }
+
+    #[test]
+    fn a_send_completion_has_no_length_and_a_receive_has_one() {
+        let mut wc = stale();
+        put(&mut wc, OPCODE, sys::ibv_wc_opcode::IBV_WC_SEND);
+        wc.wc_flags = sys::ibv_wc_flags(0);
+        let c = convert(&wc);
+        assert_eq!((c.kind, c.byte_len, c.imm), (CompletionKind::Send, 0, None));
+        let c = convert(&stale());
+        assert_eq!(
+            (c.kind, c.byte_len, c.imm),
+            (CompletionKind::Recv, 1234, Some(u32::from_be(5)))
+        );
     }
 }

@@ -52,7 +52,7 @@ impl VerbsError {
 }
 
 /// A short name for a few errnos that verbs commonly return.
-fn errno_name(errno: i32) -> &'static str {
+pub(crate) fn errno_name(errno: i32) -> &'static str {
     match errno {
         1 => "EPERM",
         2 => "ENOENT",

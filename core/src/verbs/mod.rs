@@ -4,11 +4,13 @@
 //! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
 //! channels and events in [`event`]; RC queue pairs and posting in [`qp`]; shared receive
 //! queues in [`srq`]; datagram (UD) queue pairs and multicast attach in [`ud`], their address
-//! handles in [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
+//! handles in [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`];
+//! destroys the device refused are counted in [`destroy`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
 //! does not wrap, and [`ffi`] re-exports the bindings.
 
 pub mod ah;
 pub mod cq;
+pub mod destroy;
 pub mod device;
 pub mod error;
 pub mod event;
@@ -23,6 +25,7 @@ pub mod ud;
 pub use crate::params::QpCaps;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use cq::{Cq, POLL_BATCH};
+pub use destroy::{failed_destroys, FailedDestroys};
 pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
     LinkLayer, PortAttr, Route,

@@ -17,10 +17,9 @@ impl Drop for PdInner {
     fn drop(&mut self) {
         // SAFETY: every MR and QP of this PD holds an Arc to it, so none is alive now.
         // A failure (EBUSY from a resource created through the raw handle) leaks the PD rather
-        // than panicking in drop.
-        unsafe {
-            sys::ibv_dealloc_pd(self.raw.as_ptr());
-        }
+        // than panicking in drop; it is counted.
+        let rc = unsafe { sys::ibv_dealloc_pd(self.raw.as_ptr()) };
+        super::destroy::check(super::destroy::Kind::Pd, rc);
     }
 }
 

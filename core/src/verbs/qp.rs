@@ -108,9 +108,9 @@ impl Drop for QpHandle {
     fn drop(&mut self) {
         // SAFETY: the QP came from ibv_create_qp and is destroyed once; the owning struct
         // keeps its PD and CQs alive until after this runs (field order).
-        unsafe {
-            sys::ibv_destroy_qp(self.raw.as_ptr());
-        }
+        let rc = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
+        // A refusal (EBUSY: still attached to a multicast group) leaks it.
+        super::destroy::check(super::destroy::Kind::Qp, rc);
     }
 }
 
@@ -383,6 +383,112 @@ impl PreparedQp {
             path_mtu: mtu,
             rd_atomic: self.rd_atomic,
             remote: *remote,
+            handle: self.handle,
+            _send_cq: self.send_cq,
+            _recv_cq: self.recv_cq,
+            srq: self.srq,
+            srq_wr: self.srq_wr,
+            _pd: self.pd,
+            chain: SendChain::new(),
+        })
+    }
+}
+
+/// The bring-up the RDMA connection manager drives ([`crate::cm`]): it computes the path,
+/// the peer's queue pair number and both PSNs (`rdma_init_qp_attr`); this queue pair's own
+/// configuration still decides timers and retries.
+#[cfg(feature = "rdmacm")]
+impl PreparedQp {
+    /// The configuration the queue pair was made with.
+    pub(crate) fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// INIT to INIT with the partition key index of the connection manager's path.
+    pub(crate) fn set_pkey_index(&mut self, index: u16) -> Result<()> {
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = index;
+        use sys::ibv_qp_attr_mask as m;
+        modify(
+            self.handle.raw,
+            &mut attr,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX).0,
+            Verb::ModifyQpInit,
+        )
+    }
+
+    /// RTR, then RTS, from the attributes the connection manager computed for each
+    /// (`rtr`/`rts` with their masks), with this queue pair's RNR timer, ACK timeout and
+    /// retry counts, its MTU limit, and the read/atomic depths `rd_atomic` negotiated with
+    /// the peer. On failure the queue pair is dropped (destroyed).
+    pub(crate) fn connect_with(
+        self,
+        rtr: (sys::ibv_qp_attr, core::ffi::c_int),
+        rts: (sys::ibv_qp_attr, core::ffi::c_int),
+        rd_atomic: RdAtomic,
+    ) -> Result<Qp> {
+        use sys::ibv_qp_attr_mask as m;
+        let cfg = self.cfg;
+        let (mut attr, mask) = rtr;
+        let cm_mtu = u8::try_from(attr.path_mtu)
+            .ok()
+            .and_then(Mtu::from_code)
+            .ok_or(VerbsError::InvalidArgument {
+                what: "the connection manager gave no valid path MTU",
+            })?;
+        let mtu = cfg.mtu.map_or(cm_mtu, |limit| limit.min(cm_mtu));
+        attr.path_mtu = sys::ibv_mtu::from(mtu.code());
+        attr.min_rnr_timer = cfg.rnr_timer.code();
+        attr.max_dest_rd_atomic = rd_atomic.responder;
+        let extra = (m::IBV_QP_PATH_MTU | m::IBV_QP_MIN_RNR_TIMER | m::IBV_QP_MAX_DEST_RD_ATOMIC).0;
+        // The masks are bit sets of non-negative flags: the casts keep every bit.
+        modify(
+            self.handle.raw,
+            &mut attr,
+            mask as u32 | extra,
+            Verb::ModifyQpRtr,
+        )?;
+        let global = attr.ah_attr.is_global != 0;
+        let route = if global {
+            self.pd
+                .context()
+                .route(attr.ah_attr.port_num, Some(attr.ah_attr.grh.sgid_index))?
+        } else {
+            self.route
+        };
+        let remote = Endpoint {
+            qpn: attr.dest_qp_num,
+            psn: Psn::wrapping(attr.rq_psn),
+            lid: attr.ah_attr.dlid,
+            // SAFETY: every bit pattern is a valid GID; `raw` is the union's byte view.
+            gid: unsafe { attr.ah_attr.grh.dgid.raw },
+            global,
+            mtu,
+        };
+        let (mut attr, mask) = rts;
+        attr.timeout = cfg.ack_timeout.code();
+        attr.retry_cnt = cfg.retry_count.get();
+        attr.rnr_retry = cfg.rnr_retry.code();
+        attr.max_rd_atomic = rd_atomic.initiator;
+        let extra = (m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_MAX_QP_RD_ATOMIC)
+            .0;
+        modify(
+            self.handle.raw,
+            &mut attr,
+            mask as u32 | extra,
+            Verb::ModifyQpRts,
+        )?;
+        Ok(Qp {
+            qpn: self.qp_num(),
+            caps: self.caps,
+            route,
+            path_mtu: mtu,
+            rd_atomic,
+            remote,
             handle: self.handle,
             _send_cq: self.send_cq,
             _recv_cq: self.recv_cq,

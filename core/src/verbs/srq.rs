@@ -50,6 +50,7 @@ impl Drop for SrqInner {
         if rc == 0 {
             self.probe.mark_gone();
         }
+        super::destroy::check(super::destroy::Kind::Srq, rc);
     }
 }
 

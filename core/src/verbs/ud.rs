@@ -29,6 +29,7 @@ use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
 use alloc::sync::Arc;
+use alloc::vec::Vec;
 
 use super::ah::AddressHandle;
 use super::cq::{Cq, CqInner};
@@ -101,6 +102,9 @@ pub struct UdQp {
     link_layer: LinkLayer,
     lid: u16,
     mtu: Mtu,
+    /// The groups attached (GID and LID), detached on drop: the kernel refuses to destroy a
+    /// queue pair still attached to one.
+    attached: Vec<(Gid, u16)>,
     // Field order is drop order: the QP goes before its CQs and PD.
     handle: QpHandle,
     _send_cq: Arc<CqInner>,
@@ -205,11 +209,26 @@ impl Pd {
             link_layer: port.link_layer,
             lid: port.lid,
             mtu: port.active_mtu,
+            attached: Vec::new(),
             handle,
             _send_cq: send_cq.keep_alive(),
             _recv_cq: recv_cq.keep_alive(),
             pd: self.clone(),
         })
+    }
+}
+
+impl Drop for UdQp {
+    fn drop(&mut self) {
+        // Before the handle's ibv_destroy_qp, which fails (EBUSY) while the queue pair is
+        // attached to a group and would leak it, its CQs and its PD. A refused detach leaves
+        // that for the destroy to count (`verbs::failed_destroys`).
+        for (gid, lid) in core::mem::take(&mut self.attached) {
+            let g = sys::ibv_gid { raw: gid.0 };
+            // SAFETY: the QP is live (destroyed after this, by the handle); g is read only
+            // during the call.
+            unsafe { sys::ibv_detach_mcast(self.as_raw(), &g, lid) };
+        }
     }
 }
 
@@ -277,12 +296,15 @@ impl UdQp {
     /// Attaches the queue pair to the multicast group `gid` (`ibv_attach_mcast`; `lid` is the
     /// group's LID on InfiniBand, 0 on RoCE): datagrams sent to the group are delivered to it
     /// too. On RoCE v2 the IP layer must be a member of the group as well (see
-    /// [`super::mcast`]).
+    /// [`super::mcast`]). Dropping the queue pair detaches it from every group still attached
+    /// (the kernel would refuse to destroy it otherwise). Setup: allocates.
     pub fn attach_mcast(&mut self, gid: &Gid, lid: u16) -> Result<()> {
+        self.attached.reserve(1);
         let g = sys::ibv_gid { raw: gid.0 };
         // SAFETY: the QP is live; g is read only during the call.
         let rc = unsafe { sys::ibv_attach_mcast(self.as_raw(), &g, lid) };
         if rc == 0 {
+            self.attached.push((*gid, lid));
             Ok(())
         } else {
             Err(VerbsError::Call {
@@ -298,6 +320,9 @@ impl UdQp {
         // SAFETY: the QP is live; g is read only during the call.
         let rc = unsafe { sys::ibv_detach_mcast(self.as_raw(), &g, lid) };
         if rc == 0 {
+            if let Some(i) = self.attached.iter().position(|a| *a == (*gid, lid)) {
+                self.attached.swap_remove(i);
+            }
             Ok(())
         } else {
             Err(VerbsError::Call {
@@ -322,6 +347,10 @@ impl UdQp {
     /// Posts up to [`MAX_BATCH`] datagram sends as one chain: one doorbell. Does not
     /// allocate.
     ///
+    /// An address handle made on another protection domain than the queue pair's is refused
+    /// (`EINVAL`, nothing posted): libibverbs requires the same one, and a device may fail the
+    /// send or use the handle of the wrong domain otherwise.
+    ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract) for the buffers the requests name
     /// (inline ones are copied during the post). The address handles must stay alive until
@@ -343,7 +372,14 @@ impl UdQp {
         let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
             [const { MaybeUninit::uninit() }; MAX_BATCH];
         let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
+        let pd = self.pd.as_raw();
         for (i, w) in wrs.iter().enumerate() {
+            if w.dest.pd_raw() != pd {
+                return Err(PostFailure {
+                    posted: 0,
+                    errno: 22,
+                });
+            }
             // SAFETY: ibv_send_wr is plain C data for which zero is valid.
             let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
             wr.wr_id = w.wr_id;

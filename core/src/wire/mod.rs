@@ -2,11 +2,12 @@
 //! datagrams.
 //!
 //! Every format of rverbs' own is fixed-size, versioned and little-endian ([`endpoint`],
-//! [`datagram`], [`node`], [`notice`], [`sequence`]); [`grh`] reads the network header
+//! [`datagram`], [`node`], [`notice`], [`sequence`], [`cm`]); [`grh`] reads the network header
 //! devices write in front of a received datagram, in the byte order of IP. Every decoder
 //! rejects any malformed byte string with an error, never a panic (the fuzz targets in
 //! `fuzz/` hold it to that).
 
+pub mod cm;
 pub mod datagram;
 pub mod endpoint;
 pub mod grh;
@@ -14,6 +15,7 @@ pub mod node;
 pub mod notice;
 pub mod sequence;
 
+pub use cm::{ConnectData, ConnectDataError, CONNECT_DATA_LEN};
 pub use datagram::{DatagramEndpoint, DATAGRAM_ENDPOINT_LEN};
 pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN, REMOTE_MEMORY_LEN};
 pub use grh::{GrhError, NetworkHeader, NetworkKind, GRH_LEN};

@@ -15,7 +15,11 @@
 //!    one back from every peer) and multicast (rank 0 sends one message to all): every
 //!    byte checked;
 //! 3. barriers: `--barriers` of each algorithm over all ranks, plus sub-group barriers
-//!    over the even ranks; reports per-barrier latency percentiles.
+//!    over the even ranks; reports per-barrier latency percentiles;
+//! 4. with `--rejoin` (local ranks only): every rank runs barriers in a loop, the launcher
+//!    kills rank 2 with SIGKILL and starts it again with the same config
+//!    (`rverbs_bootstrap::rejoin`), the survivors readmit it (`Connected::readmit`), and
+//!    every rank runs `--barriers` of each algorithm again; reports how long it took.
 #![allow(clippy::std_instead_of_core)] // a std program
 
 use std::path::PathBuf;
@@ -26,7 +30,7 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use rverbs_bootstrap::pmix::{LauncherEnv, LauncherKind};
 use rverbs_bootstrap::{
-    connect_launch, ClusterConfig, ConnectOptions, Launch, OutOfBand, RankConfig,
+    connect_launch, rejoin, ClusterConfig, ConnectOptions, Connected, Launch, OutOfBand, RankConfig,
 };
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::sge::Sge;
@@ -77,7 +81,22 @@ struct Args {
     /// Give up after this many seconds (bootstrap, any wait).
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
+    /// Local ranks only: after the checks, kill rank 2 mid-barrier, start it again with the
+    /// same config and have the survivors readmit it; then barriers over all ranks again.
+    #[arg(long)]
+    rejoin: bool,
+    /// (Set by the launcher of local ranks.) Where ranks and launcher meet for --rejoin.
+    #[arg(long, hide = true)]
+    rejoin_dir: Option<PathBuf>,
+    /// (Set by the launcher of local ranks.) This process is rank 2 started again.
+    #[arg(long, hide = true)]
+    rejoined: bool,
 }
+
+/// The rank `--rejoin` kills and starts again.
+const VICTIM: u32 = 2;
+/// Barriers every rank runs in the --rejoin loop before the launcher kills the victim.
+const REJOIN_WARM: u32 = 50;
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -131,6 +150,9 @@ struct Report {
     barriers: Vec<(String, Pct)>,
     group_barriers: Option<Pct>,
     checks: Vec<(String, bool)>,
+    /// With --rejoin: milliseconds from the failed barrier to the end of the readmission (a
+    /// survivor), or from the start to the end of `rejoin` (the new process).
+    rejoin_ms: Option<u64>,
 }
 
 fn hist() -> Histogram<u64> {
@@ -175,6 +197,26 @@ fn launch_local(args: &Args) -> Res<()> {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
+    if args.rejoin && args.ranks <= VICTIM {
+        return Err(format!(
+            "--rejoin kills rank {VICTIM}: it needs at least {} ranks",
+            VICTIM + 1
+        )
+        .into());
+    }
+    if args.rejoin && args.wait == Wait::Block {
+        return Err(
+            "--rejoin cannot run with --wait block: the barrier wake-ups it turns on keep \
+             receives posted on every connection, which are not rebuilt for a restarted rank"
+                .into(),
+        );
+    }
+    let rejoin_dir =
+        std::env::temp_dir().join(format!("rverbs-cluster-rejoin-{}", std::process::id()));
+    if args.rejoin {
+        let _ = std::fs::remove_dir_all(&rejoin_dir);
+        std::fs::create_dir_all(&rejoin_dir)?;
+    }
     let device = args.device.clone().unwrap_or_else(|| "rxe0".to_owned());
     let ranks = (0..args.ranks)
         .map(|r| RankConfig {
@@ -201,10 +243,15 @@ fn launch_local(args: &Args) -> Res<()> {
         path.display()
     );
     let exe = std::env::current_exe()?;
-    let mut children: Vec<(u32, Child)> = Vec::new();
-    for r in 0..args.ranks {
-        let child = Command::new(&exe)
-            .arg("--config")
+    let spawn = |r: u32, rejoined: bool| -> std::io::Result<Child> {
+        let mut cmd = Command::new(&exe);
+        if args.rejoin {
+            cmd.arg("--rejoin-dir").arg(&rejoin_dir);
+        }
+        if rejoined {
+            cmd.arg("--rejoined");
+        }
+        cmd.arg("--config")
             .arg(&path)
             .arg("--rank")
             .arg(r.to_string())
@@ -220,8 +267,39 @@ fn launch_local(args: &Args) -> Res<()> {
             .arg(args.sleep_us.to_string())
             .arg("--timeout-secs")
             .arg(args.timeout_secs.to_string())
-            .spawn()?;
-        children.push((r, child));
+            .spawn()
+    };
+    let mut children: Vec<(u32, Child)> = Vec::new();
+    for r in 0..args.ranks {
+        children.push((r, spawn(r, false)?));
+    }
+    if args.rejoin {
+        // Every rank is in its barrier loop: kill the victim, start it again.
+        let limit = Instant::now() + Duration::from_secs(args.timeout_secs);
+        let warm = |r: u32| rejoin_dir.join(format!("warm.{r}")).exists();
+        while !(0..args.ranks).all(warm) {
+            let early = children.iter_mut().find_map(|(r, c)| match c.try_wait() {
+                Ok(Some(st)) => Some(format!("rank {r} exited with {st} before the kill")),
+                _ => None,
+            });
+            let late = || {
+                (Instant::now() > limit)
+                    .then(|| "the ranks did not reach the --rejoin loop in time".to_owned())
+            };
+            if let Some(why) = early.or_else(late) {
+                for (_, c) in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(why.into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let victim = &mut children[VICTIM as usize].1;
+        victim.kill()?;
+        victim.wait()?;
+        say!("cluster: killed rank {VICTIM} (SIGKILL) mid-barrier; starting it again with the same config");
+        children[VICTIM as usize].1 = spawn(VICTIM, true)?;
     }
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs + 30);
     let mut failed = Vec::new();
@@ -247,6 +325,9 @@ fn launch_local(args: &Args) -> Res<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_file(&path);
+    if args.rejoin {
+        let _ = std::fs::remove_dir_all(&rejoin_dir);
+    }
     if failed.is_empty() {
         Ok(())
     } else {
@@ -279,10 +360,15 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     opts.exchange.timeout = timeout;
     opts.first_barrier_timeout = timeout;
     let t0 = Instant::now();
-    let c = connect_launch(launch, &opts)?;
+    if args.rejoined {
+        return run_rejoined(args, launch, &opts, t0);
+    }
+    let mut c = connect_launch(launch, &opts)?;
     let connect_ms = t0.elapsed().as_millis() as u64;
-    // The watch stays alive until the end: a rank that dies is named by every survivor.
-    let (mut node, mut session, _watch, clock) = (c.node, c.session, c.watch, c.clock);
+    // The watch (in `c`) stays alive until the end: a rank that dies is named by every
+    // survivor.
+    let clock = c.clock;
+    let (node, session) = (&mut c.node, &mut c.session);
     let (rank, world) = (session.rank(), session.world_size());
     let how = match &session {
         OutOfBand::Tcp(_) => "TCP rendezvous".to_owned(),
@@ -321,9 +407,9 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
                     let _ = node
                         .multi()
                         .post_write_inline(peer, &i.to_le_bytes(), window)?;
-                    spin_for(&mut node, peer, i, timeout)?;
+                    spin_for(node, peer, i, timeout)?;
                 } else {
-                    spin_for(&mut node, peer, i, timeout)?;
+                    spin_for(node, peer, i, timeout)?;
                     let _ = node
                         .multi()
                         .post_write_inline(peer, &i.to_le_bytes(), window)?;
@@ -413,7 +499,7 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
                 ok &= back_mr.as_slice()[r * CHUNK..(r + 1) * CHUNK] == pat(r as u32, 2)[..];
             }
             checks.push(("gather_read bytes from every peer".to_owned(), ok));
-            multicast(&mut node, &pd, msg, world)?;
+            multicast(node, &pd, msg, world)?;
         }
         node.barrier(&clock, timeout)?;
         if let Some(t) = pending {
@@ -463,6 +549,17 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     node.set_algorithm(BarrierAlgorithm::Dissemination);
     node.barrier(&clock, timeout)?;
 
+    // 4. A rank that rejoins.
+    let rejoin_ms = match &args.rejoin_dir {
+        Some(dir) => Some(survive_a_rejoin(
+            &mut c,
+            dir,
+            args.barriers,
+            timeout,
+            &mut checks,
+        )?),
+        None => None,
+    };
     let report = Report {
         rank,
         connect_ms,
@@ -470,8 +567,97 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
         barriers,
         group_barriers,
         checks,
+        rejoin_ms,
     };
-    let all = session.allgather(serde_json::to_string(&report)?.as_bytes())?;
+    finish(args, c, &report)
+}
+
+/// Every rank loops over barriers until the launcher kills [`VICTIM`]; each survivor checks
+/// that its barrier names it, readmits it, and runs `barriers` of each algorithm with the new
+/// process. Returns how long the readmission took, from the failed barrier.
+fn survive_a_rejoin(
+    c: &mut Connected,
+    dir: &std::path::Path,
+    barriers: u32,
+    timeout: Duration,
+    checks: &mut Vec<(String, bool)>,
+) -> Res<u64> {
+    let (rank, clock) = (c.node.rank(), c.clock);
+    c.session.allgather(b"rejoin loop")?;
+    let mut done = 0u32;
+    let error = loop {
+        // Every rank runs barrier `done` of the loop with the same algorithm.
+        c.node
+            .set_algorithm(BarrierAlgorithm::ALL[done as usize % 3]);
+        if let Err(e) = c.node.barrier(&clock, timeout) {
+            break e;
+        }
+        done += 1;
+        if done == REJOIN_WARM {
+            std::fs::write(dir.join(format!("warm.{rank}")), b"")?;
+        }
+        if done > REJOIN_WARM {
+            // So that the kill lands in a barrier.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    let t = Instant::now();
+    say!("[rank {rank}] {error}; readmitting rank {VICTIM}");
+    checks.push((
+        format!("the failed barrier names rank {VICTIM}"),
+        error.to_string().contains(&format!("rank {VICTIM} failed")),
+    ));
+    c.readmit(VICTIM, timeout)?;
+    let ms = t.elapsed().as_millis() as u64;
+    say!("[rank {rank}] readmitted rank {VICTIM} in {ms} ms");
+    checks.push((
+        format!("barriers over all ranks after rank {VICTIM} rejoined"),
+        barriers_again(c, barriers, timeout)?,
+    ));
+    Ok(ms)
+}
+
+/// `barriers` of each algorithm over all ranks; whether every one completed.
+fn barriers_again(c: &mut Connected, barriers: u32, timeout: Duration) -> Res<bool> {
+    let clock = c.clock;
+    for alg in BarrierAlgorithm::ALL {
+        c.node.set_algorithm(alg);
+        for _ in 0..barriers {
+            c.node.barrier(&clock, timeout)?;
+        }
+    }
+    c.node.set_algorithm(BarrierAlgorithm::Dissemination);
+    Ok(true)
+}
+
+/// The new process of [`VICTIM`]: rejoins, runs the barriers the survivors run after the
+/// readmission, and sends its report.
+fn run_rejoined(args: &Args, launch: &Launch<'_>, opts: &ConnectOptions, t0: Instant) -> Res<()> {
+    let Launch::Config { config, rank } = launch else {
+        return Err("--rejoined needs a cluster config".into());
+    };
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let mut c = rejoin(config, *rank, opts)?;
+    let ms = t0.elapsed().as_millis() as u64;
+    say!("[rank {rank}] started again and rejoined in {ms} ms");
+    let ok = barriers_again(&mut c, args.barriers, timeout)?;
+    let report = Report {
+        rank: *rank,
+        connect_ms: ms,
+        pingpong: None,
+        barriers: Vec::new(),
+        group_barriers: None,
+        checks: vec![("barriers over all ranks after rejoining".to_owned(), ok)],
+        rejoin_ms: Some(ms),
+    };
+    finish(args, c, &report)
+}
+
+/// Gathers every rank's report, closes the session, and prints the summary on rank 0.
+fn finish(args: &Args, c: Connected, report: &Report) -> Res<()> {
+    let rank = report.rank;
+    let (mut session, node) = (c.session, c.node);
+    let all = session.allgather(serde_json::to_string(report)?.as_bytes())?;
     let reports: Vec<Report> = all
         .iter()
         .map(|b| serde_json::from_slice(b))
@@ -571,19 +757,17 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
         }
     }
     println!("barriers over all {world} ranks, {} each (per-barrier latency; p50 is the median over ranks):", args.barriers);
+    // A rank started again (--rejoin) measured none: its first process did.
+    let timed = || {
+        reports
+            .iter()
+            .filter_map(|r| r.barriers.get(..BarrierAlgorithm::ALL.len()))
+    };
     for (i, alg) in BarrierAlgorithm::ALL.iter().enumerate() {
-        let mut p50: Vec<u64> = reports.iter().map(|r| r.barriers[i].1.p50_ns).collect();
+        let mut p50: Vec<u64> = timed().map(|b| b[i].1.p50_ns).collect();
         p50.sort_unstable();
-        let p99 = reports
-            .iter()
-            .map(|r| r.barriers[i].1.p99_ns)
-            .max()
-            .unwrap_or(0);
-        let max = reports
-            .iter()
-            .map(|r| r.barriers[i].1.max_ns)
-            .max()
-            .unwrap_or(0);
+        let p99 = timed().map(|b| b[i].1.p99_ns).max().unwrap_or(0);
+        let max = timed().map(|b| b[i].1.max_ns).max().unwrap_or(0);
         println!(
             "  {:<14} p50 {:>9}  p99 (worst rank) {:>9}  max {:>9}",
             alg.name(),
@@ -606,6 +790,22 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
         .map(|r| r.checks.iter().filter(|c| c.1).count())
         .sum();
     println!("data checks (scatter_write, gather_read, multicast_send; bytes compared): {ok} of {checks} passed");
+    let readmitted: Vec<u64> = reports
+        .iter()
+        .filter(|r| r.rank != VICTIM)
+        .filter_map(|r| r.rejoin_ms)
+        .collect();
+    if let (Some(worst), Some(new)) = (
+        readmitted.iter().max(),
+        reports.get(VICTIM as usize).and_then(|r| r.rejoin_ms),
+    ) {
+        println!(
+            "rejoin: rank {VICTIM} killed mid-barrier and started again; the survivors readmitted \
+             it within {worst} ms of their failed barrier (the new process: {new} ms from its \
+             start); then {} barriers of each algorithm over all {world} ranks",
+            args.barriers
+        );
+    }
 }
 
 #[cfg(test)]

@@ -11,11 +11,21 @@
 //! to the announced last one) and reordered, and the one-way latency percentiles (receive
 //! time minus send time: every process runs on this machine, on the same clock). Datagrams
 //! are unreliable: a subscriber that falls behind by more than its receive slots loses the
-//! excess, and the counts say so rather than hide it.
+//! excess, and the counts say so rather than hide it. Anybody may send to a group: a
+//! subscriber takes datagrams only from the publisher's queue pair (which the publisher
+//! hands it at start) and counts the others as foreign.
+//!
+//! The publisher reports how many packets the device sent while it published (on rxe, from
+//! the device's own `sent_pkts` counter): one per datagram, whatever the number of
+//! subscribers.
 //!
 //! ```text
 //! tools/rxe-vm --devices 1 -- target/release/market-feed --subscribers 3 --messages 20000
 //! ```
+//!
+//! With `--cm` (feature `rdmacm`) the subscribers join through the RDMA connection manager
+//! (`rdma_join_multicast`) instead of attaching their queue pairs and joining the IP group
+//! themselves.
 #![allow(clippy::std_instead_of_core)] // a std program
 
 use std::io::{BufRead, BufReader, Write};
@@ -32,7 +42,7 @@ use rverbs_core::poll::{Clock, Deadline};
 use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::verbs_ud::VerbsDatagram;
 use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, UdConfig};
-use rverbs_core::wire::SequenceHeader;
+use rverbs_core::wire::{DatagramEndpoint, SequenceHeader};
 use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
 
 /// The stream of market data; the end announcement goes on its own stream.
@@ -79,12 +89,19 @@ struct Args {
     /// What a waiting process does between empty polls.
     #[arg(long, value_enum, default_value_t = Wait::Yield)]
     wait: Wait,
+    /// Subscribers join through the RDMA connection manager (`rdma_join_multicast`).
+    #[cfg(feature = "rdmacm")]
+    #[arg(long)]
+    cm: bool,
     /// Internal: this process's role.
     #[arg(long, value_enum, default_value_t = Role::Publisher, hide = true)]
     role: Role,
     /// Internal: the subscriber's number.
     #[arg(long, default_value_t = 0, hide = true)]
     index: u32,
+    /// Internal: the publisher's endpoint (hex of its wire encoding).
+    #[arg(long, default_value = "", hide = true)]
+    publisher: String,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -112,6 +129,12 @@ fn endpoint(args: &Args) -> Res<Endpoint> {
     ud.max_recv_wr = SLOTS as u32;
     ud.max_send_wr = 256;
     let qp = VerbsDatagram::new(&ctx, &pd, &ud)?;
+    #[cfg(feature = "rdmacm")]
+    let qp = if args.cm && args.role == Role::Subscriber {
+        qp.joining_through_cm(Duration::from_secs(10), &MONOTONIC)?
+    } else {
+        qp
+    };
     let mut cfg = DatagramConfig::default();
     cfg.recv_slots = SLOTS as u32;
     cfg.timeout = Duration::from_secs(10);
@@ -137,8 +160,45 @@ fn group(args: &Args) -> Res<Group> {
     Ok(Group::ipv4(args.group.octets()).ok_or("--group is not an IPv4 multicast address")?)
 }
 
+/// `--cm` for the subscribers, if the publisher was given it.
+fn cm_flag(args: &Args) -> &'static [&'static str] {
+    #[cfg(feature = "rdmacm")]
+    if args.cm {
+        return &["--cm"];
+    }
+    let _ = args;
+    &[]
+}
+
 fn now_ns() -> u64 {
     MONOTONIC.now().as_nanos()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes of a hex string; `None` for anything else (odd length, non-hex characters).
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| char::from(c).to_digit(16);
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
+        return None;
+    }
+    b.chunks_exact(2)
+        .map(|p| Some((digit(p[0])? * 16 + digit(p[1])?) as u8))
+        .collect()
+}
+
+/// Packets the device's port 1 sent so far, by its own counter, where it has one (rxe).
+fn device_sent_packets(device: &str) -> Option<u64> {
+    std::fs::read_to_string(format!(
+        "/sys/class/infiniband/{device}/ports/1/hw_counters/sent_pkts"
+    ))
+    .ok()?
+    .trim()
+    .parse()
+    .ok()
 }
 
 fn publish(args: &Args) -> Res<()> {
@@ -156,6 +216,7 @@ fn publish(args: &Args) -> Res<()> {
             .args(["--role", "subscriber", "--index", &i.to_string()])
             .args(["--device", &args.device, "--group", &args.group.to_string()])
             .args(["--messages", &args.messages.to_string()])
+            .args(["--publisher", &hex(&ep.endpoint().encode())])
             .args([
                 "--wait",
                 if args.wait == Wait::Spin {
@@ -164,6 +225,7 @@ fn publish(args: &Args) -> Res<()> {
                     "yield"
                 },
             ])
+            .args(cm_flag(args))
             .stdout(Stdio::piped())
             .spawn()?;
         let out = BufReader::new(c.stdout.take().ok_or("no pipe")?);
@@ -179,6 +241,7 @@ fn publish(args: &Args) -> Res<()> {
     let mut seq = Sequencer::new(DATA);
     let filler = vec![0x42u8; args.size - min];
     let gap = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+    let packets0 = device_sent_packets(&args.device);
     let t0 = Instant::now();
     let mut next = t0;
     for _ in 0..args.messages {
@@ -190,6 +253,11 @@ fn publish(args: &Args) -> Res<()> {
         ep.send_parts(&to_group, &[&h, &now_ns().to_le_bytes(), &filler])?;
     }
     let elapsed = t0.elapsed();
+    // Every datagram left (at most one more packet: the request wait_sent may post).
+    ep.wait_sent()?;
+    let packets = packets0
+        .zip(device_sent_packets(&args.device))
+        .map(|(a, b)| b.saturating_sub(a));
     let last = seq.next_sequence().saturating_sub(1);
     let mut end = Sequencer::new(END);
     for _ in 0..5 {
@@ -197,16 +265,20 @@ fn publish(args: &Args) -> Res<()> {
         ep.send_parts(&to_group, &[&end.stamp(), &last.to_le_bytes()])?;
     }
     ep.wait_sent()?;
-    let s = ep.stats();
+    let packets = match packets {
+        Some(p) => format!(
+            "{p} device packets ({:.2} per datagram)",
+            p as f64 / args.messages.max(1) as f64
+        ),
+        None => "device packets not counted (no hw_counters/sent_pkts)".to_owned(),
+    };
     println!(
-        "publisher: {} datagrams of {} bytes to {} in {:.2} s ({:.0}/s), {} posts ({:.2} per datagram), {} subscribers",
+        "publisher: {} datagrams of {} bytes to {} in {:.2} s ({:.0}/s), {packets}, {} subscribers",
         args.messages,
         args.size,
         args.group,
         elapsed.as_secs_f64(),
         args.messages as f64 / elapsed.as_secs_f64(),
-        s.sent - 5,
-        (s.sent - 5) as f64 / args.messages as f64,
         args.subscribers
     );
     let mut failed = 0;
@@ -240,6 +312,9 @@ impl<R: BufRead> ReadAll for R {
 
 fn subscribe(args: &Args) -> Res<()> {
     let group = group(args)?;
+    let publisher = unhex(&args.publisher)
+        .and_then(|b| DatagramEndpoint::decode(&b).ok())
+        .ok_or("--publisher is not an encoded datagram endpoint")?;
     let mut ep = endpoint(args)?;
     ep.join(group)?;
     println!("READY");
@@ -247,6 +322,7 @@ fn subscribe(args: &Args) -> Res<()> {
     let mut tracker = SequenceTracker::for_stream(DATA);
     let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut last = None;
+    let mut foreign = 0u64;
     // Before the first datagram, wait as long as the publisher may take to start; after it,
     // a silence of 2 s ends the run (the end announcement may be lost too).
     let mut idle = Duration::from_secs(30);
@@ -258,6 +334,10 @@ fn subscribe(args: &Args) -> Res<()> {
             Err(e) => return Err(e.into()),
         };
         let at = now_ns();
+        if d.source.qpn != publisher.qpn || d.source.gid != publisher.gid {
+            foreign += 1;
+            continue;
+        }
         idle = Duration::from_secs(2);
         if let Ok((h, body)) = SequenceHeader::decode(d.payload) {
             if h.stream == END {
@@ -267,28 +347,34 @@ fn subscribe(args: &Args) -> Res<()> {
         }
         if let Ok((_, body)) = tracker.observe(d.payload) {
             if let Some(ts) = body.first_chunk::<8>() {
-                lat.record(at.saturating_sub(u64::from_le_bytes(*ts)).max(1))?;
+                // Out of the histogram's range (a clock gone wrong) counts at its edge.
+                lat.saturating_record(at.saturating_sub(u64::from_le_bytes(*ts)).max(1));
             }
         }
     }
     let c = tracker.counts();
-    let (lost, how) = match last {
-        Some(l) => (
-            (l + 1).saturating_sub(c.received),
+    let (lost, how) = match (last, c.first) {
+        // The subscriber joined before the publisher started: 0 .. first never arrived.
+        (Some(l), Some(first)) => (
+            tracker.missing_through(l).saturating_add(first),
             "up to the announced last",
         ),
-        None => (
+        (Some(l), None) => (l.saturating_add(1), "up to the announced last"),
+        (None, _) => (
             args.messages.saturating_sub(c.received),
             "end announcement lost; counted against --messages",
         ),
     };
     let us = |q: f64| lat.value_at_quantile(q) as f64 / 1000.0;
     println!(
-        "subscriber {}: received {} lost {} ({how}) reordered {} latency_us p50={:.1} p99={:.1} max={:.1}",
+        "subscriber {}: received {} lost {} ({how}) reordered {} duplicates {} stale {} \
+         foreign {foreign} latency_us p50={:.1} p99={:.1} max={:.1}",
         args.index,
         c.received,
         lost,
         c.reordered,
+        c.duplicates,
+        c.stale + c.out_of_range,
         us(0.5),
         us(0.99),
         lat.max() as f64 / 1000.0

@@ -84,6 +84,8 @@ struct RankReport {
     secs: f64,
     receive_memory: usize,
     credits: usize,
+    /// Credit returns that needed a write of their own (the rest rode on messages).
+    credit_writes: u64,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -205,6 +207,7 @@ fn launch(args: &Args) -> Res<()> {
         let received: u64 = reports.iter().map(|r| r.received).sum();
         let elapsed = reports.iter().map(|r| r.secs).fold(0.0, f64::max);
         let blocked: u64 = reports.iter().map(|r| r.would_block).sum();
+        let credit_writes: u64 = reports.iter().map(|r| r.credit_writes).sum();
         let mode = if shared {
             format!("shared pool of {} slots", args.pool_slots)
         } else {
@@ -213,7 +216,7 @@ fn launch(args: &Args) -> Res<()> {
         println!(
             "{} ranks, {mode}: {received} messages in {elapsed:.1} s = {:.0} messages/s; \
              receive memory per rank {} bytes, {} credits per peer; {blocked} sends waited \
-             for credit",
+             for credit; {credit_writes} credit returns needed a write of their own",
             args.ranks,
             received as f64 / elapsed.max(1e-9),
             reports.first().map_or(0, |r| r.receive_memory),
@@ -350,6 +353,7 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
         node.progress(64, |ev| handle(ev, &mut got, &mut rep))?;
     }
     rep.secs = t0.elapsed().as_secs_f64();
+    rep.credit_writes = node.credit_writes();
     println!("{}", serde_json::to_string(&rep)?);
     // Nobody tears down its queue pairs while a peer may still send to it.
     session.allgather(b"done")?;

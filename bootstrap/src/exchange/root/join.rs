@@ -5,7 +5,10 @@
 use core::time::Duration;
 use std::io;
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::time::Instant;
+
+use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
 use crate::error::{BootstrapError, Result};
 use crate::exchange::clock::Clock;
@@ -76,6 +79,57 @@ pub(in crate::exchange) fn root_join(
     Ok((peers, table))
 }
 
+/// Rank 0 of a running world waits for restarted rank `rank` alone, on the listener the
+/// exchange kept, refusing anything but its `Rejoin`; returns its connection and blob.
+/// `old` is the connection of its previous process, which must have closed: a process that
+/// is still connected has not failed and cannot be replaced.
+pub(in crate::exchange) fn root_rejoin(
+    listener: &TcpListener,
+    world_size: u32,
+    rank: u32,
+    old: &TcpStream,
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Result<(PeerLink, Vec<u8>)> {
+    let old = old.try_clone().map_err(|source| BootstrapError::Io {
+        rank: 0,
+        peer: Some(rank),
+        addr: String::new(),
+        op: "duplicate the previous connection",
+        source,
+    })?;
+    let mut readers = HelloReaders::new(world_size, options);
+    let mut lobby = Lobby::new(world_size);
+    lobby.rejoin = Some(Rejoin { rank, old });
+    while lobby.waiting() {
+        if Instant::now() >= clock.deadline {
+            readers.close_all();
+            return Err(lobby.give_up(options, clock));
+        }
+        lobby.accept_backlog(listener, &mut readers, options, clock, progress);
+        for arrival in readers.arrivals(POLL) {
+            lobby.admit(&mut readers, arrival, options, progress);
+        }
+        progress.tick(|| format!("rank 0 waiting for rank {rank} to rejoin"));
+    }
+    readers.close_all();
+    lobby.joined[rank as usize]
+        .take()
+        .ok_or_else(|| BootstrapError::InvalidArgument {
+            rank: 0,
+            reason: format!("rank {rank} was admitted but has no place"),
+        })
+}
+
+/// The restarted rank a running world's rank 0 waits for, and a duplicate of the
+/// connection of its previous process.
+#[derive(Debug)]
+struct Rejoin {
+    rank: u32,
+    old: TcpStream,
+}
+
 /// The ranks that have joined so far, and the connections turned away meanwhile.
 #[derive(Debug)]
 struct Lobby {
@@ -84,6 +138,8 @@ struct Lobby {
     joined: Vec<Option<(PeerLink, Vec<u8>)>>,
     count: u32,
     refusals: Refusals,
+    /// In a running world: the one rank that may come (with a `Rejoin`).
+    rejoin: Option<Rejoin>,
 }
 
 impl Lobby {
@@ -93,16 +149,22 @@ impl Lobby {
             joined: (0..world_size).map(|_| None).collect(),
             count: 0,
             refusals: Refusals::default(),
+            rejoin: None,
         }
     }
 
-    /// Whether some rank other than 0 has not joined yet.
+    /// Whether some rank other than 0 has not joined yet (the restarted rank, in a running
+    /// world).
     fn waiting(&self) -> bool {
-        self.count < self.world_size - 1
+        match &self.rejoin {
+            Some(r) => self.joined[r.rank as usize].is_none(),
+            None => self.count < self.world_size - 1,
+        }
     }
 
     fn missing(&self) -> Vec<u32> {
         (1..self.world_size)
+            .filter(|rank| self.rejoin.as_ref().is_none_or(|r| r.rank == *rank))
             .filter(|rank| self.joined[*rank as usize].is_none())
             .collect()
     }
@@ -167,9 +229,15 @@ impl Lobby {
         };
         let verdict = match outcome {
             Err(error) => Err(hello_failure(&error, options)),
-            Ok((header, payload)) => check_hello(&header, &self.joined, self.world_size, options)
-                .and_then(|()| check_blob(header.sender, self.world_size, &payload, options))
-                .map(|()| (header.sender, payload)),
+            Ok((header, payload)) => check_hello(
+                &header,
+                &self.joined,
+                self.world_size,
+                options,
+                self.rejoin.as_ref(),
+            )
+            .and_then(|()| check_blob(header.sender, self.world_size, &payload, options))
+            .map(|()| (header.sender, payload)),
         };
         match verdict {
             Ok((rank, payload)) => {
@@ -307,9 +375,26 @@ fn check_hello(
     joined: &[Option<(PeerLink, Vec<u8>)>],
     world_size: u32,
     options: &ExchangeOptions,
+    rejoin: Option<&Rejoin>,
 ) -> core::result::Result<(), String> {
-    if header.kind != FrameKind::Hello {
-        return Err(format!("expected a Hello frame, got {:?}", header.kind));
+    match (rejoin, header.kind) {
+        (None, FrameKind::Hello) | (Some(_), FrameKind::Rejoin) => {}
+        (None, FrameKind::Rejoin) => {
+            return Err(
+                "a Rejoin frame, but this world is still starting: every rank of a new \
+                 world calls connect() (a rank rejoins a running world)"
+                    .to_owned(),
+            )
+        }
+        (Some(r), FrameKind::Hello) => {
+            return Err(format!(
+                "a Hello frame, but this world is running: the restarted rank {} calls \
+                 rejoin(), not connect()",
+                r.rank
+            ))
+        }
+        (None, kind) => return Err(format!("expected a Hello frame, got {kind:?}")),
+        (Some(_), kind) => return Err(format!("expected a Rejoin frame, got {kind:?}")),
     }
     if header.job_id != options.job_id {
         return Err(format!(
@@ -328,6 +413,21 @@ fn check_hello(
             "rank {} is out of range 1..{world_size}",
             header.sender
         ));
+    }
+    if let Some(r) = rejoin {
+        if header.sender != r.rank {
+            return Err(format!(
+                "rank {} is not the rank being readmitted (rank {}): it is running",
+                header.sender, r.rank
+            ));
+        }
+        if !hung_up(&r.old) {
+            return Err(format!(
+                "rank {}'s previous process is still connected to rank 0: it has not exited, \
+                 so it cannot be replaced",
+                r.rank
+            ));
+        }
     }
     if let Some((link, _)) = &joined[header.sender as usize] {
         return Err(format!(
@@ -350,6 +450,13 @@ fn check_blob(
     };
     p.check(rank, world_size, blob)
         .map_err(|reason| format!("rank {rank}'s blob is refused by {p:?}: {reason}"))
+}
+
+/// Whether the peer closed its end (or the connection failed), whatever unread data it left.
+fn hung_up(stream: &TcpStream) -> bool {
+    let mut set = PollSet::with_capacity(1);
+    let mut hung = [false];
+    wait_for_hangup(&mut set, [stream.as_fd()], Duration::ZERO, &mut hung).is_ok_and(|n| n > 0)
 }
 
 /// Whether the peer has not closed its end, probed without consuming data.

@@ -4,6 +4,7 @@
 mod hello;
 mod join;
 mod pending;
+mod readmit;
 mod round;
 
 use core::time::Duration;
@@ -20,6 +21,7 @@ use crate::wire::{
 };
 
 pub(super) use self::join::root_join;
+pub(super) use self::readmit::root_readmit;
 pub(super) use self::round::root_round;
 
 /// Ends the join: sends every peer its table and returns rank 0's. `blobs` are

@@ -3,7 +3,9 @@
 //! [`SoftNet::create_datagram`] gives a node a datagram queue pair with its own send and
 //! receive completion queues ([`NetDatagram`], a [`DatagramProvider`]); any number per
 //! node. Nodes have GIDs (`::ffff:10.a.b.c`, from the node number: [`SoftNet::gid`]) and
-//! LIDs (the node number plus one), so addresses are made as on a device.
+//! LIDs (the node number plus one; none, 0, for nodes past the unicast LIDs), so addresses
+//! are made as on a device. Dropping a [`NetDatagram`] destroys its queue pair as a device
+//! does: it leaves every group, and datagrams to it are dropped.
 //!
 //! # Semantics
 //! - **Sends execute inside [`DatagramProvider::post_send`]**: the payload (inline bytes
@@ -168,6 +170,18 @@ const fn node_gid(n: u32) -> Gid {
     Gid::from_ipv4([10, (n >> 16) as u8, (n >> 8) as u8, n as u8])
 }
 
+/// The largest unicast LID (above it, InfiniBand LIDs are multicast).
+const MAX_UNICAST_LID: u32 = 0xbfff;
+
+/// The LID of node `n`: its number plus one, or 0 (none) for nodes past the unicast LIDs.
+const fn node_lid(n: u32) -> u16 {
+    if n < MAX_UNICAST_LID {
+        (n + 1) as u16
+    } else {
+        0
+    }
+}
+
 /// The node whose GID `g` is, if it is one of `nodes`.
 fn gid_node(g: &Gid, nodes: usize) -> Option<u32> {
     match g.ipv4()? {
@@ -259,7 +273,7 @@ impl NetState {
         let mut wc = DatagramCompletion {
             wc: completion(wr_id, WcStatus::Success, CompletionKind::Recv, ud_qpn(dst)),
             src_qp: ud_qpn(from),
-            slid: self.world.ud.get(from).map_or(0, |s| s.node as u16 + 1),
+            slid: self.world.ud.get(from).map_or(0, |s| node_lid(s.node)),
             sl: 0,
             path_bits: 0,
             grh: true,
@@ -544,10 +558,11 @@ fn header(sgid: Gid, dgid: Gid, payload: u64) -> [u8; GRH_LEN] {
 impl<'m> SoftNet<'m> {
     /// Gives `node` a datagram queue pair with `qkey` whose datagrams carry at most `mtu`
     /// bytes, with the net's caps and send and receive completion queues of its own. `None`
-    /// if the node does not exist. Allocates.
+    /// if the node does not exist, or if `qkey` has its high bit set (a controlled Q_Key,
+    /// which a device grants only to privileged queue pairs). Allocates.
     pub fn create_datagram(&self, node: u32, qkey: u32, mtu: Mtu) -> Option<NetDatagram<'_>> {
         let mut st = self.state.borrow_mut();
-        if node as usize >= st.world.nodes.len() {
+        if node as usize >= st.world.nodes.len() || qkey & 0x8000_0000 != 0 {
             return None;
         }
         let caps = st.world.caps;
@@ -632,6 +647,22 @@ impl NetDatagram<'_> {
     }
 }
 
+impl Drop for NetDatagram<'_> {
+    /// Destroys the queue pair: it leaves every group and enters the error state (datagrams
+    /// still addressed to it are dropped and counted at its node; receives still posted
+    /// complete flushed, into a queue nobody polls).
+    fn drop(&mut self) {
+        // Never a panic in drop: the state is borrowed only inside calls, so this holds.
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            return;
+        };
+        for g in st.world.groups.iter_mut() {
+            g.members.retain(|m| *m != self.u);
+        }
+        st.ud_enter_error(self.u as usize);
+    }
+}
+
 impl DatagramProvider for NetDatagram<'_> {
     type Address = NetAddress;
 
@@ -652,7 +683,7 @@ impl DatagramProvider for NetDatagram<'_> {
     }
 
     fn lid(&self) -> u16 {
-        (self.node + 1) as u16
+        node_lid(self.node)
     }
 
     fn mtu(&self) -> u32 {
@@ -668,7 +699,7 @@ impl DatagramProvider for NetDatagram<'_> {
             Destination::Gid(g) => gid_node(&g, nodes).map(NetAddress::Node),
             Destination::Lid(l) => u32::from(l)
                 .checked_sub(1)
-                .filter(|n| (*n as usize) < nodes)
+                .filter(|n| *n < MAX_UNICAST_LID && (*n as usize) < nodes)
                 .map(NetAddress::Node),
         };
         found.ok_or(ProviderError {
@@ -752,6 +783,20 @@ impl DatagramProvider for NetDatagram<'_> {
                 verb: Verb::DetachMcast,
                 errno: EINVAL,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_has_a_unicast_lid_or_none() {
+        assert_eq!(node_lid(0), 1);
+        assert_eq!(node_lid(0xbffe), 0xbfff);
+        for n in [0xbfff, 0xffff, 0x1_0000, u32::MAX] {
+            assert_eq!(node_lid(n), 0, "node {n}");
         }
     }
 }

@@ -10,6 +10,9 @@ use crate::provider::{CompletionQueue, ProviderError, QueuePair};
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::calls::NetState;
+
+/// `ESTALE`: a completion queue handle of a node's earlier life.
+const ESTALE: i32 = 116;
 use super::state::QPN_BASE;
 #[cfg(doc)]
 use super::SoftNet;
@@ -130,6 +133,8 @@ pub(super) enum CqKind {
 pub struct NetCq<'n> {
     state: &'n RefCell<NetState>,
     node: u32,
+    /// The node's life it was handed out in.
+    life: u32,
     kind: CqKind,
     capacity: u32,
 }
@@ -148,12 +153,14 @@ impl<'n> NetCq<'n> {
     pub(super) fn new(
         state: &'n RefCell<NetState>,
         node: u32,
+        life: u32,
         kind: CqKind,
         capacity: u32,
     ) -> Self {
         Self {
             state,
             node,
+            life,
             kind,
             capacity,
         }
@@ -171,12 +178,13 @@ impl<'n> NetCq<'n> {
         self.kind == CqKind::Send
     }
 
-    /// Completions waiting in it.
+    /// Completions waiting in it (0 for a queue of a node's earlier life).
     pub fn len(&self) -> u32 {
         let st = self.state.borrow();
         st.world
             .nodes
             .get(self.node as usize)
+            .filter(|n| n.life == self.life)
             .map_or(0, |n| match self.kind {
                 CqKind::Send => n.send_cq.len(),
                 CqKind::Recv => n.recv_cq.len(),
@@ -192,9 +200,21 @@ impl<'n> NetCq<'n> {
 impl CompletionQueue for NetCq<'_> {
     /// A send queue's poll is first one retry tick for the node's waiting queue pairs (see
     /// [When work executes](super#when-work-executes)); a receive queue's polls only. Fails
-    /// with `EOVERFLOW` once the queue has overflowed. Does not allocate.
+    /// with `EOVERFLOW` once the queue has overflowed, and with `ESTALE` once its node was
+    /// [restarted](super::SoftNet::restart). Does not allocate.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         let mut st = self.state.borrow_mut();
+        if st
+            .world
+            .nodes
+            .get(self.node as usize)
+            .is_some_and(|n| n.life != self.life)
+        {
+            return Err(ProviderError {
+                verb: crate::provider::Verb::PollCq,
+                errno: ESTALE,
+            });
+        }
         match self.kind {
             CqKind::Send => st.poll_send(self.node as usize, out),
             CqKind::Recv => st.poll_recv(self.node as usize, out),

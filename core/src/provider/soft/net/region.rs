@@ -74,7 +74,9 @@ impl Drop for NetRegion<'_> {
     fn drop(&mut self) {
         let mut st = self.state.borrow_mut();
         if let Some(node) = st.world.nodes.get_mut(self.node as usize) {
-            if let Some(r) = node.regions.get_mut(self.slot) {
+            // After a restart the slot may hold a registration of the node's new life.
+            let (gen, _, _) = split_net_key(self.reg.lkey);
+            if let Some(r) = node.regions.get_mut(self.slot).filter(|r| r.gen == gen) {
                 r.release();
             }
         }

@@ -210,7 +210,7 @@ impl CqRing {
         self.pos.len
     }
 
-    fn cap(&self) -> u32 {
+    pub(super) fn cap(&self) -> u32 {
         self.ring.len() as u32
     }
 
@@ -282,6 +282,9 @@ pub(super) struct NodeState {
     pub(super) waiting_tail: u32,
     pub(super) waiting_len: u32,
     pub(super) dead: bool,
+    /// How many times it was restarted ([`SoftNet::restart`](super::SoftNet::restart)):
+    /// completion queue handles of an earlier life no longer reach its queues.
+    pub(super) life: u32,
     pub(super) stats: SoftStats,
 }
 
@@ -297,6 +300,7 @@ impl NodeState {
             waiting_tail: NONE,
             waiting_len: 0,
             dead: false,
+            life: 0,
             stats: SoftStats::default(),
         }
     }
@@ -369,6 +373,40 @@ impl World {
         self.nodes[a as usize].qps.push(q);
         self.nodes[b as usize].qps.push(q + 1);
         Some(q)
+    }
+
+    /// Gives dead node `n` a new life: its queue pairs of the old one are cut off (they
+    /// belong to no node any more: nothing they do reaches a node's queues or memory, and
+    /// peers' requests to them still get no answer), its regions are gone, its completion
+    /// queues are new and not yet handed out, it has no shared receive queue and no
+    /// connections, so every other node can connect to it again. `false` (nothing changed)
+    /// if `n` does not exist or is alive. Allocates (its new queues).
+    pub(super) fn restart(&mut self, n: usize) -> bool {
+        if !self.nodes.get(n).is_some_and(|node| node.dead) {
+            return false;
+        }
+        let old = core::mem::take(&mut self.nodes[n].qps);
+        for q in old {
+            self.unwait(q as usize);
+            if let Some(qp) = self.qps.get_mut(q as usize) {
+                qp.error = true;
+                qp.node = NONE;
+            }
+        }
+        let count = self.nodes.len();
+        for m in 0..count {
+            let (lo, hi) = (m.min(n), m.max(n));
+            let bit = lo * count + hi;
+            if let Some(word) = self.connected.get_mut(bit / 64) {
+                *word &= !(1 << (bit % 64));
+            }
+        }
+        let node = &mut self.nodes[n];
+        let (life, stats) = (node.life.wrapping_add(1), node.stats);
+        *node = NodeState::new(node.regions.len(), node.send_cq.cap());
+        node.life = life;
+        node.stats = stats;
+        true
     }
 
     /// Puts `q` at the tail of its node's waiting list (if it is not there yet).

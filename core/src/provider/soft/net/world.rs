@@ -217,7 +217,8 @@ impl<'m> SoftNet<'m> {
             return None;
         }
         cq.taken = true;
-        Some(NetCq::new(&self.state, node, kind, self.cq_capacity))
+        let life = n.life;
+        Some(NetCq::new(&self.state, node, life, kind, self.cq_capacity))
     }
 
     /// Simulates the death of `node`'s process: every queue pair of it is flushed, and its
@@ -226,6 +227,19 @@ impl<'m> SoftNet<'m> {
     /// `node`). No effect on a node that does not exist.
     pub fn kill(&self, node: u32) {
         self.state.borrow_mut().kill(node as usize);
+    }
+
+    /// Restarts `node` after [`SoftNet::kill`], as a process started again in its place:
+    /// a new life with no queue pairs, no registered memory and fresh completion queues
+    /// ([`SoftNet::send_cq`] and [`SoftNet::recv_cq`] hand them out again), to which every
+    /// node can [`connect`](SoftNet::connect) anew. What the old life had stays cut off: its
+    /// queue pairs reach nothing (its peers' requests to them keep failing with
+    /// [`WcStatus::RetryExceeded`]), its completion queue handles fail every poll with
+    /// `ESTALE`, its regions' keys resolve nowhere (dropping them later is harmless). Peers'
+    /// queue pairs to the old life are theirs to flush and drop. `false` (nothing changed)
+    /// if the node does not exist or was not killed. Allocates (the new queues).
+    pub fn restart(&self, node: u32) -> bool {
+        self.state.borrow_mut().world.restart(node as usize)
     }
 
     /// Whether `node` was killed.

@@ -1,0 +1,257 @@
+//! Rank 0's side of readmitting a restarted rank: read every survivor's `Readmit` (each is
+//! sent once that survivor has settled its queue pairs, so when all are in, nobody writes
+//! into anybody's flag array any more), take the restarted rank's `Rejoin` on the listener,
+//! then send the new process every survivor's endpoint for it and every survivor the new
+//! process's endpoint for that survivor.
+
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::thread;
+
+use rverbs_core::wire::node::{NodeBlob, ADDRESSED_BLOB_LEN};
+
+use crate::error::{BootstrapError, Result};
+use crate::exchange::clock::Clock;
+use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
+use crate::exchange::progress::Progress;
+use crate::exchange::session::PeerLink;
+use crate::exchange::ExchangeOptions;
+use crate::wire::{encode_table, FrameKind, Header};
+
+use super::join::root_rejoin;
+use super::{send_reject, send_table_frame, table_payload};
+
+/// What reading one survivor's part came to.
+type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
+
+/// Rank 0 readmits `rejoiner` (not 0): `peers` are the session's links (entry `i` is rank
+/// `i + 1`), `own` is rank 0's addressed node blob for the new process. Returns the new
+/// process's node blob addressed to rank 0; its link has taken the old one's place.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::exchange) fn root_readmit(
+    listener: &TcpListener,
+    peers: &mut [PeerLink],
+    world_size: u32,
+    rejoiner: u32,
+    own: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+) -> Result<Vec<u8>> {
+    let at = rejoiner as usize - 1;
+    let (outcomes, arrived) = {
+        let (before, rest) = peers.split_at_mut(at);
+        let (old, after) = rest
+            .split_first_mut()
+            .ok_or(BootstrapError::RankOutOfRange {
+                rank: rejoiner,
+                world_size,
+            })?;
+        let mut survivors: Vec<&mut PeerLink> = before.iter_mut().chain(after).collect();
+        read_parts_while(&mut survivors, options, clock, progress, |progress| {
+            root_rejoin(
+                listener,
+                world_size,
+                rejoiner,
+                &old.stream,
+                options,
+                clock,
+                progress,
+            )
+        })
+    };
+    let refuse_all = |peers: &mut [PeerLink], error: &BootstrapError| {
+        let reason = format!("readmitting rank {rejoiner} failed at rank 0: {error}");
+        for peer in peers.iter_mut().filter(|p| p.rank != rejoiner) {
+            send_reject(&peer.stream, &mut peer.seal, world_size, &reason, options);
+        }
+        reason
+    };
+    let (mut link, full) = match arrived {
+        Ok(arrived) => arrived,
+        Err(error) => {
+            refuse_all(peers, &error);
+            return Err(error);
+        }
+    };
+    let survivors = peers.iter().filter(|p| p.rank != rejoiner);
+    let parts = match tally(
+        survivors, outcomes, world_size, rejoiner, own, options, clock,
+    ) {
+        Ok(parts) => parts,
+        Err(error) => {
+            let reason = refuse_all(peers, &error);
+            send_reject(&link.stream, &mut link.seal, world_size, &reason, options);
+            return Err(error);
+        }
+    };
+    // The new process: every survivor's endpoint for it, its own entry empty.
+    let payload = table_payload(encode_table(&parts))?;
+    send_table_frame(&mut link, &payload, world_size, options)?;
+    // Every survivor: the new process's endpoint for it alone.
+    let cut = |to: u32| {
+        NodeBlob::cut_for(&full, to).map_err(|error| BootstrapError::Unexpected {
+            rank: 0,
+            peer: Some(rejoiner),
+            addr: link.addr.clone(),
+            reason: format!("its node blob has no endpoint for rank {to}: {error}"),
+        })
+    };
+    let mine = cut(0)?.to_vec();
+    for peer in peers.iter_mut().filter(|p| p.rank != rejoiner) {
+        let blobs: Vec<Vec<u8>> = (0..world_size)
+            .map(|r| {
+                if r == rejoiner {
+                    cut(peer.rank).map(|b| b.to_vec())
+                } else {
+                    Ok(Vec::new())
+                }
+            })
+            .collect::<Result<_>>()?;
+        let payload = table_payload(encode_table(&blobs))?;
+        send_table_frame(peer, &payload, world_size, options)?;
+    }
+    peers[at] = link;
+    Ok(mine)
+}
+
+/// Reads one frame from each of `survivors`, each on a thread of its own, while `meanwhile`
+/// runs on this one; entry `i` is survivor `i`'s outcome, `None` if its reader never
+/// reported.
+fn read_parts_while<T>(
+    survivors: &mut [&mut PeerLink],
+    options: &ExchangeOptions,
+    clock: Clock,
+    progress: &mut Progress,
+    meanwhile: impl FnOnce(&mut Progress) -> T,
+) -> (Vec<Option<Outcome>>, T) {
+    let limit = ADDRESSED_BLOB_LEN as u32;
+    let stall = options.io_timeout;
+    let mut outcomes: Vec<Option<Outcome>> = (0..survivors.len()).map(|_| None).collect();
+    let result = thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
+        let mut pending = 0usize;
+        for (index, peer) in survivors.iter_mut().enumerate() {
+            let tx = tx.clone();
+            let peer: &mut PeerLink = peer;
+            let spawned = thread::Builder::new()
+                .name("rverbs-bootstrap-readmit".to_owned())
+                .spawn_scoped(scope, move || {
+                    let outcome = read_frame(
+                        &peer.stream,
+                        &mut peer.seal,
+                        clock.deadline,
+                        clock.deadline,
+                        stall,
+                        limit,
+                        &mut || {},
+                    );
+                    let _ = tx.send((index, outcome));
+                });
+            match spawned {
+                Ok(_) => pending += 1,
+                Err(error) => outcomes[index] = Some(Err(ReadError::Io(error))),
+            }
+        }
+        drop(tx);
+        let result = meanwhile(progress);
+        // Every reader stops by the deadline, so this loop and the scope end too.
+        while pending > 0 {
+            match rx.recv_timeout(READ_SLICE) {
+                Ok((index, outcome)) => {
+                    outcomes[index] = Some(outcome);
+                    pending -= 1;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    progress.tick(|| "rank 0 waiting for the survivors' parts".to_owned());
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        result
+    });
+    (outcomes, result)
+}
+
+/// The new process's table (entry 0 `own`, entry `s` survivor `s`'s endpoint blob for the
+/// new process, its own entry empty) if every survivor sent a good `Readmit`; otherwise the
+/// first failure in rank order, or a timeout naming the survivors that sent nothing.
+fn tally<'a>(
+    survivors: impl Iterator<Item = &'a PeerLink>,
+    outcomes: Vec<Option<Outcome>>,
+    world_size: u32,
+    rejoiner: u32,
+    own: &[u8],
+    options: &ExchangeOptions,
+    clock: Clock,
+) -> Result<Vec<Vec<u8>>> {
+    let mut parts = vec![Vec::new(); world_size as usize];
+    parts[0] = own.to_vec();
+    let mut missing = Vec::new();
+    let mut failure = None;
+    for (peer, outcome) in survivors.zip(outcomes) {
+        match outcome {
+            None | Some(Err(ReadError::Timeout)) => missing.push(peer.rank),
+            Some(Err(error)) => {
+                failure.get_or_insert_with(|| {
+                    error.into_error(0, Some(peer.rank), &peer.addr, "readmit", clock)
+                });
+            }
+            Some(Ok((header, payload))) => {
+                match check_part(&header, &payload, peer.rank, world_size, rejoiner, options) {
+                    Err(reason) => {
+                        failure.get_or_insert(BootstrapError::Unexpected {
+                            rank: 0,
+                            peer: Some(peer.rank),
+                            addr: peer.addr.clone(),
+                            reason,
+                        });
+                    }
+                    Ok(()) => parts[peer.rank as usize] = payload,
+                }
+            }
+        }
+    }
+    if failure.is_some() || !missing.is_empty() {
+        return Err(failure.unwrap_or_else(|| BootstrapError::Timeout {
+            rank: 0,
+            missing,
+            waited: clock.waited(),
+            detail: format!("readmitting rank {rejoiner}: the survivors' parts"),
+        }));
+    }
+    Ok(parts)
+}
+
+/// Why `header` and `payload` are not survivor `rank`'s part in readmitting `rejoiner`.
+fn check_part(
+    header: &Header,
+    payload: &[u8],
+    rank: u32,
+    world_size: u32,
+    rejoiner: u32,
+    options: &ExchangeOptions,
+) -> core::result::Result<(), String> {
+    if header.kind != FrameKind::Readmit {
+        return Err(format!(
+            "expected a Readmit frame (every survivor readmits rank {rejoiner} together), got {:?}",
+            header.kind
+        ));
+    }
+    if header.sender != rank || header.job_id != options.job_id || header.world_size != world_size {
+        return Err(format!(
+            "Readmit claims rank {} of {} in job {:#x}, expected rank {rank} of {world_size} in job {:#x}",
+            header.sender, header.world_size, header.job_id, options.job_id
+        ));
+    }
+    let blob = NodeBlob::decode(payload).map_err(|error| format!("not a node blob: {error}"))?;
+    if blob.rank != rank || blob.world != world_size || blob.addressee() != Some(rejoiner) {
+        return Err(format!(
+            "a node blob of rank {} of {} for {:?}, expected rank {rank}'s for rank {rejoiner}",
+            blob.rank,
+            blob.world,
+            blob.addressee()
+        ));
+    }
+    Ok(())
+}

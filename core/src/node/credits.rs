@@ -1,0 +1,173 @@
+//! Credit-based flow control for node messaging: a sender never posts a message its
+//! receiver has no buffer for.
+//!
+//! A sender holds `slots` credits per receiver. [`Node::post_send_inline`] spends one, or,
+//! with none left, returns [`NodeError::WouldBlock`] at once (nothing was posted; call
+//! `progress` and retry): so in steady state no send ever finds the receiver without a
+//! posted buffer, and no "receiver not ready" retry happens. A receiver returns credits by
+//! telling the sender how many of its messages it has consumed: piggybacked on traffic
+//! (every message `post_send_inline` sends carries, in its immediate, the count of the
+//! receiver's messages this node consumed), or, when no message went back since half the
+//! credits were consumed, by an 8-byte inline write of the count into the peer's flag array.
+//! The sender takes the larger of the two before each send. Traffic both ways (requests
+//! and replies, a ping-pong) therefore needs no credit writes at all;
+//! [`Node::credit_writes`] counts those that were needed.
+//!
+//! The immediate of a send is the node's once messaging started: a send with immediate a
+//! peer posts on its channel directly is read as a credit return, and [`Event::Message`]
+//! carries no immediate. Writes with immediate are the user's ([`Event::Written`]).
+
+#[cfg(doc)]
+use super::Event;
+
+use super::messaging::Rings;
+use super::{Node, NodeError};
+use crate::channel::Ticket;
+use crate::memory::Region;
+use crate::multi::MultiChannel;
+use crate::poll::Backoff;
+use crate::provider::Provider;
+use crate::sge::RemoteMemory;
+use crate::wr::{Opcode, SendFlags};
+
+impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
+    /// Messages this node may have in flight to one peer (0 before messaging started).
+    pub fn credits_per_peer(&self) -> usize {
+        self.rings.as_ref().map_or(0, |r| r.credits)
+    }
+
+    /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
+    /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
+    /// Once messaging has started it spends a credit: with none left, or with the send queue
+    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Does not
+    /// allocate.
+    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
+        let p = self
+            .multi
+            .position(rank)
+            .ok_or(NodeError::UnknownRank(rank))?;
+        let written = self
+            .flags
+            .load_u64(8 * (self.world as usize + rank as usize))
+            .unwrap_or(0);
+        // (credit base, credits, the peer's latest return, what we consumed of the peer's)
+        let credit = self.rings.as_mut().map(|r| {
+            // The piggybacked count is widened against the larger of the two from now on.
+            r.returned[p] = written.max(r.returned[p]);
+            (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
+        });
+        let chan = self.channel(rank)?;
+        if let Some((base, slots, returned, _)) = credit {
+            // Every request that consumes one of the peer's ring slots counts, whichever
+            // call posted it (a send or a write with immediate on the channel directly too).
+            let in_flight = chan
+                .remote_recvs_used()
+                .saturating_sub(base)
+                .saturating_sub(returned);
+            if in_flight >= slots {
+                return Err(NodeError::WouldBlock { rank });
+            }
+        }
+        if !chan.send_room(1) {
+            return match chan.failure() {
+                Some(error) => Err(NodeError::Channel { rank, error }),
+                None => Err(NodeError::WouldBlock { rank }),
+            };
+        }
+        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
+        // wait to cover it. Once messaging runs, the credit return rides along: the low 32
+        // bits of our consumed count (the peer widens it against what it had, `credit_in`).
+        let (opcode, consumed) = match credit {
+            Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
+            None => (Opcode::Send, None),
+        };
+        let t = chan
+            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::SIGNALED)
+            .map_err(|error| NodeError::Channel { rank, error })?;
+        let Some(consumed) = consumed else {
+            return Ok(t);
+        };
+        if let Some(r) = self.rings.as_mut() {
+            r.reported[p] = consumed;
+        }
+        Ok(t)
+    }
+
+    /// Credit returns that needed an 8-byte write of their own since messaging started: a
+    /// peer's messages were consumed and no message went back to it before half its credits
+    /// were used. 0 for traffic that flows both ways. Does not allocate.
+    pub fn credit_writes(&self) -> u64 {
+        self.rings.as_ref().map_or(0, |r| r.credit_writes)
+    }
+}
+
+/// Widens a 32-bit credit return to the 64-bit count it abbreviates: the count never goes
+/// back and moves less than 2^31 between two messages (a sender has at most its credits in
+/// flight), so anything that would move it back is stale or foreign and is ignored. A
+/// count above what we sent only lets us post into a full ring, where the device retries
+/// (receiver not ready): a peer cannot make us touch memory by lying.
+pub(super) fn credit_in(returned: &mut u64, imm: u32) {
+    let step = imm.wrapping_sub(*returned as u32);
+    if step < 1 << 31 {
+        *returned += u64::from(step);
+    }
+}
+
+/// Writes peer `p`'s consumed count into its flag array if it changed: the credit return.
+pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
+    p: usize,
+) {
+    let consumed = rings.consumed[p];
+    // Half the credits at a time: a sender that ran out of credits has all of them in
+    // flight, so they come back after at most half of them were consumed.
+    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
+        return;
+    }
+    let rank = rings.ranks[p];
+    let Some(slot) = peer_flags
+        .get(rank as usize)
+        .and_then(|f| f.slice(8 * (u64::from(world) + u64::from(me)), 8))
+    else {
+        return;
+    };
+    let Some(chan) = multi.by_index(p) else {
+        return;
+    };
+    // Credits never need to wait: a full send queue defers the return to the next call,
+    // and a failure shows up as the channel's `Failed` event.
+    if chan.send_room(1)
+        && chan
+            .post_inline_flags(
+                Opcode::Write,
+                &consumed.to_le_bytes(),
+                slot,
+                SendFlags::SIGNALED,
+            )
+            .is_ok()
+    {
+        rings.reported[p] = consumed;
+        rings.credit_writes += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::credit_in;
+
+    #[test]
+    fn a_credit_return_widens_across_the_32_bit_wrap_and_never_goes_back() {
+        let mut r = (1u64 << 32) - 2;
+        credit_in(&mut r, 1); // 2^32 + 1: three on, across the wrap
+        assert_eq!(r, (1 << 32) + 1);
+        credit_in(&mut r, u32::MAX); // stale: would go back two
+        assert_eq!(r, (1 << 32) + 1);
+        credit_in(&mut r, 1 + (1 << 31)); // as far back as forward: foreign, ignored
+        assert_eq!(r, (1 << 32) + 1);
+        credit_in(&mut r, (1 << 31) - 1 + 1); // 2^31 - 1 on: the most one message may move
+        assert_eq!(r, (1 << 32) + (1 << 31));
+    }
+}

@@ -1,0 +1,209 @@
+//! Readmitting a rank that failed and was started again: the survivors' side (see
+//! [the module docs](crate::node#when-a-rank-rejoins)).
+//!
+//! The survivors cannot tell the new process's writes from the old one's unless every count
+//! starts again, so readmitting is collective and happens between two out-of-band rounds:
+//!
+//! 1. every survivor calls [`Node::readmit_begin`]: its barrier state is poisoned (no
+//!    barrier starts), everything it posted to a live rank completes, and its queue pair to
+//!    the failed rank is flushed and drained;
+//! 2. round one: once every survivor has begun, nobody writes into anybody's flag array any
+//!    more; the survivors exchange fresh endpoints with the new process;
+//! 3. every survivor calls [`Node::readmit_finish`] with its new queue pair to the new
+//!    process and the new process's flag array and window: the queue pair takes the old
+//!    one's place, the counters restart from zero, the flag array is zeroed (notice slot
+//!    included) and the news about the rank is forgotten;
+//! 4. round two: once every rank has finished (the new process has connected too), barriers
+//!    run again, over all ranks.
+
+use core::fmt;
+
+use super::{flags_len, Node, NodeError};
+use crate::channel::ChannelError;
+use crate::failure::Failure;
+use crate::memory::Region;
+use crate::poll::Backoff;
+use crate::provider::shared::{RoutedQp, SharedCqError};
+use crate::provider::{CompletionQueue, Provider, QueuePair};
+use crate::sge::RemoteMemory;
+use crate::wire::node::NodeBlobError;
+
+/// Why a node cannot readmit a rank ([`NodeError::Readmit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadmitError {
+    /// Messaging started: the rings, credits and receives each peer holds are not rebuilt
+    /// for a new process.
+    Messaging,
+    /// Barrier wake-ups are on: the receives they keep posted on every channel are not
+    /// rebuilt for a new process.
+    Wakeups,
+    /// The node takes its receives from a shared receive queue: a queue pair for the new
+    /// process would have to join it, which is not supported.
+    SharedReceive,
+    /// The node knows of a failure of another rank: only the rank the news names can be
+    /// readmitted (only the first failure is kept).
+    OtherFailure(Failure),
+    /// The channel to a live rank is broken, or its work did not complete: a second rank
+    /// (or the path to it) failed, which readmitting one rank does not repair.
+    Channel {
+        /// The live rank.
+        rank: u32,
+        /// Its channel's error.
+        error: ChannelError,
+    },
+    /// [`Node::readmit_finish`] without [`Node::readmit_begin`] for this rank, or with work
+    /// posted to the rank in between.
+    NotBegun,
+    /// The new queue pair does not fit the place of the old one.
+    QueuePair(SharedCqError),
+}
+
+impl fmt::Display for ReadmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Messaging => f.write_str(
+                "messaging started on this node: the rings, credits and posted receives of a \
+                 peer are not rebuilt for a restarted process (readmit needs a node that only \
+                 writes, reads and runs barriers)",
+            ),
+            Self::Wakeups => f.write_str(
+                "barrier wake-ups are on: the receives they keep posted on every channel are \
+                 not rebuilt for a restarted process",
+            ),
+            Self::SharedReceive => f.write_str(
+                "the node takes its receives from a shared receive queue, which a queue pair \
+                 for a restarted process cannot join",
+            ),
+            Self::OtherFailure(failure) => write!(
+                f,
+                "this node knows of another failure ({failure}): only the rank the news names \
+                 can be readmitted"
+            ),
+            Self::Channel { rank, error } => write!(
+                f,
+                "the channel to live rank {rank} failed while settling ({error}): a second \
+                 failure, which readmitting one rank does not repair"
+            ),
+            Self::NotBegun => {
+                f.write_str("readmit_finish without readmit_begin, or work posted in between")
+            }
+            Self::QueuePair(e) => {
+                write!(f, "the new queue pair cannot take the old one's place: {e}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for ReadmitError {}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
+    /// Step one of readmitting `rank`, which failed and was started again (see [the module
+    /// docs](crate::node#when-a-rank-rejoins)); every other surviving rank takes it at the same
+    /// time. Abandons any barrier in progress and refuses new ones until
+    /// [`Node::readmit_finish`]; waits until everything posted to the live ranks completed
+    /// (at most each channel's timeout); flushes and drains the channel to `rank`.
+    ///
+    /// Fails, changing nothing that matters, for a node with messaging or barrier wake-ups
+    /// ([`ReadmitError`]), when this node knows of another rank's failure, and (after the
+    /// drain) when a channel to a live rank is broken. Allocates nothing.
+    pub fn readmit_begin(&mut self, rank: u32) -> Result<(), NodeError> {
+        if rank == self.rank || rank >= self.world {
+            return Err(NodeError::UnknownRank(rank));
+        }
+        let refuse = |error| Err(NodeError::Readmit { rank, error });
+        if self.rings.is_some() {
+            return refuse(ReadmitError::Messaging);
+        }
+        if self.wakeups.is_some() {
+            return refuse(ReadmitError::Wakeups);
+        }
+        if self
+            .multi
+            .channel(rank)
+            .is_ok_and(|c| c.provider().srq_capacity() > 0)
+        {
+            return refuse(ReadmitError::SharedReceive);
+        }
+        if let Some(f) = self.failure().filter(|f| f.rank != rank) {
+            return refuse(ReadmitError::OtherFailure(f));
+        }
+        self.barrier.poison();
+        self.readmitting = Some(rank);
+        for c in self.multi.channels() {
+            let peer = c.peer().unwrap_or(u32::MAX);
+            if peer == rank {
+                // Nothing to wait for: the process it led to is gone.
+                c.settle(true);
+                continue;
+            }
+            if let Some(error) = c.failure() {
+                return refuse(ReadmitError::Channel { rank: peer, error });
+            }
+            if let Err(error) = c.wait_all() {
+                return refuse(ReadmitError::Channel { rank: peer, error });
+            }
+        }
+        Ok(())
+    }
+
+    /// This node's flag array as peers address it (what a node built for a restarted rank
+    /// needs of every survivor, with [`Node::window`]'s).
+    pub fn flags_remote(&self) -> RemoteMemory {
+        self.flags.remote()
+    }
+}
+
+impl<Q, C, M, B> Node<RoutedQp<Q, C>, M, B>
+where
+    Q: QueuePair,
+    C: CompletionQueue,
+    M: Region,
+    B: Backoff + Clone,
+{
+    /// Step two of readmitting `rank` (after [`Node::readmit_begin`], and after every other
+    /// survivor began too): `qp`, connected to the new process and completing into this
+    /// node's completion queues (made with [`RoutedQp::with_cqs`]), takes the old queue
+    /// pair's place, which is dropped; `flags` and `window` are the new process's flag array
+    /// and window. Then every barrier count starts from zero, this node's flag array is
+    /// zeroed (the failure notice too) and the news about `rank` is forgotten.
+    ///
+    /// No rank may start a barrier before every rank (the new process included) has
+    /// finished: an out-of-band round does that. Allocates nothing.
+    pub fn readmit_finish(
+        &mut self,
+        rank: u32,
+        qp: Q,
+        flags: RemoteMemory,
+        window: RemoteMemory,
+    ) -> Result<(), NodeError> {
+        let refuse = |error| Err(NodeError::Readmit { rank, error });
+        if self.readmitting != Some(rank) {
+            return refuse(ReadmitError::NotBegun);
+        }
+        if (flags.len as usize) < flags_len(self.world) {
+            return Err(NodeError::Blob {
+                rank,
+                error: NodeBlobError::FlagsTooSmall,
+            });
+        }
+        let swapped = self
+            .multi
+            .renew(rank, |p| p.replace_qp(qp).map(drop).map_err(|(_, e)| e));
+        match swapped {
+            None => return refuse(ReadmitError::NotBegun),
+            Some(Err(e)) => return refuse(ReadmitError::QueuePair(e)),
+            Some(Ok(())) => {}
+        }
+        self.peer_flags[rank as usize] = flags;
+        self.peer_windows[rank as usize] = window;
+        self.barrier.reset();
+        let zero = [0u8; 8];
+        for at in (0..flags_len(self.world)).step_by(8) {
+            self.flags.write_from(at, &zero);
+        }
+        self.failures.forget(rank);
+        self.readmitting = None;
+        Ok(())
+    }
+}

@@ -1,0 +1,336 @@
+//! A rank that rejoins, on the software model: a rank killed mid-run is named by every
+//! survivor, started again ([`SoftNet::restart`]) and readmitted ([`soft_rejoin`]); then
+//! barriers of every algorithm pass on every rank, again and again, the new node's window
+//! works, and the same happens to the next rank killed (the leader too). What cannot be
+//! readmitted says why.
+#![allow(clippy::std_instead_of_core)]
+
+use std::time::Duration;
+
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::completion::{Completion, WcStatus};
+use rverbs_core::failure::{Failure, FailureCause};
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::node::{
+    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, NodeError, ReadmitError, SoftNode,
+};
+use rverbs_core::params::QpCaps;
+use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_core::provider::{CompletionQueue, QueuePair};
+use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
+
+macro_rules! clock {
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+        &CLOCK as StaticClock
+    }};
+}
+
+const WORLD: u32 = 4;
+const WINDOW: usize = 64;
+/// Barriers of each algorithm between two failures.
+const ROUNDS: usize = if cfg!(miri) { 2 } else { 20 };
+const TIMEOUT_OK: Duration = Duration::from_secs(3600);
+
+fn net<'m>(world: u32) -> SoftNet<'m> {
+    SoftNet::new(SoftNetConfig::new(
+        world,
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        },
+    ))
+}
+
+/// One barrier with `alg` on every rank in `nodes`, polled in turn until all complete; the
+/// answers by rank.
+fn barrier_all(
+    nodes: &mut [SoftNode<'_, Spin>],
+    alg: BarrierAlgorithm,
+    clock: StaticClock,
+    timeout: Duration,
+) -> Vec<(u32, Result<(), NodeError>)> {
+    let mut open = Vec::new();
+    let mut answers = Vec::new();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.set_algorithm(alg);
+        match n.barrier_start(&clock, timeout) {
+            Ok(()) => open.push(i),
+            Err(e) => answers.push((n.rank(), Err(e))),
+        }
+    }
+    while !open.is_empty() {
+        open.retain(|&i| match nodes[i].barrier_poll(&clock) {
+            Ok(false) => true,
+            Ok(true) => {
+                answers.push((nodes[i].rank(), Ok(())));
+                false
+            }
+            Err(e) => {
+                answers.push((nodes[i].rank(), Err(e)));
+                false
+            }
+        });
+    }
+    answers.sort_by_key(|(r, _)| *r);
+    answers
+}
+
+/// [`ROUNDS`] barriers of every algorithm over every rank, each of which must pass.
+fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock, when: &str) {
+    for _ in 0..ROUNDS {
+        for alg in BarrierAlgorithm::ALL {
+            let answers = barrier_all(nodes, alg, clock, TIMEOUT_OK);
+            assert_eq!(answers.len(), nodes.len());
+            for (r, a) in answers {
+                if let Err(e) = a {
+                    panic!("{when}: rank {r} ({}): {e}", alg.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
+    // The victims in turn: a rank in the middle, the leader of the centralized barrier
+    // (rank 0, the tree's root), the last rank, and the middle one again.
+    // Under Miri, the first two.
+    let victims: &[u32] = if cfg!(miri) { &[2, 0] } else { &[2, 0, 3, 2] };
+    let mut lives: Vec<Vec<u8>> = victims
+        .iter()
+        .map(|_| vec![0u8; soft_rejoin_bytes(WORLD, WINDOW)])
+        .collect();
+    let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
+    let net = net(WORLD);
+    let clock = clock!();
+    let cfg = ChannelConfig::default();
+    let mut nodes = soft_world(
+        &net,
+        &mut arena,
+        WINDOW,
+        cfg,
+        BarrierAlgorithm::Dissemination,
+        Spin,
+        clock,
+    )
+    .unwrap();
+    for n in &mut nodes {
+        n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+    }
+    barriers_pass(&mut nodes, clock, "before any failure");
+
+    for (life, (&dead, mem)) in victims.iter().zip(lives.iter_mut()).enumerate() {
+        net.kill(dead);
+        // The survivors' barrier fails, naming the dead rank (with an algorithm in which
+        // most ranks never wait for it directly).
+        let alg = BarrierAlgorithm::ALL[life % 3];
+        let answers = barrier_all(
+            &mut nodes[..],
+            alg,
+            clock,
+            Duration::from_millis(if cfg!(miri) { 1 } else { 5 }),
+        )
+        .into_iter()
+        .filter(|(r, _)| *r != dead)
+        .collect::<Vec<_>>();
+        assert_eq!(answers.len(), WORLD as usize - 1);
+        for (r, a) in &answers {
+            match a {
+                Err(NodeError::Barrier(BarrierError::PeerFailed(f))) if f.rank == dead => {}
+                other => {
+                    panic!("life {life}: rank {r}: expected rank {dead}'s failure, got {other:?}")
+                }
+            }
+        }
+        // The dead process's node is gone; a new one takes its place.
+        drop(nodes.remove(dead as usize));
+        let reborn = soft_rejoin(
+            &net,
+            dead,
+            mem,
+            WINDOW,
+            cfg,
+            (BarrierAlgorithm::Dissemination, Spin, clock),
+            &mut nodes,
+        )
+        .unwrap_or_else(|e| panic!("life {life}: readmitting rank {dead}: {e}"));
+        nodes.insert(dead as usize, reborn);
+        for n in &mut nodes {
+            n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
+            assert_eq!(
+                n.failure(),
+                None,
+                "rank {} still knows of a failure",
+                n.rank()
+            );
+            assert!(!n.is_poisoned(), "rank {} is still poisoned", n.rank());
+        }
+        barriers_pass(&mut nodes, clock, &format!("after rank {dead} rejoined"));
+
+        // The new process's window is the one its peers write.
+        let from = (dead + 1) % WORLD;
+        let data = [life as u8 + 1; 8];
+        let at = nodes[from as usize]
+            .peer_window(dead)
+            .and_then(|w| w.slice(0, 8))
+            .unwrap();
+        nodes[from as usize]
+            .multi()
+            .write_inline(dead, &data, at)
+            .unwrap();
+        let mut got = [0u8; 8];
+        assert!(nodes[dead as usize].window().read_into(0, &mut got));
+        assert_eq!(
+            got, data,
+            "life {life}: rank {from}'s write to rank {dead}'s new window"
+        );
+    }
+}
+
+#[test]
+fn what_cannot_be_readmitted_says_why() {
+    let mut ring = vec![0u8; (WORLD as usize - 1) * 4 * 64];
+    let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
+    let net = net(WORLD);
+    let clock = clock!();
+    let mut nodes = soft_world(
+        &net,
+        &mut arena,
+        WINDOW,
+        ChannelConfig::default(),
+        BarrierAlgorithm::Dissemination,
+        Spin,
+        clock,
+    )
+    .unwrap();
+    let unknown = |e: NodeError, r| assert_eq!(e, NodeError::UnknownRank(r));
+    unknown(nodes[1].readmit_begin(1).unwrap_err(), 1);
+    unknown(nodes[1].readmit_begin(WORLD).unwrap_err(), WORLD);
+
+    // Messaging: rings and credits are not rebuilt.
+    let region = net
+        .register(1, &mut ring, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    nodes[1].start_messaging_in(region, 4, 64).unwrap();
+    let e = nodes[1].readmit_begin(2).unwrap_err();
+    assert_eq!(
+        e,
+        NodeError::Readmit {
+            rank: 2,
+            error: ReadmitError::Messaging
+        }
+    );
+    let text = e.to_string();
+    assert!(
+        text.starts_with("cannot readmit rank 2: messaging started"),
+        "{text}"
+    );
+
+    // Barrier wake-ups: their receives are not rebuilt.
+    nodes[2].enable_barrier_wakeups().unwrap();
+    let e = nodes[2].readmit_begin(3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            NodeError::Readmit {
+                rank: 3,
+                error: ReadmitError::Wakeups
+            }
+        ),
+        "{e}"
+    );
+
+    // News of another rank's failure: only the rank it names can come back.
+    let news = Failure {
+        rank: 3,
+        cause: FailureCause::SessionClosed,
+        reporter: 0,
+    };
+    assert!(nodes[0].failure_alarm().raise(news));
+    let e = nodes[0].readmit_begin(2).unwrap_err();
+    assert_eq!(
+        e,
+        NodeError::Readmit {
+            rank: 2,
+            error: ReadmitError::OtherFailure(news)
+        }
+    );
+    assert!(e.to_string().contains("rank 3 failed"), "{e}");
+
+    // Step two without step one.
+    net.kill(3);
+    assert!(net.restart(3));
+    let (q, _theirs) = net.connect(0, 3).unwrap();
+    let any = nodes[1].flags_remote();
+    let e = nodes[0].readmit_finish(3, q, any, any).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            NodeError::Readmit {
+                rank: 3,
+                error: ReadmitError::NotBegun
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_restarted_soft_node_keeps_nothing_of_its_old_life() {
+    let (mut src, mut old_mem, mut new_mem) = ([7u8; 8], [0u8; 8], [0u8; 8]);
+    let net = net(3);
+    let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let src = net.register(0, &mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let old = net.register(1, &mut old_mem, remote).unwrap();
+    let mut old_cq = net.send_cq(1).unwrap();
+    let mut cq0 = net.send_cq(0).unwrap();
+    let (_to_1, _from_0) = net.connect(0, 1).unwrap();
+    assert!(net.connect(0, 1).is_none(), "connected once");
+    assert!(!net.restart(1), "only a killed node restarts");
+
+    net.kill(1);
+    assert!(net.restart(1));
+    assert!(!net.is_dead(1));
+    assert!(!net.restart(1), "alive again");
+    let mut wc = [Completion::EMPTY; 4];
+    assert_eq!(old_cq.poll(&mut wc).unwrap_err().errno, 116, "ESTALE");
+    assert!(net.send_cq(1).is_some(), "new queues to hand out");
+
+    // The new life registers in the slot the old region still names; dropping the old
+    // handle afterwards leaves the new registration alone.
+    let new = net.register(1, &mut new_mem, remote).unwrap();
+    let (old_remote, new_remote) = (old.remote(), new.remote());
+    drop(old);
+    let (mut to_1, _at_1) = net.connect(0, 1).expect("connect again");
+    let sges = [src.sge(0..8).unwrap()];
+    // The new region first: the write to the old one breaks the connection.
+    for (i, target) in [new_remote, old_remote].into_iter().enumerate() {
+        let wr = WorkRequest {
+            wr_id: i as u64,
+            opcode: Opcode::Write,
+            flags: SendFlags::SIGNALED,
+            sges: &sges,
+            remote: target,
+        };
+        // SAFETY: `src` outlives the request, which is polled to completion below.
+        unsafe { to_1.post_send(&[wr]) }.unwrap();
+        let n = cq0.poll(&mut wc).unwrap();
+        assert_eq!(n, 1);
+        let want = [WcStatus::Success, WcStatus::RemoteAccess][i];
+        assert_eq!(
+            wc[0].status,
+            want,
+            "write to the {} life's region",
+            ["new", "old"][i]
+        );
+    }
+    let mut got = [0u8; 8];
+    new.read_into(0, &mut got);
+    assert_eq!(got, [7u8; 8]);
+}
