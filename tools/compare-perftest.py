@@ -41,6 +41,16 @@ for line in log:
 
 vm = next((l[4:] for l in log if l.startswith("vm: ")), "")
 
+# market-feed publisher cost per datagram (mcast): microseconds and posts per datagram.
+mcast = {}
+for line in log:
+    m = re.search(r"(mcast[0-9]+): publisher: ([0-9]+) datagrams .* in ([0-9.]+) s .* \(([0-9.]+) per datagram\)", line)
+    if m:
+        mcast.setdefault(m.group(1), []).append((float(m.group(3)) * 1e6 / int(m.group(2)), float(m.group(4))))
+for name, runs in sorted(mcast.items()):
+    print(f"{name}: publisher {statistics.median(u for u, _ in runs):.2f} us per datagram "
+          f"(median of {len(runs)} rounds), at most {max(p for _, p in runs):.2f} posts per datagram")
+
 
 def unit(case):
     return "Mpps" if any(k in case for k in RATES) else "us"
@@ -91,7 +101,8 @@ if barriers:
                     "ranks", "median per barrier [us]"], input=data.encode(), check=True)
     print(f"plot: {target}")
 
-print(table)
+if rows:
+    print(table)
 if dtable:
     print()
     print(dtable)

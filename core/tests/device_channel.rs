@@ -182,6 +182,38 @@ fn inline_send_and_write() {
     ));
 }
 
+/// Unpolled posts are signaled every k-th request only; waiting for a ticket after the last
+/// signaled one posts a signaled zero-length RDMA write (no key, no memory) that the device
+/// completes behind it.
+#[test]
+fn waiting_for_an_unsignaled_ticket_posts_a_zero_length_cover() {
+    let (ctx, pd) = setup!("waiting_for_an_unsignaled_ticket_posts_a_zero_length_cover");
+    let mut cfg = ChannelConfig::default();
+    cfg.signal_every = 8;
+    let (mut a, _b) = support::channel_pair(&ctx, &pd, &QpConfig::default(), cfg);
+    let dst = vec![0u8; 8 * 20].into_boxed_slice();
+    let dst_mr = pd.register_shared(dst, RW).unwrap();
+    let mut last = None;
+    for i in 0..20u64 {
+        let at = dst_mr.remote().slice(i * 8, 8).unwrap();
+        last = Some(a.post_write_inline(&i.to_le_bytes(), at).unwrap());
+    }
+    let before = a.sends_completed() + a.outstanding_sends();
+    assert_eq!(before, 20);
+    a.wait(last.unwrap()).unwrap();
+    // One more request: the cover, completed with everything before it.
+    assert_eq!(a.sends_completed(), 21);
+    assert_eq!(a.outstanding_sends(), 0);
+    for i in 0..20u64 {
+        let mut got = [0u8; 8];
+        dst_mr.read_into(i as usize * 8, &mut got);
+        assert_eq!(u64::from_le_bytes(got), i);
+    }
+    // The channel goes on working after it.
+    a.write_inline(&[7; 8], dst_mr.remote().slice(0, 8).unwrap())
+        .unwrap();
+}
+
 #[test]
 fn selective_signaling_over_ten_times_the_queue_depth() {
     let (ctx, pd) = setup!("selective_signaling_over_ten_times_the_queue_depth");

@@ -755,6 +755,9 @@ fn unpolled_posts_signal_every_kth_and_waits_cover_the_rest() {
     b.write_inline(&[2; 8], at(23)).unwrap();
     b.write_inline(&[3; 8], at(24)).unwrap();
     b.run().unwrap();
+    // Posting empties the batch: running it again posts nothing.
+    assert!(b.is_empty());
+    b.run().unwrap();
     assert_eq!(f.stats(Side::A).sends_posted, 26);
     assert_eq!(a.outstanding_sends(), 0);
 

@@ -89,7 +89,7 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
             for r in reads[..l].iter_mut() {
                 b.read(r, target)?;
             }
-            return post_now(b, last);
+            return post_now(&mut b, last);
         }
         let mut b = chan.batch();
         for _ in 0..l {
@@ -100,7 +100,7 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
                 _ => b.write(&sge, target)?,
             };
         }
-        post_now(b, last)
+        post_now(&mut b, last)
     };
     let mut times = BwTimes::with_capacity(n);
     let start = Instant::now();
@@ -127,7 +127,7 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
 
 /// Posts a batch (one doorbell), signaling its last request if `last`.
 fn post_now(
-    mut b: rverbs_core::channel::Batch<
+    b: &mut rverbs_core::channel::Batch<
         '_,
         '_,
         rverbs_core::provider::verbs::VerbsProvider,

@@ -1,6 +1,7 @@
 //! Doorbell batches: many work requests, one post.
 
 use core::fmt;
+use core::mem::MaybeUninit;
 
 use super::wait::SettleOnDrop;
 use super::{as_gather, Channel, ChannelError, Ticket};
@@ -28,26 +29,76 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 #[must_use = "a batch posts nothing until it is run or posted"]
 pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     chan: &'c mut Channel<P, B, R>,
-    wrs: heapless::Vec<WorkRequest<'b>, MAX_BATCH>,
+    wrs: Staged<WorkRequest<'b>>,
     /// The position and entry of each inline request (the request's own `sges` is patched
     /// to point here when the batch is posted: a batch cannot borrow from itself while it is
-    /// built). Empty for a batch without inline requests, and never filled in advance: a
-    /// batch costs nothing per slot it does not use.
-    inline: heapless::Vec<(u8, Sge<'b>), MAX_BATCH>,
+    /// built). Empty for a batch without inline requests.
+    inline: Staged<(u8, Sge<'b>)>,
+}
+
+/// Up to [`MAX_BATCH`] values, none written in advance: making a batch writes one length,
+/// not kilobytes (`heapless::Vec::new` is a constant whose uninitialised storage is emitted
+/// as zeros, a 5 KiB `memset` per batch).
+struct Staged<T: Copy> {
+    len: usize,
+    items: [MaybeUninit<T>; MAX_BATCH],
+}
+
+impl<T: Copy> Staged<T> {
+    #[inline]
+    fn new() -> Self {
+        Self {
+            len: 0,
+            items: [const { MaybeUninit::uninit() }; MAX_BATCH],
+        }
+    }
+
+    /// Appends `item`; `Err(item)` when full.
+    #[inline]
+    fn push(&mut self, item: T) -> Result<(), T> {
+        match self.items.get_mut(self.len) {
+            Some(slot) => {
+                slot.write(item);
+                self.len += 1;
+                Ok(())
+            }
+            None => Err(item),
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: the first `len` items were written by `push` (and `T: Copy` has no drop).
+        unsafe { core::slice::from_raw_parts(self.items.as_ptr().cast::<T>(), self.len) }
+    }
+
+    #[inline]
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in `as_slice`; borrowed mutably through `self`.
+        unsafe { core::slice::from_raw_parts_mut(self.items.as_mut_ptr().cast::<T>(), self.len) }
+    }
+
+    #[inline]
+    fn clear(&mut self) {
+        self.len = 0;
+    }
 }
 
 impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Batch").field("wrs", &self.wrs).finish()
+        f.debug_struct("Batch")
+            .field("wrs", &self.wrs.as_slice())
+            .finish()
     }
 }
 
 impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
+    #[inline]
     pub(super) fn new(chan: &'c mut Channel<P, B, R>) -> Self {
         Self {
             chan,
-            wrs: heapless::Vec::new(),
-            inline: heapless::Vec::new(),
+            wrs: Staged::new(),
+            inline: Staged::new(),
         }
     }
 
@@ -65,7 +116,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     pub(super) fn push_wr(&mut self, wr: WorkRequest<'b>) -> Result<&mut Self, ChannelError> {
         self.chan
             .check_sges(wr.sges.len(), self.chan.caps.max_send_sge)?;
-        if self.wrs.len() >= self.chan.max_post {
+        if self.wrs.len >= self.chan.max_post {
             return Err(ChannelError::BatchFull {
                 max: self.chan.max_post,
             });
@@ -147,7 +198,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         remote: RemoteMemory,
     ) -> Result<&mut Self, ChannelError> {
         let sge = self.chan.inline_sge(data)?;
-        let i = self.wrs.len();
+        let i = self.wrs.len;
         self.push(opcode, SendFlags::INLINE, &[], remote)?;
         // As many inline entries as requests, at most MAX_BATCH (< 256): cannot be full.
         let _ = self.inline.push((i as u8, sge));
@@ -159,24 +210,37 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     ///
     /// # Safety
     /// The posting contract for every buffer the requests name.
+    /// Posting empties the batch (whether or not the post succeeded), so a batch never posts
+    /// the same requests twice.
     unsafe fn post_now(&mut self) -> Result<Ticket, ChannelError> {
-        if self.inline.is_empty() {
+        let r = if self.inline.len == 0 {
             // SAFETY: forwarded contract.
-            return unsafe { self.chan.post_send_wrs(&mut self.wrs) };
-        }
-        let entries = self.inline.clone();
-        let mut wrs = self.wrs.clone();
-        for (i, e) in entries.iter() {
-            if let Some(w) = wrs.get_mut(usize::from(*i)) {
-                w.sges = core::slice::from_ref(e);
+            unsafe { self.chan.post_send_wrs(self.wrs.as_mut_slice()) }
+        } else {
+            // Point each inline request at its entry, in a copy of the table that lives for
+            // the post (the batch cannot hold references into itself).
+            let entries = self.inline.as_slice();
+            let wrs = self.wrs.as_mut_slice();
+            let mut patched: Staged<WorkRequest<'_>> = Staged::new();
+            for w in wrs.iter() {
+                // As many as the batch holds: cannot be full.
+                let _ = patched.push(*w);
             }
-        }
-        // SAFETY: forwarded contract; inline payloads are copied during the post.
-        unsafe { self.chan.post_send_wrs(&mut wrs) }
+            for (i, e) in entries {
+                if let Some(w) = patched.as_mut_slice().get_mut(usize::from(*i)) {
+                    w.sges = core::slice::from_ref(e);
+                }
+            }
+            // SAFETY: forwarded contract; inline payloads are copied during the post.
+            unsafe { self.chan.post_send_wrs(patched.as_mut_slice()) }
+        };
+        self.wrs.clear();
+        self.inline.clear();
+        r
     }
 
     fn last_flags(&mut self, f: SendFlags) -> &mut Self {
-        if let Some(w) = self.wrs.last_mut() {
+        if let Some(w) = self.wrs.as_mut_slice().last_mut() {
             w.flags |= f;
         }
         self
@@ -199,18 +263,23 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
 
     /// Requests collected so far.
     pub fn len(&self) -> usize {
-        self.wrs.len()
+        self.wrs.len
     }
 
     /// Whether the batch is empty.
     pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
+        self.wrs.len == 0
     }
 
     /// Posts the batch with one doorbell and waits until all of it completed (at most the
-    /// channel's timeout). Does not allocate.
-    pub fn run(mut self) -> Result<(), ChannelError> {
-        if self.wrs.is_empty() {
+    /// channel's timeout); the batch is then empty. Does not allocate.
+    ///
+    /// Takes the batch by reference rather than by value: a batch holds up to
+    /// [`MAX_BATCH`] requests in place, and moving kilobytes into the call cost more than
+    /// posting a few requests.
+    #[inline]
+    pub fn run(&mut self) -> Result<(), ChannelError> {
+        if self.wrs.len == 0 {
             return Ok(());
         }
         // Waited for at once: the last request's own completion ends the wait.
@@ -225,16 +294,17 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         r.map(|_| ())
     }
 
-    /// Posts the batch with one doorbell and returns its ticket without waiting. `None` for
-    /// an empty batch. Does not allocate.
+    /// Posts the batch with one doorbell and returns its ticket without waiting; the batch
+    /// is then empty. `None` for an empty batch. Does not allocate.
     ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract): the buffers must stay valid and
     /// untouched until [`Channel::wait`] returned for the ticket (or a later one), even though
     /// the borrow checker forgets them when this call returns.
     #[must_use = "wait for the ticket before touching the buffers it names"]
-    pub unsafe fn post(mut self) -> Result<Option<Ticket>, ChannelError> {
-        if self.wrs.is_empty() {
+    #[inline]
+    pub unsafe fn post(&mut self) -> Result<Option<Ticket>, ChannelError> {
+        if self.wrs.len == 0 {
             return Ok(None);
         }
         // SAFETY: forwarded to the caller.

@@ -331,6 +331,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Starts a batch: up to [`Channel::max_post`] requests posted with one doorbell.
+    #[inline]
     pub fn batch<'b>(&mut self) -> Batch<'_, 'b, P, B, R> {
         Batch::new(self)
     }
