@@ -26,7 +26,11 @@ bitflags! {
 }
 
 /// The operation of a send-queue work request.
+///
+/// A one-byte tag (`repr(u8)`) rather than a niche in the atomic's fields: posting reads the
+/// operation of every request, and a byte is decoded with one load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Opcode {
     /// Two-sided send: consumes one receive at the peer.
     Send,

@@ -125,7 +125,7 @@ use crate::poll::{Backoff, Spin, StaticClock};
 use crate::provider::Provider;
 use crate::provider::ProviderError;
 use crate::sge::{Sge, SgeMut};
-use crate::wr::{RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 const RECV_BIT: u64 = 1 << 63;
 
@@ -143,6 +143,9 @@ const CLOCK_EVERY: u32 = 16;
 pub(crate) enum Queues {
     /// The send queue alone.
     Sends,
+    /// The receive queue, and the send queue as well on every `CLOCK_EVERY`-th empty poll
+    /// (so a failed send, a peer gone, still ends the wait early).
+    Recvs,
     /// Both.
     Both,
 }
@@ -494,14 +497,25 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         })
     }
 
+    /// Polls the send completion queue alone, once, and retires what completed: what a
+    /// sender that never receives needs (a bandwidth loop), without the empty poll of the
+    /// receive queue that [`Channel::poll`] adds. Returns the number of completions seen. A
+    /// failed poll breaks the channel. Does not allocate.
+    pub fn poll_sends(&mut self) -> Result<usize, ChannelError> {
+        self.poll_send_cq().map_err(|e| {
+            self.broken.get_or_insert(Broken::Provider(e));
+            ChannelError::Provider(e)
+        })
+    }
+
     fn poll_once(&mut self) -> Result<usize, ProviderError> {
-        Ok(self.poll_sends()? + self.poll_recvs()?)
+        Ok(self.poll_send_cq()? + self.poll_recv_cq()?)
     }
 
     /// Polls the send completion queue once: what a wait for send requests needs (their
     /// completions come on that queue alone).
     #[inline]
-    fn poll_sends(&mut self) -> Result<usize, ProviderError> {
+    fn poll_send_cq(&mut self) -> Result<usize, ProviderError> {
         let n = self.p.poll_send(&mut self.wc)?.min(POLL_AT_ONCE);
         let mut seen = 0;
         for i in 0..n {
@@ -515,7 +529,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     #[inline]
-    fn poll_recvs(&mut self) -> Result<usize, ProviderError> {
+    fn poll_recv_cq(&mut self) -> Result<usize, ProviderError> {
         let n = self.p.poll_recv(&mut self.wc)?.min(POLL_AT_ONCE);
         let mut seen = 0;
         for i in 0..n {
@@ -579,72 +593,96 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts `wrs` (assigning ids and signal flags) with one doorbell; returns the ticket.
+    /// The common case (channel healthy, room in the send queue, post accepted) stays in
+    /// this function; the rest lives in cold functions out of line.
     ///
     /// # Safety
     /// The posting contract for every buffer the requests name.
+    #[inline]
     unsafe fn post_send_wrs(
         &mut self,
         wrs: &mut [WorkRequest<'_>],
     ) -> Result<Ticket, ChannelError> {
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
         let n = wrs.len();
         debug_assert!(n > 0 && n <= self.max_post);
         let need = n as u64;
-        // Retire completed requests until n slots are free.
+        if self.broken.is_some() || !self.fits(need) {
+            self.make_room(need)?;
+        }
+        let first = self.next_seq;
+        let mut signaled_to = self.signaled_to;
+        let mut since_signal = self.since_signal;
+        let mut consumes = 0u64;
+        let mut id = first;
+        for w in wrs.iter_mut() {
+            w.wr_id = id;
+            id += 1;
+            consumes += u64::from(w.opcode.consumes_remote_recv());
+            since_signal += 1;
+            if w.flags.contains(SendFlags::SIGNALED) || since_signal >= self.signal_every {
+                w.flags |= SendFlags::SIGNALED;
+                since_signal = 0;
+                signaled_to = id;
+            }
+        }
+        self.since_signal = since_signal;
+        // SAFETY: forwarded contract.
+        match unsafe { self.p.post_send(wrs) } {
+            Ok(()) => {
+                self.remote_recvs_used += consumes;
+                self.signaled_to = signaled_to;
+                self.next_seq = id;
+                Ok(self.ticket(Work::Sends {
+                    first,
+                    last: id - 1,
+                }))
+            }
+            Err(f) => Err(self.post_refused(wrs, f)),
+        }
+    }
+
+    /// Before a post: the channel's failure if it is broken, else polls until `need`
+    /// requests fit next to those not yet retired (bounded by the channel's timeout).
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self, need: u64) -> Result<(), ChannelError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
         if !self.fits(need) {
             self.poll_until_on(Queues::Sends, |c| c.fits(need), None)?;
             if let Some(e) = self.failure() {
                 return Err(e);
             }
         }
+        Ok(())
+    }
+
+    /// After the provider refused a post (of which it may have taken a prefix): counts what
+    /// it took, and if it took any, breaks the channel and waits for the flush, so no buffer
+    /// is handed back while the device may still read it.
+    #[cold]
+    #[inline(never)]
+    fn post_refused(&mut self, wrs: &[WorkRequest<'_>], f: PostFailure) -> ChannelError {
+        let posted = f.posted.min(wrs.len());
         let first = self.next_seq;
-        let mut signaled_to = self.signaled_to;
-        let mut consumes = 0u64;
-        for (i, w) in wrs.iter_mut().enumerate() {
-            w.wr_id = first + i as u64;
-            consumes += u64::from(w.opcode.consumes_remote_recv());
-            self.since_signal += 1;
-            if w.flags.contains(SendFlags::SIGNALED) || self.since_signal >= self.signal_every {
-                w.flags |= SendFlags::SIGNALED;
-                self.since_signal = 0;
-                signaled_to = w.wr_id + 1;
-            }
+        self.remote_recvs_used += wrs[..posted]
+            .iter()
+            .filter(|w| w.opcode.consumes_remote_recv())
+            .count() as u64;
+        self.next_seq += posted as u64;
+        if posted > 0 {
+            // The posted prefix may end unsignaled: flush it so it completes, and do not
+            // return (handing the buffers back) before it has.
+            self.broken.get_or_insert(Broken::Wr(WrFailure {
+                peer: self.peer,
+                wr_id: first + posted as u64,
+                status: WcStatus::General,
+                vendor_err: 0,
+            }));
+            self.flush_and_drain();
         }
-        // SAFETY: forwarded contract.
-        let r = unsafe { self.p.post_send(wrs) };
-        match r {
-            Ok(()) => {
-                self.remote_recvs_used += consumes;
-                self.signaled_to = signaled_to;
-                self.next_seq += need;
-                Ok(self.ticket(Work::Sends {
-                    first,
-                    last: first + need - 1,
-                }))
-            }
-            Err(f) => {
-                let posted = f.posted.min(wrs.len());
-                self.remote_recvs_used += wrs[..posted]
-                    .iter()
-                    .filter(|w| w.opcode.consumes_remote_recv())
-                    .count() as u64;
-                self.next_seq += f.posted as u64;
-                if f.posted > 0 {
-                    // The posted prefix may end unsignaled: flush it so it completes, and do
-                    // not return (handing the buffers back) before it has.
-                    self.broken.get_or_insert(Broken::Wr(WrFailure {
-                        peer: self.peer,
-                        wr_id: first + f.posted as u64,
-                        status: WcStatus::General,
-                        vendor_err: 0,
-                    }));
-                    self.flush_and_drain();
-                }
-                Err(ChannelError::Post { errno: f.errno })
-            }
-        }
+        ChannelError::Post { errno: f.errno }
     }
 
     fn check_sges(&self, n: usize, max: u32) -> Result<(), ChannelError> {

@@ -56,8 +56,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 return Ok(());
             }
             let polled = match queues {
-                Queues::Sends => self.poll_sends(),
-                Queues::Both => self.poll_once(),
+                Queues::Sends => self.poll_send_cq(),
+                Queues::Recvs if !(empty + 1).is_multiple_of(CLOCK_EVERY) => self.poll_recv_cq(),
+                Queues::Recvs | Queues::Both => self.poll_once(),
             };
             match polled {
                 Ok(0) => {}
@@ -403,7 +404,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         r: u64,
         deadline: Option<Deadline>,
     ) -> Result<Done, ChannelError> {
-        match self.poll_until(|c| c.recv_done > r, deadline) {
+        match self.poll_until_on(Queues::Recvs, |c| c.recv_done > r, deadline) {
             Ok(()) => self.recv_result(r),
             Err(e) => Err(e),
         }

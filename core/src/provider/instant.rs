@@ -59,7 +59,8 @@ use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb}
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::{poll_completions, POLL_BATCH};
 use crate::verbs::ffi::sys;
-use crate::verbs::qp::{post_recv_chain, post_send_chain, SendChain};
+use crate::verbs::qp::post_recv_chain;
+use crate::verbs::send_chain::{post_send_chain, SendChain};
 use crate::verbs::VerbsError;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 

@@ -19,6 +19,7 @@ pub mod mcast;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub(crate) mod send_chain;
 pub mod srq;
 pub mod ud;
 

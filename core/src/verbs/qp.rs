@@ -1,6 +1,5 @@
 //! Reliable-connected queue pairs: creation, bring-up (INIT, RTR, RTS) and posting.
 
-use alloc::boxed::Box;
 use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
@@ -13,10 +12,11 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
+use super::send_chain::{post_send_chain, SendChain};
 use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
-use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 /// Typed queue-pair knobs. `Default` suits a low-latency RC link on one fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -500,27 +500,6 @@ impl PreparedQp {
     }
 }
 
-/// The `ibv_send_wr` list a queue pair posts from, made (zeroed) once with the queue pair:
-/// a post writes only the fields a request uses, in place, rather than zeroing and copying
-/// a whole `ibv_send_wr` per request. Between posts it holds stale values the driver never
-/// reads (it reads a request only during the `ibv_post_send` that names it).
-pub(crate) struct SendChain(Box<[sys::ibv_send_wr; MAX_BATCH]>);
-
-impl SendChain {
-    /// A zeroed list. Allocates (setup).
-    pub(crate) fn new() -> Self {
-        // SAFETY: ibv_send_wr is plain C data for which all-zero bytes are a valid value.
-        let list: [sys::ibv_send_wr; MAX_BATCH] = unsafe { MaybeUninit::zeroed().assume_init() };
-        Self(Box::new(list))
-    }
-}
-
-impl fmt::Debug for SendChain {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SendChain")
-    }
-}
-
 /// A connected RC queue pair (RTS).
 pub struct Qp {
     qpn: u32,
@@ -552,20 +531,6 @@ impl fmt::Debug for Qp {
             .field("path_mtu", &self.path_mtu)
             .field("caps", &self.caps)
             .finish()
-    }
-}
-
-#[inline]
-fn send_opcode(op: Opcode) -> (sys::ibv_wr_opcode::Type, u32) {
-    use sys::ibv_wr_opcode as o;
-    match op {
-        Opcode::Send => (o::IBV_WR_SEND, 0),
-        Opcode::SendImm(i) => (o::IBV_WR_SEND_WITH_IMM, i),
-        Opcode::Write => (o::IBV_WR_RDMA_WRITE, 0),
-        Opcode::WriteImm(i) => (o::IBV_WR_RDMA_WRITE_WITH_IMM, i),
-        Opcode::Read => (o::IBV_WR_RDMA_READ, 0),
-        Opcode::Atomic(AtomicOp::CompareSwap { .. }) => (o::IBV_WR_ATOMIC_CMP_AND_SWP, 0),
-        Opcode::Atomic(AtomicOp::FetchAdd(_)) => (o::IBV_WR_ATOMIC_FETCH_AND_ADD, 0),
     }
 }
 
@@ -695,85 +660,6 @@ impl Qp {
         // SAFETY: the QP is live; forwarded contract.
         unsafe { post_recv_chain(self.as_raw(), wrs) }
     }
-}
-
-/// Builds `wrs` into `chain` (the queue pair's own `ibv_send_wr` list) and posts it to `qp`
-/// with one call of the provider's `post_send` (one doorbell). At most [`MAX_BATCH`] requests. The
-/// one place a send chain is made: [`Qp::post_send`] and the instant provider's queue pairs
-/// both post through it. Does not allocate.
-///
-/// # Safety
-/// `qp` is live; the posting contract for the buffers.
-#[inline]
-pub(crate) unsafe fn post_send_chain(
-    qp: *mut sys::ibv_qp,
-    chain: &mut SendChain,
-    wrs: &[WorkRequest<'_>],
-) -> core::result::Result<(), PostFailure> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: 22,
-        });
-    }
-    // Every entry is reached through this one pointer (the list is linked by pointers into
-    // itself).
-    let base = chain.0.as_mut_ptr();
-    for (i, w) in wrs.iter().enumerate() {
-        // SAFETY: i < wrs.len() <= MAX_BATCH: inside the array, and no other reference to
-        // entry i is alive.
-        let wr = unsafe { &mut *base.add(i) };
-        let (opcode, imm) = send_opcode(w.opcode);
-        wr.wr_id = w.wr_id;
-        wr.next = if i + 1 < wrs.len() {
-            // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
-            unsafe { base.add(i + 1) }
-        } else {
-            ptr::null_mut()
-        };
-        // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-        wr.sg_list = w.sges.as_ptr().cast_mut().cast();
-        wr.num_sge = w.sges.len() as core::ffi::c_int;
-        wr.opcode = opcode;
-        wr.send_flags = w.flags.bits();
-        wr.__bindgen_anon_1.imm_data = imm.to_be();
-        match w.opcode {
-            Opcode::Atomic(op) => {
-                let (compare_add, swap) = match op {
-                    AtomicOp::CompareSwap { compare, swap } => (compare, swap),
-                    AtomicOp::FetchAdd(add) => (add, 0),
-                };
-                wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: w.remote.addr,
-                    compare_add,
-                    swap,
-                    rkey: w.remote.rkey,
-                };
-            }
-            op if op.is_rdma() => {
-                wr.wr.rdma.remote_addr = w.remote.addr;
-                wr.wr.rdma.rkey = w.remote.rkey;
-            }
-            _ => {}
-        }
-    }
-    let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds
-    // the posting contract for the buffers they name, and that qp is live.
-    let rc = unsafe { ffi::post_send(qp, base, &mut bad) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let posted = if bad.is_null() {
-        0
-    } else {
-        // SAFETY: bad points into our chain array.
-        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-    };
-    Err(PostFailure { posted, errno: rc })
 }
 
 /// Posts `wrs` to the receive queue of `qp` as one chain (at most [`MAX_BATCH`]).

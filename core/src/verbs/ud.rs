@@ -25,7 +25,6 @@
 //! ```
 
 use core::fmt;
-use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
 use alloc::sync::Arc;
@@ -35,12 +34,13 @@ use super::ah::AddressHandle;
 use super::cq::{Cq, CqInner};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
-use super::ffi::{self, errno, sys};
+use super::ffi::{errno, sys};
 use super::pd::Pd;
 use super::qp::{modify, post_recv_chain, zeroed_attr, QpHandle};
+use super::send_chain::{SendChain, EINVAL};
 use crate::gid::Gid;
 use crate::params::{Mtu, QpCaps};
-use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, MAX_BATCH};
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags};
 
 /// The Q_Key a datagram queue pair takes by default: the one the RDMA connection manager
 /// gives UD and multicast queue pairs (`RDMA_UDP_QKEY`), so endpoints made here and there
@@ -105,6 +105,7 @@ pub struct UdQp {
     /// The groups attached (GID and LID), detached on drop: the kernel refuses to destroy a
     /// queue pair still attached to one.
     attached: Vec<(Gid, u16)>,
+    chain: SendChain,
     // Field order is drop order: the QP goes before its CQs and PD.
     handle: QpHandle,
     _send_cq: Arc<CqInner>,
@@ -210,6 +211,7 @@ impl Pd {
             lid: port.lid,
             mtu: port.active_mtu,
             attached: Vec::new(),
+            chain: SendChain::new(),
             handle,
             _send_cq: send_cq.keep_alive(),
             _recv_cq: recv_cq.keep_alive(),
@@ -344,7 +346,7 @@ impl UdQp {
         )
     }
 
-    /// Posts up to [`MAX_BATCH`] datagram sends as one chain: one doorbell. Does not
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) datagram sends as one chain: one doorbell. Does not
     /// allocate.
     ///
     /// An address handle made on another protection domain than the queue pair's is refused
@@ -360,68 +362,36 @@ impl UdQp {
         &mut self,
         wrs: &[DatagramRequest<'_, AddressHandle>],
     ) -> core::result::Result<(), PostFailure> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        if wrs.len() > MAX_BATCH {
-            return Err(PostFailure {
-                posted: 0,
-                errno: 22,
-            });
-        }
-        let mut chain: [MaybeUninit<sys::ibv_send_wr>; MAX_BATCH] =
-            [const { MaybeUninit::uninit() }; MAX_BATCH];
-        let base = chain.as_mut_ptr().cast::<sys::ibv_send_wr>();
         let pd = self.pd.as_raw();
-        for (i, w) in wrs.iter().enumerate() {
-            if w.dest.pd_raw() != pd {
-                return Err(PostFailure {
-                    posted: 0,
-                    errno: 22,
-                });
-            }
-            // SAFETY: ibv_send_wr is plain C data for which zero is valid.
-            let mut wr: sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-            wr.wr_id = w.wr_id;
-            wr.next = if i + 1 < wrs.len() {
-                // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
-                unsafe { base.add(i + 1) }
-            } else {
-                ptr::null_mut()
-            };
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            wr.sg_list = w.sges.as_ptr().cast_mut().cast();
-            wr.num_sge = w.sges.len() as core::ffi::c_int;
-            (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
-                Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
-                None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
-            };
-            wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
-            wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                ah: w.dest.as_raw(),
-                remote_qpn: w.remote_qpn,
-                remote_qkey: w.remote_qkey,
-            };
-            chain[i].write(wr);
+        let qp = self.as_raw();
+        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
+        // forwarded contract for the buffers; the index is below wrs.len() == n.
+        unsafe {
+            self.chain.post(qp, wrs.len(), |i, wr| {
+                let w = wrs.get_unchecked(i);
+                if w.dest.pd_raw() != pd {
+                    return Err(EINVAL);
+                }
+                wr.wr_id = w.wr_id;
+                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+                wr.num_sge = w.sges.len() as core::ffi::c_int;
+                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
+                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
+                };
+                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
+                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: w.dest.as_raw(),
+                    remote_qpn: w.remote_qpn,
+                    remote_qkey: w.remote_qkey,
+                };
+                Ok(())
+            })
         }
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: the first wrs.len() entries are initialised and chained; the address
-        // handles are alive (borrowed by the requests); the caller upholds the posting
-        // contract for the buffers.
-        let rc = unsafe { ffi::post_send(self.as_raw(), base, &mut bad) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: bad points into our chain array.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err(PostFailure { posted, errno: rc })
     }
 
-    /// Posts up to [`MAX_BATCH`] receives as one chain. Each must hold [`GRH_LEN`] bytes
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives as one chain. Each must hold [`GRH_LEN`] bytes
     /// more than the largest payload it takes. Does not allocate.
     ///
     /// # Safety
