@@ -13,6 +13,7 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
+use super::recv_chain::post_recv_wrs;
 use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
@@ -784,47 +785,8 @@ pub(crate) unsafe fn post_recv_chain(
     qp: *mut sys::ibv_qp,
     wrs: &[RecvRequest<'_>],
 ) -> core::result::Result<(), PostFailure> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: 22,
-        });
-    }
-    let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
-        [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-    for (i, w) in wrs.iter().enumerate() {
-        let next = if i + 1 < wrs.len() {
-            // SAFETY: inside the array.
-            unsafe { base.add(i + 1) }
-        } else {
-            ptr::null_mut()
-        };
-        chain[i].write(sys::ibv_recv_wr {
-            wr_id: w.wr_id,
-            next,
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            sg_list: w.sges.as_ptr().cast_mut().cast(),
-            num_sge: w.sges.len() as core::ffi::c_int,
-        });
-    }
-    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
-    // posting contract and that qp is live.
-    let rc = unsafe { ffi::post_recv(qp, base, &mut bad) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let posted = if bad.is_null() {
-        0
-    } else {
-        // SAFETY: bad points into our chain array.
-        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-    };
-    Err(PostFailure { posted, errno: rc })
+    // SAFETY: forwarded contract; ffi::post_recv takes a queue pair.
+    unsafe { post_recv_wrs(qp, ffi::post_recv, wrs) }
 }
 
 /// Flags as the device sees them; checked against the header's values at compile time.
