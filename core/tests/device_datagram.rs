@@ -642,33 +642,15 @@ fn child() {
             ("member", ["expect", first, n]) => {
                 let (first, n): (u64, u64) = (first.parse().unwrap(), n.parse().unwrap());
                 say("waiting");
-                let before = allocs();
-                let mut got = 0;
-                while got < n {
-                    let d = ep.recv().unwrap();
-                    assert_eq!(d.source.group, Some(group.gid()));
-                    let (h, body) = tracker.observe(d.payload).unwrap();
-                    assert_eq!(h.sequence, first + got, "in order, none missing");
-                    assert_eq!(body, &[0x5au8; 48]);
-                    got += 1;
-                }
-                let c = tracker.counts();
-                assert_eq!((c.lost, c.reordered), (0, 0));
-                say(&format!("got {got} {}", allocs() - before));
+                let allocs = support::receive_in_order(&mut ep, &mut tracker, group, first, n);
+                say(&format!("got {n} {allocs}"));
             }
             ("member", ["silent", _]) => {
                 // Nothing may arrive while the parent sends a phase: wait for one datagram
                 // for 3 s (the phase takes well under that).
                 say("waiting");
-                let before = allocs();
-                let deadline =
-                    rverbs_core::poll::Deadline::after(&support::WALL, Duration::from_secs(3));
-                let got = match ep.recv_until(deadline) {
-                    Ok(_) => 1,
-                    Err(DatagramError::TimedOut { .. }) => 0,
-                    Err(e) => panic!("{e}"),
-                };
-                say(&format!("got {got} {}", allocs() - before));
+                let (got, allocs) = support::receive_within(&mut ep, Duration::from_secs(3));
+                say(&format!("got {got} {allocs}"));
             }
             (r, w) => panic!("role {r}: unexpected command {w:?}"),
         }

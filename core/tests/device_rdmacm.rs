@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::cm::{connect, CmConfig, CmError, CmStep, Connection, Listener};
 use rverbs_core::datagram::{
-    memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
+    memory_needed, Datagram, DatagramConfig, Group, SequenceTracker, Sequencer,
 };
 use rverbs_core::memory::PageMemory;
 use rverbs_core::poll::Deadline;
@@ -457,30 +457,13 @@ fn member(ctx: &Context, say: &dyn Fn(&str), next: &mut dyn FnMut() -> String) {
             ["expect", first, n] => {
                 let (first, n): (u64, u64) = (first.parse().unwrap(), n.parse().unwrap());
                 say("waiting");
-                let before = allocs();
-                let mut got = 0;
-                while got < n {
-                    let d = ep.recv().unwrap();
-                    assert_eq!(d.source.group, Some(group.gid()));
-                    let (h, body) = tracker.observe(d.payload).unwrap();
-                    assert_eq!(h.sequence, first + got, "in order, none missing");
-                    assert_eq!(body, &[0x5au8; 48]);
-                    got += 1;
-                }
-                let c = tracker.counts();
-                assert_eq!((c.lost, c.reordered), (0, 0));
-                say(&format!("got {got} {}", allocs() - before));
+                let allocs = support::receive_in_order(&mut ep, &mut tracker, group, first, n);
+                say(&format!("got {n} {allocs}"));
             }
             ["silent"] => {
                 say("waiting");
-                let before = allocs();
-                let deadline = Deadline::after(&support::WALL, Duration::from_secs(2));
-                let got = match ep.recv_until(deadline) {
-                    Ok(_) => 1,
-                    Err(DatagramError::TimedOut { .. }) => 0,
-                    Err(e) => panic!("{e}"),
-                };
-                say(&format!("got {got} {}", allocs() - before));
+                let (got, allocs) = support::receive_within(&mut ep, Duration::from_secs(2));
+                say(&format!("got {got} {allocs}"));
             }
             w => panic!("member: unexpected command {w:?}"),
         }

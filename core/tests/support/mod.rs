@@ -1,29 +1,28 @@
 //! What the core integration tests share: the test device, a wall clock, a counting global
 //! allocator (`counting`), a child-process harness for tests between processes (`child`),
-//! and, with feature `verbs`, helpers on the device (`device`). Each test binary compiles
-//! it with `mod support;` and uses part of it.
+//! the checks of a multicast member child (`member`), and, with feature `verbs`, helpers on
+//! the device (`device`). Each test binary compiles it with `mod support;` and uses part of
+//! it.
 //!
 //! The device comes from `RVERBS_TEST_DEVICE` (for example `rxe0` inside the SoftRoCE VM, or
 //! `mlx5_0` on real hardware). Without it a test is skipped with a message, except under
 //! `CI=true`, where a missing device fails the run: CI must never pass device tests that did
 //! not run.
-#![allow(
-    dead_code,
-    unused_imports,
-    unused_macros,
-    unreachable_pub,
-    clippy::std_instead_of_core
-)] // test code; not every test uses all of it
+// Test code, and no test uses all of it.
+#![allow(dead_code, unused_imports, unused_macros, unreachable_pub)]
+#![allow(clippy::std_instead_of_core)]
 
 mod child;
 mod counting;
 #[cfg(feature = "verbs")]
 mod device;
+mod member;
 
 pub use child::{hex, say, unhex, Peer};
 pub use counting::{allocs, Counting};
 #[cfg(feature = "verbs")]
 pub use device::{channel_pair, open, poll_n};
+pub use member::{receive_in_order, receive_within};
 
 use std::time::Instant;
 
