@@ -10,10 +10,10 @@
 //! parent's threads, one queue pair each.
 #![allow(clippy::std_instead_of_core)] // test code
 
+#[macro_use]
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::BufRead;
 use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
@@ -24,6 +24,7 @@ use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::{AccessFlags, Context, OwnedRegion, Pd, QpConfig};
 use rverbs_core::wire::Endpoint;
 use rverbs_core::wr::AtomicFault;
+use support::{hex, unhex, Peer};
 
 /// What the child's atomic words grant.
 const ATOMIC: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_ATOMIC);
@@ -36,28 +37,15 @@ const TAG: &str = "ATOMICS ";
 /// Words of the child's atomic region reported at the end.
 const WORDS: usize = 8;
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 /// One 8-aligned page registered with `access` (8 words at offset 0).
 fn page(pd: &Pd, access: AccessFlags) -> OwnedRegion {
     pd.register_shared(PageMemory::zeroed(4096).unwrap(), access)
         .unwrap()
 }
 
-/// The child process holding the words, and the parent's ends of its pipes.
+/// The child process holding the words.
 struct Target {
-    child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
+    child: Peer,
     /// The atomic words (`ATOMIC`) and a region without remote atomic access (`RW`).
     words: RemoteMemory,
     no_atomics: RemoteMemory,
@@ -72,75 +60,42 @@ impl Target {
         qps: usize,
     ) -> (Self, Vec<Channel<VerbsProvider>>) {
         let dev = support::test_device(test).unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_target", "--ignored", "--nocapture"])
-            .args(["--test-threads=1"])
-            .env("RVERBS_ATOMICS_CHILD_QPS", qps.to_string())
-            .env("RVERBS_TEST_DEVICE", dev)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let to = child.stdin.take().unwrap();
-        let from = BufReader::new(child.stdout.take().unwrap());
-        let mut t = Target {
-            child,
-            to,
-            from,
-            words: RemoteMemory::default(),
-            no_atomics: RemoteMemory::default(),
-        };
-        let mem = t.line("mem");
+        let qps_env = qps.to_string();
+        let env = [("RVERBS_ATOMICS_CHILD_QPS", qps_env.as_str())];
+        let mut child = Peer::start("child_target", TAG, "the child", &dev, &env);
+        let mem = child.line("mem");
         let mem: Vec<_> = mem
             .split(' ')
             .map(|m| RemoteMemory::decode(&unhex(m)))
             .collect();
-        (t.words, t.no_atomics) = (mem[0].unwrap(), mem[1].unwrap());
         let chans = (0..qps)
             .map(|_| {
-                let peer = Endpoint::decode(&unhex(&t.line("ep"))).unwrap();
+                let peer = Endpoint::decode(&unhex(&child.line("ep"))).unwrap();
                 let mine = PreparedVerbs::new(ctx, pd, &QpConfig::default()).unwrap();
-                t.say(&format!("ep {}", hex(&mine.endpoint().encode())));
+                child.say(&format!("ep {}", hex(&mine.endpoint().encode())));
                 let cfg = ChannelConfig::with_timeout(Duration::from_secs(10));
                 Channel::new(mine.handshake(&peer).unwrap(), cfg, &support::WALL)
             })
             .collect();
-        t.line("ready");
+        child.line("ready");
+        let t = Target {
+            child,
+            words: mem[0].unwrap(),
+            no_atomics: mem[1].unwrap(),
+        };
         (t, chans)
-    }
-
-    fn say(&mut self, line: &str) {
-        writeln!(self.to, "{line}").unwrap();
-        self.to.flush().unwrap();
-    }
-
-    /// The next protocol line, which must be `what`; its argument.
-    fn line(&mut self, what: &str) -> String {
-        let mut l = String::new();
-        loop {
-            l.clear();
-            assert!(
-                self.from.read_line(&mut l).unwrap() > 0,
-                "the child ended before sending `{what}`"
-            );
-            // libtest's "test child_target ... " may open the same line.
-            if let Some((_, rest)) = l.trim_end().split_once(TAG) {
-                let (w, arg) = rest.split_once(' ').unwrap_or((rest, ""));
-                assert_eq!(w, what, "{l}");
-                return arg.to_owned();
-            }
-        }
     }
 
     /// The words `at(i)` for `i < WORDS`, as the child reads them when the parent is done.
     fn finish(mut self) -> Vec<u64> {
-        self.say("done");
+        self.child.say("done");
         let words = self
+            .child
             .line("words")
             .split(' ')
             .map(|w| w.parse().unwrap())
             .collect();
-        assert!(self.child.wait().unwrap().success(), "the child failed");
+        self.child.wait();
         words
     }
 
@@ -154,10 +109,7 @@ impl Target {
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_target() {
-    let say = |l: &str| {
-        println!("{TAG}{l}");
-        std::io::stdout().flush().unwrap();
-    };
+    let say = |l: &str| support::say(TAG, l);
     let qps: usize = std::env::var("RVERBS_ATOMICS_CHILD_QPS")
         .unwrap()
         .parse()
@@ -192,16 +144,6 @@ fn child_target() {
         .collect();
     say(&format!("words {}", w.join(" ")));
     drop(keep);
-}
-
-macro_rules! setup {
-    ($name:expr) => {{
-        let Some(ctx) = support::open($name) else {
-            return;
-        };
-        let pd = ctx.alloc_pd().unwrap();
-        (ctx, pd)
-    }};
 }
 
 #[test]

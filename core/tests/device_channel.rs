@@ -1,6 +1,7 @@
 //! Every Channel operation on a real device, bytes checked on the receiving side.
 #![allow(clippy::std_instead_of_core)] // test code
 
+#[macro_use]
 mod support;
 
 use rverbs_core::channel::{ChannelConfig, ChannelError};
@@ -11,16 +12,6 @@ use rverbs_core::verbs::{AccessFlags, QpConfig};
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
-
-macro_rules! setup {
-    ($name:expr) => {{
-        let Some(ctx) = support::open($name) else {
-            return;
-        };
-        let pd = ctx.alloc_pd().unwrap();
-        (ctx, pd)
-    }};
-}
 
 #[test]
 fn send_recv_multi_sge_and_immediates() {

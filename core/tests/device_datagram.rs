@@ -14,10 +14,8 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::BufRead;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rverbs_core::completion::DatagramCompletion;
@@ -31,47 +29,10 @@ use rverbs_core::verbs::{
 };
 use rverbs_core::wire::DatagramEndpoint;
 use rverbs_core::wr::{DatagramRequest, RecvRequest, SendFlags};
-
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (the harness's own threads do not count).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-}
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use support::{allocs, hex, unhex, Peer};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 /// Lines of the protocol start with this (libtest prints its own lines on the same stdout).
 const TAG: &str = "DGRAM ";
@@ -92,17 +53,6 @@ impl rverbs_core::poll::Backoff for Yield {
         std::thread::yield_now();
     }
     fn reset(&mut self) {}
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 fn config() -> DatagramConfig {
@@ -131,71 +81,14 @@ fn endpoint(ctx: &Context) -> Endpoint {
     Datagram::with_backoff(qp, mem, c, Yield, &support::WALL).unwrap()
 }
 
-/// A child process and the parent's ends of its pipes.
-struct Peer {
-    child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
-    name: String,
+/// Starts a child process in `role`, called `name` in failures.
+fn start(dev: &str, role: &str, name: &str) -> Peer {
+    Peer::start("child", TAG, name, dev, &[("RVERBS_DGRAM_ROLE", role)])
 }
 
-impl Peer {
-    fn start(dev: &str, role: &str, name: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("RVERBS_DGRAM_ROLE", role)
-            .env("RVERBS_TEST_DEVICE", dev)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let to = child.stdin.take().unwrap();
-        let from = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            to,
-            from,
-            name: name.to_owned(),
-        }
-    }
-
-    fn say(&mut self, line: &str) {
-        writeln!(self.to, "{line}").unwrap();
-        self.to.flush().unwrap();
-    }
-
-    /// The next protocol line, which must be `what`; its argument.
-    fn line(&mut self, what: &str) -> String {
-        let mut l = String::new();
-        loop {
-            l.clear();
-            assert!(
-                self.from.read_line(&mut l).unwrap() > 0,
-                "{} ended before sending `{what}`",
-                self.name
-            );
-            if let Some((_, rest)) = l.trim_end().split_once(TAG) {
-                let (w, arg) = rest.split_once(' ').unwrap_or((rest, ""));
-                assert_eq!(w, what, "{}: {l}", self.name);
-                return arg.to_owned();
-            }
-        }
-    }
-
-    fn endpoint(&mut self) -> DatagramEndpoint {
-        DatagramEndpoint::decode(&unhex(&self.line("endpoint"))).unwrap()
-    }
-
-    fn finish(mut self) {
-        self.say("quit");
-        assert!(self.child.wait().unwrap().success(), "{} failed", self.name);
-    }
+/// The child's next line, which must carry its endpoint.
+fn endpoint_of(p: &mut Peer) -> DatagramEndpoint {
+    DatagramEndpoint::decode(&unhex(&p.line("endpoint"))).unwrap()
 }
 
 /// Packets the device's port 1 sent, by the device's own counter (rxe has it:
@@ -241,8 +134,8 @@ fn ud_both_ways_between_processes_without_allocating() {
     };
     let ctx = support::open("ud").unwrap();
     let mut me = endpoint(&ctx);
-    let mut echo = Peer::start(&dev, "echo", "the echo process");
-    let theirs = echo.endpoint();
+    let mut echo = start(&dev, "echo", "the echo process");
+    let theirs = endpoint_of(&mut echo);
     echo.say(&format!("endpoint {}", hex(&me.endpoint().encode())));
     let to = me.peer(&theirs).unwrap();
     let mtu = me.mtu() as usize;
@@ -301,15 +194,15 @@ fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
     let mut me = endpoint(&ctx);
     let to_group = me.group_peer(group).unwrap();
     let mut rx: Vec<Peer> = (0..3)
-        .map(|i| Peer::start(&dev, "member", &format!("receiver {i}")))
+        .map(|i| start(&dev, "member", &format!("receiver {i}")))
         .collect();
-    let mut late = Peer::start(&dev, "member", "the late receiver");
+    let mut late = start(&dev, "member", "the late receiver");
     for p in rx.iter_mut() {
-        p.endpoint();
+        endpoint_of(p);
         p.say("join");
         p.line("joined");
     }
-    late.endpoint();
+    endpoint_of(&mut late);
     let mut seq = Sequencer::new(1);
     // A modest rate: one datagram every 200 us, well inside what the receivers' 1024 slots
     // absorb while they are descheduled.
@@ -707,10 +600,7 @@ fn poll_one(cq: &mut rverbs_core::verbs::Cq) -> DatagramCompletion {
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child() {
-    let say = |l: &str| {
-        println!("{TAG}{l}");
-        std::io::stdout().flush().unwrap();
-    };
+    let say = |l: &str| support::say(TAG, l);
     let role = std::env::var("RVERBS_DGRAM_ROLE").unwrap();
     let ctx = support::open("child").expect("the parent passes RVERBS_TEST_DEVICE");
     let mut ep = endpoint(&ctx);
@@ -752,33 +642,15 @@ fn child() {
             ("member", ["expect", first, n]) => {
                 let (first, n): (u64, u64) = (first.parse().unwrap(), n.parse().unwrap());
                 say("waiting");
-                let before = allocs();
-                let mut got = 0;
-                while got < n {
-                    let d = ep.recv().unwrap();
-                    assert_eq!(d.source.group, Some(group.gid()));
-                    let (h, body) = tracker.observe(d.payload).unwrap();
-                    assert_eq!(h.sequence, first + got, "in order, none missing");
-                    assert_eq!(body, &[0x5au8; 48]);
-                    got += 1;
-                }
-                let c = tracker.counts();
-                assert_eq!((c.lost, c.reordered), (0, 0));
-                say(&format!("got {got} {}", allocs() - before));
+                let allocs = support::receive_in_order(&mut ep, &mut tracker, group, first, n);
+                say(&format!("got {n} {allocs}"));
             }
             ("member", ["silent", _]) => {
                 // Nothing may arrive while the parent sends a phase: wait for one datagram
                 // for 3 s (the phase takes well under that).
                 say("waiting");
-                let before = allocs();
-                let deadline =
-                    rverbs_core::poll::Deadline::after(&support::WALL, Duration::from_secs(3));
-                let got = match ep.recv_until(deadline) {
-                    Ok(_) => 1,
-                    Err(DatagramError::TimedOut { .. }) => 0,
-                    Err(e) => panic!("{e}"),
-                };
-                say(&format!("got {got} {}", allocs() - before));
+                let (got, allocs) = support::receive_within(&mut ep, Duration::from_secs(3));
+                say(&format!("got {got} {allocs}"));
             }
             (r, w) => panic!("role {r}: unexpected command {w:?}"),
         }

@@ -12,63 +12,23 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::io::{BufRead, BufReader, Write};
+use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::cm::{connect, CmConfig, CmError, CmStep, Connection, Listener};
 use rverbs_core::datagram::{
-    memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
+    memory_needed, Datagram, DatagramConfig, Group, SequenceTracker, Sequencer,
 };
 use rverbs_core::memory::PageMemory;
 use rverbs_core::poll::Deadline;
 use rverbs_core::provider::verbs_ud::VerbsDatagram;
 use rverbs_core::verbs::{AccessFlags, Context, OwnedRegion, Pd, UdConfig};
-
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (the harness's own threads do not count).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-}
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use support::{allocs, Peer};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 /// Lines of the protocol start with this (libtest prints its own lines on the same stdout).
 const TAG: &str = "CM ";
@@ -155,67 +115,9 @@ fn at(i: u64) -> u64 {
     (i % (WINDOW / SLOT) as u64) * SLOT as u64
 }
 
-/// A child process and the parent's ends of its pipes.
-struct Peer {
-    child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
-    name: String,
-}
-
-impl Peer {
-    fn start(dev: &str, role: &str, name: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("RVERBS_CM_ROLE", role)
-            .env("RVERBS_TEST_DEVICE", dev)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let to = child.stdin.take().unwrap();
-        let from = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            to,
-            from,
-            name: name.to_owned(),
-        }
-    }
-
-    fn say(&mut self, line: &str) {
-        writeln!(self.to, "{line}").unwrap();
-        self.to.flush().unwrap();
-    }
-
-    /// The next protocol line, which must be `what`; its argument.
-    fn line(&mut self, what: &str) -> String {
-        let mut l = String::new();
-        loop {
-            l.clear();
-            assert!(
-                self.from.read_line(&mut l).unwrap() > 0,
-                "{} ended before sending `{what}`",
-                self.name
-            );
-            if let Some((_, rest)) = l.trim_end().split_once(TAG) {
-                let (w, arg) = rest.split_once(' ').unwrap_or((rest, ""));
-                assert_eq!(w, what, "{}: {l}", self.name);
-                return arg.to_owned();
-            }
-        }
-    }
-
-    fn finish(mut self) {
-        self.say("quit");
-        assert!(self.child.wait().unwrap().success(), "{} failed", self.name);
-    }
+/// Starts a child process in `role`, called `name` in failures.
+fn start(dev: &str, role: &str, name: &str) -> Peer {
+    Peer::start("child", TAG, name, dev, &[("RVERBS_CM_ROLE", role)])
 }
 
 #[test]
@@ -226,7 +128,7 @@ fn connect_transfer_both_ways_and_disconnect_from_either_side() {
     let ctx = support::open("rdmacm client").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let ip = device_ip(&ctx);
-    let mut server = Peer::start(&dev, "server", "the server process");
+    let mut server = start(&dev, "server", "the server process");
     let port: u16 = server.line("listening").parse().unwrap();
     let to = SocketAddr::new(ip, port);
 
@@ -405,7 +307,7 @@ fn multicast_joined_through_rdmacm_delivers_to_every_receiver() {
     let to_group = me.group_peer(group).unwrap();
     assert_eq!(to_group.address().attr(), joined);
     let mut rx: Vec<Peer> = (0..2)
-        .map(|i| Peer::start(&dev, "member", &format!("receiver {i}")))
+        .map(|i| start(&dev, "member", &format!("receiver {i}")))
         .collect();
     for p in rx.iter_mut() {
         p.say("join");
@@ -463,10 +365,7 @@ fn multicast_joined_through_rdmacm_delivers_to_every_receiver() {
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child() {
-    let say = |l: &str| {
-        println!("{TAG}{l}");
-        std::io::stdout().flush().unwrap();
-    };
+    let say = |l: &str| support::say(TAG, l);
     let role = std::env::var("RVERBS_CM_ROLE").unwrap();
     let ctx = support::open("child").expect("the parent passes RVERBS_TEST_DEVICE");
     let mut lines = std::io::stdin().lock().lines();
@@ -558,30 +457,13 @@ fn member(ctx: &Context, say: &dyn Fn(&str), next: &mut dyn FnMut() -> String) {
             ["expect", first, n] => {
                 let (first, n): (u64, u64) = (first.parse().unwrap(), n.parse().unwrap());
                 say("waiting");
-                let before = allocs();
-                let mut got = 0;
-                while got < n {
-                    let d = ep.recv().unwrap();
-                    assert_eq!(d.source.group, Some(group.gid()));
-                    let (h, body) = tracker.observe(d.payload).unwrap();
-                    assert_eq!(h.sequence, first + got, "in order, none missing");
-                    assert_eq!(body, &[0x5au8; 48]);
-                    got += 1;
-                }
-                let c = tracker.counts();
-                assert_eq!((c.lost, c.reordered), (0, 0));
-                say(&format!("got {got} {}", allocs() - before));
+                let allocs = support::receive_in_order(&mut ep, &mut tracker, group, first, n);
+                say(&format!("got {n} {allocs}"));
             }
             ["silent"] => {
                 say("waiting");
-                let before = allocs();
-                let deadline = Deadline::after(&support::WALL, Duration::from_secs(2));
-                let got = match ep.recv_until(deadline) {
-                    Ok(_) => 1,
-                    Err(DatagramError::TimedOut { .. }) => 0,
-                    Err(e) => panic!("{e}"),
-                };
-                say(&format!("got {got} {}", allocs() - before));
+                let (got, allocs) = support::receive_within(&mut ep, Duration::from_secs(2));
+                say(&format!("got {got} {allocs}"));
             }
             w => panic!("member: unexpected command {w:?}"),
         }

@@ -5,8 +5,8 @@
 //! flight. Miri runs it (smaller worlds there).
 #![allow(clippy::std_instead_of_core)] // test code
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod support;
+
 use std::time::Duration;
 
 use rverbs_core::datagram::{
@@ -17,47 +17,10 @@ use rverbs_core::params::{Mtu, QpCaps};
 use rverbs_core::poll::StepClock;
 use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
-
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (the test harness's own threads do not count).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-}
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use support::allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 // Every read advances 1 ms: a 50 ms timeout passes after 50 reads (800 empty polls), which
 // keeps the timeout test fast under Miri; nothing else ever waits on the model.

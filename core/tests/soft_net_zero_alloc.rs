@@ -3,8 +3,7 @@
 //! setup. (Its allocations happen in `SoftNet::new` and `SoftNet::connect` only.)
 #![allow(clippy::std_instead_of_core)] // test code
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod support;
 
 use rverbs_core::completion::{Completion, WcStatus};
 use rverbs_core::memory::AccessFlags;
@@ -13,48 +12,10 @@ use rverbs_core::provider::soft::{NetQp, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::sge::{RemoteMemory, Sge};
 use rverbs_core::wr::{Opcode, RecvRequest, SendFlags, WorkRequest};
-
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (the test harness's own threads do not count).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    // `try_with`: the slot may be gone while the thread exits.
-    let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-}
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use support::allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::Counting = support::Counting;
 
 const N: u32 = 8;
 const CAPS: QpCaps = QpCaps {

@@ -215,3 +215,31 @@ pub(crate) unsafe fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
         }
     }
 }
+
+/// `EINVAL`: what a post of more requests than a chain holds (or a request the queue pair
+/// cannot take) is refused with, nothing posted.
+pub(crate) const EINVAL: c_int = 22;
+
+/// What a post returned, as rverbs reports it: `rc` from the driver's post call, `bad` the
+/// entry it stopped at (null when it names none) in the list that starts at `base`, so the
+/// requests ahead of `bad` went in.
+///
+/// # Safety
+/// A non-null `bad` points into the list that starts at `base`.
+#[inline]
+pub(crate) unsafe fn post_result<T>(
+    rc: c_int,
+    bad: *mut T,
+    base: *mut T,
+) -> Result<(), crate::wr::PostFailure> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let posted = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: the caller's contract: bad and base point into the same list.
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    };
+    Err(crate::wr::PostFailure { posted, errno: rc })
+}

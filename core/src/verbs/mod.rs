@@ -3,10 +3,12 @@
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
 //! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
 //! channels and events in [`event`]; RC queue pairs and posting in [`qp`]; shared receive
-//! queues in [`srq`]; datagram (UD) queue pairs and multicast attach in [`ud`], their address
-//! handles in [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`];
-//! destroys the device refused are counted in [`destroy`]. Every wrapper hands out its raw handle (`as_raw`) for verbs rverbs
-//! does not wrap, and [`ffi`] re-exports the bindings.
+//! queues in [`srq`] (the receive chain both kinds of queue post is built in `recv_chain.rs`,
+//! the send chain of connected and datagram queue pairs in `send_chain.rs`);
+//! datagram (UD) queue pairs and multicast attach in [`ud`], their address handles in
+//! [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`]; destroys the
+//! device refused are counted in [`destroy`]. Every wrapper hands out its raw handle
+//! (`as_raw`) for verbs rverbs does not wrap, and [`ffi`] re-exports the bindings.
 
 pub mod ah;
 pub mod cq;
@@ -19,6 +21,7 @@ pub mod mcast;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+mod recv_chain;
 pub(crate) mod send_chain;
 pub mod srq;
 pub mod ud;

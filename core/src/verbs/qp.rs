@@ -12,11 +12,12 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
+use super::recv_chain::post_recv_wrs;
 use super::send_chain::{post_send_chain, SendChain};
 use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
-use crate::wr::{PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 /// Typed queue-pair knobs. `Default` suits a low-latency RC link on one fabric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -599,7 +600,7 @@ impl Qp {
         self.srq.as_ref().map(|s| s.probe())
     }
 
-    /// Posts up to [`MAX_BATCH`] receives to this QP's shared receive queue (any QP on it
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives to this QP's shared receive queue (any QP on it
     /// may receive into them). Fails with `EOPNOTSUPP` without one. Does not allocate.
     ///
     /// # Safety
@@ -631,7 +632,7 @@ impl Qp {
         )
     }
 
-    /// Posts up to [`MAX_BATCH`] send-queue requests as one chain: one doorbell.
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) send-queue requests as one chain: one doorbell.
     /// Does not allocate.
     ///
     /// # Safety
@@ -647,7 +648,7 @@ impl Qp {
         unsafe { post_send_chain(self.handle.raw.as_ptr(), &mut self.chain, wrs) }
     }
 
-    /// Posts up to [`MAX_BATCH`] receives as one chain. Does not allocate.
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives as one chain. Does not allocate.
     ///
     /// # Safety
     /// As for [`Qp::post_send`]: the scatter buffers are the device's until their receive
@@ -662,7 +663,7 @@ impl Qp {
     }
 }
 
-/// Posts `wrs` to the receive queue of `qp` as one chain (at most [`MAX_BATCH`]).
+/// Posts `wrs` to the receive queue of `qp` as one chain (at most [`MAX_BATCH`](crate::wr::MAX_BATCH)).
 ///
 /// # Safety
 /// `qp` is live; the posting contract for the buffers.
@@ -670,47 +671,8 @@ pub(crate) unsafe fn post_recv_chain(
     qp: *mut sys::ibv_qp,
     wrs: &[RecvRequest<'_>],
 ) -> core::result::Result<(), PostFailure> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: 22,
-        });
-    }
-    let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
-        [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-    for (i, w) in wrs.iter().enumerate() {
-        let next = if i + 1 < wrs.len() {
-            // SAFETY: inside the array.
-            unsafe { base.add(i + 1) }
-        } else {
-            ptr::null_mut()
-        };
-        chain[i].write(sys::ibv_recv_wr {
-            wr_id: w.wr_id,
-            next,
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            sg_list: w.sges.as_ptr().cast_mut().cast(),
-            num_sge: w.sges.len() as core::ffi::c_int,
-        });
-    }
-    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
-    // posting contract and that qp is live.
-    let rc = unsafe { ffi::post_recv(qp, base, &mut bad) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let posted = if bad.is_null() {
-        0
-    } else {
-        // SAFETY: bad points into our chain array.
-        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-    };
-    Err(PostFailure { posted, errno: rc })
+    // SAFETY: forwarded contract; ffi::post_recv takes a queue pair.
+    unsafe { post_recv_wrs(qp, ffi::post_recv, wrs) }
 }
 
 /// Flags as the device sees them; checked against the header's values at compile time.

@@ -7,11 +7,8 @@ use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
-use super::ffi::{self, sys};
+use super::ffi::{self, sys, EINVAL};
 use crate::wr::{AtomicOp, Opcode, PostFailure, WorkRequest, MAX_BATCH};
-
-/// `EINVAL`: more requests than a chain holds, or a request the queue pair cannot take.
-pub(crate) const EINVAL: i32 = 22;
 
 /// A queue pair's own `ibv_send_wr` list, made once with the queue pair, zeroed and linked
 /// (entry i names entry i + 1). A post writes only the fields a request uses, in place, and
@@ -92,16 +89,8 @@ impl SendChain {
         let rc = unsafe { ffi::post_send(qp, base, &mut bad) };
         // SAFETY: as above; the driver has returned and holds no reference to the list.
         unsafe { (*base.add(n - 1)).next = after };
-        if rc == 0 {
-            return Ok(());
-        }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: a driver sets bad to an entry of the list it was given.
-            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-        };
-        Err(PostFailure { posted, errno: rc })
+        // SAFETY: a driver sets bad to an entry of the list it was given.
+        unsafe { ffi::post_result(rc, bad, base) }
     }
 }
 

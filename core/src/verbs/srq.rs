@@ -23,7 +23,6 @@
 //! ```
 
 use core::fmt;
-use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
 use alloc::sync::Arc;
@@ -31,8 +30,9 @@ use alloc::sync::Arc;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::pd::Pd;
+use super::recv_chain::post_recv_wrs;
 use crate::provider::SrqProbe;
-use crate::wr::{PostFailure, RecvRequest, MAX_BATCH};
+use crate::wr::{PostFailure, RecvRequest};
 
 pub(crate) struct SrqInner {
     raw: NonNull<sys::ibv_srq>,
@@ -180,7 +180,7 @@ impl Srq {
         }
     }
 
-    /// Posts up to [`MAX_BATCH`] receives as one chain. Does not allocate.
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives as one chain. Does not allocate.
     ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract): each scatter buffer is the
@@ -204,45 +204,6 @@ pub(crate) unsafe fn post_srq_chain(
     srq: *mut sys::ibv_srq,
     wrs: &[RecvRequest<'_>],
 ) -> core::result::Result<(), PostFailure> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: 22,
-        });
-    }
-    let mut chain: [MaybeUninit<sys::ibv_recv_wr>; MAX_BATCH] =
-        [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let base = chain.as_mut_ptr().cast::<sys::ibv_recv_wr>();
-    for (i, w) in wrs.iter().enumerate() {
-        let next = if i + 1 < wrs.len() {
-            // SAFETY: i + 1 < wrs.len() <= MAX_BATCH, inside the array.
-            unsafe { base.add(i + 1) }
-        } else {
-            ptr::null_mut()
-        };
-        chain[i].write(sys::ibv_recv_wr {
-            wr_id: w.wr_id,
-            next,
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            sg_list: w.sges.as_ptr().cast_mut().cast(),
-            num_sge: w.sges.len() as core::ffi::c_int,
-        });
-    }
-    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-    // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
-    // posting contract and that srq is live.
-    let rc = unsafe { ffi::post_srq_recv(srq, base, &mut bad) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let posted = if bad.is_null() {
-        0
-    } else {
-        // SAFETY: bad points into our chain array.
-        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-    };
-    Err(PostFailure { posted, errno: rc })
+    // SAFETY: forwarded contract; ffi::post_srq_recv takes a shared receive queue.
+    unsafe { post_recv_wrs(srq, ffi::post_srq_recv, wrs) }
 }

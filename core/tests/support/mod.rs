@@ -1,16 +1,32 @@
-//! Shared plumbing for tests that need a real RDMA device.
+//! What the core integration tests share: the test device, a wall clock, a counting global
+//! allocator (`counting`), a child-process harness for tests between processes (`child`),
+//! the checks of a multicast member child (`member`), and, with feature `verbs`, helpers on
+//! the device (`device`). Each test binary compiles it with `mod support;` and uses part of
+//! it.
 //!
 //! The device comes from `RVERBS_TEST_DEVICE` (for example `rxe0` inside the SoftRoCE VM, or
 //! `mlx5_0` on real hardware). Without it a test is skipped with a message, except under
 //! `CI=true`, where a missing device fails the run: CI must never pass device tests that did
 //! not run.
-#![allow(dead_code, unreachable_pub, clippy::std_instead_of_core)]
+// Test code, and no test uses all of it.
+#![allow(dead_code, unused_imports, unused_macros, unreachable_pub)]
+#![allow(clippy::std_instead_of_core)]
 
-use std::time::{Duration, Instant};
+mod child;
+mod counting;
+#[cfg(feature = "verbs")]
+mod device;
+mod member;
 
-use rverbs_core::completion::Completion;
+pub use child::{hex, say, unhex, Peer};
+pub use counting::{allocs, Counting};
+#[cfg(feature = "verbs")]
+pub use device::{channel_pair, open, poll_n};
+pub use member::{receive_in_order, receive_within};
+
+use std::time::Instant;
+
 use rverbs_core::poll::Clock;
-use rverbs_core::verbs::{open_device, Context, Cq};
 
 /// Wall-clock time for channels in tests (core cannot use std-shim's clock: that would be a
 /// second copy of rverbs-core in the test binary).
@@ -47,60 +63,23 @@ pub fn test_device(test: &str) -> Option<String> {
     }
 }
 
-/// Opens the test device; a named device that cannot be opened fails the test.
-pub fn open(test: &str) -> Option<Context> {
-    let name = test_device(test)?;
-    match open_device(&name) {
-        Ok(ctx) => Some(ctx),
-        Err(e) => panic!("{test}: cannot open RVERBS_TEST_DEVICE={name}: {e}"),
-    }
-}
-
-/// Polls `cq` until `n` completions arrived or `timeout` passed; returns them.
-pub fn poll_n(cq: &mut Cq, n: usize, timeout: Duration) -> Vec<Completion> {
-    let deadline = Instant::now() + timeout;
-    let mut out = Vec::with_capacity(n);
-    let mut buf = [Completion::EMPTY; 16];
-    while out.len() < n {
-        let got = cq.poll(&mut buf).expect("ibv_poll_cq failed");
-        out.extend_from_slice(&buf[..got]);
-        if got == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} with {} of {n} completions: {out:?}",
-                out.len()
-            );
-            std::thread::yield_now();
-        }
-    }
-    out
-}
-
-use rverbs_core::channel::{Channel, ChannelConfig};
-use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
-use rverbs_core::verbs::{Pd, QpConfig};
-use rverbs_core::wire::Endpoint;
-
-/// Two channels on the test device connected to each other (a loopback pair), with the
-/// endpoints passed through their wire encoding as they would be between hosts.
-pub fn channel_pair(
-    ctx: &Context,
-    pd: &Pd,
-    qp: &QpConfig,
-    cfg: ChannelConfig,
-) -> (Channel<VerbsProvider>, Channel<VerbsProvider>) {
-    let a = PreparedVerbs::new(ctx, pd, qp).expect("create QP a");
-    let b = PreparedVerbs::new(ctx, pd, qp).expect("create QP b");
-    let ea = Endpoint::decode(&a.endpoint().encode()).unwrap();
-    let eb = Endpoint::decode(&b.endpoint().encode()).unwrap();
-    let a = a.handshake(&eb).expect("connect a");
-    let b = b.handshake(&ea).expect("connect b");
-    (Channel::new(a, cfg, &WALL), Channel::new(b, cfg, &WALL))
-}
-
 /// A deterministic byte pattern.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// Opens the test device (`support::open`) and a protection domain on it, as `(ctx, pd)`;
+/// returns from the calling test when it is to be skipped. Tests that use it declare
+/// `#[macro_use] mod support;`.
+#[cfg(feature = "verbs")]
+macro_rules! setup {
+    ($name:expr) => {{
+        let Some(ctx) = support::open($name) else {
+            return;
+        };
+        let pd = ctx.alloc_pd().unwrap();
+        (ctx, pd)
+    }};
 }
