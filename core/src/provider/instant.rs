@@ -47,7 +47,6 @@ use alloc::boxed::Box;
 use alloc::rc::Rc;
 use alloc::vec;
 use alloc::vec::Vec;
-use core::cell::UnsafeCell;
 use core::ffi::{c_int, c_void};
 use core::fmt;
 use core::ptr::{self, NonNull};
@@ -246,8 +245,33 @@ unsafe extern "C" fn drv_poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::i
     }
 }
 
+/// A heap value the driver reaches through raw pointers (an `ibv_qp`'s context, a CQ's
+/// ring): kept as the raw pointer `Box::into_raw` gave, never moved or reborrowed through a
+/// `Box`, so the pointers handed to the driver stay valid (a `Box` that moves asserts
+/// unique access, which would retire them). Freed on drop.
+struct Heap<T>(core::ptr::NonNull<T>);
+
+impl<T> Heap<T> {
+    fn new(v: T) -> Self {
+        // SAFETY: Box::into_raw never returns null.
+        Self(unsafe { core::ptr::NonNull::new_unchecked(Box::into_raw(Box::new(v))) })
+    }
+
+    /// The value's address: every access, ours and the driver's, goes through it.
+    fn get(&self) -> *mut T {
+        self.0.as_ptr()
+    }
+}
+
+impl<T> Drop for Heap<T> {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in `new`, freed once, here.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
 struct DeviceInner {
-    ctx: Box<UnsafeCell<sys::ibv_context>>,
+    ctx: Heap<sys::ibv_context>,
     next_qpn: core::cell::Cell<u32>,
     next_key: core::cell::Cell<u32>,
 }
@@ -289,7 +313,7 @@ impl InstantDevice {
         ctx.async_fd = -1;
         Self {
             inner: Rc::new(DeviceInner {
-                ctx: Box::new(UnsafeCell::new(ctx)),
+                ctx: Heap::new(ctx),
                 next_qpn: core::cell::Cell::new(0x100),
                 next_key: core::cell::Cell::new(0x1000),
             }),
@@ -302,7 +326,7 @@ impl InstantDevice {
 
     /// A completion queue of `capacity` entries. Allocates (setup).
     pub fn cq(&self, capacity: u32) -> InstantCq {
-        let ring = Box::new(UnsafeCell::new(Ring::new(capacity as usize)));
+        let ring = Heap::new(Ring::new(capacity as usize));
         let mut raw: sys::ibv_cq = zeroed();
         raw.context = self.ctx();
         raw.cq_context = ring.get().cast::<c_void>();
@@ -310,7 +334,7 @@ impl InstantDevice {
         InstantCq {
             wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
             inner: Rc::new(CqInner {
-                raw: Box::new(UnsafeCell::new(raw)),
+                raw: Heap::new(raw),
                 _ring: ring,
                 capacity,
                 _dev: self.clone(),
@@ -323,10 +347,10 @@ impl InstantDevice {
     pub fn qp(&self, send_cq: &InstantCq, recv_cq: &InstantCq, caps: QpCaps) -> InstantQp {
         let qp_num = self.inner.next_qpn.get();
         self.inner.next_qpn.set(qp_num + 1);
-        let state = Box::new(UnsafeCell::new(QpState {
+        let state = Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
-        }));
+        });
         let mut raw: sys::ibv_qp = zeroed();
         raw.context = self.ctx();
         raw.qp_context = state.get().cast::<c_void>();
@@ -335,7 +359,7 @@ impl InstantDevice {
         raw.qp_num = qp_num;
         raw.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         InstantQp {
-            raw: Box::new(UnsafeCell::new(raw)),
+            raw: Heap::new(raw),
             state,
             chain: SendChain::new(),
             caps,
@@ -371,8 +395,8 @@ impl InstantDevice {
 
 struct CqInner {
     // Field order is drop order: nothing points at the ring once the CQ struct is gone.
-    raw: Box<UnsafeCell<sys::ibv_cq>>,
-    _ring: Box<UnsafeCell<Ring>>,
+    raw: Heap<sys::ibv_cq>,
+    _ring: Heap<Ring>,
     capacity: u32,
     _dev: InstantDevice,
 }
@@ -426,8 +450,8 @@ impl CompletionQueue for InstantCq {
 /// A queue pair of the instant device.
 pub struct InstantQp {
     // Field order is drop order: the QP struct goes before the state it points at.
-    raw: Box<UnsafeCell<sys::ibv_qp>>,
-    state: Box<UnsafeCell<QpState>>,
+    raw: Heap<sys::ibv_qp>,
+    state: Heap<QpState>,
     chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
