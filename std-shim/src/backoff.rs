@@ -199,6 +199,10 @@ impl StdBackoff {
             let _ = w.take_events();
         } else {
             self.sleeps.expired += 1;
+            // No event came: if one was lost, the queues that raised nothing may not be
+            // armed although their flags say so. Arm them all again next time (the caller
+            // then polls once more before any further sleep).
+            w.forget_armed();
         }
     }
 }
@@ -428,6 +432,10 @@ mod tests {
                 .store(false, core::sync::atomic::Ordering::SeqCst);
             Ok(n.max(0) as u32)
         }
+        fn forget_armed(&self) {
+            self.armed
+                .store(false, core::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     fn blocking(w: &Arc<PipeWakeup>, spins: u32) -> StdBackoff {
@@ -518,6 +526,26 @@ mod tests {
         let t = Instant::now();
         b.snooze_within(&mut || Duration::ZERO);
         assert!(t.elapsed() < Duration::from_secs(1));
+        assert_eq!(b.blocked_sleeps().expired, 1);
+    }
+
+    #[test]
+    fn a_sleep_no_event_ended_rearms_before_the_next_one() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 0);
+        b.snooze_within(&mut || Duration::from_secs(10)); // arms
+                                                          // The queue believes itself armed, but its event never comes (lost).
+        b.snooze_within(&mut || Duration::from_millis(20));
+        assert_eq!(b.blocked_sleeps().expired, 1);
+        // The next step arms again and returns for one more poll instead of sleeping on a
+        // queue that may never raise an event.
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::from_secs(10));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "slept without re-arming"
+        );
+        assert_eq!(w.arms.load(core::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(b.blocked_sleeps().expired, 1);
     }
 
