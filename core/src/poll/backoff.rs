@@ -37,6 +37,14 @@ pub trait Backoff {
     fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
         let _ = wakeup;
     }
+
+    /// A waker that ends a blocking sleep of this back-off (and of its clones) at once, from
+    /// any thread: what a node's [failure alarm](crate::failure::FailureAlarm) wakes, so news
+    /// raised elsewhere does not wait for the sleep to run out. `None` (the default) for a
+    /// back-off that never sleeps long; ask after [`attach`](Self::attach).
+    fn waker(&self) -> Option<core::task::Waker> {
+        None
+    }
 }
 
 impl<B: Backoff + ?Sized> Backoff for &mut B {
@@ -55,6 +63,9 @@ impl<B: Backoff + ?Sized> Backoff for &mut B {
     #[cfg(feature = "alloc")]
     fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
         (**self).attach(wakeup);
+    }
+    fn waker(&self) -> Option<core::task::Waker> {
+        (**self).waker()
     }
 }
 
