@@ -117,7 +117,7 @@ pub struct StdBackoff {
     sleeps: BlockedSleeps,
 }
 
-/// A non-blocking eventfd a [`Waker`](std::task::Waker) writes to, so a failure raised on
+/// A non-blocking eventfd a [`Waker`](core::task::Waker) writes to, so a failure raised on
 /// another thread ends a blocking sleep at once instead of when it runs out.
 #[derive(Debug)]
 struct Nudge {
@@ -131,8 +131,8 @@ impl Nudge {
         if fd < 0 {
             return None;
         }
-        // SAFETY: fd is a fresh descriptor nobody else owns.
         Some(Self {
+            // SAFETY: fd is a fresh descriptor nobody else owns.
             fd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
         })
     }
@@ -345,8 +345,8 @@ impl Backoff for StdBackoff {
     /// Under [`WaitPolicy::Block`] with events attached: a waker that ends the current (or
     /// next) blocking sleep of this back-off and its clones at once. Counted in
     /// [`BlockedSleeps::nudged`].
-    fn waker(&self) -> Option<std::task::Waker> {
-        self.nudge.clone().map(std::task::Waker::from)
+    fn waker(&self) -> Option<core::task::Waker> {
+        self.nudge.clone().map(core::task::Waker::from)
     }
 }
 
