@@ -332,3 +332,67 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
         "{sa:?} {sb:?}"
     );
 }
+
+/// Failure news raised on a node's alarm (what the session watch does when a rank's
+/// connection closes without a goodbye) wakes the node asleep in a barrier at once: the
+/// sleep it falls into ends by the alarm's waker, not by running out.
+#[test]
+fn failure_news_wakes_a_node_asleep_in_a_barrier() {
+    use rverbs_core::barrier::BarrierError;
+    use rverbs_core::failure::{Failure, FailureCause};
+    use rverbs_core::node::{NodeConfig, NodeError, PreparedNode};
+
+    let Some(ctx) = open("failure_news_wakes_a_node_asleep_in_a_barrier") else {
+        return;
+    };
+    let mut cfg = NodeConfig::default();
+    cfg.completion_events = true;
+    let prepared: Vec<_> = (0..2)
+        .map(|r| PreparedNode::new(&ctx, r, 2, cfg, BLOCK.backoff(), &MONOTONIC).unwrap())
+        .collect();
+    let blobs: Vec<Vec<u8>> = prepared.iter().map(|p| p.blob()).collect();
+    let mut nodes: Vec<_> = prepared
+        .into_iter()
+        .map(|p| p.handshake(&blobs).unwrap())
+        .collect();
+    let mut node = nodes.remove(0);
+    let _silent = nodes.remove(0); // rank 1 never joins the barrier
+    assert!(node.backoff().has_wakeup());
+
+    let alarm = node.failure_alarm();
+    let raise_after = Duration::from_millis(300);
+    let timeout = Duration::from_secs(20);
+    let t0 = Instant::now();
+    let raiser = std::thread::spawn(move || {
+        std::thread::sleep(raise_after);
+        let raised_at = Instant::now();
+        assert!(alarm.raise(Failure {
+            rank: 1,
+            cause: FailureCause::SessionClosed,
+            reporter: 0,
+        }));
+        raised_at
+    });
+    let r = node.barrier(&MONOTONIC, timeout);
+    let (returned, raised_at) = (Instant::now(), raiser.join().unwrap());
+    let sleeps = node.backoff().blocked_sleeps();
+    println!(
+        "alarm raised {:?} after the barrier started; the barrier returned {:?} after the \
+         alarm; sleeps {sleeps:?}",
+        raised_at - t0,
+        returned.saturating_duration_since(raised_at)
+    );
+    match r {
+        Err(NodeError::Barrier(BarrierError::PeerFailed(f))) => {
+            assert_eq!((f.rank, f.cause), (1, FailureCause::SessionClosed), "{f}");
+        }
+        other => panic!("expected rank 1's failure, got {other:?}"),
+    }
+    // The node slept (rather than spun) while it waited, and the alarm ended a sleep: a
+    // sleep it fell into, or the next one at once (raised between two).
+    assert!(sleeps.expired >= 1, "{sleeps:?}");
+    assert_eq!(
+        sleeps.nudged, 1,
+        "the alarm did not end a sleep: {sleeps:?}"
+    );
+}

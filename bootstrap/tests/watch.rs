@@ -1,13 +1,16 @@
 //! The session watcher on 127.0.0.1: a rank whose session closes without a goodbye (its
 //! process died) is reported at once, on rank 0 and, for rank 0, on every other rank; a rank
-//! that closes on purpose is not; rounds still work while a watch runs.
+//! that closes on purpose is not; rounds still work while a watch runs. With a job secret,
+//! only a goodbye whose MAC proves it counts: a forged or stale one is a failure.
 
 use core::time::Duration;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::thread;
 
-use rverbs_bootstrap::{exchange_at, ExchangeOptions, Rendezvous, Session};
+use rverbs_bootstrap::wire::{self, Frame, FrameKind, Seal, HEADER_LEN, MAC_LEN};
+use rverbs_bootstrap::{exchange_at, ExchangeOptions, JobSecret, Rendezvous, Session};
 
 fn options() -> ExchangeOptions {
     ExchangeOptions {
@@ -22,6 +25,22 @@ fn options() -> ExchangeOptions {
 
 /// A connected world of `n` sessions, by rank.
 fn world(n: u32) -> Vec<Session> {
+    world_with(n, options())
+}
+
+fn secret() -> JobSecret {
+    JobSecret::new(b"the secret of the watch tests").unwrap()
+}
+
+fn with_secret() -> ExchangeOptions {
+    ExchangeOptions {
+        secret: Some(secret()),
+        ..options()
+    }
+}
+
+/// A connected world of `n` sessions, by rank, exchanged with `options`.
+fn world_with(n: u32, options: ExchangeOptions) -> Vec<Session> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut handles = Vec::new();
@@ -34,8 +53,9 @@ fn world(n: u32) -> Vec<Session> {
                 port,
             }
         };
+        let options = options.clone();
         handles.push(thread::spawn(move || {
-            exchange_at(rendezvous, rank, n, &[rank as u8], &options())
+            exchange_at(rendezvous, rank, n, &[rank as u8], &options)
                 .unwrap()
                 .0
         }));
@@ -117,10 +137,21 @@ fn closing_my_own_session_is_not_a_peer_failure() {
 /// goodbye is recognised behind it.
 #[test]
 fn a_last_round_and_a_goodbye_race_the_watch_harmlessly() {
+    race_a_last_round_and_a_goodbye(options());
+}
+
+/// As above with a job secret: the goodbye's MAC verifies whichever frames the round has
+/// read when the watch peeks.
+#[test]
+fn a_last_round_and_a_proven_goodbye_race_the_watch_harmlessly() {
+    race_a_last_round_and_a_goodbye(with_secret());
+}
+
+fn race_a_last_round_and_a_goodbye(options: ExchangeOptions) {
     let iters = 60;
     let (mut failed, mut reported) = (0, 0);
     for _ in 0..iters {
-        let mut sessions = world(2);
+        let mut sessions = world_with(2, options.clone());
         let mut s1 = sessions.pop().unwrap();
         let mut s0 = sessions.pop().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -140,4 +171,117 @@ fn a_last_round_and_a_goodbye_race_the_watch_harmlessly() {
         drop(watch1);
     }
     assert_eq!((failed, reported), (0, 0), "of {iters} rounds");
+}
+
+/// Reads one frame whole, or `None` if the connection ends first.
+fn read_raw(stream: &mut TcpStream) -> Option<(wire::Header, Vec<u8>, Option<[u8; MAC_LEN]>)> {
+    let mut head = [0u8; HEADER_LEN];
+    stream.read_exact(&mut head).ok()?;
+    let header = wire::decode_header(&head).unwrap();
+    let mut payload = vec![0; header.payload_len as usize];
+    stream.read_exact(&mut payload).ok()?;
+    let mut mac = [0u8; MAC_LEN];
+    if header.mac {
+        stream.read_exact(&mut mac).ok()?;
+    }
+    Some((header, payload, header.mac.then_some(mac)))
+}
+
+/// Reads the next frame and checks it with `seal`.
+fn open_next(stream: &mut TcpStream, seal: &mut Seal) -> FrameKind {
+    let (header, payload, mac) = read_raw(stream).expect("a frame from rank 0");
+    seal.open(&Frame {
+        header,
+        payload: &payload,
+        mac: mac.as_ref(),
+    })
+    .unwrap();
+    header.kind
+}
+
+/// Rank 0 (real, with the job secret, watching) and a hand-made rank 1 holding the secret:
+/// rank 1 joins, then sends `last(seal)` and hangs up. Returns whether rank 0's watch
+/// reported rank 1.
+fn reported_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> bool {
+    const JOB: u64 = 0x3a7c;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let root = thread::spawn(move || {
+        exchange_at(
+            Rendezvous::Listener(listener),
+            0,
+            2,
+            b"zero",
+            &with_secret(),
+        )
+        .unwrap()
+        .0
+    });
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut seal = Seal::peer(Some(&secret()), [0x5a; wire::CHALLENGE_LEN]);
+    stream.write_all(&seal.challenge_frame(JOB, 1, 2)).unwrap();
+    assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Challenge);
+    stream
+        .write_all(&seal.encode(FrameKind::Hello, JOB, 1, 2, b"one").unwrap())
+        .unwrap();
+    assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Table);
+    let session = root.join().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let watch = session.watch(move |rank| tx.send(rank).unwrap()).unwrap();
+    stream.write_all(&last(&mut seal)).unwrap();
+    drop(stream);
+    let got = rx.recv_timeout(Duration::from_secs(2));
+    drop(watch);
+    match got {
+        Ok(rank) => {
+            assert_eq!(rank, 1);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_goodbye_counts_only_if_its_mac_proves_it() {
+    const JOB: u64 = 0x3a7c;
+    let bye = |seal: &mut Seal| seal.encode(FrameKind::Bye, JOB, 1, 2, &[]).unwrap();
+    // The real thing: a clean leave, not reported.
+    assert!(!reported_after(bye), "a proven goodbye was reported");
+    // The right header with a MAC that proves nothing: a crash dressed up as a goodbye.
+    assert!(
+        reported_after(|seal| {
+            let mut frame = bye(seal);
+            let last = frame.len() - 1;
+            frame[last] ^= 1;
+            frame
+        }),
+        "a forged goodbye hid a failure"
+    );
+    // A goodbye as a rank without the secret sends it: no MAC at all.
+    assert!(
+        reported_after(|_| wire::encode_frame(FrameKind::Bye, JOB, 1, 2, &[]).unwrap()),
+        "a goodbye without a MAC was taken on a connection with a secret"
+    );
+    // A genuine goodbye from another connection (other challenges): stale here.
+    assert!(
+        reported_after(|_| {
+            let mut other = Seal::peer(Some(&secret()), [0x77; wire::CHALLENGE_LEN]);
+            let _ = other.challenge_frame(JOB, 1, 2);
+            other.encode(FrameKind::Bye, JOB, 1, 2, &[]).unwrap()
+        }),
+        "another connection's goodbye was taken"
+    );
+    // This connection's own goodbye, twice: the second copy stands where the next frame
+    // would, and its MAC is for the place before.
+    assert!(
+        reported_after(|seal| {
+            let mut twice = bye(seal);
+            twice.extend_from_slice(&twice.clone());
+            twice
+        }),
+        "a goodbye replayed out of its place was taken"
+    );
 }

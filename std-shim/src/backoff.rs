@@ -90,9 +90,11 @@ impl WaitPolicy {
             policy: self,
             count: 0,
             wakeup: None,
+            nudge: None,
             sleeps: BlockedSleeps {
                 woken: 0,
                 expired: 0,
+                nudged: 0,
             },
         }
     }
@@ -109,7 +111,56 @@ pub struct StdBackoff {
     policy: WaitPolicy,
     count: u32,
     wakeup: Option<Arc<dyn Wakeup>>,
+    /// What ends a blocking sleep from another thread ([`Backoff::waker`]); made with the
+    /// events, shared by the clones.
+    nudge: Option<Arc<Nudge>>,
     sleeps: BlockedSleeps,
+}
+
+/// A non-blocking eventfd a [`Waker`](core::task::Waker) writes to, so a failure raised on
+/// another thread ends a blocking sleep at once instead of when it runs out.
+#[derive(Debug)]
+struct Nudge {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Nudge {
+    fn new() -> Option<Self> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        Some(Self {
+            // SAFETY: fd is a fresh descriptor nobody else owns.
+            fd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn raw(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// Empties the counter, so the next sleep waits again.
+    fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a valid local from our own non-blocking eventfd; an
+        // empty counter fails with EAGAIN, which is fine.
+        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl std::task::Wake for Nudge {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a valid local to our own eventfd; a full counter
+        // (EAGAIN) already wakes the sleeper.
+        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+    }
 }
 
 /// What the blocking sleeps of one [`StdBackoff`] ended by ([`WaitPolicy::Block`] with
@@ -122,6 +173,9 @@ pub struct BlockedSleeps {
     pub woken: u64,
     /// Sleeps that lasted until the wait's deadline (or the 100 ms cap).
     pub expired: u64,
+    /// Sleeps the back-off's [waker](Backoff::waker) ended (a failure raised on a node's
+    /// alarm).
+    pub nudged: u64,
 }
 
 /// What one empty poll does; [`StdBackoff::next_step`] decides, [`Backoff::snooze`] acts.
@@ -193,12 +247,24 @@ impl StdBackoff {
         if limit.is_zero() {
             return;
         }
-        if wait_readable(w.fd(), limit) {
+        let nudge = self.nudge.as_ref().map_or(-1, |n| n.raw());
+        let (events, nudged) = wait_readable(w.fd(), nudge, limit);
+        if nudged {
+            self.sleeps.nudged += 1;
+            if let Some(n) = &self.nudge {
+                n.drain();
+            }
+        }
+        if events {
             self.sleeps.woken += 1;
             // Errors surface in the wait's next poll; the events only tell it to look.
             let _ = w.take_events();
-        } else {
+        } else if !nudged {
             self.sleeps.expired += 1;
+            // No event came: if one was lost, the queues that raised nothing may not be
+            // armed although their flags say so. Arm them all again next time (the caller
+            // then polls once more before any further sleep).
+            w.forget_armed();
         }
     }
 }
@@ -211,22 +277,34 @@ pub fn wakeup_fd(wakeup: &dyn Wakeup) -> std::os::fd::BorrowedFd<'_> {
     unsafe { std::os::fd::BorrowedFd::borrow_raw(wakeup.fd()) }
 }
 
-/// Sleeps until `fd` is readable or `limit` passes; whether it became readable.
-fn wait_readable(fd: i32, limit: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Sleeps until `fd` or `nudge` (ignored when negative) is readable or `limit` passes;
+/// whether each became readable.
+fn wait_readable(fd: i32, nudge: i32, limit: Duration) -> (bool, bool) {
+    let mut pfd = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: nudge,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
     let ts = libc::timespec {
         tv_sec: limit.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(limit.subsec_nanos() as i32),
     };
-    // SAFETY: pfd and ts are valid for the call; no signal mask is changed (null).
-    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, core::ptr::null()) };
+    // SAFETY: pfd (two entries; poll ignores a negative descriptor) and ts are valid for
+    // the call; no signal mask is changed (null).
+    let n = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, core::ptr::null()) };
     // A signal (EINTR) or an error counts as a wake-up: the wait re-polls and checks its
     // deadline, and sleeps again if nothing came.
-    n != 0
+    if n < 0 {
+        return (true, false);
+    }
+    (pfd[0].revents != 0, pfd[1].revents != 0)
 }
 
 impl Backoff for StdBackoff {
@@ -253,9 +331,22 @@ impl Backoff for StdBackoff {
         }
     }
 
-    /// Keeps `wakeup` for [`WaitPolicy::Block`] (the other policies ignore it).
+    /// Keeps `wakeup` for [`WaitPolicy::Block`] (the other policies ignore it), and makes
+    /// the eventfd its [`waker`](Backoff::waker) writes to. Allocates (setup).
     fn attach(&mut self, wakeup: &Arc<dyn Wakeup>) {
         self.wakeup = Some(wakeup.clone());
+        if matches!(self.policy, WaitPolicy::Block { .. }) && self.nudge.is_none() {
+            // Without an eventfd (out of descriptors), news waits for the sleep to end: at
+            // most 100 ms, or the wait's deadline.
+            self.nudge = Nudge::new().map(Arc::new);
+        }
+    }
+
+    /// Under [`WaitPolicy::Block`] with events attached: a waker that ends the current (or
+    /// next) blocking sleep of this back-off and its clones at once. Counted in
+    /// [`BlockedSleeps::nudged`].
+    fn waker(&self) -> Option<core::task::Waker> {
+        self.nudge.clone().map(core::task::Waker::from)
     }
 }
 
@@ -428,6 +519,10 @@ mod tests {
                 .store(false, core::sync::atomic::Ordering::SeqCst);
             Ok(n.max(0) as u32)
         }
+        fn forget_armed(&self) {
+            self.armed
+                .store(false, core::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     fn blocking(w: &Arc<PipeWakeup>, spins: u32) -> StdBackoff {
@@ -489,7 +584,8 @@ mod tests {
             b.blocked_sleeps(),
             BlockedSleeps {
                 woken: 1,
-                expired: 0
+                expired: 0,
+                nudged: 0,
             }
         );
         // The event disarmed the queue: the next step arms again instead of sleeping.
@@ -511,7 +607,8 @@ mod tests {
             b.blocked_sleeps(),
             BlockedSleeps {
                 woken: 0,
-                expired: 1
+                expired: 1,
+                nudged: 0,
             }
         );
         // A deadline already passed: no sleep at all.
@@ -519,6 +616,64 @@ mod tests {
         b.snooze_within(&mut || Duration::ZERO);
         assert!(t.elapsed() < Duration::from_secs(1));
         assert_eq!(b.blocked_sleeps().expired, 1);
+    }
+
+    #[test]
+    fn a_sleep_no_event_ended_rearms_before_the_next_one() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 0);
+        b.snooze_within(&mut || Duration::from_secs(10)); // arms
+                                                          // The queue believes itself armed, but its event never comes (lost).
+        b.snooze_within(&mut || Duration::from_millis(20));
+        assert_eq!(b.blocked_sleeps().expired, 1);
+        // The next step arms again and returns for one more poll instead of sleeping on a
+        // queue that may never raise an event.
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::from_secs(10));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "slept without re-arming"
+        );
+        assert_eq!(w.arms.load(core::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(b.blocked_sleeps().expired, 1);
+    }
+
+    #[test]
+    fn the_waker_ends_a_blocking_sleep_and_is_drained_by_it() {
+        let w = PipeWakeup::new();
+        let mut b = blocking(&w, 0);
+        let waker = b
+            .waker()
+            .expect("a blocking back-off with events has a waker");
+        b.snooze_within(&mut || Duration::from_secs(10)); // arms
+                                                          // Woken before the sleep starts (news raised between the wait's check and its
+                                                          // sleep): the sleep must still end at once.
+        waker.wake_by_ref();
+        let t = Instant::now();
+        b.snooze_within(&mut || Duration::from_secs(10));
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let s = b.blocked_sleeps();
+        assert_eq!((s.nudged, s.woken, s.expired), (1, 0, 0), "{s:?}");
+        // Woken from another thread while asleep; a clone shares the waker.
+        let mut c = b.clone();
+        let fire = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            waker.wake();
+        });
+        c.snooze_within(&mut || Duration::from_secs(10));
+        fire.join().unwrap();
+        let s = c.blocked_sleeps();
+        assert_eq!((s.nudged, s.expired), (2, 0), "{s:?}");
+        // The wake-up was taken: the next sleep waits for its own end.
+        let t = Instant::now();
+        c.snooze_within(&mut || Duration::from_millis(30));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        // Only a blocking policy with events gets one.
+        assert!(WaitPolicy::Block { spins: 0 }.backoff().waker().is_none());
+        let mut s = WaitPolicy::default().backoff();
+        let any: Arc<dyn Wakeup> = PipeWakeup::new();
+        s.attach(&any);
+        assert!(s.waker().is_none());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! A rank that closes its session on purpose ([`Session::close`], or dropping it outside a
 //! panic) sends a `Bye` frame first; a hang-up after a `Bye` is a goodbye and is not
-//! reported.
+//! reported. With a job secret the `Bye`'s MAC must prove it ([`ByeCheck`]): a forged or
+//! stale goodbye is a failure like any other hang-up.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
@@ -16,7 +17,7 @@ use std::thread::JoinHandle;
 use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::{decode_header, FrameKind, HEADER_LEN, MAC_LEN};
+use crate::wire::ByeCheck;
 
 use super::session::{Link, Session};
 
@@ -25,6 +26,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// Most bytes looked at after a hang-up while looking for the goodbye: more than any frame
 /// a session sends (tables are O(world) bytes).
 const TAIL_LIMIT: usize = 4 << 20;
+/// Peeks at a hung-up connection while a round is reading it, before giving up on a goodbye.
+const GOODBYE_TRIES: u32 = 50;
+/// Time for the round to finish the frame it is reading before the next peek.
+const GOODBYE_RETRY: Duration = Duration::from_millis(10);
 
 /// A thread that watches a [`Session`]'s connections and calls back with the rank of every
 /// one that closes without a goodbye. Stops (and joins) when dropped.
@@ -52,16 +57,16 @@ impl Session {
     /// [`BootstrapError::Io`] if a connection cannot be duplicated for the watcher or the
     /// thread cannot start.
     pub fn watch(&self, mut lost: impl FnMut(u32) + Send + 'static) -> Result<Watch> {
-        let links: Vec<(u32, &TcpStream, &str)> = match &self.link {
+        let links: Vec<(u32, &TcpStream, &str, ByeCheck)> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers
                 .iter()
-                .map(|p| (p.rank, &p.stream, p.addr.as_str()))
+                .map(|p| (p.rank, &p.stream, p.addr.as_str(), p.seal.bye_check()))
                 .collect(),
-            Link::Peer(p) => vec![(p.rank, &p.stream, p.addr.as_str())],
+            Link::Peer(p) => vec![(p.rank, &p.stream, p.addr.as_str(), p.seal.bye_check())],
         };
         let mut watched = Vec::with_capacity(links.len());
-        for (rank, stream, addr) in links {
+        for (rank, stream, addr, check) in links {
             let copy = stream.try_clone().map_err(|source| BootstrapError::Io {
                 rank: self.rank(),
                 peer: Some(rank),
@@ -69,7 +74,7 @@ impl Session {
                 op: "watch (duplicate the connection)",
                 source,
             })?;
-            watched.push((rank, copy));
+            watched.push((rank, copy, check));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
@@ -90,7 +95,7 @@ impl Session {
                 let ending = || flag.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
                 while !ending() && !watched.is_empty() {
                     hung.fill(false);
-                    let fds = watched.iter().map(|(_, s)| s.as_fd());
+                    let fds = watched.iter().map(|(_, s, _)| s.as_fd());
                     // No allocation per tick: the watch runs beside a node that must not.
                     match wait_for_hangup(&mut set, fds, TICK, &mut hung) {
                         Ok(0) => continue,
@@ -105,10 +110,10 @@ impl Session {
                         break;
                     }
                     let mut i = 0;
-                    watched.retain(|(rank, stream)| {
+                    watched.retain(|(rank, stream, check)| {
                         let gone = hung[i];
                         i += 1;
-                        if gone && !said_goodbye(stream) {
+                        if gone && !said_goodbye(stream, check) {
                             lost(*rank);
                         }
                         !gone
@@ -130,21 +135,29 @@ impl Session {
     }
 }
 
-/// Whether the bytes left unread on a hung-up connection end with a `Bye` frame. Only peeks:
-/// a round of the session's own may still be reading the frames before it. (After the peer's
-/// hang-up every byte it sent has arrived, so the peek sees them all.)
-fn said_goodbye(stream: &TcpStream) -> bool {
+/// Whether the bytes left unread on a hung-up connection end with the other end's `Bye`,
+/// its MAC checked when the job has a secret (a bad one is no goodbye). Only peeks: a round
+/// of the session's own may still be reading the frames before it. (After the peer's
+/// hang-up every byte it sent has arrived, so the peek sees them all.) A peek can race the
+/// round: the count of frames read changes, the round is in the middle of a frame, or it
+/// has taken a frame it has not counted yet (the goodbye then seems one frame off). So a
+/// "no" stands only when two peeks a moment apart, with the same count, both say it; one
+/// that never settles is no goodbye.
+fn said_goodbye(stream: &TcpStream, check: &ByeCheck) -> bool {
     let mut tail = vec![0u8; TAIL_LIMIT];
-    let n = stream.peek(&mut tail).unwrap_or(0);
-    // A `Bye` has no payload: the stream ends with its header, or with its header and a MAC.
-    // (The MAC is not checked here: the watch does not hold the connection's MAC state, and a
-    // forged goodbye could only hide a failure, which RDMA timeouts still catch.)
-    [HEADER_LEN, HEADER_LEN + MAC_LEN].into_iter().any(|len| {
-        n.checked_sub(len)
-            .and_then(|at| tail.get(at..at + HEADER_LEN))
-            .and_then(|head| decode_header(head).ok())
-            .is_some_and(|h| {
-                h.kind == FrameKind::Bye && h.payload_len == 0 && h.mac == (len > HEADER_LEN)
-            })
-    })
+    let mut refused_at = None;
+    for _ in 0..GOODBYE_TRIES {
+        let before = check.frames_received();
+        let n = stream.peek(&mut tail).unwrap_or(0);
+        if check.frames_received() == before {
+            match check.ends_with_bye(&tail[..n], before) {
+                Some(true) => return true,
+                Some(false) if refused_at == Some(before) => return false,
+                Some(false) => refused_at = Some(before),
+                None => {}
+            }
+        }
+        std::thread::sleep(GOODBYE_RETRY);
+    }
+    false
 }

@@ -35,10 +35,13 @@
 
 use core::fmt;
 
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{frame_header, Frame, FrameKind, Header, WireError, HEADER_LEN};
+use super::{decode_header, frame_header, Frame, FrameKind, Header, WireError, HEADER_LEN};
 use crate::secret::JobSecret;
 
 /// Bytes of the MAC that follows a payload.
@@ -82,7 +85,6 @@ impl End {
 /// receives through [`open`](Self::open), in order, starting with the challenge
 /// frames; a frame that fails `open` ends the connection. Without a secret, the
 /// same calls make and accept frames without a MAC, so the exchange has one path.
-#[derive(Clone)]
 pub struct Seal {
     key: Option<Hmac<Sha256>>,
     end: End,
@@ -90,6 +92,22 @@ pub struct Seal {
     challenges: [[u8; CHALLENGE_LEN]; 2],
     sent: u64,
     received: u64,
+    /// `received`, for a [`ByeCheck`] on another thread.
+    received_shared: Arc<AtomicU64>,
+}
+
+impl Clone for Seal {
+    /// An independent copy: it counts its own frames from here on.
+    fn clone(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            end: self.end,
+            challenges: self.challenges,
+            sent: self.sent,
+            received: self.received,
+            received_shared: Arc::new(AtomicU64::new(self.received)),
+        }
+    }
 }
 
 /// A frame's header and MAC, made for a payload the caller still holds (so a large
@@ -124,6 +142,7 @@ impl Seal {
             challenges,
             sent: 0,
             received: 0,
+            received_shared: Arc::default(),
         }
     }
 
@@ -240,7 +259,19 @@ impl Seal {
             }
         }
         self.received = self.received.wrapping_add(1);
+        self.received_shared.store(self.received, Ordering::Release);
         Ok(())
+    }
+
+    /// What a watcher on another thread needs to tell whether the last frame on this
+    /// connection is the other end's goodbye (see [`ByeCheck`]). Call it once the
+    /// challenges are exchanged.
+    #[must_use]
+    pub fn bye_check(&self) -> ByeCheck {
+        ByeCheck {
+            seal: self.clone(),
+            received: Arc::clone(&self.received_shared),
+        }
     }
 
     /// The HMAC over a frame `sender` sent as its frame number `counter`, before
@@ -264,6 +295,77 @@ impl Seal {
         mac.update(header);
         mac.update(payload);
         Some(mac)
+    }
+}
+
+/// Tells, from another thread and without reading, whether a hung-up connection's last
+/// frame is the other end's `Bye`, proven by its MAC when the job has a secret: so a
+/// forged goodbye (no secret) or a stale one (another connection's, or one out of its place
+/// on this one) cannot make a crash look like a clean leave. Made by [`Seal::bye_check`];
+/// follows how many frames the connection's reader has taken.
+pub struct ByeCheck {
+    /// The key and both challenges (its counters are unused).
+    seal: Seal,
+    /// Frames the connection's reader has taken from the other end.
+    received: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for ByeCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ByeCheck")
+            .field("seal", &self.seal)
+            .field("received", &self.received.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ByeCheck {
+    /// Frames the connection's reader has taken from the other end so far.
+    #[must_use]
+    pub fn frames_received(&self) -> u64 {
+        self.received.load(Ordering::Acquire)
+    }
+
+    /// Whether `unread`, every byte of the connection not yet read (peeked after the other
+    /// end hung up), ends with the other end's `Bye`, when `received` frames had been read
+    /// before them. `None` if `unread` does not split into whole frames (the reader was
+    /// in the middle of one: look again once it is done).
+    ///
+    /// Without a secret a `Bye` carries no MAC and the header is all there is to check.
+    /// With one, its MAC must verify as the other end's frame number `received` + the
+    /// frames ahead of it in `unread`: a goodbye verifies only on its own connection, in
+    /// its own place.
+    #[must_use]
+    pub fn ends_with_bye(&self, unread: &[u8], received: u64) -> Option<bool> {
+        let mut at = 0;
+        let mut ahead = 0u64;
+        loop {
+            let header = unread.get(at..)?;
+            let h = decode_header(header).ok()?;
+            let end = at.checked_add(h.frame_len())?;
+            let frame = unread.get(at..end)?;
+            if end < unread.len() {
+                at = end;
+                ahead += 1;
+                continue;
+            }
+            let mac = self.seal.has_secret();
+            if h.kind != FrameKind::Bye || h.payload_len != 0 || h.mac != mac {
+                return Some(false);
+            }
+            if !mac {
+                return Some(true);
+            }
+            let (header, tag) = frame.split_at(HEADER_LEN);
+            let header: &[u8; HEADER_LEN] = header.try_into().ok()?;
+            let sender = self.seal.end.other();
+            let n = received.checked_add(ahead)?;
+            return Some(
+                self.seal
+                    .mac_over(sender, n, header, &[])
+                    .is_some_and(|m| m.verify_slice(tag).is_ok()),
+            );
+        }
     }
 }
 

@@ -44,7 +44,7 @@
 
 mod mac;
 
-pub use self::mac::{End, Seal, Sealed, CHALLENGE_LEN, MAC_LEN};
+pub use self::mac::{ByeCheck, End, Seal, Sealed, CHALLENGE_LEN, MAC_LEN};
 
 use core::fmt;
 

@@ -27,11 +27,13 @@ pub(crate) struct Failures {
 }
 
 impl Failures {
-    pub(crate) fn new(me: u32, world: u32) -> Self {
+    /// `waker`: what the alarm wakes when a failure is raised on it (the back-off's, so a
+    /// node asleep in a blocking wait learns of it at once).
+    pub(crate) fn new(me: u32, world: u32, waker: Option<core::task::Waker>) -> Self {
         Self {
             me,
             world,
-            alarm: FailureAlarm::new(),
+            alarm: waker.map_or_else(FailureAlarm::new, FailureAlarm::with_waker),
             known: None,
         }
     }

@@ -496,7 +496,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             wakeups: None,
             wakeup: None,
             barrier: BarrierState::new(rank, world),
-            failures: failure::Failures::new(rank, world),
+            failures: failure::Failures::new(rank, world, backoff.waker()),
             readmitting: None,
             probe_grace: DEFAULT_PROBE_GRACE,
             all: (0..world).collect(),
@@ -542,6 +542,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// [`Wakeup`](crate::poll::Wakeup)).
     pub fn completion_events(&self) -> Option<&dyn crate::poll::Wakeup> {
         self.wakeup.as_deref()
+    }
+
+    /// The back-off barriers and [`Node::progress_until`] wait with (each channel has a
+    /// clone of it).
+    pub fn backoff(&self) -> &B {
+        &self.backoff
     }
 
     /// Whether barrier notifications raise completions ([`Node::enable_barrier_wakeups`]).
@@ -598,7 +604,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 
     /// A handle another thread can raise a failure with (a session watcher that saw a rank's
     /// connection close, a health check of your own). The node sees it on its next check and
-    /// passes it on to every other rank.
+    /// passes it on to every other rank; a node asleep in a blocking wait is woken by it at
+    /// once (it wakes the back-off's [waker](Backoff::waker)). News a peer writes into the
+    /// flag array raises no completion: a sleeping node sees it when its sleep slice ends
+    /// (at most 100 ms under `rverbs_std_shim::WaitPolicy::Block`).
     pub fn failure_alarm(&self) -> crate::failure::FailureAlarm {
         self.failures.alarm().clone()
     }

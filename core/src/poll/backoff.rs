@@ -37,6 +37,14 @@ pub trait Backoff {
     fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
         let _ = wakeup;
     }
+
+    /// A waker that ends a blocking sleep of this back-off (and of its clones) at once, from
+    /// any thread: what a node's [failure alarm](crate::failure::FailureAlarm) wakes, so news
+    /// raised elsewhere does not wait for the sleep to run out. `None` (the default) for a
+    /// back-off that never sleeps long; ask after [`attach`](Self::attach).
+    fn waker(&self) -> Option<core::task::Waker> {
+        None
+    }
 }
 
 impl<B: Backoff + ?Sized> Backoff for &mut B {
@@ -56,6 +64,9 @@ impl<B: Backoff + ?Sized> Backoff for &mut B {
     fn attach(&mut self, wakeup: &alloc::sync::Arc<dyn Wakeup>) {
         (**self).attach(wakeup);
     }
+    fn waker(&self) -> Option<core::task::Waker> {
+        (**self).waker()
+    }
 }
 
 /// Completion queues a waiting thread can sleep on: armed, they make a file descriptor
@@ -65,7 +76,9 @@ impl<B: Backoff + ?Sized> Backoff for &mut B {
 /// 1. [`arm`](Self::arm); if it armed a queue, poll once more before sleeping (a
 ///    completion that arrived before the arm raised no event);
 /// 2. sleep until [`fd`](Self::fd) is readable or the deadline;
-/// 3. [`take_events`](Self::take_events), which disarms the queues that fired.
+/// 3. [`take_events`](Self::take_events), which disarms the queues that fired; after a
+///    sleep that no event ended, [`forget_armed`](Self::forget_armed), so the next step arms
+///    every queue again.
 ///
 /// # Safety
 /// [`fd`](Self::fd) returns the same descriptor for as long as the value lives, and that
@@ -83,6 +96,13 @@ pub unsafe trait Wakeup: Send + Sync + core::fmt::Debug {
     fn fd(&self) -> i32;
     /// Takes and acknowledges every pending event without blocking; returns how many.
     fn take_events(&self) -> Result<u32, ProviderError>;
+    /// Forgets which queues are armed, so the next [`arm`](Self::arm) arms all of them again
+    /// (arming an armed queue changes nothing) and the caller polls once more. A blocking
+    /// back-off calls it after a sleep that ran to its limit: if an event was ever lost (the
+    /// kernel drops one it cannot allocate), a queue that believes itself armed would never
+    /// raise another, and every later sleep would last to its limit. The default does
+    /// nothing.
+    fn forget_armed(&self) {}
 }
 
 /// Spins forever: the right choice for a thread pinned to a core of its own.

@@ -4,8 +4,9 @@
 //! [`SharedCqs`] owns the two queues and a mailbox per queue pair; [`RoutedQp`] is a queue
 //! pair on them that is a full [`Provider`], so a [`Channel`](crate::channel::Channel) runs on
 //! it unchanged. Polling a `RoutedQp` first empties its own mailbox; only when that is empty
-//! does it poll the shared queue, keeping its own completions and dropping the others' into
-//! their mailboxes (each such queue pair then goes on a ready list). A layer that serves many
+//! does it poll the shared queue (until it is seen empty: see `State::poll_into_mailboxes`),
+//! keeping its own completions and dropping the others' into their mailboxes (each such
+//! queue pair then goes on a ready list). A layer that serves many
 //! queue pairs ([`MultiChannel::poll_ready`](crate::multi::MultiChannel::poll_ready)) polls
 //! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
 //! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
@@ -249,19 +250,40 @@ impl<C: CompletionQueue> State<C> {
         }
     }
 
-    /// Polls one shared queue once, routing everything into mailboxes.
+    /// Polls one shared queue until a poll comes back short of a full batch (the queue was
+    /// seen empty), routing everything into mailboxes; returns how many it took.
+    ///
+    /// Why not one batch: a caller that finds nothing of its own takes the poll for an
+    /// empty queue, and a waiter sleeping on completion events then arms the queue and
+    /// sleeps. A completion that arrived before the arm raises no event, so if it still
+    /// sat in the queue behind a full batch of other queue pairs' completions, the sleep
+    /// would last until its deadline. Bounded: at most one batch more than the queue holds,
+    /// so completions arriving as fast as they are taken cannot keep the caller here.
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
-        let n = if recv {
-            self.recv_cq.poll(&mut self.scratch)?
+        let capacity = if recv {
+            self.recv_cq.capacity()
         } else {
-            self.send_cq.poll(&mut self.scratch)?
+            self.send_cq.capacity()
+        };
+        let rounds = capacity as usize / POLL_BATCH + 1;
+        let mut total = 0;
+        for _ in 0..rounds {
+            let n = if recv {
+                self.recv_cq.poll(&mut self.scratch)?
+            } else {
+                self.send_cq.poll(&mut self.scratch)?
+            }
+            .min(POLL_BATCH);
+            for i in 0..n {
+                let c = self.scratch[i];
+                self.route(c, recv);
+            }
+            total += n;
+            if n < POLL_BATCH {
+                break;
+            }
         }
-        .min(POLL_BATCH);
-        for i in 0..n {
-            let c = self.scratch[i];
-            self.route(c, recv);
-        }
-        Ok(n)
+        Ok(total)
     }
 
     /// Takes `slot`'s completions of one kind into `out`; polls the shared queue first when
@@ -668,8 +690,9 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
 }
 
 impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
-    /// This queue pair's send completions: its mailbox, else one poll of the shared queue.
-    /// Does not allocate.
+    /// This queue pair's send completions: its mailbox, else the shared queue polled until
+    /// it is seen empty (so `Ok(0)` means no completion of it was waiting). Does not
+    /// allocate.
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         let slot = self.slot;
         self.shared
@@ -677,8 +700,9 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
             .unwrap_or(Ok(0))
     }
 
-    /// This queue pair's receive completions: its mailbox, else one poll of the shared
-    /// queue. Does not allocate.
+    /// This queue pair's receive completions: its mailbox, else the shared queue polled
+    /// until it is seen empty (so `Ok(0)` means no completion of it was waiting). Does not
+    /// allocate.
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         let slot = self.slot;
         self.shared
@@ -686,8 +710,8 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
             .unwrap_or(Ok(0))
     }
 
-    /// Polls both shared queues once and names every queue pair with completions waiting in
-    /// its mailbox (each once, oldest first). Does not allocate.
+    /// Polls both shared queues until each is seen empty and names every queue pair with
+    /// completions waiting in its mailbox (each once, oldest first). Does not allocate.
     fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
         self.shared
             .with(|st| {
@@ -703,8 +727,8 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
     }
 
     /// Receive completions of the shared receive queue, whichever queue pair they arrived
-    /// on, oldest first; one poll of the shared receive queue when none waits. Does not
-    /// allocate.
+    /// on, oldest first; polls the shared receive queue until it is seen empty when none
+    /// waits. Does not allocate.
     fn poll_srq(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.shared.with(|st| st.take_pool(out)).unwrap_or(Ok(0))
     }

@@ -8,7 +8,9 @@
 //! 3. sleep until the channel's descriptor ([`CompletionChannel::fd`]) is readable or the
 //!    deadline passes (std code: `rverbs_std_shim::WaitPolicy::Block`);
 //! 4. take the events ([`CqEvents::take_events`]): each one disarms its queue, and all of
-//!    them are acknowledged in one batch per queue before the call returns.
+//!    them are acknowledged in one batch per queue before the call returns. A sleep that no
+//!    event ended re-arms every queue next time ([`CqEvents::forget_armed`]), so one lost
+//!    event costs one sleep, not every later one.
 //!
 //! Core never blocks: the descriptor is non-blocking, and sleeping on it is the caller's
 //! (`poll(2)`, `epoll`, or an event loop). Every event read is acknowledged before
@@ -150,9 +152,11 @@ const ACK_BATCHES: usize = 4;
 
 impl CqEvents {
     /// Events of `cqs`, which must all have been created on `channel`
-    /// ([`VerbsError::InvalidArgument`] otherwise). With `solicited_only`, a receive raises
-    /// an event only when the sender asked for one (`IBV_SEND_SOLICITED`); send completions
-    /// and errors always do. Allocates (setup).
+    /// ([`VerbsError::InvalidArgument`] otherwise). With `solicited_only`, only a receive
+    /// the sender marked solicited (`IBV_SEND_SOLICITED`) and an error completion raise an
+    /// event (`ibv_req_notify_cq(3)`): a successful send completion raises none, so a waiter
+    /// for send completions must not sleep on a queue armed that way (it would sleep to its
+    /// limit). Allocates (setup).
     pub fn new(channel: &CompletionChannel, cqs: &[&Cq], solicited_only: bool) -> Result<Self> {
         let mut list = Vec::with_capacity(cqs.len());
         for cq in cqs {
@@ -197,6 +201,16 @@ impl CqEvents {
             newly = true;
         }
         Ok(newly)
+    }
+
+    /// Forgets which queues are armed: the next [`arm`](Self::arm) arms every queue again
+    /// (on an armed queue, `ibv_req_notify_cq` changes nothing). For a waiter whose sleep no
+    /// event ended: a queue whose event was lost (the kernel drops an event it cannot
+    /// allocate) would otherwise stay unarmed for good. Does not allocate.
+    pub fn forget_armed(&self) {
+        for a in &self.cqs {
+            a.cq.armed.store(false, Ordering::Release);
+        }
     }
 
     /// Reads every pending event without blocking, disarms the queues that raised them, and
@@ -268,5 +282,9 @@ unsafe impl Wakeup for CqEvents {
 
     fn take_events(&self) -> core::result::Result<u32, ProviderError> {
         CqEvents::take_events(self).map_err(|e| provider_error(e, Verb::GetCqEvent))
+    }
+
+    fn forget_armed(&self) {
+        CqEvents::forget_armed(self);
     }
 }
