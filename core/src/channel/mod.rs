@@ -625,10 +625,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 signaled_to = id;
             }
         }
-        self.since_signal = since_signal;
         // SAFETY: forwarded contract.
         match unsafe { self.p.post_send(wrs) } {
             Ok(()) => {
+                // Counted only once posted: a refused request must not stand in for the
+                // signaled one the next k requests need (or every later post could wait
+                // for room no completion frees).
+                self.since_signal = since_signal;
                 self.remote_recvs_used += consumes;
                 self.signaled_to = signaled_to;
                 self.next_seq = id;
