@@ -220,26 +220,40 @@ pub(crate) unsafe fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
 /// cannot take) is refused with, nothing posted.
 pub(crate) const EINVAL: c_int = 22;
 
-/// What a post returned, as rverbs reports it: `rc` from the driver's post call, `bad` the
-/// entry it stopped at (null when it names none) in the list that starts at `base`, so the
-/// requests ahead of `bad` went in.
-///
-/// # Safety
-/// A non-null `bad` points into the list that starts at `base`.
+/// What a post of `n` requests returned, as rverbs reports it: `rc` from the driver's post
+/// call, `bad` the entry it stopped at in the list that starts at `base`, so the requests
+/// ahead of `bad` went in. A failure whose `bad` names no entry (null) reports `unnamed`
+/// requests posted: verbs does not say what that means, and drivers differ (rxe leaves it
+/// null both when it refuses a post outright and when every request is already in its send
+/// queue and only the doorbell system call failed, after which the device may still run
+/// them). A `bad` outside the list (a driver bug) counts as the whole list. Never more than
+/// `n`.
 #[inline]
-pub(crate) unsafe fn post_result<T>(
+pub(crate) fn post_result<T>(
     rc: c_int,
     bad: *mut T,
     base: *mut T,
+    n: usize,
+    unnamed: usize,
 ) -> Result<(), crate::wr::PostFailure> {
     if rc == 0 {
         return Ok(());
     }
     let posted = if bad.is_null() {
-        0
+        unnamed
     } else {
-        // SAFETY: the caller's contract: bad and base point into the same list.
-        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        // Addresses, not `offset_from`: a pointer the driver made up must not be undefined
+        // behaviour here.
+        let at = (bad as usize).wrapping_sub(base as usize);
+        let size = core::mem::size_of::<T>().max(1);
+        if at % size == 0 && at / size < n {
+            at / size
+        } else {
+            n
+        }
     };
-    Err(crate::wr::PostFailure { posted, errno: rc })
+    Err(crate::wr::PostFailure {
+        posted: posted.min(n),
+        errno: rc,
+    })
 }

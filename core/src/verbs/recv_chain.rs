@@ -54,6 +54,8 @@ pub(super) unsafe fn post_recv_wrs<Q>(
     // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
     // posting contract and that queue is live and what post takes.
     let rc = unsafe { post(queue, base, &mut bad) };
-    // SAFETY: a driver sets bad to an entry of the list it was given.
-    unsafe { ffi::post_result(rc, bad, base) }
+    // A receive post that names no entry took none: no driver queues receives behind a
+    // call that can fail afterwards (rxe and mlx5 write them to memory the device reads,
+    // with no system call; the kernel path names the entry).
+    ffi::post_result(rc, bad, base, wrs.len(), 0)
 }

@@ -89,8 +89,10 @@ impl SendChain {
         let rc = unsafe { ffi::post_send(qp, base, &mut bad) };
         // SAFETY: as above; the driver has returned and holds no reference to the list.
         unsafe { (*base.add(n - 1)).next = after };
-        // SAFETY: a driver sets bad to an entry of the list it was given.
-        unsafe { ffi::post_result(rc, bad, base) }
+        // A failure that names no entry may have left every request in the send queue
+        // (rxe, when its doorbell fails): count them all, so a caller flushes and waits
+        // rather than hand back buffers the device may still read.
+        ffi::post_result(rc, bad, base, n, n)
     }
 }
 
@@ -172,5 +174,128 @@ pub(crate) unsafe fn post_send_chain(
             fill_connected(wrs.get_unchecked(i), wr);
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::cell::Cell;
+
+    /// A driver that queues every request it is given and then fails the post without
+    /// naming one, as rxe does when the doorbell system call after its loop fails: the
+    /// requests stay in the send queue, where the device may still run them. Counts the
+    /// requests in the `Cell<usize>` behind the queue pair's context.
+    unsafe extern "C" fn queue_all_then_fail(
+        qp: *mut sys::ibv_qp,
+        mut wr: *mut sys::ibv_send_wr,
+        _bad: *mut *mut sys::ibv_send_wr,
+    ) -> core::ffi::c_int {
+        // SAFETY: the test's queue pair, whose context is its counter; the list is the
+        // chain's, null-terminated.
+        unsafe {
+            let queued = &*(*qp).qp_context.cast::<Cell<usize>>();
+            while !wr.is_null() {
+                queued.set(queued.get() + 1);
+                wr = (*wr).next;
+            }
+        }
+        5 // EIO
+    }
+
+    /// A driver that refuses the third request of a post, naming it.
+    unsafe extern "C" fn refuse_third(
+        qp: *mut sys::ibv_qp,
+        mut wr: *mut sys::ibv_send_wr,
+        bad: *mut *mut sys::ibv_send_wr,
+    ) -> core::ffi::c_int {
+        // SAFETY: as above; `bad` is the chain's out-pointer.
+        unsafe {
+            let queued = &*(*qp).qp_context.cast::<Cell<usize>>();
+            let mut i = 0;
+            while !wr.is_null() {
+                if i == 2 {
+                    *bad = wr;
+                    return 12;
+                }
+                queued.set(queued.get() + 1);
+                i += 1;
+                wr = (*wr).next;
+            }
+        }
+        0
+    }
+
+    fn zeroed<T>() -> T {
+        // SAFETY: only used with libibverbs structs, plain C data for which zero is valid.
+        unsafe { MaybeUninit::zeroed().assume_init() }
+    }
+
+    /// Posts `n` sends through `driver`; what the post returned and how many the driver took.
+    fn post_through(
+        driver: unsafe extern "C" fn(
+            *mut sys::ibv_qp,
+            *mut sys::ibv_send_wr,
+            *mut *mut sys::ibv_send_wr,
+        ) -> core::ffi::c_int,
+        n: usize,
+    ) -> (Result<(), PostFailure>, usize) {
+        let queued = Cell::new(0usize);
+        let mut ctx: sys::ibv_context = zeroed();
+        ctx.ops.post_send = Some(driver);
+        let mut qp: sys::ibv_qp = zeroed();
+        qp.context = &mut ctx;
+        qp.qp_context = ptr::from_ref(&queued).cast_mut().cast();
+        let wrs = [WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Send,
+            flags: crate::wr::SendFlags::empty(),
+            sges: &[],
+            remote: crate::sge::RemoteMemory::default(),
+        }; MAX_BATCH];
+        let mut chain = SendChain::new();
+        // SAFETY: the queue pair is the test's, live for the call; the requests name no
+        // memory.
+        let r = unsafe { post_send_chain(&mut qp, &mut chain, &wrs[..n]) };
+        (r, queued.get())
+    }
+
+    #[test]
+    fn a_failure_naming_no_request_counts_every_request_posted() {
+        for n in [1, 3, MAX_BATCH] {
+            let (r, queued) = post_through(queue_all_then_fail, n);
+            assert_eq!(queued, n);
+            // The device holds all n: a caller told fewer would hand their buffers back.
+            assert_eq!(r, Err(PostFailure { posted: n, errno: 5 }));
+        }
+    }
+
+    #[test]
+    fn a_failure_naming_a_request_counts_those_before_it() {
+        let (r, queued) = post_through(refuse_third, 5);
+        assert_eq!(queued, 2);
+        assert_eq!(r, Err(PostFailure { posted: 2, errno: 12 }));
+        let (r, queued) = post_through(refuse_third, 2);
+        assert_eq!((r, queued), (Ok(()), 2));
+    }
+
+    #[test]
+    fn post_result_never_reports_more_than_the_list_or_trusts_a_stray_pointer() {
+        let mut list = [0u64; 4];
+        let base = list.as_mut_ptr();
+        // SAFETY: inside the array.
+        let third = unsafe { base.add(2) };
+        let ok = ffi::post_result(0, ptr::null_mut(), base, 4, 4);
+        assert_eq!(ok, Ok(()));
+        let f = |bad, unnamed| ffi::post_result(22, bad, base, 4, unnamed).unwrap_err().posted;
+        assert_eq!(f(third, 0), 2);
+        assert_eq!(f(base, 4), 0);
+        assert_eq!(f(ptr::null_mut(), 0), 0);
+        assert_eq!(f(ptr::null_mut(), 4), 4);
+        // Not an entry of the list (a driver bug): the whole list, never more.
+        let mut other = 0u64;
+        assert_eq!(f(&mut other, 0), 4);
+        assert_eq!(f(base.wrapping_byte_add(3), 0), 4);
+        assert_eq!(f(base.wrapping_add(9), 0), 4);
     }
 }
