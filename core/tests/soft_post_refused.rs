@@ -1,7 +1,7 @@
 //! A post the provider refuses with nothing taken leaves the channel as it was: healthy, and
 //! with its signaling count unchanged, so the requests posted after it still get a signaled
 //! one within every `signal_every` and a later post never waits for room that no completion
-//! will free.
+//! will free. A datagram post the driver failed after taking the request stays counted.
 #![allow(clippy::std_instead_of_core)]
 
 use std::cell::Cell;
@@ -9,13 +9,18 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
-use rverbs_core::completion::Completion;
+use rverbs_core::completion::{Completion, DatagramCompletion};
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
+use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{StaticClock, StepClock};
-use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
+use rverbs_core::provider::datagram::{DatagramProvider, Destination};
+use rverbs_core::provider::soft::{
+    NetAddress, NetDatagram, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
+};
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
-use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
 
 macro_rules! clock {
     () => {{
@@ -129,4 +134,109 @@ fn a_refused_post_does_not_count_toward_the_signaling_interval() {
     let mut got = [0u8; 8];
     assert!(dst.read_into(0, &mut got));
     assert_eq!(got, data);
+}
+
+/// A datagram queue pair whose posts, when told, take the request and still fail without
+/// naming it: what rxe does when the doorbell system call after its loop fails (the
+/// request is in the send queue and the device may run it).
+struct TakesButFails<'n> {
+    qp: NetDatagram<'n>,
+    fail: Rc<Cell<bool>>,
+}
+
+impl DatagramProvider for TakesButFails<'_> {
+    type Address = NetAddress;
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
+    }
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+    fn qkey(&self) -> u32 {
+        self.qp.qkey()
+    }
+    fn gid(&self) -> Gid {
+        self.qp.gid()
+    }
+    fn lid(&self) -> u16 {
+        self.qp.lid()
+    }
+    fn mtu(&self) -> u32 {
+        self.qp.mtu()
+    }
+    fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
+        self.qp.address(to)
+    }
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, NetAddress>],
+    ) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.qp.post_send(wrs) }?;
+        if self.fail.get() {
+            return Err(PostFailure {
+                posted: wrs.len(),
+                errno: 5,
+            });
+        }
+        Ok(())
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.qp.poll_send(out)
+    }
+    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
+        self.qp.poll_recv(out)
+    }
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp.set_error()
+    }
+    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.join_group(group)
+    }
+    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.leave_group(group)
+    }
+}
+
+#[test]
+fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+    const QKEY: u32 = 0x0123_4567;
+    const MTU: Mtu = Mtu::B256;
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 32,
+    };
+    let mut c = DatagramConfig::default();
+    c.recv_slots = 4;
+    c.send_slots = 4;
+    c.signal_every = 4;
+    c.timeout = Duration::from_millis(50);
+    let mut mem = vec![vec![0u8; memory_needed(MTU.bytes(), &c)]; 2];
+    let (ma, mb) = mem.split_at_mut(1);
+    let net = SoftNet::new(SoftNetConfig::new(2, caps));
+    let fail = Rc::new(Cell::new(true));
+    let qp = TakesButFails {
+        qp: net.create_datagram(0, QKEY, MTU).unwrap(),
+        fail: fail.clone(),
+    };
+    let region = net.register(0, &mut ma[0], AccessFlags::LOCAL_WRITE).unwrap();
+    let mut a = Datagram::new(qp, region, c, clock!()).unwrap();
+    let qp = net.create_datagram(1, QKEY, MTU).unwrap();
+    let region = net.register(1, &mut mb[0], AccessFlags::LOCAL_WRITE).unwrap();
+    let b = Datagram::new(qp, region, c, clock!()).unwrap();
+    let to_b = a.peer(&b.endpoint()).unwrap();
+    // Twice the send queue, each one in the queue although its post failed.
+    for i in 0..2 * caps.max_send_wr as u8 {
+        assert_eq!(a.send(&to_b, &[i; 8]), Err(DatagramError::Post { errno: 5 }));
+    }
+    // Counted as posted, they left room for the next only as they completed.
+    fail.set(false);
+    a.send(&to_b, &[7; 8]).unwrap();
 }

@@ -114,6 +114,13 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         // CPU only once the send that used it before has completed (`staged`), and the
         // endpoint frees the memory only after draining the queue pair.
         if let Err(f) = unsafe { self.p.post_send(&[wr]) } {
+            if f.posted > 0 {
+                // Refused, yet in the send queue (a driver whose doorbell failed after it
+                // queued the request): the device may still send it from its slot, so it
+                // stays counted, and its slot busy, like any request posted.
+                self.next_seq += 1;
+                return Err(DatagramError::Post { errno: f.errno });
+            }
             // One request, refused: nothing was posted.
             self.since_signal = since;
             if let Some((j, prev)) = stage {
