@@ -226,15 +226,22 @@ fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
         qp: net.create_datagram(0, QKEY, MTU).unwrap(),
         fail: fail.clone(),
     };
-    let region = net.register(0, &mut ma[0], AccessFlags::LOCAL_WRITE).unwrap();
+    let region = net
+        .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
     let mut a = Datagram::new(qp, region, c, clock!()).unwrap();
     let qp = net.create_datagram(1, QKEY, MTU).unwrap();
-    let region = net.register(1, &mut mb[0], AccessFlags::LOCAL_WRITE).unwrap();
+    let region = net
+        .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
     let b = Datagram::new(qp, region, c, clock!()).unwrap();
     let to_b = a.peer(&b.endpoint()).unwrap();
     // Twice the send queue, each one in the queue although its post failed.
     for i in 0..2 * caps.max_send_wr as u8 {
-        assert_eq!(a.send(&to_b, &[i; 8]), Err(DatagramError::Post { errno: 5 }));
+        assert_eq!(
+            a.send(&to_b, &[i; 8]),
+            Err(DatagramError::Post { errno: 5 })
+        );
     }
     // Counted as posted, they left room for the next only as they completed.
     fail.set(false);

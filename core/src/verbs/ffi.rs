@@ -246,7 +246,7 @@ pub(crate) fn post_result<T>(
         // behaviour here.
         let at = (bad as usize).wrapping_sub(base as usize);
         let size = core::mem::size_of::<T>().max(1);
-        if at % size == 0 && at / size < n {
+        if at.is_multiple_of(size) && at / size < n {
             at / size
         } else {
             n

@@ -266,7 +266,13 @@ mod tests {
             let (r, queued) = post_through(queue_all_then_fail, n);
             assert_eq!(queued, n);
             // The device holds all n: a caller told fewer would hand their buffers back.
-            assert_eq!(r, Err(PostFailure { posted: n, errno: 5 }));
+            assert_eq!(
+                r,
+                Err(PostFailure {
+                    posted: n,
+                    errno: 5
+                })
+            );
         }
     }
 
@@ -274,7 +280,13 @@ mod tests {
     fn a_failure_naming_a_request_counts_those_before_it() {
         let (r, queued) = post_through(refuse_third, 5);
         assert_eq!(queued, 2);
-        assert_eq!(r, Err(PostFailure { posted: 2, errno: 12 }));
+        assert_eq!(
+            r,
+            Err(PostFailure {
+                posted: 2,
+                errno: 12
+            })
+        );
         let (r, queued) = post_through(refuse_third, 2);
         assert_eq!((r, queued), (Ok(()), 2));
     }
@@ -287,7 +299,11 @@ mod tests {
         let third = unsafe { base.add(2) };
         let ok = ffi::post_result(0, ptr::null_mut(), base, 4, 4);
         assert_eq!(ok, Ok(()));
-        let f = |bad, unnamed| ffi::post_result(22, bad, base, 4, unnamed).unwrap_err().posted;
+        let f = |bad, unnamed| {
+            ffi::post_result(22, bad, base, 4, unnamed)
+                .unwrap_err()
+                .posted
+        };
         assert_eq!(f(third, 0), 2);
         assert_eq!(f(base, 4), 0);
         assert_eq!(f(ptr::null_mut(), 0), 0);
