@@ -143,8 +143,11 @@ const CLOCK_EVERY: u32 = 16;
 pub(crate) enum Queues {
     /// The send queue alone.
     Sends,
-    /// The receive queue, and the send queue as well on every `CLOCK_EVERY`-th empty poll
-    /// (so a failed send, a peer gone, still ends the wait early).
+    /// The receive queue, and the send queue as well on every `CLOCK_EVERY`-th empty poll.
+    /// What ends a receive wait when the peer is gone is the receive's flush (a failed send
+    /// moves the queue pair to the error state, which flushes the receive queue too); the
+    /// occasional send poll records the failed send, and in the software model it is the
+    /// retry tick that fails it.
     Recvs,
     /// Both.
     Both,

@@ -27,6 +27,15 @@ impl<P: Provider, B: Backoff, const R: usize> Drop for SettleOnDrop<'_, P, B, R>
     }
 }
 
+/// Whether a receive wait that has seen `empty` empty polls polls the send queue too this
+/// time: every `CLOCK_EVERY`-th. Wrapping, as the count does: a wait with a long timeout
+/// outlives `u32::MAX` empty polls (minutes of spinning), and an overflow there must not
+/// panic (a debug build checks it).
+#[inline]
+fn recv_wait_polls_sends(empty: u32) -> bool {
+    empty.wrapping_add(1).is_multiple_of(CLOCK_EVERY)
+}
+
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the
     /// [`CLOCK_EVERY`]-th empty poll, when `None`). On `Err` the channel is broken and
@@ -57,7 +66,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             }
             let polled = match queues {
                 Queues::Sends => self.poll_send_cq(),
-                Queues::Recvs if !(empty + 1).is_multiple_of(CLOCK_EVERY) => self.poll_recv_cq(),
+                Queues::Recvs if !recv_wait_polls_sends(empty) => self.poll_recv_cq(),
                 Queues::Recvs | Queues::Both => self.poll_once(),
             };
             match polled {
@@ -408,5 +417,24 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Ok(()) => self.recv_result(r),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receive_wait_polls_the_send_queue_every_clock_every_th_empty_poll_without_overflow() {
+        for e in 0..3 * CLOCK_EVERY {
+            assert_eq!(
+                recv_wait_polls_sends(e),
+                e % CLOCK_EVERY == CLOCK_EVERY - 1,
+                "{e}"
+            );
+        }
+        // The count wraps after u32::MAX empty polls; the decision must too.
+        assert!(recv_wait_polls_sends(u32::MAX));
+        assert!(!recv_wait_polls_sends(u32::MAX - 1));
     }
 }
