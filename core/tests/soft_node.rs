@@ -599,3 +599,55 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
         );
     }
 }
+
+/// A message whose completion a caller took by polling the node's channel directly (so no
+/// poll of the queues reports it again) still reaches the handler: `progress` sweeps one
+/// peer every 8 calls, round-robin, so within 8 x peers calls.
+#[test]
+fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
+    const SLOTS: usize = 4;
+    const SLOT: usize = 32;
+    let world_size = 4u32;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
+    let mut rings = vec![0u8; world_size as usize * mem_len];
+    let mut nodes = world(&net, &mut arena, clock!());
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    nodes[1].post_send_inline(0, b"direct").unwrap();
+    // Rank 0 polls its channel to rank 1 itself: the receive's completion is now the
+    // channel's, and no later poll of the queues reports it.
+    let mut seen = 0;
+    for _ in 0..1000 {
+        seen += nodes[0].channel(1).unwrap().poll().unwrap();
+        if seen > 0 {
+            break;
+        }
+    }
+    assert!(seen > 0, "the message never completed at rank 0");
+    let peers = world_size - 1;
+    let mut delivered = None;
+    for call in 1..=8 * peers {
+        nodes[0]
+            .progress(8, |ev| {
+                if let Event::Message { rank, data, .. } = ev {
+                    assert_eq!((rank, data), (1, &b"direct"[..]));
+                    delivered = Some(call);
+                }
+            })
+            .unwrap();
+        if delivered.is_some() {
+            break;
+        }
+    }
+    assert!(
+        delivered.is_some(),
+        "not delivered within {} progress calls",
+        8 * peers
+    );
+}

@@ -158,9 +158,12 @@ pub(super) struct Rings<M> {
     pub(super) todo_head: usize,
     pub(super) todo_len: usize,
     pub(super) queued: Vec<bool>,
-    /// The peer the next `progress` also looks at, whether or not it had completions: one
-    /// per call, round-robin, so completions a direct channel call took are delivered too.
+    /// The peer the next sweep looks at, whether or not it had completions: one peer every
+    /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
+    /// took (which no poll of the shared queues reports again) are delivered too.
     pub(super) sweep: usize,
+    /// `progress` calls since the last sweep.
+    pub(super) since_sweep: u32,
 }
 
 impl<M: Region> Rings<M> {
@@ -198,6 +201,7 @@ impl<M: Region> Rings<M> {
             todo_len: 0,
             queued: vec![false; peers],
             sweep: 0,
+            since_sweep: 0,
         }
     }
 }
@@ -404,6 +408,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
+/// `progress` sweeps one peer (round-robin) every this many calls: so completions a caller
+/// took by polling a node's channel directly reach the handler within `SWEEP_EVERY` x peers
+/// calls.
+const SWEEP_EVERY: u32 = 8;
+
 fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -442,9 +451,15 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
             // poll_ready fails only on the shared queues; channel failures go to the list.
             _ => NodeError::UnknownRank(u32::MAX),
         })?;
-    let sweep = rings.sweep;
-    rings.sweep = (sweep + 1) % peers;
-    rings.push_todo(sweep);
+    // The sweep: rare, because it is for the rare case (a caller that polled a node's
+    // channel itself); an idle `progress` is then one poll of each shared queue.
+    rings.since_sweep += 1;
+    if rings.since_sweep >= SWEEP_EVERY {
+        rings.since_sweep = 0;
+        let sweep = rings.sweep;
+        rings.sweep = (sweep + 1) % peers;
+        rings.push_todo(sweep);
+    }
     // Each peer in the list at most once per call; one cut short goes to the back. With a
     // pool, messages were handed out above, and the peers they came from are here for
     // their credit returns, which must not wait for budget: a sender without credits

@@ -485,7 +485,7 @@ impl QueuePair for InstantQp {
         unsafe { (*self.raw.get()).qp_num }
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
         unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
@@ -559,7 +559,7 @@ impl QueuePair for InstantProvider {
         self.qp.qp_num()
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_send(wrs) }

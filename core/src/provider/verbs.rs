@@ -191,7 +191,7 @@ impl QueuePair for VerbsProvider {
         caps
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the caller upholds the posting contract.
         unsafe { self.qp.post_send(wrs) }
@@ -257,7 +257,7 @@ impl QueuePair for Qp {
         Qp::caps(self)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the caller upholds the posting contract.
         unsafe { Qp::post_send(self, wrs) }

@@ -228,7 +228,7 @@ pub(crate) const EINVAL: c_int = 22;
 /// queue and only the doorbell system call failed, after which the device may still run
 /// them). A `bad` outside the list (a driver bug) counts as the whole list. Never more than
 /// `n`.
-#[inline]
+#[inline(always)]
 pub(crate) fn post_result<T>(
     rc: c_int,
     bad: *mut T,
@@ -237,8 +237,22 @@ pub(crate) fn post_result<T>(
     unnamed: usize,
 ) -> Result<(), crate::wr::PostFailure> {
     if rc == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(post_failed(rc, bad, base, n, unnamed))
     }
+}
+
+/// The failure [`post_result`] reports, out of the posting path.
+#[cold]
+#[inline(never)]
+fn post_failed<T>(
+    rc: c_int,
+    bad: *mut T,
+    base: *mut T,
+    n: usize,
+    unnamed: usize,
+) -> crate::wr::PostFailure {
     let posted = if bad.is_null() {
         unnamed
     } else {
@@ -252,8 +266,8 @@ pub(crate) fn post_result<T>(
             n
         }
     };
-    Err(crate::wr::PostFailure {
+    crate::wr::PostFailure {
         posted: posted.min(n),
         errno: rc,
-    })
+    }
 }

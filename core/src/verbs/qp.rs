@@ -639,7 +639,7 @@ impl Qp {
     /// The [posting contract](crate#the-posting-contract): every buffer the requests name
     /// stays valid, and is neither read (for reads) nor written by the CPU, until the
     /// completion of that request (or of a later signaled one) has been polled.
-    #[inline]
+    #[inline(always)]
     pub unsafe fn post_send(
         &mut self,
         wrs: &[WorkRequest<'_>],

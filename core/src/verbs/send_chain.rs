@@ -125,7 +125,7 @@ fn send_opcode(op: Opcode) -> (sys::ibv_wr_opcode::Type, u32) {
 }
 
 /// Writes connected request `w` into `wr` (every field but `next`).
-#[inline]
+#[inline(always)]
 fn fill_connected(w: &WorkRequest<'_>, wr: &mut sys::ibv_send_wr) {
     let (opcode, imm) = send_opcode(w.opcode);
     wr.wr_id = w.wr_id;
@@ -162,7 +162,7 @@ fn fill_connected(w: &WorkRequest<'_>, wr: &mut sys::ibv_send_wr) {
 ///
 /// # Safety
 /// `qp` is live; the posting contract for the buffers.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn post_send_chain(
     qp: *mut sys::ibv_qp,
     chain: &mut SendChain,
