@@ -17,8 +17,9 @@
 //! [`crate::provider::shared`]) and serves only the peers whose channels got completions,
 //! in the order they got them; a peer a budget cut short goes to the back of that list, so
 //! a budget smaller than the traffic does not starve anyone. An idle `progress` costs the
-//! same for 2 peers and for 2000. It also looks at one more peer per call, round-robin,
-//! which delivers what a direct call on a channel polled on the node's behalf.
+//! same for 2 peers and for 2000. Every 8th call it also looks at one more peer, round-robin,
+//! which delivers what a direct call on a channel polled on the node's behalf (within 8
+//! calls per peer).
 //!
 //! # Memory
 //! The ring memory lives in the node, and the node drains every channel before it frees it.
