@@ -15,7 +15,7 @@ use rverbs_core::verbs::AccessFlags;
 use rverbs_core::wr::MAX_BATCH;
 
 use crate::report::{BwReport, BwTimes};
-use crate::session::{Chan, Session};
+use crate::session::{Chan, Session, PATIENCE};
 use crate::{Res, Test};
 
 /// Runs the bandwidth test of the session; the client's report.
@@ -107,6 +107,12 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
     let now = || start.elapsed().as_nanos() as u64;
     let mut posted = 0usize;
     let mut done = 0usize;
+    // A run that stops making progress (the peer gone, a device that lost completions) ends
+    // with an error after the channel's patience rather than spinning forever. The clock is
+    // read for it once per 4096 empty polls, so the check costs the loop nothing.
+    let patience = PATIENCE.as_nanos() as u64;
+    let mut last_progress = now();
+    let mut empty = 0u32;
     while done < n {
         while posted < n && chan.outstanding_sends() + l as u64 <= tx {
             let t = now();
@@ -116,11 +122,28 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
         }
         // The send queue alone, as perftest polls: nothing is received here.
         chan.poll_sends()?;
+        // A request that failed (retries exhausted: the peer is gone) breaks the channel and
+        // flushes the rest, which then retire too: report it, not a rate.
+        if let Some(e) = chan.failure() {
+            return Err(e.into());
+        }
         let retired = posted - chan.outstanding_sends() as usize;
         if retired > done {
             // Stamped only when a poll retired something, as perftest stamps completions.
-            times.complete_to(retired, now());
+            let t = now();
+            times.complete_to(retired, t);
             done = retired;
+            empty = 0;
+            last_progress = t;
+            continue;
+        }
+        empty = empty.wrapping_add(1);
+        if empty.is_multiple_of(4096) && now() - last_progress > patience {
+            return Err(format!(
+                "no request completed for {} s ({done} of {n} done): is the peer alive?",
+                PATIENCE.as_secs()
+            )
+            .into());
         }
     }
     BwReport::from_times(size, &times, l).ok_or_else(|| "no requests ran".into())

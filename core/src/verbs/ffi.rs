@@ -268,6 +268,7 @@ fn post_failed<T>(
     };
     crate::wr::PostFailure {
         posted: posted.min(n),
-        errno: rc,
+        // libibverbs' providers return a positive errno; siw returns it negated.
+        errno: rc.saturating_abs(),
     }
 }

@@ -313,5 +313,8 @@ mod tests {
         assert_eq!(f(&mut other, 0), 4);
         assert_eq!(f(base.wrapping_byte_add(3), 0), 4);
         assert_eq!(f(base.wrapping_add(9), 0), 4);
+        // siw returns its errno negated: reported as the errno it is.
+        let e = ffi::post_result(-12, third, base, 4, 0).unwrap_err();
+        assert_eq!((e.posted, e.errno), (2, 12));
     }
 }
