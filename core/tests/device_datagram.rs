@@ -529,6 +529,44 @@ fn a_peer_of_another_protection_domain_is_refused() {
     assert_eq!(r.map_err(|f| (f.posted, f.errno)), Err((0, 22)));
 }
 
+/// A send whose `Peer` (and with it, on the caller's side, the last clone of its address
+/// handle) is dropped the moment the call returns, as `ep.send(&ep.peer(..)?, ..)` does: the
+/// endpoint keeps the handle until the send completed, so every datagram still goes out to
+/// the right queue pair (rxe looks the handle up by number when it executes the send, later
+/// than the post).
+#[test]
+fn a_peer_dropped_right_after_its_send_still_gets_every_datagram() {
+    let Some(ctx) = support::open("a_peer_dropped_right_after_its_send_still_gets_every_datagram")
+    else {
+        return;
+    };
+    let refused = failed_destroys().ah;
+    let mut a = endpoint(&ctx);
+    let mut b = endpoint(&ctx);
+    let theirs = b.endpoint();
+    let n = SLOTS as usize / 2;
+    for i in 0..n {
+        let body = (i as u32).to_le_bytes();
+        // A peer of its own: the caller's handle is dropped right after the post.
+        let to = a.peer(&theirs).unwrap();
+        a.send(&to, &body).unwrap();
+        drop(to);
+    }
+    a.wait_sent().unwrap();
+    assert!(a.failure().is_none(), "{:?}", a.failure());
+    for i in 0..n {
+        let d = b.recv().unwrap();
+        assert_eq!(d.payload, (i as u32).to_le_bytes(), "datagram {i}");
+    }
+    assert_eq!(a.stats().sent, n as u64);
+    drop(a);
+    assert_eq!(
+        failed_destroys().ah,
+        refused,
+        "an address handle's destroy was refused"
+    );
+}
+
 /// An IPv4 group's datagrams are IPv4 packets: an endpoint whose queue pair sends from
 /// another GID (rxe's link-local IPv6 GID at index 0) would receive nothing, so joining is
 /// refused, by the endpoint and by the provider.

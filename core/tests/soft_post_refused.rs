@@ -247,3 +247,50 @@ fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
     fail.set(false);
     a.send(&to_b, &[7; 8]).unwrap();
 }
+
+#[test]
+fn the_drain_datagram_of_wait_sent_stays_counted_when_its_post_fails_after_taking_it() {
+    const QKEY: u32 = 0x0123_4567;
+    const MTU: Mtu = Mtu::B256;
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 32,
+    };
+    let mut c = DatagramConfig::default();
+    c.recv_slots = 4;
+    c.send_slots = 4;
+    c.signal_every = 4;
+    c.timeout = Duration::from_millis(50);
+    let mut mem = vec![vec![0u8; memory_needed(MTU.bytes(), &c)]; 2];
+    let (ma, mb) = mem.split_at_mut(1);
+    let net = SoftNet::new(SoftNetConfig::new(2, caps));
+    let fail = Rc::new(Cell::new(false));
+    let qp = TakesButFails {
+        qp: net.create_datagram(0, QKEY, MTU).unwrap(),
+        fail: fail.clone(),
+    };
+    let region = net
+        .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let mut a = Datagram::new(qp, region, c, clock!()).unwrap();
+    let qp = net.create_datagram(1, QKEY, MTU).unwrap();
+    let region = net
+        .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let b = Datagram::new(qp, region, c, clock!()).unwrap();
+    let to_b = a.peer(&b.endpoint()).unwrap();
+    // One unsignaled datagram: wait_sent must post a signaled one behind it.
+    a.send(&to_b, &[1; 8]).unwrap();
+    assert_eq!(a.outstanding_sends(), 1);
+    // That post is taken and still fails: the request is in the queue, so it counts.
+    fail.set(true);
+    assert_eq!(a.wait_sent(), Err(DatagramError::Post { errno: 5 }));
+    assert_eq!(a.outstanding_sends(), 2);
+    // Its completion retires both; nothing is left for another drain request.
+    fail.set(false);
+    a.wait_sent().unwrap();
+    assert_eq!(a.outstanding_sends(), 0);
+}

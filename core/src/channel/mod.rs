@@ -133,10 +133,9 @@ const RECV_BIT: u64 = 1 << 63;
 /// waited on another channel is refused instead of being taken for that channel's work.
 static NEXT_ID: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(1);
 const POLL_AT_ONCE: usize = 16;
-/// Empty polls between two clock reads in a wait: a clock read costs about as much as an
-/// empty poll, so reading it every time would halve how fast a spinning wait notices a
-/// completion; every 16th keeps the deadline within a few microseconds.
-const CLOCK_EVERY: u32 = 16;
+/// A receive wait polls the send queue too on every `CLOCK_EVERY`-th empty poll (the
+/// deadline is read as often, by [`Patience`](crate::poll::Patience)).
+const CLOCK_EVERY: u32 = crate::poll::CHECK_EVERY;
 
 /// Which completion queues a wait polls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -487,7 +486,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Whether `n` more send-queue requests fit next to those not yet retired.
     #[inline]
     fn fits(&self, n: u64) -> bool {
-        self.next_seq + n - self.done_seq <= self.sq_depth
+        // Subtracted, not added: `n` is the caller's (`send_room(usize::MAX)` must say no,
+        // not overflow).
+        n <= self.sq_depth.saturating_sub(self.next_seq - self.done_seq)
     }
 
     /// Polls both completion queues once and retires what completed. Returns the number of

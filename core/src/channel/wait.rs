@@ -7,7 +7,7 @@ use super::{
     Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
 };
 use crate::completion::WcStatus;
-use crate::poll::{Backoff, Deadline};
+use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
 use crate::wr::{Opcode, SendFlags, WorkRequest};
@@ -38,7 +38,7 @@ fn recv_wait_polls_sends(empty: u32) -> bool {
 
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Polls until `done`, or until `deadline` (the channel's timeout, counted from the
-    /// [`CLOCK_EVERY`]-th empty poll, when `None`). On `Err` the channel is broken and
+    /// first clock read, when `None`: see [`Patience`]). On `Err` the channel is broken and
     /// nothing it posted is in flight any more: a timeout or a failed poll flushes and
     /// drains it first ([`Channel::flush_and_drain`]).
     pub(super) fn poll_until(
@@ -58,11 +58,20 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         deadline: Option<Deadline>,
     ) -> Result<(), ChannelError> {
         self.backoff.reset();
-        let mut deadline = deadline;
+        let (clock, timeout) = (self.clock, self.timeout);
+        // The deadline is checked at the top of every turn, whether the last turn took
+        // completions or not: a peer's traffic (receives completing while a send is awaited)
+        // must not hold the wait past it.
+        let mut patience = Patience::new(deadline, timeout);
         let mut empty: u32 = 0;
         loop {
             if done(self) {
                 return Ok(());
+            }
+            if patience.run_out(clock) {
+                self.broken.get_or_insert(Broken::TimedOut);
+                self.flush_and_drain();
+                return Err(ChannelError::TimedOut { peer: self.peer });
             }
             let polled = match queues {
                 Queues::Sends => self.poll_send_cq(),
@@ -82,26 +91,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 }
             }
             empty = empty.wrapping_add(1);
-            // The clock is first read after CLOCK_EVERY empty polls: most waits of a busy
-            // connection end before that, and then read no clock at all.
-            if empty.is_multiple_of(CLOCK_EVERY) {
-                let (clock, timeout) = (self.clock, self.timeout);
-                match deadline {
-                    None => deadline = Some(Deadline::after(clock, timeout)),
-                    Some(d) if d.passed(clock) => {
-                        self.broken.get_or_insert(Broken::TimedOut);
-                        self.flush_and_drain();
-                        return Err(ChannelError::TimedOut { peer: self.peer });
-                    }
-                    Some(_) => {}
-                }
-            }
-            let (clock, timeout) = (self.clock, self.timeout);
-            self.backoff.snooze_within(&mut || {
-                deadline
-                    .get_or_insert_with(|| Deadline::after(clock, timeout))
-                    .remaining(clock)
-            });
+            self.backoff
+                .snooze_within(&mut || patience.remaining(clock));
         }
     }
 
@@ -171,20 +162,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             return;
         }
         let (clock, limit) = (self.clock, self.flush_timeout);
-        let mut deadline = None;
+        let mut patience = Patience::lazy(limit);
         let mut last_err = None;
         // The drain calls the caller's clock and back-off; if one of them panics, the flush
         // is not drained and the process must not go on.
         let guard = crate::fatal::AbortOnUnwind("a panic while draining a flushed queue pair");
         while !self.all_done() {
-            match self.poll_once() {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                // Keep trying until the flush deadline: a poll may fail transiently.
-                Err(e) => last_err = Some(e),
-            }
-            let d = *deadline.get_or_insert_with(|| Deadline::after(clock, limit));
-            if d.passed(clock) {
+            if patience.run_out(clock) {
                 crate::fatal::abort(format_args!(
                     "{}: the device did not flush {} send and {} receive requests within {:?} \
                      (last poll error: {:?})",
@@ -194,6 +178,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                     limit,
                     last_err
                 ));
+            }
+            match self.poll_once() {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                // Keep trying until the flush deadline: a poll may fail transiently.
+                Err(e) => last_err = Some(e),
             }
             self.backoff.snooze();
         }

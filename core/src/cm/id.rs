@@ -9,7 +9,7 @@ use core::time::Duration;
 use super::error::{CmCall, CmError, CmEvent, CmStep, DeviceName, REJECT_NO_LISTENER};
 use super::event::{Event, EventChannel};
 use super::ffi::{self, errno, sys};
-use crate::poll::{Deadline, StaticClock};
+use crate::poll::{Deadline, Patience, StaticClock};
 use crate::verbs::ffi::sys as ibv;
 use crate::verbs::Pd;
 
@@ -174,8 +174,16 @@ impl CmId {
         clock: StaticClock,
     ) -> Result<Event, CmError> {
         use sys::rdma_cm_event_type as t;
+        // Events passed over (a stream of address changes) do not hold the wait past its
+        // deadline: checked every turn.
+        let mut patience = Patience::until(deadline);
         loop {
-            let Some(ev) = self.events.next(deadline, clock)? else {
+            let event = if patience.run_out(clock) {
+                None
+            } else {
+                self.events.next(deadline, clock)?
+            };
+            let Some(ev) = event else {
                 return Err(CmError::TimedOut {
                     addr,
                     step,

@@ -19,7 +19,7 @@ use super::error::{CmCall, CmError, CmStep};
 use super::ffi::{self, sys};
 use super::id::{check, CmId};
 use crate::gid::Gid;
-use crate::poll::{Deadline, StaticClock};
+use crate::poll::{Deadline, Patience, StaticClock};
 use crate::verbs::{AhAttr, Pd};
 
 /// What joining a group gave: where to send to reach it, and the attachment to make.
@@ -119,8 +119,15 @@ impl CmGroups {
         check(rc, CmCall::JoinMulticast)?;
         let deadline = Deadline::after(self.clock, self.timeout);
         let addr = SocketAddr::new(group, 0);
+        // Other groups' answers passed over do not hold the join past its deadline.
+        let mut patience = Patience::until(deadline);
         let ev = loop {
-            let Some(ev) = self.id.events().next(deadline, self.clock)? else {
+            let event = if patience.run_out(self.clock) {
+                None
+            } else {
+                self.id.events().next(deadline, self.clock)?
+            };
+            let Some(ev) = event else {
                 // Nothing is attached yet; leaving withdraws the pending join.
                 let _ = self.leave(group);
                 return Err(CmError::TimedOut {

@@ -268,6 +268,12 @@ pub struct Datagram<P: DatagramProvider, M: Region, B: Backoff = Spin, const N: 
     groups: [Option<Gid>; MAX_GROUPS],
     broken: Option<Broke>,
     stats: DatagramStats,
+    /// The addresses of sends not yet known to have completed, oldest first, each with the
+    /// sequence number of the last send that named it (a run of sends to one address keeps
+    /// one clone): a device may look an address handle up when it executes the send, so a
+    /// handle lives until then whatever the caller did with its [`Peer`]. Dropped after the
+    /// queue pair is drained.
+    held: heapless::Deque<(P::Address, u64), N>,
 }
 
 impl<P, M, B, const N: usize> fmt::Debug for Datagram<P, M, B, N>
@@ -401,6 +407,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             groups: [None; MAX_GROUPS],
             broken: None,
             stats: DatagramStats::default(),
+            held: heapless::Deque::new(),
         };
         d.qp_num = d.p.qp_num();
         d.qkey = d.p.qkey();
@@ -526,19 +533,13 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             self.post_drain_request();
         }
         let (clock, limit) = (self.clock, self.flush_timeout);
-        let mut deadline = None;
+        let mut patience = crate::poll::Patience::lazy(limit);
         let mut last_err = None;
         // The drain calls the caller's clock and back-off: a panic there must not let the
         // memory go while the device may still write it.
         let guard = crate::fatal::AbortOnUnwind("a panic while draining a flushed queue pair");
         while !self.all_done() {
-            match self.poll_once() {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                Err(e) => last_err = Some(e),
-            }
-            let d = *deadline.get_or_insert_with(|| crate::poll::Deadline::after(clock, limit));
-            if d.passed(clock) {
+            if patience.run_out(clock) {
                 crate::fatal::abort(format_args!(
                     "datagram queue pair {}: the device did not flush {} sends and {} receives \
                      within {limit:?} (last poll error: {last_err:?})",
@@ -546,6 +547,11 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
                     self.outstanding_sends(),
                     self.recv_outstanding
                 ));
+            }
+            match self.poll_once() {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                Err(e) => last_err = Some(e),
             }
             self.backoff.snooze();
         }

@@ -4,7 +4,7 @@
 use super::{Datagram, DatagramError, Peer, Slot};
 use crate::completion::{Completion, DatagramCompletion, WcStatus};
 use crate::gid::Gid;
-use crate::poll::{Backoff, Deadline};
+use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::provider::ProviderError;
 use crate::wire::grh::{NetworkHeader, GRH_LEN};
@@ -15,8 +15,6 @@ pub(super) const RECV_BIT: u64 = 1 << 63;
 /// Completions taken per poll of each queue: a receive is handed over one at a time, and the
 /// arrays are filled afresh on every (mostly empty) poll of a busy-polling wait.
 const POLL_AT_ONCE: usize = 4;
-/// Empty polls between two clock reads in a wait (a clock read costs about an empty poll).
-const CLOCK_EVERY: u32 = 16;
 
 /// Who sent a datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,6 +145,11 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
 
     /// The slot of the next datagram, re-posting the previous one first: waits until
     /// `deadline` (the endpoint's timeout when `None`) if `wait`, else polls once.
+    ///
+    /// The deadline is checked at the top of every turn ([`Patience`]), whatever the last
+    /// turn brought: a sender streaming datagrams this endpoint throws away (longer than a
+    /// slot) must not hold a receive past its deadline. Without `wait`, one poll at most:
+    /// a stream of such datagrams cannot keep `try_recv` looping either.
     fn next_datagram(
         &mut self,
         deadline: Option<Deadline>,
@@ -155,9 +158,9 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
         self.give_back()?;
         self.backoff.reset();
         let (clock, timeout) = (self.clock, self.timeout);
-        let started = clock.now();
-        let mut deadline = deadline;
-        let mut empty: u32 = 0;
+        let started = wait.then(|| clock.now());
+        let mut patience = Patience::new(deadline, timeout);
+        let mut polled = false;
         loop {
             if let Slot::Done(c) = self.slots[self.head] {
                 let i = self.head;
@@ -173,7 +176,6 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
                         // counted, and its slot goes straight back.
                         self.stats.receive_errors += 1;
                         self.give_back()?;
-                        continue;
                     }
                     status if status != WcStatus::Flushed => {
                         return Err(DatagramError::Failed {
@@ -188,35 +190,33 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
             if let Some(e) = self.failure() {
                 return Err(e);
             }
-            match self.poll_once() {
-                Ok(0) => {}
-                Ok(_) => {
-                    self.backoff.reset();
+            if !wait && polled {
+                // Slots that completed in the one poll were looked at above, one per turn.
+                if matches!(self.slots[self.head], Slot::Done(_)) {
                     continue;
                 }
+                return Ok(None);
+            }
+            if wait && patience.run_out(clock) {
+                return Err(DatagramError::TimedOut {
+                    waited: started.map_or(timeout, |s| clock.now().saturating_duration_since(s)),
+                });
+            }
+            let took = match self.poll_once() {
+                Ok(n) => n,
                 Err(e) => {
                     self.break_with(false, WcStatus::General);
                     self.flush_and_drain();
                     return Err(DatagramError::Provider(e));
                 }
+            };
+            polled = true;
+            if took > 0 || !wait {
+                self.backoff.reset();
+                continue;
             }
-            if !wait {
-                return Ok(None);
-            }
-            if empty.is_multiple_of(CLOCK_EVERY) {
-                let d = *deadline.get_or_insert_with(|| Deadline::after(clock, timeout));
-                if d.passed(clock) {
-                    return Err(DatagramError::TimedOut {
-                        waited: clock.now().saturating_duration_since(started),
-                    });
-                }
-            }
-            empty = empty.wrapping_add(1);
-            self.backoff.snooze_within(&mut || {
-                deadline
-                    .get_or_insert_with(|| Deadline::after(clock, timeout))
-                    .remaining(clock)
-            });
+            self.backoff
+                .snooze_within(&mut || patience.remaining(clock));
         }
     }
 

@@ -3,7 +3,7 @@
 use super::{Datagram, DatagramError, Peer, MAX_PARTS};
 use crate::completion::WcStatus;
 use crate::memory::Region;
-use crate::poll::{Backoff, Deadline};
+use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::datagram::DatagramProvider;
 use crate::sge::Sge;
 use crate::wr::{DatagramRequest, SendFlags};
@@ -52,6 +52,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         if !self.fits() {
             self.wait_sends(Self::fits)?;
         }
+        let same = self.make_room_to_hold(&to.address)?;
         let seq = self.next_seq;
         let inline = total <= self.caps.max_inline_data as usize
             && parts.len() <= self.caps.max_send_sge as usize;
@@ -117,7 +118,9 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             if f.posted > 0 {
                 // Refused, yet in the send queue (a driver whose doorbell failed after it
                 // queued the request): the device may still send it from its slot, so it
-                // stays counted, and its slot busy, like any request posted.
+                // stays counted, and its slot busy and its address held, like any request
+                // posted.
+                self.hold(&to.address, seq, same);
                 self.next_seq += 1;
                 return Err(DatagramError::Post { errno: f.errno });
             }
@@ -129,6 +132,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             }
             return Err(DatagramError::Post { errno: f.errno });
         }
+        self.hold(&to.address, seq, same);
         self.next_seq += 1;
         self.stats.sent += 1;
         if inline {
@@ -161,13 +165,70 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
                 remote_qkey: (self.qkey ^ 1) & 0x7fff_ffff,
             };
             // SAFETY: the request names no memory at all.
-            unsafe { self.p.post_send(&[wr]) }
-                .map_err(|f| DatagramError::Post { errno: f.errno })?;
+            if let Err(f) = unsafe { self.p.post_send(&[wr]) } {
+                if f.posted > 0 {
+                    // Refused, yet queued (a doorbell that failed after the request went
+                    // in): it stays counted, or the next send would reuse its number and its
+                    // completion would retire a send still in the queue.
+                    self.next_seq += 1;
+                    self.since_signal = 0;
+                }
+                return Err(DatagramError::Post { errno: f.errno });
+            }
             self.next_seq += 1;
             self.since_signal = 0;
         }
         let last = self.next_seq;
         self.wait_sends(|s| s.done_seq >= last)
+    }
+
+    /// Lets go of the addresses whose sends have all completed, and makes sure a send to
+    /// `address` can be held: returns whether it is the address of the newest run (whose
+    /// clone then covers it too). Waits (at most the endpoint's timeout) only when `N`
+    /// different addresses still have sends in flight.
+    #[inline]
+    fn make_room_to_hold(&mut self, address: &P::Address) -> Result<bool, DatagramError> {
+        self.let_go_of_sent();
+        if self
+            .held
+            .back()
+            .is_some_and(|(a, _)| P::same_address(a, address))
+        {
+            return Ok(true);
+        }
+        if self.held.is_full() {
+            self.wait_sends(|s| s.held.front().is_some_and(|&(_, last)| last < s.done_seq))?;
+            self.let_go_of_sent();
+        }
+        Ok(false)
+    }
+
+    /// Records that send `seq` names `address` (room was made by `make_room_to_hold`).
+    #[inline]
+    fn hold(&mut self, address: &P::Address, seq: u64, same: bool) {
+        if same {
+            if let Some((_, last)) = self.held.back_mut() {
+                *last = seq;
+                return;
+            }
+        }
+        // Room was made before the post; if it were not there, keeping the send counted
+        // matters more than the clone, and the endpoint breaks rather than send on.
+        if self.held.push_back((address.clone(), seq)).is_err() {
+            self.break_with(false, WcStatus::General);
+        }
+    }
+
+    /// Drops the clones of addresses whose last send has completed.
+    #[inline]
+    fn let_go_of_sent(&mut self) {
+        while self
+            .held
+            .front()
+            .is_some_and(|&(_, last)| last < self.done_seq)
+        {
+            self.held.pop_front();
+        }
     }
 
     /// Whether one more send fits next to those not yet retired.
@@ -182,13 +243,21 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     fn wait_sends(&mut self, done: impl Fn(&Self) -> bool) -> Result<(), DatagramError> {
         self.backoff.reset();
         let (clock, timeout) = (self.clock, self.timeout);
-        let deadline = Deadline::after(clock, timeout);
+        let mut patience = Patience::until(Deadline::after(clock, timeout));
         loop {
             if done(self) {
                 return Ok(());
             }
             if let Some(e) = self.failure() {
                 return Err(e);
+            }
+            // Checked whatever the last turn took: receives completing keep a poll busy
+            // without freeing a send.
+            if patience.run_out(clock) {
+                let outstanding = self.outstanding_sends();
+                self.break_with(false, WcStatus::General);
+                self.flush_and_drain();
+                return Err(DatagramError::SendsStuck { outstanding });
             }
             match self.poll_once() {
                 Ok(0) => {}
@@ -202,14 +271,8 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
                     return Err(DatagramError::Provider(e));
                 }
             }
-            if deadline.passed(clock) {
-                let outstanding = self.outstanding_sends();
-                self.break_with(false, WcStatus::General);
-                self.flush_and_drain();
-                return Err(DatagramError::SendsStuck { outstanding });
-            }
             self.backoff
-                .snooze_within(&mut || deadline.remaining(clock));
+                .snooze_within(&mut || patience.remaining(clock));
         }
     }
 
@@ -227,8 +290,12 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             remote_qkey: self.qkey,
         };
         // SAFETY: the request names no memory at all.
-        if unsafe { self.p.post_send(&[wr]) }.is_ok() {
-            self.next_seq += 1;
+        match unsafe { self.p.post_send(&[wr]) } {
+            // Queued, even if the post reports a failure after that: counted, so the drain
+            // waits for its completion.
+            Ok(()) => self.next_seq += 1,
+            Err(f) if f.posted > 0 => self.next_seq += 1,
+            Err(_) => {}
         }
     }
 }

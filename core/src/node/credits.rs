@@ -50,10 +50,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .flags
             .load_u64(8 * (self.world as usize + rank as usize))
             .unwrap_or(0);
+        let sent = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
         // (credit base, credits, the peer's latest return, what we consumed of the peer's)
         let credit = self.rings.as_mut().map(|r| {
             // The piggybacked count is widened against the larger of the two from now on.
-            r.returned[p] = written.max(r.returned[p]);
+            // The peer wrote that word: it is taken only if it could be true.
+            r.returned[p] = r.returned[p].max(plausible_return(written, sent));
             (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
         });
         let chan = self.channel(rank)?;
@@ -101,15 +103,31 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
+/// A credit word a peer wrote into our flag array (its count of our messages it consumed),
+/// if it could be true: at most the requests we ever posted that consume its receives
+/// (`sent`). Anything larger is a lie or garbage and counts as nothing (0), so arithmetic on
+/// the count can never overflow, whatever the peer wrote.
+pub(super) fn plausible_return(written: u64, sent: u64) -> u64 {
+    if written <= sent {
+        written
+    } else {
+        0
+    }
+}
+
 /// Widens a 32-bit credit return to the 64-bit count it abbreviates: the count never goes
 /// back and moves less than 2^31 between two messages (a sender has at most its credits in
 /// flight), so anything that would move it back is stale or foreign and is ignored. A
 /// count above what we sent only lets us post into a full ring, where the device retries
-/// (receiver not ready): a peer cannot make us touch memory by lying.
-pub(super) fn credit_in(returned: &mut u64, imm: u32) {
+/// (receiver not ready): a peer cannot make us touch memory by lying. The immediate is the
+/// peer's: a count above `sent` (the requests we ever posted that consume its receives)
+/// cannot be true and is ignored too, so the count never overflows whatever the peer sends.
+pub(super) fn credit_in(returned: &mut u64, imm: u32, sent: u64) {
     let step = imm.wrapping_sub(*returned as u32);
     if step < 1 << 31 {
-        *returned += u64::from(step);
+        if let Some(n) = returned.checked_add(u64::from(step)).filter(|&n| n <= sent) {
+            *returned = n;
+        }
     }
 }
 
@@ -159,15 +177,37 @@ mod tests {
     use super::credit_in;
 
     #[test]
+    fn a_credit_word_above_what_was_sent_counts_as_nothing() {
+        use super::plausible_return;
+        assert_eq!(plausible_return(5, 9), 5);
+        assert_eq!(plausible_return(9, 9), 9);
+        assert_eq!(plausible_return(10, 9), 0);
+        assert_eq!(plausible_return(u64::MAX - 1, 9), 0);
+    }
+
+    #[test]
+    fn a_credit_return_above_what_was_sent_is_ignored_and_never_overflows() {
+        let mut r = 3;
+        credit_in(&mut r, 12, 10); // 12 consumed of 10 sent: a lie
+        assert_eq!(r, 3);
+        credit_in(&mut r, 10, 10);
+        assert_eq!(r, 10);
+        let mut r = u64::MAX - 1;
+        credit_in(&mut r, 5, u64::MAX); // 7 on would overflow: ignored, no panic
+        assert_eq!(r, u64::MAX - 1);
+    }
+
+    #[test]
     fn a_credit_return_widens_across_the_32_bit_wrap_and_never_goes_back() {
+        let sent = u64::MAX;
         let mut r = (1u64 << 32) - 2;
-        credit_in(&mut r, 1); // 2^32 + 1: three on, across the wrap
+        credit_in(&mut r, 1, sent); // 2^32 + 1: three on, across the wrap
         assert_eq!(r, (1 << 32) + 1);
-        credit_in(&mut r, u32::MAX); // stale: would go back two
+        credit_in(&mut r, u32::MAX, sent); // stale: would go back two
         assert_eq!(r, (1 << 32) + 1);
-        credit_in(&mut r, 1 + (1 << 31)); // as far back as forward: foreign, ignored
+        credit_in(&mut r, 1 + (1 << 31), sent); // as far back as forward: foreign, ignored
         assert_eq!(r, (1 << 32) + 1);
-        credit_in(&mut r, (1 << 31) - 1 + 1); // 2^31 - 1 on: the most one message may move
+        credit_in(&mut r, (1 << 31) - 1 + 1, sent); // 2^31 - 1 on: the most one message may move
         assert_eq!(r, (1 << 32) + (1 << 31));
     }
 }

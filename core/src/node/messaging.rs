@@ -44,7 +44,7 @@ use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock, Deadline};
+use crate::poll::{Backoff, Clock, Deadline, Patience};
 use crate::provider::Provider;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
@@ -392,18 +392,21 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<(), NodeError> {
         let mut backoff = self.backoff.clone();
         backoff.reset();
+        let mut patience = Patience::until(deadline);
         while !done() {
+            // Failure news and the deadline first, every turn: a chatty live peer gives
+            // `progress` something to deliver on every call, and must not hold the wait.
+            if let Some(f) = self.failure() {
+                return Err(NodeError::PeerFailed(f));
+            }
+            if patience.run_out(clock) {
+                return Err(NodeError::ProgressTimedOut);
+            }
             if self.progress(64, &mut handler)? > 0 {
                 backoff.reset();
                 continue;
             }
-            if let Some(f) = self.failure() {
-                return Err(NodeError::PeerFailed(f));
-            }
-            if deadline.passed(clock) {
-                return Err(NodeError::ProgressTimedOut);
-            }
-            backoff.snooze_within(&mut || deadline.remaining(clock));
+            backoff.snooze_within(&mut || patience.remaining(clock));
         }
         Ok(())
     }
@@ -556,11 +559,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         // sees it twice nor loses it: `repost` brings it back.
         rings.tickets[p * rings.slots + i] = None;
         rings.head[p] = (i + 1) % rings.slots;
+        let sent = chan.remote_recvs_used();
         match result {
             Ok(info) => {
                 rings.consumed[p] += 1;
                 rings.repost = Some((p, i));
-                deliver(rings, p, p * rings.slots + i, info, handler);
+                deliver(rings, (p, sent), p * rings.slots + i, info, handler);
                 handed += 1;
                 // On failure `repost` keeps the slot for the next call.
                 post_slot(multi, rings, p, i)?;
@@ -581,9 +585,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
 
 /// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to
 /// the handler, after taking the credit return a message's immediate carries.
+///
+/// `sent` is what we ever posted to `p` that consumes its receives: what its credit return
+/// may say at most.
 pub(super) fn deliver<M: Region>(
     rings: &mut Rings<M>,
-    p: usize,
+    (p, sent): (usize, u64),
     slot: usize,
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
@@ -598,7 +605,7 @@ pub(super) fn deliver<M: Region>(
         return;
     }
     if let Some(imm) = info.imm {
-        super::credits::credit_in(&mut rings.returned[p], imm);
+        super::credits::credit_in(&mut rings.returned[p], imm, sent);
     }
     let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);

@@ -26,6 +26,9 @@ use crate::provider::{Provider, SrqProbe};
 use crate::sge::Sge;
 use crate::wr::{RecvRequest, MAX_BATCH};
 
+/// Completions one poll of the pool takes at most.
+const POOL_POLL: usize = 16;
+
 /// One receive pool shared by every peer: slot `i` is bytes `i * slot_size..` of the region,
 /// posted to the shared receive queue with `wr_id` `i`.
 pub(super) struct Pool {
@@ -35,6 +38,10 @@ pub(super) struct Pool {
     pub(super) posted: Vec<bool>,
     /// A slot handed to a handler and not yet re-posted.
     pub(super) repost: Option<usize>,
+    /// Completions polled and not yet served, oldest first: kept here, not on the stack, so
+    /// that a handler that panics (or a re-post that fails) half way through a poll's
+    /// completions loses none of the rest; the next `progress` serves them.
+    pub(super) pending: heapless::Deque<Completion, POOL_POLL>,
     /// Says when the shared queue is gone, after which the memory may be freed.
     pub(super) probe: SrqProbe,
 }
@@ -88,6 +95,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 peers: table,
                 posted: vec![false; slots],
                 repost: None,
+                pending: heapless::Deque::new(),
                 probe,
             }),
             (Vec::new(), Vec::new()),
@@ -193,22 +201,44 @@ pub(super) fn serve_pool<P: Provider, M: Region, B: Backoff + Clone>(
         }
     }
     let mut handed = 0;
-    let mut wc = [Completion::EMPTY; 16];
     while handed < budget {
-        let want = (budget - handed).min(wc.len());
-        let chan = pool_channel(multi, rings)?;
-        let n = chan
-            .provider_mut()
-            .poll_srq(&mut wc[..want])
-            .map_err(NodeError::Completions)?;
-        if n == 0 {
+        let Some(c) = next_pool_completion(multi, rings, budget - handed)? else {
             break;
-        }
-        for c in &wc[..n] {
-            handed += serve_pool_completion(multi, rings, c, handler)?;
-        }
+        };
+        handed += serve_pool_completion(multi, rings, &c, handler)?;
     }
     Ok(handed)
+}
+
+/// The oldest completion of the pool not yet served: one left from an earlier poll, else
+/// one of a new poll of up to `want` (at most [`POOL_POLL`]), whose others wait in the
+/// pool's `pending` queue.
+fn next_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    want: usize,
+) -> Result<Option<Completion>, NodeError> {
+    let Some(pool) = rings.pool.as_mut() else {
+        return Ok(None);
+    };
+    if let Some(c) = pool.pending.pop_front() {
+        return Ok(Some(c));
+    }
+    let mut wc = [Completion::EMPTY; POOL_POLL];
+    let want = want.min(POOL_POLL);
+    let chan = pool_channel(multi, rings)?;
+    let n = chan
+        .provider_mut()
+        .poll_srq(&mut wc[..want])
+        .map_err(NodeError::Completions)?;
+    let Some(pool) = rings.pool.as_mut() else {
+        return Ok(None);
+    };
+    for c in wc.iter().take(n).skip(1) {
+        // Room for all: the queue is empty here and holds a whole poll.
+        let _ = pool.pending.push_back(*c);
+    }
+    Ok((n > 0).then_some(wc[0]))
 }
 
 /// Hands out one completion of the pool; returns how many events it handed (0 or 1).
@@ -232,6 +262,9 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
     pool.repost = Some(i);
     let p = pool.peers.get(c.qp_num).map(|p| p as usize);
     let mut handed = 0;
+    let sent = p
+        .and_then(|p| multi.by_index(p))
+        .map_or(0, |c| c.remote_recvs_used());
     match p {
         Some(p) if c.status.is_success() => {
             rings.consumed[p] += 1;
@@ -240,7 +273,7 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
                 imm: c.imm,
                 written: c.kind == CompletionKind::RecvWriteImm,
             };
-            deliver(rings, p, i, info, handler);
+            deliver(rings, (p, sent), i, info, handler);
             handed = 1;
             rings.push_todo(p);
         }

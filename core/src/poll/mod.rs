@@ -2,8 +2,10 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod patience;
 
 pub use backoff::{Backoff, Spin, SpinThen, Wakeup};
 #[cfg(target_has_atomic = "64")]
 pub use clock::StepClock;
 pub use clock::{Clock, Deadline, Instant, StaticClock};
+pub use patience::{Patience, CHECK_EVERY};

@@ -34,8 +34,19 @@ pub enum Destination {
 /// One datagram queue pair with its own send and receive completion queues. See the
 /// [module docs](self).
 pub trait DatagramProvider {
-    /// What a send names as its destination: an address handle on a device.
-    type Address;
+    /// What a send names as its destination: an address handle on a device. Cloned by the
+    /// endpoint and kept until every send that named it has completed (a device may read
+    /// the handle when it executes the send, not when it was posted).
+    type Address: Clone;
+
+    /// Whether `a` and `b` are the same address (one handle and its clones), so that a
+    /// stream of sends to one destination keeps one clone, not one per send. The default
+    /// says no, which is always safe. Does not allocate.
+    #[inline]
+    fn same_address(a: &Self::Address, b: &Self::Address) -> bool {
+        let _ = (a, b);
+        false
+    }
 
     /// What the queue pair can hold.
     fn caps(&self) -> QpCaps;

@@ -445,6 +445,13 @@ impl CompletionQueue for InstantCq {
     fn capacity(&self) -> u32 {
         self.inner.capacity
     }
+
+    fn id(&self) -> Option<crate::provider::CqId> {
+        Some(crate::provider::CqId {
+            owner: self.raw() as usize,
+            index: 0,
+        })
+    }
 }
 
 /// A queue pair of the instant device.
@@ -489,6 +496,14 @@ impl QueuePair for InstantQp {
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
         unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
+    }
+
+    fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
+        let id = |c: &Rc<CqInner>| crate::provider::CqId {
+            owner: c.raw.get() as usize,
+            index: 0,
+        };
+        Some([id(&self._cqs[0]), id(&self._cqs[1])])
     }
 
     #[inline]

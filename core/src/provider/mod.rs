@@ -103,6 +103,13 @@ pub trait QueuePair {
         })
     }
 
+    /// The completion queues its send and receive queues complete into, `[send, receive]`,
+    /// if the provider can say (see [`CompletionQueue::id`]). `None` (the default): not
+    /// checked.
+    fn completion_queues(&self) -> Option<[CqId; 2]> {
+        None
+    }
+
     /// Tells when the shared receive queue is gone (and with it every receive posted to it),
     /// so that memory those receives name may be freed; `None` (the default) without one.
     #[cfg(feature = "alloc")]
@@ -157,6 +164,24 @@ pub trait CompletionQueue {
 
     /// Most completions the queue holds.
     fn capacity(&self) -> u32;
+
+    /// Which queue this is, if the provider can say: compared with
+    /// [`QueuePair::completion_queues`] so that a queue pair that completes elsewhere is
+    /// refused when it is routed here ([`shared::SharedCqs::add`]). `None` (the default):
+    /// not checked.
+    fn id(&self) -> Option<CqId> {
+        None
+    }
+}
+
+/// Names one completion queue (the address of its device object, or the model's node and
+/// kind): equal for one queue, different for two that live at the same time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqId {
+    /// Whose queue: the address of the object that owns it.
+    pub owner: usize,
+    /// Which of the owner's queues.
+    pub index: usize,
 }
 
 /// A connected queue pair with a send and a receive completion queue of its own: what a

@@ -216,6 +216,15 @@ struct State<C> {
 }
 
 impl<C: CompletionQueue> State<C> {
+    /// Whether `qp` completes into these queues, as far as the providers can tell (a
+    /// provider that cannot name its queues is taken at its word).
+    fn completes_here<Q: QueuePair>(&self, qp: &Q) -> bool {
+        match (qp.completion_queues(), self.send_cq.id(), self.recv_cq.id()) {
+            (Some(q), Some(s), Some(r)) => q == [s, r],
+            _ => true,
+        }
+    }
+
     /// Moves a completion of another queue pair into its mailbox (unknown numbers are not
     /// ours: dropped).
     fn route(&mut self, c: Completion, recv: bool) {
@@ -424,6 +433,9 @@ pub enum SharedCqError {
     NotOnTheSrq,
     /// Another thread was polling the shared queues at that moment; nothing was changed.
     Busy,
+    /// The queue pair completes into other completion queues than these (its completions
+    /// would never reach its mailboxes).
+    ForeignQueues,
 }
 
 impl fmt::Display for SharedCqError {
@@ -439,6 +451,9 @@ impl fmt::Display for SharedCqError {
                 "the queue pair is not on a shared receive queue these completion queues were built for",
             ),
             Self::Busy => f.write_str("another thread was polling the shared completion queues"),
+            Self::ForeignQueues => f.write_str(
+                "the queue pair completes into other completion queues than the shared ones",
+            ),
         }
     }
 }
@@ -482,7 +497,8 @@ impl<C: CompletionQueue> SharedCqs<C> {
         }
     }
 
-    /// Routes `qp`'s completions (its queues must complete into this object's CQs) and
+    /// Routes `qp`'s completions (its queues must complete into this object's CQs: refused
+    /// with [`SharedCqError::ForeignQueues`] otherwise, where the providers can tell) and
     /// returns it as a [`Provider`] whose queue depths are at most an equal share of the
     /// CQs (capacity / `max_qps`), so that all of them together cannot overflow the CQs even
     /// if the device granted deeper queues than asked for. Allocates (its mailboxes).
@@ -490,6 +506,9 @@ impl<C: CompletionQueue> SharedCqs<C> {
         let mut caps = qp.caps();
         let qpn = qp.qp_num();
         let r = self.inner.with(|st| {
+            if !st.completes_here(&qp) {
+                return Err(SharedCqError::ForeignQueues);
+            }
             // A send queue keeps one entry for the drain request a flush posts, which also
             // completes here: a share of `cap` entries allows `cap - 1` requests.
             let share = |cap: u32| cap / (st.slots.capacity().max(1) as u32);
@@ -552,7 +571,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                 shared: Arc::clone(&self.inner),
             }),
             Some(Err(e)) => Err((qp, e)),
-            None => Err((qp, SharedCqError::Full)),
+            None => Err((qp, SharedCqError::Busy)),
         }
     }
 }
@@ -589,7 +608,8 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
         self.shared.with(|st| f(&st.send_cq, &st.recv_cq))
     }
 
-    /// Puts `qp` (its queues completing into these completion queues) in the place of the
+    /// Puts `qp` (its queues completing into these completion queues, else
+    /// [`SharedCqError::ForeignQueues`]) in the place of the
     /// queue pair routed here, and returns the old one: the slot, its mailboxes and its
     /// share of the queues stay, its queue-pair number changes. `qp`'s caps are clamped to
     /// the slot's share. For a peer that restarted: see
@@ -602,6 +622,9 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
         let (slot, new) = (self.slot, qp.qp_num());
         let mut caps = qp.caps();
         let r = self.shared.with(|st| {
+            if !st.completes_here(&qp) {
+                return Err(SharedCqError::ForeignQueues);
+            }
             let pooled = st.pool.is_some();
             let srq = qp.srq_capacity() as usize;
             if st
@@ -686,6 +709,9 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
     }
     fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
         self.qp.srq_probe()
+    }
+    fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
+        self.qp.completion_queues()
     }
 }
 

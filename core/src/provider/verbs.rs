@@ -243,6 +243,13 @@ impl crate::provider::CompletionQueue for Cq {
     fn capacity(&self) -> u32 {
         Cq::capacity(self)
     }
+
+    fn id(&self) -> Option<crate::provider::CqId> {
+        Some(crate::provider::CqId {
+            owner: self.as_raw() as usize,
+            index: 0,
+        })
+    }
 }
 
 /// A connected verbs queue pair, for completion queues it shares with others.
@@ -286,5 +293,11 @@ impl QueuePair for Qp {
 
     fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
         Qp::srq_probe(self)
+    }
+
+    fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
+        let id = |owner| crate::provider::CqId { owner, index: 0 };
+        let [send, recv] = self.cq_addresses();
+        Some([id(send), id(recv)])
     }
 }

@@ -179,6 +179,11 @@ impl DatagramProvider for VerbsDatagram {
     type Address = AddressHandle;
 
     #[inline]
+    fn same_address(a: &AddressHandle, b: &AddressHandle) -> bool {
+        a.same(b)
+    }
+
+    #[inline]
     fn caps(&self) -> QpCaps {
         // Never more in flight than the CQs (sized to the request) can hold.
         let mut caps = self.qp.caps();

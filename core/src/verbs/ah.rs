@@ -137,8 +137,9 @@ struct AhInner {
 impl Drop for AhInner {
     fn drop(&mut self) {
         // SAFETY: the handle came from ibv_create_ah(_from_wc) and is destroyed once, by the
-        // last clone; every work request that named it held a clone until it was posted (the
-        // device copies the address into the request at post time). A failure leaks it.
+        // last clone. A device may read it when it executes a send, not when the send was
+        // posted (rxe looks it up by number then), so a datagram endpoint keeps a clone until
+        // every send that named it has completed. A failure leaks it.
         let rc = unsafe { sys::ibv_destroy_ah(self.raw.as_ptr()) };
         super::destroy::check(super::destroy::Kind::Ah, rc);
     }
@@ -183,6 +184,13 @@ impl AddressHandle {
     /// What it was made from.
     pub fn attr(&self) -> AhAttr {
         self.attr
+    }
+
+    /// Whether `other` is this handle or one of its clones (one `ibv_ah`). Does not
+    /// allocate.
+    #[inline]
+    pub fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 

@@ -589,6 +589,15 @@ impl Qp {
         self.handle.raw.as_ptr()
     }
 
+    /// The addresses of the `ibv_cq`s its send and receive queues complete into (compare
+    /// with [`Cq::as_raw`](super::Cq::as_raw)).
+    pub fn cq_addresses(&self) -> [usize; 2] {
+        // SAFETY: the queue pair is live while `self` is; libibverbs set these two fields
+        // when it created it and never changes them.
+        let (send, recv) = unsafe { ((*self.as_raw()).send_cq, (*self.as_raw()).recv_cq) };
+        [send as usize, recv as usize]
+    }
+
     /// Receives the shared receive queue this QP takes its receives from holds (0: none).
     #[inline]
     pub fn srq_max_wr(&self) -> u32 {

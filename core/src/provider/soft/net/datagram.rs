@@ -666,6 +666,11 @@ impl Drop for NetDatagram<'_> {
 impl DatagramProvider for NetDatagram<'_> {
     type Address = NetAddress;
 
+    #[inline]
+    fn same_address(a: &NetAddress, b: &NetAddress) -> bool {
+        a == b
+    }
+
     fn caps(&self) -> QpCaps {
         self.caps
     }

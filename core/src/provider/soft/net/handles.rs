@@ -106,6 +106,14 @@ impl QueuePair for NetQp<'_> {
         self.state.borrow().srq_capacity(self.q as usize)
     }
 
+    /// Its node's two queues: every queue pair of a node completes into them.
+    fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
+        Some([
+            net_cq_id(self.state, self.node, CqKind::Send),
+            net_cq_id(self.state, self.node, CqKind::Recv),
+        ])
+    }
+
     /// Posts to the node's shared receive queue ([`SoftNet::create_srq`]); runs nothing.
     /// Does not allocate.
     unsafe fn post_srq_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
@@ -223,5 +231,17 @@ impl CompletionQueue for NetCq<'_> {
 
     fn capacity(&self) -> u32 {
         self.capacity
+    }
+
+    fn id(&self) -> Option<crate::provider::CqId> {
+        Some(net_cq_id(self.state, self.node, self.kind))
+    }
+}
+
+/// The model's name for node `node`'s queue of `kind` in the net behind `state`.
+fn net_cq_id(state: &RefCell<NetState>, node: u32, kind: CqKind) -> crate::provider::CqId {
+    crate::provider::CqId {
+        owner: core::ptr::from_ref(state) as usize,
+        index: node as usize * 2 + usize::from(kind == CqKind::Recv),
     }
 }

@@ -1,0 +1,581 @@
+//! Waits end at their deadline while a live peer keeps traffic coming, nothing is lost when
+//! a handler panics, and a peer's bytes cannot panic or fool the node: the findings of the
+//! second adversarial review (issue 23), each driven on the software model or a stub
+//! provider over it.
+#![allow(clippy::std_instead_of_core)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_core::completion::{Completion, DatagramCompletion, WcStatus};
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
+use rverbs_core::gid::Gid;
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, NodeError, Receive};
+use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
+use rverbs_core::poll::{Deadline, Spin, StaticClock, StepClock};
+use rverbs_core::provider::datagram::{DatagramProvider, Destination};
+use rverbs_core::provider::shared::{SharedCqError, SharedCqs};
+use rverbs_core::provider::soft::{NetAddress, NetDatagram, SoftFabric, SoftNet, SoftNetConfig};
+use rverbs_core::provider::ProviderError;
+use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest};
+
+fn clock() -> StaticClock {
+    static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+    &CLOCK
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    }
+}
+
+/// Polls a stub may answer before the test calls the wait unbounded (far more than a
+/// bounded wait of a millisecond on a 1 us step clock needs).
+const POLL_LIMIT: u64 = 200_000;
+
+/// A datagram queue pair whose every posted receive completes at once with
+/// `IBV_WC_LOC_LEN_ERR`: a publisher with a larger MTU streaming datagrams no slot holds.
+struct OversizeFlood<'n> {
+    qp: NetDatagram<'n>,
+    posted: VecDeque<u64>,
+    polls: u64,
+    /// After `set_error`: what is held completes flushed.
+    flushing: bool,
+    /// Sends a stub on top holds (see the send test).
+    held_sends: VecDeque<u64>,
+}
+
+impl DatagramProvider for OversizeFlood<'_> {
+    type Address = NetAddress;
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
+    }
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+    fn qkey(&self) -> u32 {
+        self.qp.qkey()
+    }
+    fn gid(&self) -> Gid {
+        self.qp.gid()
+    }
+    fn lid(&self) -> u16 {
+        self.qp.lid()
+    }
+    fn mtu(&self) -> u32 {
+        self.qp.mtu()
+    }
+    fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
+        self.qp.address(to)
+    }
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, NetAddress>],
+    ) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.qp.post_send(wrs) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // The stub never writes the buffers: it only answers for them.
+        self.posted.extend(wrs.iter().map(|w| w.wr_id));
+        Ok(())
+    }
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.qp.poll_send(out)
+    }
+    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
+        self.polls += 1;
+        assert!(
+            self.flushing || self.polls < POLL_LIMIT,
+            "the receive never gave up"
+        );
+        let mut n = 0;
+        while n < out.len() {
+            let Some(wr_id) = self.posted.pop_front() else {
+                break;
+            };
+            let mut c = DatagramCompletion::EMPTY;
+            c.wc.wr_id = wr_id;
+            c.wc.status = if self.flushing {
+                WcStatus::Flushed
+            } else {
+                WcStatus::LocalLength
+            };
+            c.wc.qp_num = self.qp.qp_num();
+            out[n] = c;
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.flushing = true;
+        self.qp.set_error()
+    }
+    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.join_group(group)
+    }
+    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.leave_group(group)
+    }
+}
+
+#[test]
+fn a_datagram_receive_ends_at_its_deadline_while_oversize_datagrams_keep_coming() {
+    let mut cfg = DatagramConfig::default();
+    (cfg.recv_slots, cfg.send_slots) = (8, 2);
+    cfg.timeout = Duration::from_millis(1);
+    let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
+    let net = SoftNet::new(SoftNetConfig::new(1, caps()));
+    let qp = OversizeFlood {
+        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
+        posted: VecDeque::new(),
+        polls: 0,
+        flushing: false,
+        held_sends: VecDeque::new(),
+    };
+    let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut ep = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let d = Deadline::after(&clock(), Duration::from_millis(1));
+    assert!(matches!(
+        ep.recv_until(d),
+        Err(DatagramError::TimedOut { .. })
+    ));
+    assert!(matches!(ep.recv(), Err(DatagramError::TimedOut { .. })));
+    // A receive that does not wait polls once, however many datagrams are thrown away.
+    let before = ep.provider().polls;
+    assert!(ep.try_recv().is_none());
+    assert_eq!(ep.provider().polls, before + 1);
+    assert!(ep.stats().receive_errors > 0);
+}
+
+/// Two ranks messaging on the model.
+macro_rules! world {
+    ($net:ident, $arena:ident, $mem:ident, $nodes:ident, $receive:expr, $slots:expr, $slot:expr) => {
+        let $net = SoftNet::new(SoftNetConfig::new(2, caps()));
+        let mut $arena = vec![0u8; soft_world_bytes(2, 64)];
+        let mut $mem = vec![0u8; 2 * $slots * $slot];
+        let mut $nodes = soft_world_receiving(
+            &$net,
+            &mut $arena,
+            64,
+            ChannelConfig::default(),
+            (BarrierAlgorithm::default(), Spin, clock()),
+            $receive,
+        )
+        .unwrap();
+        for (n, m) in $nodes.iter_mut().zip($mem.chunks_mut($slots * $slot)) {
+            let region = $net
+                .register(n.rank(), m, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            n.start_messaging_in(region, $slots, $slot).unwrap();
+        }
+    };
+}
+
+#[test]
+fn progress_until_ends_at_its_deadline_while_a_live_peer_keeps_sending() {
+    world!(net, arena, mem, nodes, Receive::PerPeer, 4, 16);
+    let (a, b) = nodes.split_at_mut(1);
+    let (n0, n1) = (&mut a[0], &mut b[0]);
+    // Rank 1 sends one message; every message rank 0 handles makes rank 1 send the next:
+    // a peer that never lets `progress` come back empty.
+    n1.post_send_inline(0, b"ping").unwrap();
+    let handled = Cell::new(0u64);
+    let peer = RefCell::new(n1);
+    // The wait's own clock moves 100 us a read: its 1 ms deadline has passed by the tenth
+    // read, which a bounded wait makes within 10 x CHECK_EVERY turns.
+    static WAIT_CLOCK: StepClock = StepClock::new(Duration::from_micros(100));
+    let d = Deadline::after(&WAIT_CLOCK, Duration::from_millis(1));
+    let r = n0.progress_until(
+        &WAIT_CLOCK,
+        d,
+        |e| {
+            if let Event::Message { .. } = e {
+                handled.set(handled.get() + 1);
+                // The chatter stops after 100 000 messages, so an unbounded wait ends too
+                // (and fails the count below) instead of hanging the test.
+                if handled.get() < 100_000 {
+                    let mut p = peer.borrow_mut();
+                    let _ = p.progress(16, |_| {});
+                    let _ = p.post_send_inline(0, b"ping");
+                }
+            }
+        },
+        || false,
+    );
+    assert_eq!(r, Err(NodeError::ProgressTimedOut));
+    // A message or two a turn, for at most 11 x CHECK_EVERY turns: not the whole stream.
+    assert!(
+        handled.get() <= 2 * 11 * u64::from(rverbs_core::poll::CHECK_EVERY),
+        "{} messages handled in a 1 ms wait",
+        handled.get()
+    );
+}
+
+#[test]
+fn a_panicking_pool_handler_loses_none_of_the_other_messages_polled_with_its_own() {
+    const POOL: usize = 8;
+    world!(
+        net,
+        arena,
+        mem,
+        nodes,
+        Receive::Shared { slots: POOL as u32 },
+        POOL,
+        16
+    );
+    let (a, b) = nodes.split_at_mut(1);
+    let (n0, n1) = (&mut a[0], &mut b[0]);
+    for i in 0..4u8 {
+        n1.post_send_inline(0, &[i]).unwrap();
+    }
+    // The first message's handler panics; the other three were polled with it.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        n0.progress(64, |e| {
+            if let Event::Message { .. } = e {
+                panic!("handler failed");
+            }
+        })
+    }));
+    assert!(r.is_err());
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        n0.progress(64, |e| {
+            if let Event::Message { data, .. } = e {
+                got.push(data[0]);
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!(got, [1, 2, 3], "messages polled with the one that panicked");
+    // And the pool is whole: the sender's credits came back, and a full pool's worth of
+    // messages still arrives, every slot re-posted.
+    let mut sent = 0u8;
+    let mut more = Vec::new();
+    for _ in 0..200 {
+        if sent < 3 * POOL as u8 && n1.post_send_inline(0, &[100 + sent]).is_ok() {
+            sent += 1;
+        }
+        let _ = n1.progress(16, |_| {});
+        n0.progress(64, |e| {
+            if let Event::Message { data, .. } = e {
+                more.push(data[0]);
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!(more, (100..100 + 3 * POOL as u8).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_credit_word_a_peer_forged_neither_panics_nor_buys_credit() {
+    const SLOTS: usize = 4;
+    world!(net, arena, mem, nodes, Receive::PerPeer, SLOTS, 16);
+    let (a, b) = nodes.split_at_mut(1);
+    let (n0, n1) = (&mut a[0], &mut b[0]);
+    // Rank 1 writes rank 0's credit word for it (flag array slot world + 1) with a count
+    // of messages it cannot have consumed.
+    let word = n0.flags_remote().slice(8 * (2 + 1), 8).unwrap();
+    let t = n1
+        .channel(0)
+        .unwrap()
+        .post_write_inline(&(u64::MAX - 1).to_le_bytes(), word)
+        .unwrap();
+    n1.channel(0).unwrap().wait(t).unwrap();
+    // Rank 0 may still send only its credits' worth before rank 1 consumed any.
+    let mut posted = 0;
+    while n0.post_send_inline(1, b"m").is_ok() {
+        posted += 1;
+        assert!(posted <= SLOTS, "the forged word bought credit");
+    }
+    assert_eq!(posted, SLOTS);
+    // Rank 1 answers (its messages carry credit returns in their immediates) and rank 0
+    // handles them: no overflow, whatever the word said.
+    for _ in 0..50 {
+        let _ = n1.progress(16, |_| {});
+        let _ = n1.post_send_inline(0, b"r");
+        n0.progress(16, |_| {}).unwrap();
+        let _ = n0.post_send_inline(1, b"m");
+    }
+    assert!(n0.failure().is_none());
+}
+
+#[test]
+fn send_room_for_more_than_can_ever_fit_says_no() {
+    let mut mem = [0u8; 8];
+    let f = SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap());
+    let dst = f
+        .register(
+            rverbs_core::provider::soft::Side::B,
+            &mut mem,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (ea, _eb) = f.ends().unwrap();
+    let mut a = Channel::new(ea, ChannelConfig::default(), clock());
+    assert!(a.send_room(1));
+    // With requests counted already, `next + n` would overflow.
+    let t = a.post_write_inline(&[1; 8], dst.remote()).unwrap();
+    a.wait(t).unwrap();
+    assert!(!a.send_room(usize::MAX));
+    assert!(!a.send_room(usize::MAX - 1));
+    assert_eq!(a.failure(), None);
+}
+
+#[test]
+fn a_queue_pair_that_completes_elsewhere_is_refused_by_shared_queues() {
+    let net = SoftNet::new(SoftNetConfig::new(3, caps()));
+    let shared = SharedCqs::new(net.send_cq(0).unwrap(), net.recv_cq(0).unwrap(), 2);
+    let (q0, q1) = net.connect(0, 1).unwrap();
+    // Node 1's queue pair completes into node 1's queues, not node 0's.
+    let (q1, e) = shared.add(q1).unwrap_err();
+    assert_eq!(e, SharedCqError::ForeignQueues);
+    let mut routed = shared.add(q0).unwrap();
+    // Nor may it take the place of one that does.
+    let (_, e) = routed.replace_qp(q1).unwrap_err();
+    assert_eq!(e, SharedCqError::ForeignQueues);
+    let (q0b, _q2) = net.connect(0, 2).unwrap();
+    routed.replace_qp(q0b).unwrap();
+}
+
+/// The model's end of a connection whose receive queue, while nothing of its own
+/// completes, reports a completion of another queue pair on every poll (a completion queue
+/// shared by mistake, or a flood the channel ignores): traffic that is never the awaited
+/// work.
+struct ForeignFlood<'f> {
+    end: rverbs_core::provider::soft::SoftEnd<'f>,
+    flushing: bool,
+    polls: u64,
+}
+
+impl rverbs_core::provider::QueuePair for ForeignFlood<'_> {
+    fn caps(&self) -> QpCaps {
+        self.end.caps()
+    }
+    fn qp_num(&self) -> u32 {
+        rverbs_core::provider::QueuePair::qp_num(&self.end)
+    }
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[rverbs_core::wr::WorkRequest<'_>],
+    ) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.end.post_send(wrs) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.end.post_recv(wrs) }
+    }
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.flushing = true;
+        self.end.set_error()
+    }
+}
+
+impl rverbs_core::provider::Provider for ForeignFlood<'_> {
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.end.poll_send(out)
+    }
+    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.polls += 1;
+        assert!(self.polls < POLL_LIMIT, "the wait never gave up");
+        let n = self.end.poll_recv(out)?;
+        if n > 0 || self.flushing || out.is_empty() {
+            return Ok(n);
+        }
+        let mut c = Completion::EMPTY;
+        c.qp_num = rverbs_core::provider::QueuePair::qp_num(&self.end) ^ 0x40;
+        c.wr_id = 1 << 63;
+        out[0] = c;
+        Ok(1)
+    }
+}
+
+#[test]
+fn a_channel_receive_ends_at_its_deadline_while_foreign_completions_keep_coming() {
+    let mut mem = [0u8; 64];
+    let f = SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap());
+    let mut buf = f
+        .register(
+            rverbs_core::provider::soft::Side::A,
+            &mut mem,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
+    let (ea, _eb) = f.ends().unwrap();
+    let end = ForeignFlood {
+        end: ea,
+        flushing: false,
+        polls: 0,
+    };
+    let mut a = Channel::new(end, ChannelConfig::default(), clock());
+    let mut sge = [buf.sge_mut(0..64).unwrap()];
+    // Nobody sends: the wait ends at its deadline, with the queue pair flushed.
+    let r = a.recv_timeout(&mut sge, Duration::from_millis(1));
+    assert!(
+        matches!(r, Err(rverbs_core::channel::ChannelError::TimedOut { .. })),
+        "{r:?}"
+    );
+    // 1 ms on a clock that moves 1 us a read, read every CHECK_EVERY-th turn: about 1000
+    // reads, so at most about 1000 x CHECK_EVERY polls (plus the drain's).
+    let bound = 1_100 * u64::from(rverbs_core::poll::CHECK_EVERY);
+    assert!(a.provider().polls < bound, "{} polls", a.provider().polls);
+}
+
+#[test]
+fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_completing() {
+    let mut cfg = DatagramConfig::default();
+    (cfg.recv_slots, cfg.send_slots, cfg.signal_every) = (8, 2, 1);
+    cfg.timeout = Duration::from_millis(1);
+    let mut mem = vec![vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)]; 2];
+    let (ma, mb) = mem.split_at_mut(1);
+    let mut small = caps();
+    small.max_send_wr = 4;
+    let net = SoftNet::new(SoftNetConfig::new(2, small));
+    // The model completes sends when it runs them; this stub never lets a send complete
+    // (a device that stopped sending) while its receives keep completing oversize.
+    struct Stuck<'n>(OversizeFlood<'n>);
+    impl DatagramProvider for Stuck<'_> {
+        type Address = NetAddress;
+        fn caps(&self) -> QpCaps {
+            self.0.caps()
+        }
+        fn qp_num(&self) -> u32 {
+            self.0.qp_num()
+        }
+        fn qkey(&self) -> u32 {
+            self.0.qkey()
+        }
+        fn gid(&self) -> Gid {
+            self.0.gid()
+        }
+        fn lid(&self) -> u16 {
+            self.0.lid()
+        }
+        fn mtu(&self) -> u32 {
+            self.0.mtu()
+        }
+        fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
+            self.0.address(to)
+        }
+        unsafe fn post_send(
+            &mut self,
+            wrs: &[DatagramRequest<'_, NetAddress>],
+        ) -> Result<(), PostFailure> {
+            // Taken, never run (until the flush).
+            self.0.held_sends.extend(wrs.iter().map(|w| w.wr_id));
+            Ok(())
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded posting contract.
+            unsafe { self.0.post_recv(wrs) }
+        }
+        fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            if !self.0.flushing {
+                return Ok(0);
+            }
+            let mut n = 0;
+            while n < out.len() {
+                let Some(wr_id) = self.0.held_sends.pop_front() else {
+                    break;
+                };
+                let mut c = Completion::EMPTY;
+                (c.wr_id, c.status, c.qp_num) = (wr_id, WcStatus::Flushed, self.0.qp_num());
+                out[n] = c;
+                n += 1;
+            }
+            Ok(n)
+        }
+        fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
+            self.0.poll_recv(out)
+        }
+        fn set_error(&mut self) -> Result<(), ProviderError> {
+            self.0.set_error()
+        }
+        fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+            self.0.join_group(group)
+        }
+        fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+            self.0.leave_group(group)
+        }
+    }
+    let qp = Stuck(OversizeFlood {
+        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
+        posted: VecDeque::new(),
+        polls: 0,
+        flushing: false,
+        held_sends: VecDeque::new(),
+    });
+    let region = net
+        .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let qp = net.create_datagram(1, 0x1234, Mtu::B256).unwrap();
+    let region = net
+        .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let b = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let to_b = a.peer(&b.endpoint()).unwrap();
+    let mut result = Ok(());
+    for _ in 0..8 {
+        result = a.send(&to_b, b"x");
+        if result.is_err() {
+            break;
+        }
+    }
+    assert!(
+        matches!(result, Err(DatagramError::SendsStuck { .. })),
+        "{result:?}"
+    );
+}
+
+/// A barrier transport whose peers never arrive while its polls keep finding work.
+struct Busy {
+    polls: u64,
+}
+
+impl rverbs_core::barrier::BarrierTransport for Busy {
+    fn notify(
+        &mut self,
+        _rank: u32,
+        _count: u64,
+    ) -> Result<(), rverbs_core::barrier::BarrierError> {
+        Ok(())
+    }
+    fn arrived(&self, _rank: u32) -> u64 {
+        0
+    }
+    fn progress(&mut self) -> Result<(), rverbs_core::barrier::BarrierError> {
+        self.polls += 1;
+        assert!(self.polls < POLL_LIMIT, "the barrier never gave up");
+        Ok(())
+    }
+}
+
+#[test]
+fn a_barrier_ends_at_its_deadline_however_busy_its_transport_is() {
+    use rverbs_core::barrier::{BarrierError, BarrierState};
+    static WAIT_CLOCK: StepClock = StepClock::new(Duration::from_micros(100));
+    let mut t = Busy { polls: 0 };
+    let mut state = BarrierState::new(0, 2);
+    let r = state.run(
+        &mut t,
+        &[0, 1],
+        BarrierAlgorithm::Dissemination,
+        &WAIT_CLOCK,
+        Duration::from_millis(1),
+        &mut Spin,
+    );
+    assert!(matches!(r, Err(BarrierError::Timeout { .. })), "{r:?}");
+    assert!(t.polls < 100, "{} polls", t.polls);
+}
