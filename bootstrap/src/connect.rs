@@ -10,7 +10,9 @@ use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
 use crate::error::{BootstrapError, Result};
-use crate::exchange::{exchange, exchange_rejoin, ExchangeOptions, NodeBlobs, Watch, RANK_ZERO};
+use crate::exchange::{
+    exchange, exchange_rejoin, Departure, ExchangeOptions, NodeBlobs, Watch, RANK_ZERO,
+};
 use crate::oob::OutOfBand;
 use crate::secret::JobSecret;
 
@@ -91,16 +93,21 @@ pub struct Connected {
     pub node: VerbsNode<StdBackoff>,
     /// The out-of-band session, still open (use it for out-of-band all-gathers or close it):
     /// the TCP [`Session`](crate::Session) after a cluster-file start, the PMIx session under
-    /// a PMIx launcher. Closing or dropping a TCP session tells the peers goodbye; a rank
-    /// whose process dies never does, and its peers' watches report it.
+    /// a PMIx launcher. Closing a TCP session tells the peers goodbye; a process that gives
+    /// up ([`Connected::leave_on_error`], or a session dropped without being closed) tells
+    /// them so and why; a rank whose process dies says nothing; either way the peers'
+    /// watches report it.
     pub session: OutOfBand,
     /// After a cluster-file start, watches the TCP session's connections: when a rank's
     /// connection closes without a goodbye (its process died), it raises
     /// [`FailureCause::SessionClosed`] on the node's
-    /// [failure alarm](rverbs_core::node::Node::failure_alarm); the node passes the news on,
-    /// so every rank's next wait fails naming that rank. Dropping it stops watching. `None`
-    /// under PMIx (the launcher ends the job when a rank dies).
+    /// [failure alarm](rverbs_core::node::Node::failure_alarm), and when its goodbye says it
+    /// gave up, [`FailureCause::LeftOnError`] (its words: [`Connected::departure`]); the
+    /// node passes the news on, so every rank's next wait fails naming that rank. Dropping it
+    /// stops watching. `None` under PMIx (the launcher ends the job when a rank dies).
     pub watch: Option<Watch>,
+    /// What ranks that gave up said, by rank (filled by the watch).
+    departures: Departures,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
     pub clock: Monotonic,
     /// The settings the node's queue pairs were made with, for a readmitted rank's.
@@ -110,7 +117,44 @@ pub struct Connected {
     algorithm: BarrierAlgorithm,
 }
 
+/// What the ranks that gave up said, shared with the watch thread.
+type Departures = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u32, String>>>;
+
 impl Connected {
+    /// What rank `rank` said when it left because of an error (its goodbye's reason, as its
+    /// process wrote it, control characters replaced), if this rank's watch saw it leave so:
+    /// the words behind a [`FailureCause::LeftOnError`]. Under PMIx, always `None`.
+    #[must_use]
+    pub fn departure(&self, rank: u32) -> Option<String> {
+        self.departures
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&rank).cloned())
+    }
+
+    /// Leaves the job because of an error: tells every connected rank `reason` in the
+    /// session's goodbye, so each peer's watch raises [`FailureCause::LeftOnError`] naming
+    /// this rank and every peer's next wait fails at once (instead of at its timeout, as it
+    /// would if it took this for a normal exit), then drops the node. [`OutOfBand::close`]
+    /// is the normal exit. Under PMIx the session is finalized (the launcher ends the job
+    /// when the process exits with an error).
+    ///
+    /// # Errors
+    /// Those of the session's close.
+    pub fn leave_on_error(self, reason: &str) -> Result<()> {
+        let Self {
+            node,
+            session,
+            watch,
+            ..
+        } = self;
+        // Stop watching first: this rank's own leaving is no news for its node.
+        drop(watch);
+        let r = session.leave_on_error(reason);
+        drop(node);
+        r
+    }
+
     /// Readmits rank `rank`, which failed and was started again with the same configuration
     /// ([`rejoin`]): every surviving rank calls it at the same time (once its node knows of
     /// the failure, or as soon as the job decides to; a barrier in progress is abandoned).
@@ -170,7 +214,7 @@ impl Connected {
             node.barrier_group(&members, algorithm, clock, timeout)
                 .map_err(rdma)
         })();
-        let watch = watch_session(&self.session, &self.node);
+        let watch = watch_session(&self.session, &self.node, &self.departures);
         match watch {
             Ok(w) => self.watch = w,
             Err(e) if result.is_ok() => return Err(e),
@@ -181,16 +225,31 @@ impl Connected {
 }
 
 /// Starts the watch over a TCP session's connections (none under PMIx): a rank whose
-/// connection closes without a goodbye is raised on the node's failure alarm.
-fn watch_session(session: &OutOfBand, node: &VerbsNode<StdBackoff>) -> Result<Option<Watch>> {
+/// connection closes without a deliberate goodbye is raised on the node's failure alarm,
+/// and the words of one that gave up are kept in `departures`.
+fn watch_session(
+    session: &OutOfBand,
+    node: &VerbsNode<StdBackoff>,
+    departures: &Departures,
+) -> Result<Option<Watch>> {
     match session {
         OutOfBand::Tcp(tcp) => {
             let alarm = node.failure_alarm();
             let rank = node.rank();
-            Ok(Some(tcp.watch(move |lost| {
+            let departures = std::sync::Arc::clone(departures);
+            Ok(Some(tcp.watch(move |lost, how| {
+                let cause = match how {
+                    Departure::Crashed => FailureCause::SessionClosed,
+                    Departure::GaveUp(why) => {
+                        if let Ok(mut d) = departures.lock() {
+                            d.insert(lost, why);
+                        }
+                        FailureCause::LeftOnError
+                    }
+                };
                 alarm.raise(Failure {
                     rank: lost,
-                    cause: FailureCause::SessionClosed,
+                    cause,
                     reporter: rank,
                 });
             })?))
@@ -334,11 +393,13 @@ where
     let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(rdma)?;
-    let watch = watch_session(&session, &node)?;
+    let departures = Departures::default();
+    let watch = watch_session(&session, &node, &departures)?;
     Ok(Connected {
         node,
         session,
         watch,
+        departures,
         clock,
         qp: node_cfg.qp,
         algorithm: node_cfg.algorithm,

@@ -110,8 +110,8 @@ pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 pub use connect::{connect, rejoin, ConnectOptions, Connected};
 pub use error::{BootstrapError, Result};
 pub use exchange::{
-    exchange, exchange_at, exchange_rejoin, ExchangeOptions, NodeBlobs, Personalize, Rendezvous,
-    Session,
+    exchange, exchange_at, exchange_rejoin, Departure, ExchangeOptions, NodeBlobs, Personalize,
+    Rendezvous, Session, DROPPED_REASON,
 };
 #[cfg(feature = "verbs")]
 pub use launch::{connect_launch, HostDevice, Launch, DEVICE_VAR};

@@ -81,6 +81,23 @@ impl OutOfBand {
         }
     }
 
+    /// Leaves because of an error: a TCP session's goodbye carries `reason`
+    /// ([`Session::leave_on_error`]); a PMIx session is finalized (the launcher ends the job
+    /// when the process exits with an error).
+    ///
+    /// # Errors
+    /// Those of the session's own close.
+    pub fn leave_on_error(self, reason: &str) -> Result<()> {
+        match self {
+            Self::Tcp(s) => s.leave_on_error(reason),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(s) => {
+                let _ = reason;
+                s.close()
+            }
+        }
+    }
+
     /// The TCP session, if the rank was started from a cluster file.
     #[must_use]
     pub fn as_tcp(&mut self) -> Option<&mut Session> {

@@ -3,7 +3,9 @@
 //! barrier timeout of the kill, naming rank 2, whatever rank it was waiting for: with
 //! dissemination (where most ranks never wait for rank 2 directly) and with the centralized
 //! algorithm (where followers wait only for rank 0). Rank 0's session watch sees the dead
-//! rank's connection close and the nodes pass the news on over RDMA.
+//! rank's connection close and the nodes pass the news on over RDMA. And rank 2 leaving on
+//! an error of its own (its goodbye says why): every survivor's wait fails naming it within
+//! 100 ms.
 //!
 //! The parent test starts one child process per rank: this same test binary, running the
 //! ignored `child_rank` entry point with the scenario in environment variables.
@@ -73,9 +75,26 @@ fn kill_mid_loop(scenario: &str, port: u16) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let killed_at = MONOTONIC.now().as_nanos();
-    kids[VICTIM as usize].kill().unwrap();
-    let _ = kids[VICTIM as usize].wait();
+    let gives_up = scenario == "gives_up";
+    let killed_at = if gives_up {
+        // The victim leaves on an error of its own and exits non-zero; it writes when.
+        std::fs::write(dir.join("give_up"), b"").unwrap();
+        let st = kids[VICTIM as usize].wait().unwrap();
+        assert_eq!(
+            st.code(),
+            Some(3),
+            "{scenario}: the victim exited with {st}"
+        );
+        let left = std::fs::read_to_string(dir.join(format!("left.{VICTIM}"))).unwrap();
+        left.trim().parse::<u64>().unwrap()
+    } else {
+        let at = MONOTONIC.now().as_nanos();
+        kids[VICTIM as usize].kill().unwrap();
+        let _ = kids[VICTIM as usize].wait();
+        at
+    };
+    // A rank that says it gives up is named at once; a killed one within a barrier timeout.
+    let bound = if gives_up { GAVE_UP_BOUND } else { TIMEOUT };
     for (r, k) in kids.iter_mut().enumerate() {
         if r as u32 == VICTIM {
             continue;
@@ -91,9 +110,15 @@ fn kill_mid_loop(scenario: &str, port: u16) {
             error.contains(&format!("rank {VICTIM} failed")),
             "{scenario}: rank {r} does not name rank {VICTIM}: {error}"
         );
+        if gives_up {
+            assert!(
+                error.contains("because of an error"),
+                "{scenario}: rank {r} does not say rank {VICTIM} gave up: {error}"
+            );
+        }
         assert!(
-            after < TIMEOUT,
-            "{scenario}: rank {r} took {after:?}, more than one barrier timeout"
+            after < bound,
+            "{scenario}: rank {r} took {after:?}, more than {bound:?}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -109,6 +134,16 @@ fn a_rank_killed_mid_barrier_is_named_by_every_survivor_centralized() {
     kill_mid_loop("centralized", 23200);
 }
 
+/// A rank that leaves because of an error (its goodbye says so) is named by every survivor's
+/// next wait within [`GAVE_UP_BOUND`] of its leaving, not at a timeout.
+#[test]
+fn a_rank_that_gives_up_is_named_by_every_survivor_at_once() {
+    kill_mid_loop("gives_up", 23300);
+}
+
+/// How soon after a rank left on error every survivor's wait must have failed.
+const GAVE_UP_BOUND: Duration = Duration::from_millis(100);
+
 #[test]
 #[ignore = "a child rank of the tests above, started by them"]
 fn child_rank() {
@@ -123,7 +158,27 @@ fn child_rank() {
         "centralized" => BarrierAlgorithm::Centralized,
         _ => BarrierAlgorithm::Dissemination,
     };
-    let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let mut c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    if scenario == "gives_up" && rank == VICTIM {
+        // Barriers until told to give up, then what an application does with an error it
+        // cannot handle: leave saying why, and exit non-zero.
+        let give_up = dir.join("give_up");
+        let mut done = 0u64;
+        while !give_up.exists() {
+            c.node
+                .barrier(&c.clock, TIMEOUT)
+                .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+            done += 1;
+            if done == WARM {
+                std::fs::write(dir.join(format!("warm.{rank}")), b"").unwrap();
+            }
+        }
+        let now = MONOTONIC.now().as_nanos();
+        std::fs::write(dir.join(format!("left.{rank}")), format!("{now}\n")).unwrap();
+        c.leave_on_error("simulated: the channel to rank 1 failed")
+            .unwrap();
+        std::process::exit(3);
+    }
     let (mut node, clock) = (c.node, c.clock);
     let mut done = 0u64;
     let error = loop {

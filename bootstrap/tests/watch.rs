@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use rverbs_bootstrap::wire::{self, Frame, FrameKind, Seal, HEADER_LEN, MAC_LEN};
-use rverbs_bootstrap::{exchange_at, ExchangeOptions, JobSecret, Rendezvous, Session};
+use rverbs_bootstrap::{exchange_at, Departure, ExchangeOptions, JobSecret, Rendezvous, Session};
 
 fn options() -> ExchangeOptions {
     ExchangeOptions {
@@ -80,7 +80,7 @@ fn a_crash_is_reported_and_a_goodbye_is_not() {
     let s2 = sessions.pop().unwrap();
     let (tx, rx) = mpsc::channel();
     let watch0 = sessions[0]
-        .watch(move |rank| tx.send(rank).unwrap())
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
         .unwrap();
     // Rounds work while the watch runs.
     let mut rounds: Vec<_> = Vec::new();
@@ -103,7 +103,7 @@ fn a_crash_is_reported_and_a_goodbye_is_not() {
     s3.close().unwrap();
     crash(s2);
     let lost = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    assert_eq!(lost, 2, "rank 2 crashed");
+    assert_eq!(lost, (2, Departure::Crashed), "rank 2 crashed");
     assert!(
         rx.recv_timeout(Duration::from_millis(500)).is_err(),
         "rank 3 said goodbye, and rank 2 is reported once"
@@ -112,10 +112,15 @@ fn a_crash_is_reported_and_a_goodbye_is_not() {
     // Rank 1 watches rank 0, which crashes.
     let s1 = rest.pop().unwrap();
     let (tx1, rx1) = mpsc::channel();
-    let watch1 = s1.watch(move |rank| tx1.send(rank).unwrap()).unwrap();
+    let watch1 = s1
+        .watch(move |rank, how| tx1.send((rank, how)).unwrap())
+        .unwrap();
     drop(watch0);
     crash(sessions.pop().unwrap());
-    assert_eq!(rx1.recv_timeout(Duration::from_secs(5)).unwrap(), 0);
+    assert_eq!(
+        rx1.recv_timeout(Duration::from_secs(5)).unwrap(),
+        (0, Departure::Crashed)
+    );
     drop(watch1);
 }
 
@@ -125,7 +130,9 @@ fn closing_my_own_session_is_not_a_peer_failure() {
     let s1 = sessions.pop().unwrap();
     let s0 = sessions.pop().unwrap();
     let (tx, rx) = mpsc::channel();
-    let _watch1 = s1.watch(move |rank| tx.send(rank).unwrap()).unwrap();
+    let _watch1 = s1
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
     s1.close().unwrap();
     let got = rx.recv_timeout(Duration::from_secs(1));
     drop(s0);
@@ -155,10 +162,12 @@ fn race_a_last_round_and_a_goodbye(options: ExchangeOptions) {
         let mut s1 = sessions.pop().unwrap();
         let mut s0 = sessions.pop().unwrap();
         let (tx, rx) = mpsc::channel();
-        let watch1 = s1.watch(move |rank| tx.send(rank).unwrap()).unwrap();
+        let watch1 = s1
+            .watch(move |rank, how| tx.send((rank, how)).unwrap())
+            .unwrap();
         let h = thread::spawn(move || {
             s0.allgather(&[7u8; 4000]).unwrap();
-            drop(s0);
+            s0.close().unwrap();
         });
         if let Err(e) = s1.allgather(&[1u8; 4000]) {
             eprintln!("round failed: {e}");
@@ -230,18 +239,137 @@ fn reported_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> bool {
     assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Table);
     let session = root.join().unwrap();
     let (tx, rx) = mpsc::channel();
-    let watch = session.watch(move |rank| tx.send(rank).unwrap()).unwrap();
+    let watch = session
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
     stream.write_all(&last(&mut seal)).unwrap();
     drop(stream);
     let got = rx.recv_timeout(Duration::from_secs(2));
     drop(watch);
     match got {
-        Ok(rank) => {
+        Ok((rank, how)) => {
             assert_eq!(rank, 1);
+            assert_eq!(how, Departure::Crashed, "only a crash here");
             true
         }
         Err(_) => false,
     }
+}
+
+/// Rank 1 hand-made as in `reported_after`, whose last frame is `last(seal)`: how rank 0's
+/// watch reported it, if it did.
+fn departure_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> Option<Departure> {
+    const JOB: u64 = 0x3a7c;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let root = thread::spawn(move || {
+        exchange_at(
+            Rendezvous::Listener(listener),
+            0,
+            2,
+            b"zero",
+            &with_secret(),
+        )
+        .unwrap()
+        .0
+    });
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut seal = Seal::peer(Some(&secret()), [0x5a; wire::CHALLENGE_LEN]);
+    stream.write_all(&seal.challenge_frame(JOB, 1, 2)).unwrap();
+    assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Challenge);
+    stream
+        .write_all(&seal.encode(FrameKind::Hello, JOB, 1, 2, b"one").unwrap())
+        .unwrap();
+    assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Table);
+    let session = root.join().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let watch = session
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
+    stream.write_all(&last(&mut seal)).unwrap();
+    drop(stream);
+    let got = rx.recv_timeout(Duration::from_secs(2));
+    drop(watch);
+    got.ok().map(|(rank, how)| {
+        assert_eq!(rank, 1);
+        how
+    })
+}
+
+#[test]
+fn a_rank_that_leaves_on_error_is_reported_with_its_reason_and_a_close_is_not() {
+    let mut sessions = world(3);
+    let s2 = sessions.pop().unwrap();
+    let s1 = sessions.pop().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let _watch = sessions[0]
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
+    let why = "ping-pong with rank 0: local QP operation error";
+    s1.leave_on_error(why).unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        (1, Departure::GaveUp(why.to_owned()))
+    );
+    s2.close().unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a deliberate close was reported"
+    );
+}
+
+#[test]
+fn a_session_dropped_without_close_is_reported_as_giving_up() {
+    let mut sessions = world(2);
+    let s1 = sessions.pop().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let _watch = sessions[0]
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
+    // What `?` out of `main` does: the session goes out of scope, no panic, no close.
+    drop(s1);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        (
+            1,
+            Departure::GaveUp(rverbs_bootstrap::DROPPED_REASON.to_owned())
+        )
+    );
+}
+
+#[test]
+fn a_reason_counts_only_if_the_mac_proves_it_and_is_made_safe_to_print() {
+    const JOB: u64 = 0x3a7c;
+    let gave_up = |why: &'static [u8]| {
+        move |seal: &mut Seal| seal.encode(FrameKind::Bye, JOB, 1, 2, why).unwrap()
+    };
+    assert_eq!(
+        departure_after(gave_up(b"disk full")),
+        Some(Departure::GaveUp("disk full".into()))
+    );
+    // A terminal escape and a line break in a peer's words never reach a log as such.
+    assert_eq!(
+        departure_after(gave_up(b"\x1b[2Jbad\nnews")),
+        Some(Departure::GaveUp("?[2Jbad?news".into()))
+    );
+    // Someone who changed the reason on the wire: the MAC fails, so it is a crash.
+    assert_eq!(
+        departure_after(|seal| {
+            let mut frame = gave_up(b"disk full")(seal);
+            frame[wire::HEADER_LEN] ^= 0x20;
+            frame
+        }),
+        Some(Departure::Crashed)
+    );
+    // A reason longer than MAX_REASON is cut.
+    let long: &'static [u8] = Box::leak(vec![b'x'; 4 * wire::MAX_REASON].into_boxed_slice());
+    assert_eq!(
+        departure_after(gave_up(long)),
+        Some(Departure::GaveUp("x".repeat(wire::MAX_REASON)))
+    );
 }
 
 #[test]

@@ -30,6 +30,10 @@ pub enum FailureCause {
     /// The rank's bootstrap session closed without a goodbye: its process exited or lost its
     /// connection.
     SessionClosed,
+    /// The rank's process gave up because of an error and said so in its goodbye
+    /// (`rverbs-bootstrap`: `Session::leave_on_error`, or a session dropped without
+    /// `close`); the bootstrap keeps its words (`Connected::departure`).
+    LeftOnError,
 }
 
 impl fmt::Display for FailureCause {
@@ -41,6 +45,9 @@ impl fmt::Display for FailureCause {
                 "its bootstrap session closed without a goodbye (the process exited or lost \
                  its connection)",
             ),
+            Self::LeftOnError => {
+                f.write_str("its process left because of an error (its bootstrap session said so)")
+            }
         }
     }
 }

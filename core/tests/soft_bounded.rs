@@ -579,3 +579,131 @@ fn a_barrier_ends_at_its_deadline_however_busy_its_transport_is() {
     assert!(matches!(r, Err(BarrierError::Timeout { .. })), "{r:?}");
     assert!(t.polls < 100, "{} polls", t.polls);
 }
+
+/// A datagram queue pair that runs its sends when it is polled, not when they are posted,
+/// and looks each one's address up only then, as rxe does (by the handle's number): a send
+/// whose address handle was destroyed in between fails (rxe: "unable to find AH").
+struct LateLookup<'n> {
+    qp: NetDatagram<'n>,
+    /// Posted sends not yet run: id, whether signaled, and the address as the device knows
+    /// it (alive only while some clone of the handle is).
+    queued: VecDeque<(u64, bool, std::rc::Weak<u32>)>,
+    flushing: bool,
+}
+
+impl DatagramProvider for LateLookup<'_> {
+    type Address = std::rc::Rc<u32>;
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
+    }
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+    fn qkey(&self) -> u32 {
+        self.qp.qkey()
+    }
+    fn gid(&self) -> Gid {
+        self.qp.gid()
+    }
+    fn lid(&self) -> u16 {
+        self.qp.lid()
+    }
+    fn mtu(&self) -> u32 {
+        self.qp.mtu()
+    }
+    fn address(&mut self, _to: Destination) -> Result<std::rc::Rc<u32>, ProviderError> {
+        Ok(std::rc::Rc::new(7))
+    }
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, std::rc::Rc<u32>>],
+    ) -> Result<(), PostFailure> {
+        for w in wrs {
+            let signaled = w.flags.contains(rverbs_core::wr::SendFlags::SIGNALED);
+            self.queued
+                .push_back((w.wr_id, signaled, std::rc::Rc::downgrade(w.dest)));
+        }
+        Ok(())
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded posting contract.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        let mut n = 0;
+        while n < out.len() {
+            let Some((wr_id, signaled, dest)) = self.queued.pop_front() else {
+                break;
+            };
+            let status = if self.flushing {
+                WcStatus::Flushed
+            } else if dest.upgrade().is_none() {
+                WcStatus::LocalQpOperation
+            } else {
+                WcStatus::Success
+            };
+            if signaled || status != WcStatus::Success {
+                let mut c = Completion::EMPTY;
+                (c.wr_id, c.status, c.qp_num) = (wr_id, status, self.qp.qp_num());
+                out[n] = c;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
+        self.qp.poll_recv(out)
+    }
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.flushing = true;
+        self.qp.set_error()
+    }
+    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.join_group(group)
+    }
+    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
+        self.qp.leave_group(group)
+    }
+}
+
+#[test]
+fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
+    let mut cfg = DatagramConfig::default();
+    (cfg.recv_slots, cfg.send_slots, cfg.signal_every) = (4, 2, 4);
+    cfg.timeout = Duration::from_millis(50);
+    let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
+    let net = SoftNet::new(SoftNetConfig::new(2, caps()));
+    let qp = LateLookup {
+        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
+        queued: VecDeque::new(),
+        flushing: false,
+    };
+    let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let them = rverbs_core::wire::DatagramEndpoint {
+        gid: Gid::default(),
+        global: false,
+        lid: 1,
+        qpn: 0x99,
+        qkey: 0x1234,
+        mtu: Mtu::B256,
+    };
+    // Ten peers, each dropped by the caller right after its one send, and one kept for
+    // a run of sends: the endpoint holds what the device will look up.
+    for i in 0..10u8 {
+        let to = a.peer(&them).unwrap();
+        a.send(&to, &[i]).unwrap();
+        drop(to);
+    }
+    let kept = a.peer(&them).unwrap();
+    for i in 0..6u8 {
+        a.send(&kept, &[i]).unwrap();
+    }
+    a.wait_sent().unwrap();
+    assert_eq!(a.failure(), None);
+    assert_eq!(a.outstanding_sends(), 0);
+    // Once they ran, the endpoint lets go (at its next send): the caller's clone of `kept`
+    // and the one the new send holds are all that is left.
+    a.send(&kept, b"last").unwrap();
+    assert_eq!(std::rc::Rc::strong_count(kept.address()), 2);
+}

@@ -206,6 +206,40 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     assert_eq!(nodes[2].failure(), None);
 }
 
+/// A rank that gave up (its bootstrap goodbye said so) is news like a crash, with its own
+/// cause: every other rank's next wait fails at once naming it, not at its timeout.
+#[test]
+fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
+    let world_size = 4;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let clock = clock!();
+    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    net.kill(2);
+    let news = Failure {
+        rank: 2,
+        cause: FailureCause::LeftOnError,
+        reporter: 0,
+    };
+    // Rank 0's session watch saw rank 2's goodbye with a reason.
+    assert!(nodes[0].failure_alarm().raise(news));
+    let start = clock.now();
+    for r in [0usize, 1, 3] {
+        let e = nodes[r]
+            .barrier(&clock, Duration::from_secs(3600))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            NodeError::Barrier(BarrierError::PeerFailed(news)),
+            "rank {r}"
+        );
+        assert!(e.to_string().contains("rank 2 failed"), "{e}");
+        assert!(e.to_string().contains("because of an error"), "{e}");
+    }
+    // Not at the hour-long timeout: within the few reads of the step clock the waits took.
+    assert!(clock.now().saturating_duration_since(start) < Duration::from_secs(1));
+}
+
 #[test]
 fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
     let world_size = 4;

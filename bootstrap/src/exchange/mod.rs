@@ -63,8 +63,8 @@ use self::session::Link;
 
 pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
-pub use self::session::Session;
-pub use self::watch::Watch;
+pub use self::session::{Session, DROPPED_REASON};
+pub use self::watch::{Departure, Watch};
 
 pub use self::readmit::exchange_rejoin;
 #[cfg(feature = "verbs")]

@@ -22,10 +22,12 @@ use super::ExchangeOptions;
 /// The open connections after an exchange: rank 0 holds one per peer, every
 /// other rank one to rank 0, a world of one none.
 ///
-/// Dropping it closes the connections; [`Session::close`] does the same and
-/// reports errors. Either way the peers are told goodbye first (unless the drop
-/// happens during a panic), so a [`Watch`](super::Watch) on their side does not
-/// take the closing for a failure.
+/// [`Session::close`] is the deliberate end: the peers are told goodbye first, so a
+/// [`Watch`](super::Watch) on their side does not take the closing for a failure.
+/// Any other end is not a normal exit, and the peers learn so at once:
+/// [`Session::leave_on_error`] tells them why; dropping the session without closing it (a
+/// `?` that returned an error out of `main`, say) tells them it was dropped; a drop during a
+/// panic sends nothing, which a watch reports as a crash.
 #[derive(Debug)]
 pub struct Session {
     rank: u32,
@@ -43,10 +45,14 @@ pub struct Session {
     pub(super) closing: std::sync::Arc<core::sync::atomic::AtomicBool>,
 }
 
+/// What a session dropped without [`Session::close`] tells its peers.
+pub const DROPPED_REASON: &str = "its session was dropped without being closed (the process \
+                                  left on an error path)";
+
 impl Drop for Session {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            self.goodbye();
+            self.goodbye(Some(DROPPED_REASON));
         }
     }
 }
@@ -84,8 +90,9 @@ impl Session {
         }
     }
 
-    /// Tells every connected rank that this session closes on purpose (best effort, once).
-    fn goodbye(&mut self) {
+    /// Tells every connected rank that this session closes (best effort, once): on purpose
+    /// (`reason` `None`), or because the process gives up, and why.
+    fn goodbye(&mut self, reason: Option<&str>) {
         self.closing
             .store(true, core::sync::atomic::Ordering::Release);
         if core::mem::replace(&mut self.said_goodbye, true) {
@@ -99,8 +106,9 @@ impl Session {
         };
         for link in links {
             // Sealed like every frame on the connection (a MAC when the job has a secret).
-            if let Ok(sealed) = link.seal.seal(FrameKind::Bye, job_id, rank, world, &[]) {
-                let _ = write_frame(&link.stream, &sealed, &[], GOODBYE_TIMEOUT);
+            let why = crate::wire::bye_reason(reason.unwrap_or("")).as_bytes();
+            if let Ok(sealed) = link.seal.seal(FrameKind::Bye, job_id, rank, world, why) {
+                let _ = write_frame(&link.stream, &sealed, why, GOODBYE_TIMEOUT);
             }
         }
     }
@@ -189,13 +197,34 @@ impl Session {
         outcome
     }
 
-    /// Closes every connection.
+    /// Closes every connection, on purpose: the peers are told goodbye, and their watches
+    /// report nothing.
     ///
     /// # Errors
     /// [`BootstrapError::Io`] for the first shutdown that failed (connections
     /// the remote side already closed do not count).
     pub fn close(mut self) -> Result<()> {
-        self.goodbye();
+        self.goodbye(None);
+        self.shut_down()
+    }
+
+    /// Closes every connection because this process gives up: the peers' watches report
+    /// this rank as gone with `reason` (cut to [`MAX_REASON`](crate::wire::MAX_REASON)
+    /// bytes; an empty reason is sent as "no reason given"), and their nodes fail their next
+    /// wait naming it, instead of taking it for a normal exit.
+    ///
+    /// # Errors
+    /// As [`Session::close`].
+    pub fn leave_on_error(mut self, reason: &str) -> Result<()> {
+        self.goodbye(Some(if reason.is_empty() {
+            "no reason given"
+        } else {
+            reason
+        }));
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<()> {
         let links: Vec<&PeerLink> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers.iter().collect(),

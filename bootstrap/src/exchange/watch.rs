@@ -2,10 +2,13 @@
 //! so the hang-up reaches rank 0 (which holds a connection to every rank) and every rank
 //! (which holds one to rank 0) at once, long before any RDMA timeout.
 //!
-//! A rank that closes its session on purpose ([`Session::close`], or dropping it outside a
-//! panic) sends a `Bye` frame first; a hang-up after a `Bye` is a goodbye and is not
-//! reported. With a job secret the `Bye`'s MAC must prove it ([`ByeCheck`]): a forged or
-//! stale goodbye is a failure like any other hang-up.
+//! A rank that closes its session on purpose ([`Session::close`]) sends a `Bye` frame
+//! first; a hang-up after a `Bye` is a goodbye and is not reported. A rank that gives up
+//! ([`Session::leave_on_error`], or dropping its session without closing it) sends a `Bye`
+//! that carries its reason, and is reported as [`Departure::GaveUp`] with it; a hang-up with
+//! no goodbye at all is [`Departure::Crashed`]. With a job secret the `Bye`'s MAC (over the
+//! reason too) must prove it ([`ByeCheck`]): a forged or stale goodbye is a crash like any
+//! other hang-up.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
@@ -17,7 +20,7 @@ use std::thread::JoinHandle;
 use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
 use crate::error::{BootstrapError, Result};
-use crate::wire::ByeCheck;
+use crate::wire::{ByeCheck, LastWord};
 
 use super::session::{Link, Session};
 
@@ -31,8 +34,18 @@ const GOODBYE_TRIES: u32 = 50;
 /// Time for the round to finish the frame it is reading before the next peek.
 const GOODBYE_RETRY: Duration = Duration::from_millis(10);
 
+/// How a watched rank left, other than by closing its session on purpose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Departure {
+    /// Its connection closed without a goodbye: the process died (or the connection broke).
+    Crashed,
+    /// It said it gives up, and why (its words, made safe to print).
+    GaveUp(String),
+}
+
 /// A thread that watches a [`Session`]'s connections and calls back with the rank of every
-/// one that closes without a goodbye. Stops (and joins) when dropped.
+/// one that closes without a deliberate goodbye, and how it left. Stops (and joins) when
+/// dropped.
 #[derive(Debug)]
 pub struct Watch {
     stop: Arc<AtomicBool>,
@@ -49,14 +62,15 @@ impl Drop for Watch {
 }
 
 impl Session {
-    /// Starts a thread that calls `lost(rank)` once for each rank whose connection closes
-    /// without a goodbye: on rank 0 any other rank, elsewhere rank 0. The session stays
-    /// usable for rounds meanwhile: the watcher reads nothing until a connection hangs up.
+    /// Starts a thread that calls `lost(rank, how)` once for each rank whose connection
+    /// closes without a deliberate goodbye: on rank 0 any other rank, elsewhere rank 0. The
+    /// session stays usable for rounds meanwhile: the watcher reads nothing until a
+    /// connection hangs up.
     ///
     /// # Errors
     /// [`BootstrapError::Io`] if a connection cannot be duplicated for the watcher or the
     /// thread cannot start.
-    pub fn watch(&self, mut lost: impl FnMut(u32) + Send + 'static) -> Result<Watch> {
+    pub fn watch(&self, mut lost: impl FnMut(u32, Departure) + Send + 'static) -> Result<Watch> {
         let links: Vec<(u32, &TcpStream, &str, ByeCheck)> = match &self.link {
             Link::Alone => Vec::new(),
             Link::Root(peers) => peers
@@ -113,8 +127,12 @@ impl Session {
                     watched.retain(|(rank, stream, check)| {
                         let gone = hung[i];
                         i += 1;
-                        if gone && !said_goodbye(stream, check) {
-                            lost(*rank);
+                        if gone {
+                            match last_word(stream, check) {
+                                LastWord::Goodbye => {}
+                                LastWord::Nothing => lost(*rank, Departure::Crashed),
+                                LastWord::GaveUp(why) => lost(*rank, Departure::GaveUp(why)),
+                            }
                         }
                         !gone
                     });
@@ -135,29 +153,30 @@ impl Session {
     }
 }
 
-/// Whether the bytes left unread on a hung-up connection end with the other end's `Bye`,
-/// its MAC checked when the job has a secret (a bad one is no goodbye). Only peeks: a round
+/// What the bytes left unread on a hung-up connection end with: the other end's `Bye` (its
+/// MAC checked when the job has a secret: a bad one is no goodbye), with or without a
+/// reason, or nothing of the kind. Only peeks: a round
 /// of the session's own may still be reading the frames before it. (After the peer's
 /// hang-up every byte it sent has arrived, so the peek sees them all.) A peek can race the
 /// round: the count of frames read changes, the round is in the middle of a frame, or it
 /// has taken a frame it has not counted yet (the goodbye then seems one frame off). So a
 /// "no" stands only when two peeks a moment apart, with the same count, both say it; one
 /// that never settles is no goodbye.
-fn said_goodbye(stream: &TcpStream, check: &ByeCheck) -> bool {
+fn last_word(stream: &TcpStream, check: &ByeCheck) -> LastWord {
     let mut tail = vec![0u8; TAIL_LIMIT];
     let mut refused_at = None;
     for _ in 0..GOODBYE_TRIES {
         let before = check.frames_received();
         let n = stream.peek(&mut tail).unwrap_or(0);
         if check.frames_received() == before {
-            match check.ends_with_bye(&tail[..n], before) {
-                Some(true) => return true,
-                Some(false) if refused_at == Some(before) => return false,
-                Some(false) => refused_at = Some(before),
+            match check.last_word(&tail[..n], before) {
+                Some(LastWord::Nothing) if refused_at == Some(before) => return LastWord::Nothing,
+                Some(LastWord::Nothing) => refused_at = Some(before),
+                Some(word) => return word,
                 None => {}
             }
         }
         std::thread::sleep(GOODBYE_RETRY);
     }
-    false
+    LastWord::Nothing
 }

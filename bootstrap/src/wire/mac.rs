@@ -326,17 +326,19 @@ impl ByeCheck {
         self.received.load(Ordering::Acquire)
     }
 
-    /// Whether `unread`, every byte of the connection not yet read (peeked after the other
-    /// end hung up), ends with the other end's `Bye`, when `received` frames had been read
-    /// before them. `None` if `unread` does not split into whole frames (the reader was
-    /// in the middle of one: look again once it is done).
+    /// What `unread`, every byte of the connection not yet read (peeked after the other
+    /// end hung up), ends with, when `received` frames had been read before them: the other
+    /// end's `Bye` (empty: a deliberate close; with a reason: it gave up), or nothing of the
+    /// kind. `None` if `unread` does not split into whole frames (the reader was in the
+    /// middle of one: look again once it is done).
     ///
     /// Without a secret a `Bye` carries no MAC and the header is all there is to check.
-    /// With one, its MAC must verify as the other end's frame number `received` + the
-    /// frames ahead of it in `unread`: a goodbye verifies only on its own connection, in
-    /// its own place.
+    /// With one, its MAC (over the reason too) must verify as the other end's frame number
+    /// `received` + the frames ahead of it in `unread`: a goodbye verifies only on its own
+    /// connection, in its own place. A reason is the other end's text: it is cut to
+    /// [`MAX_REASON`] bytes and its control characters are replaced before anyone prints it.
     #[must_use]
-    pub fn ends_with_bye(&self, unread: &[u8], received: u64) -> Option<bool> {
+    pub fn last_word(&self, unread: &[u8], received: u64) -> Option<LastWord> {
         let mut at = 0;
         let mut ahead = 0u64;
         loop {
@@ -350,23 +352,66 @@ impl ByeCheck {
                 continue;
             }
             let mac = self.seal.has_secret();
-            if h.kind != FrameKind::Bye || h.payload_len != 0 || h.mac != mac {
-                return Some(false);
+            if h.kind != FrameKind::Bye || h.mac != mac {
+                return Some(LastWord::Nothing);
             }
-            if !mac {
-                return Some(true);
+            let (header, rest) = frame.split_at(HEADER_LEN);
+            let (payload, tag) = rest.split_at(h.payload_len as usize);
+            if mac {
+                let header: &[u8; HEADER_LEN] = header.try_into().ok()?;
+                let sender = self.seal.end.other();
+                let n = received.checked_add(ahead)?;
+                let proven = self
+                    .seal
+                    .mac_over(sender, n, header, payload)
+                    .is_some_and(|m| m.verify_slice(tag).is_ok());
+                if !proven {
+                    return Some(LastWord::Nothing);
+                }
             }
-            let (header, tag) = frame.split_at(HEADER_LEN);
-            let header: &[u8; HEADER_LEN] = header.try_into().ok()?;
-            let sender = self.seal.end.other();
-            let n = received.checked_add(ahead)?;
-            return Some(
-                self.seal
-                    .mac_over(sender, n, header, &[])
-                    .is_some_and(|m| m.verify_slice(tag).is_ok()),
-            );
+            return Some(if payload.is_empty() {
+                LastWord::Goodbye
+            } else {
+                LastWord::GaveUp(printable_reason(payload))
+            });
         }
     }
+}
+
+/// Most bytes of a reason a `Bye` carries (longer ones are cut on a character boundary by
+/// the sender, and by the reader whatever the sender did).
+pub const MAX_REASON: usize = 512;
+
+/// What the last frame of a hung-up connection said (see [`ByeCheck::last_word`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LastWord {
+    /// No goodbye (or one that did not verify): the process died or its connection broke.
+    Nothing,
+    /// A goodbye: the session was closed on purpose.
+    Goodbye,
+    /// A goodbye that says the process left because of an error, and why (the other end's
+    /// words, cut to [`MAX_REASON`] bytes, control characters replaced).
+    GaveUp(String),
+}
+
+/// `reason` cut to at most [`MAX_REASON`] bytes on a character boundary: what a `Bye` of a
+/// process that gives up carries.
+#[must_use]
+pub fn bye_reason(reason: &str) -> &str {
+    let mut cut = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &reason[..cut]
+}
+
+/// A peer's reason made safe to print: lossy UTF-8, at most [`MAX_REASON`] bytes, control
+/// characters (a terminal's escape sequences, line breaks) replaced.
+fn printable_reason(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_REASON)]);
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 impl fmt::Debug for Seal {

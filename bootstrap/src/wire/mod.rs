@@ -44,7 +44,9 @@
 
 mod mac;
 
-pub use self::mac::{ByeCheck, End, Seal, Sealed, CHALLENGE_LEN, MAC_LEN};
+pub use self::mac::{
+    bye_reason, ByeCheck, End, LastWord, Seal, Sealed, CHALLENGE_LEN, MAC_LEN, MAX_REASON,
+};
 
 use core::fmt;
 
@@ -79,8 +81,10 @@ pub enum FrameKind {
     /// Each end's first frame on every connection: fresh random bytes that the
     /// MAC of every later frame on that connection covers (see [`Seal`]).
     Challenge,
-    /// A rank closes its session on purpose (no payload): the connection closing after it is
-    /// a goodbye, not a failure.
+    /// A rank closes its session. No payload: on purpose, and the connection closing after
+    /// it is a goodbye, not a failure. A payload (UTF-8, at most [`MAX_REASON`] bytes): the
+    /// process gives up because of an error, and this is why; its peers report it as gone
+    /// with that reason ([`LastWord::GaveUp`]).
     Bye,
     /// A restarted rank introduces itself to the rank 0 of a running world, in place of a
     /// `Hello`, with the endpoint blob of its new process.

@@ -8,7 +8,7 @@
 //! |--------|-----------------------------------------------------------------------|
 //! | 0..16  | reporter rank                                                         |
 //! | 16..32 | failed rank                                                           |
-//! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed              |
+//! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed, 4 gave up   |
 //! | 40..48 | the completion status code (cause 1), else 0                          |
 //! | 48..56 | incarnation of the failed rank: reserved for rejoining ranks, 0 today |
 //! | 56..64 | [`MAGIC`]                                                             |
@@ -33,6 +33,7 @@ pub fn encode(failure: &Failure, incarnation: u8) -> Option<u64> {
         FailureCause::Completion(s) => (1u8, u8::try_from(s.code()).ok()?),
         FailureCause::TimedOut => (2, 0),
         FailureCause::SessionClosed => (3, 0),
+        FailureCause::LeftOnError => (4, 0),
     };
     Some(
         u64::from(reporter)
@@ -55,6 +56,7 @@ pub fn decode(word: u64) -> Option<(Failure, u8)> {
         (1, code) => FailureCause::Completion(WcStatus::from_code(u32::from(code))),
         (2, 0) => FailureCause::TimedOut,
         (3, 0) => FailureCause::SessionClosed,
+        (4, 0) => FailureCause::LeftOnError,
         _ => return None,
     };
     let failure = Failure {
@@ -76,6 +78,7 @@ mod tests {
             FailureCause::Completion(WcStatus::Flushed),
             FailureCause::TimedOut,
             FailureCause::SessionClosed,
+            FailureCause::LeftOnError,
         ] {
             let f = Failure {
                 rank: 4095,

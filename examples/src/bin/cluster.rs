@@ -365,6 +365,35 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     }
     let mut c = connect_launch(launch, &opts)?;
     let connect_ms = t0.elapsed().as_millis() as u64;
+    match demo(args, &mut c, connect_ms, timeout) {
+        Ok(report) => finish(args, c, &report),
+        Err(e) => {
+            // Not a normal exit: the peers are told so, and why, at once (their next wait
+            // fails naming this rank), instead of waiting out their timeouts.
+            let e = with_departures(&c, e);
+            let _ = c.leave_on_error(&e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// `e`, followed by what the ranks that gave up said (their goodbyes' reasons), if any did.
+fn with_departures(c: &Connected, e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
+    let said: Vec<String> = (0..c.node.world_size())
+        .filter_map(|r| {
+            c.departure(r)
+                .map(|why| format!("rank {r} left saying: {why}"))
+        })
+        .collect();
+    if said.is_empty() {
+        e
+    } else {
+        format!("{e} ({})", said.join("; ")).into()
+    }
+}
+
+/// The demo's steps on a connected rank: its report, or the first error.
+fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> Res<Report> {
     // The watch (in `c`) stays alive until the end: a rank that dies is named by every
     // survivor.
     let clock = c.clock;
@@ -552,7 +581,7 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     // 4. A rank that rejoins.
     let rejoin_ms = match &args.rejoin_dir {
         Some(dir) => Some(survive_a_rejoin(
-            &mut c,
+            c,
             dir,
             args.barriers,
             timeout,
@@ -569,7 +598,7 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
         checks,
         rejoin_ms,
     };
-    finish(args, c, &report)
+    Ok(report)
 }
 
 /// Every rank loops over barriers until the launcher kills [`VICTIM`]; each survivor checks
