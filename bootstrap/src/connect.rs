@@ -132,6 +132,22 @@ impl Connected {
             .and_then(|d| d.get(&rank).cloned())
     }
 
+    /// Says that this rank's own port is down, if it is: `"port 1 of rxe0 is down (state
+    /// DOWN)"`. For an error message: a local completion error (`WcStatus::is_local`) or a
+    /// peer that stopped answering is this rank's own fault when its port went down. Queries
+    /// the device (not for the data path).
+    #[must_use]
+    pub fn port_note(&self) -> Option<String> {
+        let ctx = self.node.pd().context();
+        port_down(ctx, self.qp.port).map(|state| {
+            format!(
+                "port {} of {} is down (state {state})",
+                self.qp.port,
+                ctx.name()
+            )
+        })
+    }
+
     /// Leaves the job because of an error: tells every connected rank `reason` in the
     /// session's goodbye, so each peer's watch raises [`FailureCause::LeftOnError`] naming
     /// this rank and every peer's next wait fails at once (instead of at its timeout, as it
@@ -221,6 +237,23 @@ impl Connected {
             Err(_) => {}
         }
         result
+    }
+}
+
+/// The state of `port` of `ctx` by name, if the port is not active (or cannot be queried:
+/// then "unknown").
+fn port_down(ctx: &rverbs_core::verbs::Context, port: u8) -> Option<&'static str> {
+    match ctx.query_port(port) {
+        Ok(p) if p.active => None,
+        Ok(p) => Some(match p.state {
+            0 => "NOP",
+            1 => "DOWN",
+            2 => "INIT",
+            3 => "ARMED",
+            5 => "ACTIVE_DEFER",
+            _ => "unknown",
+        }),
+        Err(_) => Some("unknown (the port query failed)"),
     }
 }
 
@@ -369,6 +402,18 @@ where
         source,
     };
     let ctx = open_device(&place.device).map_err(|e| rdma(NodeError::Verbs(e)))?;
+    // A step that fails while this rank's own port is down failed because of it: say so
+    // (the peers it could not reach are not at fault).
+    let ours = |e: BootstrapError| match port_down(&ctx, place.port) {
+        Some(state) => BootstrapError::LocalPortDown {
+            rank,
+            device: place.device.clone(),
+            port: place.port,
+            state,
+            source: Box::new(e),
+        },
+        None => e,
+    };
     let mut node_cfg = opts.node;
     node_cfg.qp.port = place.port;
     if let Some(g) = place.gid_index {
@@ -379,20 +424,20 @@ where
         node_cfg.completion_events = true;
     }
     let backoff: StdBackoff = opts.wait.backoff();
-    let prepared =
-        PreparedNode::new(&ctx, rank, place.world, node_cfg, backoff, &MONOTONIC).map_err(rdma)?;
+    let prepared = PreparedNode::new(&ctx, rank, place.world, node_cfg, backoff, &MONOTONIC)
+        .map_err(|e| ours(rdma(e)))?;
     // The blob is a node blob whatever the caller left in `personalize`.
     let exchange_opts = ExchangeOptions {
         personalize: Some(&NodeBlobs),
         ..opts.exchange.clone()
     };
-    let (mut session, blobs) = rendezvous(&prepared.blob(), &exchange_opts)?;
-    let mut node = prepared.handshake(&blobs).map_err(rdma)?;
+    let (mut session, blobs) = rendezvous(&prepared.blob(), &exchange_opts).map_err(ours)?;
+    let mut node = prepared.handshake(&blobs).map_err(|e| ours(rdma(e)))?;
     // Nobody writes before every queue pair in the world is ready to receive.
-    session.allgather(b"connected")?;
+    session.allgather(b"connected").map_err(ours)?;
     let clock = MONOTONIC;
     node.barrier(&clock, opts.first_barrier_timeout)
-        .map_err(rdma)?;
+        .map_err(|e| ours(rdma(e)))?;
     let departures = Departures::default();
     let watch = watch_session(&session, &node, &departures)?;
     Ok(Connected {

@@ -266,6 +266,21 @@ pub enum BootstrapError {
         /// Why it cannot.
         reason: String,
     },
+    /// A step of connecting failed while this rank's own port was not active: the port is
+    /// what failed (a link down, a cable, a switch port), not the peers it could not reach.
+    #[cfg(feature = "verbs")]
+    LocalPortDown {
+        /// The calling rank.
+        rank: u32,
+        /// Its RDMA device.
+        device: String,
+        /// The port.
+        port: u8,
+        /// The port's state, by name (`DOWN`, `INIT`, ...).
+        state: &'static str,
+        /// The step's own error.
+        source: Box<BootstrapError>,
+    },
     /// Setting up RDMA (device, queue pairs, memory, handshake, first barrier) failed.
     #[cfg(feature = "verbs")]
     Rdma {
@@ -518,6 +533,16 @@ impl fmt::Display for BootstrapError {
                 device,
                 source,
             } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
+            Self::LocalPortDown {
+                rank,
+                device,
+                port,
+                state,
+                source,
+            } => write!(
+                f,
+                "rank {rank}: port {port} of {device} is down (state {state}), so: {source}"
+            ),
             Self::NoLauncher { reason } => write!(f, "cannot start: {reason}"),
             Self::NoActiveDevice {
                 rank,
@@ -597,6 +622,8 @@ impl core::error::Error for BootstrapError {
             Self::Protocol { source, .. } => Some(source),
             #[cfg(feature = "verbs")]
             Self::Rdma { source, .. } => Some(source),
+            #[cfg(feature = "verbs")]
+            Self::LocalPortDown { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

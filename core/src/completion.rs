@@ -81,6 +81,22 @@ impl WcStatus {
         }
     }
 
+    /// Whether the status names a failure on this side of the connection (our queue pair,
+    /// our memory keys, our device), not the peer's: a local length, QP operation,
+    /// protection or access error, or a fatal device error. Such a failure is never news
+    /// about the peer. Does not allocate.
+    #[inline]
+    pub const fn is_local(self) -> bool {
+        matches!(
+            self,
+            Self::LocalLength
+                | Self::LocalQpOperation
+                | Self::LocalProtection
+                | Self::LocalAccess
+                | Self::Fatal
+        )
+    }
+
     /// Whether the work request succeeded.
     #[inline]
     pub const fn is_success(self) -> bool {

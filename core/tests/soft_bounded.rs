@@ -29,6 +29,13 @@ fn clock() -> StaticClock {
     &CLOCK
 }
 
+/// A clock that moves 100 us a read, for the waits that are driven past a 1 ms deadline:
+/// ten reads end them, so a bounded wait takes a few hundred turns (quick under Miri too).
+fn coarse() -> StaticClock {
+    static CLOCK: StepClock = StepClock::new(Duration::from_micros(100));
+    &CLOCK
+}
+
 fn caps() -> QpCaps {
     QpCaps {
         max_send_wr: 16,
@@ -144,13 +151,16 @@ fn a_datagram_receive_ends_at_its_deadline_while_oversize_datagrams_keep_coming(
         held_sends: VecDeque::new(),
     };
     let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut ep = Datagram::new(qp, region, cfg, clock()).unwrap();
-    let d = Deadline::after(&clock(), Duration::from_millis(1));
+    let mut ep = Datagram::new(qp, region, cfg, coarse()).unwrap();
+    let d = Deadline::after(&coarse(), Duration::from_millis(1));
     assert!(matches!(
         ep.recv_until(d),
         Err(DatagramError::TimedOut { .. })
     ));
     assert!(matches!(ep.recv(), Err(DatagramError::TimedOut { .. })));
+    // Two waits of about ten clock reads each: a few hundred polls, not the flood's worth.
+    let bound = 2 * 12 * u64::from(rverbs_core::poll::CHECK_EVERY);
+    assert!(ep.provider().polls < bound, "{} polls", ep.provider().polls);
     // A receive that does not wait polls once, however many datagrams are thrown away.
     let before = ep.provider().polls;
     assert!(ep.try_recv().is_none());
@@ -418,7 +428,7 @@ fn a_channel_receive_ends_at_its_deadline_while_foreign_completions_keep_coming(
         flushing: false,
         polls: 0,
     };
-    let mut a = Channel::new(end, ChannelConfig::default(), clock());
+    let mut a = Channel::new(end, ChannelConfig::default(), coarse());
     let mut sge = [buf.sge_mut(0..64).unwrap()];
     // Nobody sends: the wait ends at its deadline, with the queue pair flushed.
     let r = a.recv_timeout(&mut sge, Duration::from_millis(1));
@@ -426,9 +436,9 @@ fn a_channel_receive_ends_at_its_deadline_while_foreign_completions_keep_coming(
         matches!(r, Err(rverbs_core::channel::ChannelError::TimedOut { .. })),
         "{r:?}"
     );
-    // 1 ms on a clock that moves 1 us a read, read every CHECK_EVERY-th turn: about 1000
-    // reads, so at most about 1000 x CHECK_EVERY polls (plus the drain's).
-    let bound = 1_100 * u64::from(rverbs_core::poll::CHECK_EVERY);
+    // 1 ms on a clock that moves 100 us a read, read every CHECK_EVERY-th turn: about ten
+    // reads, so at most about 10 x CHECK_EVERY polls (plus the drain's).
+    let bound = 12 * u64::from(rverbs_core::poll::CHECK_EVERY);
     assert!(a.provider().polls < bound, "{} polls", a.provider().polls);
 }
 
@@ -519,12 +529,12 @@ fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_com
     let region = net
         .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let mut a = Datagram::new(qp, region, cfg, coarse()).unwrap();
     let qp = net.create_datagram(1, 0x1234, Mtu::B256).unwrap();
     let region = net
         .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let b = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let b = Datagram::new(qp, region, cfg, coarse()).unwrap();
     let to_b = a.peer(&b.endpoint()).unwrap();
     let mut result = Ok(());
     for _ in 0..8 {

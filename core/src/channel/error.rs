@@ -21,6 +21,19 @@ pub struct WrFailure {
 
 impl fmt::Display for WrFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.status.is_local() {
+            // Ours, not the peer's: the message must not read as the peer's failure.
+            return write!(
+                f,
+                "this rank's own queue pair to {} failed locally: work request {:#x}: {} \
+                 (vendor error {:#x}; a local port that went down or a bad local key, not \
+                 the peer)",
+                PeerName(self.peer),
+                self.wr_id,
+                self.status,
+                self.vendor_err
+            );
+        }
         write!(
             f,
             "{}: work request {:#x} failed: {} (vendor error {:#x})",
@@ -148,5 +161,32 @@ impl core::error::Error for ChannelError {}
 impl From<ProviderError> for ChannelError {
     fn from(e: ProviderError) -> Self {
         Self::Provider(e)
+    }
+}
+
+#[cfg(all(test, feature = "alloc"))]
+mod tests {
+    use super::*;
+    use crate::completion::WcStatus;
+
+    #[test]
+    fn a_local_failure_reads_as_ours_and_a_remote_one_as_the_peers() {
+        let local = WrFailure {
+            peer: Some(1),
+            wr_id: 0xab,
+            status: WcStatus::LocalQpOperation,
+            vendor_err: 0,
+        };
+        let text = alloc::format!("{local}");
+        assert!(!text.starts_with("rank 1"), "{text}");
+        assert!(
+            text.contains("own queue pair to rank 1 failed locally"),
+            "{text}"
+        );
+        let remote = WrFailure {
+            status: WcStatus::RetryExceeded,
+            ..local
+        };
+        assert!(alloc::format!("{remote}").starts_with("rank 1: work request 0xab"));
     }
 }

@@ -213,6 +213,11 @@ impl fmt::Display for NodeError {
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
             Self::Barrier(e) => write!(f, "{e}"),
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
+            // A local failure names the rank only as the far end of our queue pair.
+            Self::Channel {
+                rank,
+                error: error @ (ChannelError::Failed(w) | ChannelError::Broken(w)),
+            } if w.status.is_local() => write!(f, "the channel to rank {rank}: {error}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
             Self::PeerFailed(failure) => write!(f, "{failure}"),
             Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),

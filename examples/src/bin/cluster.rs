@@ -377,14 +377,16 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     }
 }
 
-/// `e`, followed by what the ranks that gave up said (their goodbyes' reasons), if any did.
+/// `e`, followed by what the ranks that gave up said (their goodbyes' reasons), if any did,
+/// and by this rank's own port being down, if it is.
 fn with_departures(c: &Connected, e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
-    let said: Vec<String> = (0..c.node.world_size())
+    let mut said: Vec<String> = (0..c.node.world_size())
         .filter_map(|r| {
             c.departure(r)
                 .map(|why| format!("rank {r} left saying: {why}"))
         })
         .collect();
+    said.extend(c.port_note());
     if said.is_empty() {
         e
     } else {

@@ -1,0 +1,82 @@
+//! A rank whose own port is down is told so: on rxe, the netdev under the device is taken
+//! down (`ip link set DEV down`, which rxe turns into a port in state DOWN), and connecting
+//! to a world whose other rank never comes fails with an error that names the local port,
+//! not only the rank it could not reach. The netdev is brought back up afterwards and the
+//! port must be ACTIVE again.
+#![allow(clippy::std_instead_of_core)] // test code
+
+mod support;
+use support::device;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rverbs_bootstrap::{connect, BootstrapError, ConnectOptions};
+
+/// The network interface under `dev`'s port 1 (rxe: its netdev), from sysfs.
+fn netdev_of(dev: &str) -> String {
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .to_owned()
+}
+
+fn port_state(dev: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+fn link(netdev: &str, up: bool) {
+    let st = Command::new("ip")
+        .args(["link", "set", netdev, if up { "up" } else { "down" }])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip link set {netdev}: {st}");
+}
+
+/// Waits until the port's state (as sysfs prints it, `4: ACTIVE`) contains `want`.
+fn wait_state(dev: &str, want: &str) {
+    let t = Instant::now();
+    while !port_state(dev).contains(want) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "port 1 of {dev} is {}, not {want}",
+            port_state(dev)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn connecting_with_the_local_port_down_names_the_port() {
+    let Some(dev) = device() else {
+        return;
+    };
+    let netdev = netdev_of(&dev);
+    link(&netdev, false);
+    wait_state(&dev, "DOWN");
+    // Bring the link back whatever happens below, so later tests find it up.
+    struct Up(String, String);
+    impl Drop for Up {
+        fn drop(&mut self) {
+            link(&self.0, true);
+            wait_state(&self.1, "ACTIVE");
+        }
+    }
+    let _up = Up(netdev, dev.clone());
+    let config = support::local_config(2, 24100, &dev, "port-down".into());
+    let mut opts = ConnectOptions::for_config(&config);
+    opts.exchange.timeout = Duration::from_secs(2);
+    // Rank 0 of two; rank 1 never comes (its host is unreachable for all it knows).
+    let e = connect(&config, 0, &opts).expect_err("connected with the port down");
+    let text = e.to_string();
+    eprintln!("{text}");
+    assert!(
+        matches!(e, BootstrapError::LocalPortDown { port: 1, .. }),
+        "{e:?}"
+    );
+    assert!(text.contains(&format!("port 1 of {dev} is down")), "{text}");
+}
