@@ -34,6 +34,21 @@
 //!
 //! News about a rank outside the barrier's members (and a broken channel to one) does not
 //! fail the barrier: the members can still meet.
+//!
+//! # A count is a peer's word
+//! The arrival counts are written by peers, so the barrier takes none of them on trust. A
+//! rank cannot get more than one barrier ahead of us: every algorithm completes a barrier
+//! only after every member entered it, so a peer finishes our current barrier at the
+//! earliest and then enters the next one, where it notifies us at most once more (per
+//! barrier a peer notifies us at most once, exactly when we wait for it: the stages pair
+//! up). When we check rank `r`'s slot we have already counted the current barrier into
+//! `expected[r]`, so an honest slot holds at most `expected[r] + 1`. A count above that is
+//! corrupt or forged (say `u64::MAX`, which would otherwise complete this barrier and every
+//! later one at once): the barrier fails with [`BarrierError::ImplausibleArrival`], naming
+//! the slot's rank and the count, and the state is poisoned like after any failure. What
+//! this cannot catch: any peer holds the flag array's key, so it can write a plausible count
+//! (`expected[r]` or one more) into another rank's slot; only keys per peer (memory windows
+//! bound to one queue pair) would stop that.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -112,6 +127,17 @@ pub enum BarrierError {
         /// The channel error.
         error: ChannelError,
     },
+    /// The arrival count in `rank`'s slot of our flag array is more than `rank` could have
+    /// reached (see [a count is a peer's word](self#a-count-is-a-peers-word)): the slot was
+    /// corrupted or forged (by `rank` or by any peer holding the flag array's key).
+    ImplausibleArrival {
+        /// Whose slot.
+        rank: u32,
+        /// The count it held.
+        count: u64,
+        /// The most an honest `rank` could have written by now.
+        most: u64,
+    },
 }
 
 impl fmt::Display for BarrierError {
@@ -144,6 +170,11 @@ impl fmt::Display for BarrierError {
             }
             Self::Transport { rank, error } => write!(f, "notifying rank {rank} failed: {error}"),
             Self::PeerFailed(failure) => write!(f, "barrier cannot complete: {failure}"),
+            Self::ImplausibleArrival { rank, count, most } => write!(
+                f,
+                "the arrival count in rank {rank}'s slot is {count}, more than the {most} it \
+                 could have reached: the slot was corrupted or forged"
+            ),
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
         }
     }
@@ -157,7 +188,8 @@ pub trait BarrierTransport {
     /// Fails with [`BarrierError::Transport`] (naming `rank`) or
     /// [`BarrierError::RankOutOfRange`] if there is no connection to `rank`.
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError>;
-    /// The count `rank` last wrote into our flag array.
+    /// The count `rank` last wrote into our flag array: a peer's word, any value (the barrier
+    /// checks it, see [a count is a peer's word](self#a-count-is-a-peers-word)).
     fn arrived(&self, rank: u32) -> u64;
     /// Polls completions (retires notification writes, surfaces failures, naming the rank).
     fn progress(&mut self) -> Result<(), BarrierError>;
@@ -208,6 +240,33 @@ fn fingerprint(m: &[u32]) -> (usize, u64) {
         (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     (m.len(), h)
+}
+
+/// What the count a peer wrote says, against the count `expected` of it this stage waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrival {
+    /// Not yet (an honest count lags, or a slot went back: harmless either way).
+    Waiting,
+    /// Arrived: the count is `expected`, or one more (the peer is in the next barrier).
+    In,
+    /// More than the peer could have reached (see the module docs).
+    Implausible,
+}
+
+/// Reads a peer's arrival `count` against `expected` (this stage's count, already
+/// incremented). The arrived path costs one subtraction and one compare (a plain `>=` was
+/// one compare): `count - expected` (wrapping) is 0 or 1 exactly when the count is in. (At
+/// `expected == u64::MAX` a count of 0 would be "one more": one count per barrier never
+/// gets there.)
+#[inline]
+fn arrival(count: u64, expected: u64) -> Arrival {
+    if count.wrapping_sub(expected) <= 1 {
+        Arrival::In
+    } else if count < expected {
+        Arrival::Waiting
+    } else {
+        Arrival::Implausible
+    }
 }
 
 /// Whether `e` is about a rank that is not among `members` (sorted).
@@ -441,7 +500,7 @@ impl BarrierState {
         if let Some((_, wait)) = stage(p.alg, m.len(), p.i, p.stage) {
             for k in wait.iter() {
                 let r = m[k];
-                if t.arrived(r) < self.expected[r as usize] {
+                if arrival(t.arrived(r), self.expected[r as usize]) != Arrival::In {
                     if let Err(e) = t.notify(r, self.sent[r as usize]) {
                         return Err(self.fail(e));
                     }
@@ -482,9 +541,25 @@ impl BarrierState {
                 }
                 p.entered = true;
             }
-            let all_in = wait
-                .iter()
-                .all(|k| t.arrived(m[k]) >= self.expected[m[k] as usize]);
+            let mut all_in = true;
+            for k in wait.iter() {
+                let r = m[k];
+                let (count, expected) = (t.arrived(r), self.expected[r as usize]);
+                match arrival(count, expected) {
+                    Arrival::In => {}
+                    Arrival::Waiting => {
+                        all_in = false;
+                        break;
+                    }
+                    Arrival::Implausible => {
+                        return Err(self.fail(BarrierError::ImplausibleArrival {
+                            rank: r,
+                            count,
+                            most: expected.saturating_add(1),
+                        }));
+                    }
+                }
+            }
             if !all_in {
                 self.pending = Some(p);
                 return Ok(false);
@@ -504,7 +579,7 @@ impl BarrierState {
             if let Some((_, wait)) = stage(p.alg, m.len(), p.i, p.stage) {
                 for k in wait.iter() {
                     let r = m[k];
-                    if t.arrived(r) < self.expected[r as usize] {
+                    if arrival(t.arrived(r), self.expected[r as usize]) != Arrival::In {
                         missing_count += 1;
                         let _ = missing.push(r);
                     }
@@ -530,5 +605,100 @@ mod tests {
         assert_eq!(s.validate(&[2, 1]), Err(BarrierError::UnorderedPeers));
         assert_eq!(s.validate(&[2, 2]), Err(BarrierError::DuplicatePeers));
         assert_eq!(s.validate(&[2, 9]), Err(BarrierError::RankOutOfRange(9)));
+    }
+
+    /// A transport whose flag array the test writes: what peers "wrote" is whatever the
+    /// test puts in `slots`.
+    struct Slots {
+        slots: [u64; 3],
+        notified: usize,
+    }
+
+    impl BarrierTransport for Slots {
+        fn notify(&mut self, _: u32, _: u64) -> Result<(), BarrierError> {
+            self.notified += 1;
+            Ok(())
+        }
+        fn arrived(&self, rank: u32) -> u64 {
+            self.slots[rank as usize]
+        }
+        fn progress(&mut self) -> Result<(), BarrierError> {
+            Ok(())
+        }
+    }
+
+    fn clock() -> crate::poll::StaticClock {
+        static CLOCK: crate::poll::StepClock =
+            crate::poll::StepClock::new(Duration::from_micros(1));
+        &CLOCK
+    }
+
+    #[test]
+    fn an_arrival_is_the_expected_count_or_one_more() {
+        assert_eq!(arrival(0, 1), Arrival::Waiting);
+        assert_eq!(arrival(1, 1), Arrival::In);
+        assert_eq!(arrival(2, 1), Arrival::In);
+        assert_eq!(arrival(3, 1), Arrival::Implausible);
+        assert_eq!(arrival(u64::MAX, 1), Arrival::Implausible);
+        assert_eq!(arrival(u64::MAX, u64::MAX), Arrival::In);
+        assert_eq!(arrival(u64::MAX - 1, u64::MAX), Arrival::Waiting);
+        assert_eq!(arrival(u64::MAX - 1, 3), Arrival::Implausible);
+    }
+
+    #[test]
+    fn a_forged_arrival_count_fails_the_barrier_instead_of_completing_it() {
+        let long = Duration::from_secs(3600);
+        for alg in BarrierAlgorithm::ALL {
+            // Rank 0 of 3 waits for both others directly in every algorithm; rank 2 arrived.
+            let mut s = BarrierState::new(0, 3);
+            let mut t = Slots {
+                slots: [0, u64::MAX, 1],
+                notified: 0,
+            };
+            let e = s.run(
+                &mut t,
+                &[0, 1, 2],
+                alg,
+                &clock(),
+                long,
+                &mut crate::poll::Spin,
+            );
+            assert_eq!(
+                e,
+                Err(BarrierError::ImplausibleArrival {
+                    rank: 1,
+                    count: u64::MAX,
+                    most: 2
+                }),
+                "{alg:?}"
+            );
+            let shown = alloc::string::ToString::to_string(&e.unwrap_err());
+            assert!(shown.contains("rank 1's slot"), "{shown}");
+            assert!(s.is_poisoned(), "{alg:?}");
+            // Honest counts, one barrier ahead at most: barrier after barrier completes.
+            let mut s = BarrierState::new(0, 3);
+            for b in 1..=5u64 {
+                t.slots = [0, b + 1, b];
+                s.run(
+                    &mut t,
+                    &[0, 1, 2],
+                    alg,
+                    &clock(),
+                    long,
+                    &mut crate::poll::Spin,
+                )
+                .unwrap_or_else(|e| panic!("{alg:?} barrier {b}: {e}"));
+            }
+            // Two ahead is not possible for an honest rank.
+            t.slots = [0, 8, 6];
+            assert!(matches!(
+                s.start(&mut t, &[0, 1, 2], alg, &clock(), long),
+                Err(BarrierError::ImplausibleArrival {
+                    rank: 1,
+                    count: 8,
+                    most: 7
+                })
+            ));
+        }
     }
 }

@@ -50,11 +50,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .flags
             .load_u64(8 * (self.world as usize + rank as usize))
             .unwrap_or(0);
-        let sent = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
+        let used = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
         // (credit base, credits, the peer's latest return, what we consumed of the peer's)
         let credit = self.rings.as_mut().map(|r| {
             // The piggybacked count is widened against the larger of the two from now on.
-            // The peer wrote that word: it is taken only if it could be true.
+            // The peer wrote that word: it is taken only if it could be true, counting (as
+            // the peer does) from when messaging started.
+            let sent = used.saturating_sub(r.base[p]);
             r.returned[p] = r.returned[p].max(plausible_return(written, sent));
             (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
         });
@@ -103,10 +105,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
-/// A credit word a peer wrote into our flag array (its count of our messages it consumed),
-/// if it could be true: at most the requests we ever posted that consume its receives
-/// (`sent`). Anything larger is a lie or garbage and counts as nothing (0), so arithmetic on
-/// the count can never overflow, whatever the peer wrote.
+/// A credit word a peer wrote into our flag array (its count of our messages it consumed
+/// since messaging started), if it could be true: at most the requests we posted since then
+/// that consume its receives (`sent`, our count less the channel's at messaging start).
+/// Anything larger is a lie or garbage and counts as nothing (0), so arithmetic on the count
+/// can never overflow, whatever the peer wrote. (Measured against our whole count instead, a
+/// forged word could buy the requests posted before messaging started as extra credit, and
+/// keep them until our count caught up.)
 pub(super) fn plausible_return(written: u64, sent: u64) -> u64 {
     if written <= sent {
         written
@@ -122,6 +127,7 @@ pub(super) fn plausible_return(written: u64, sent: u64) -> u64 {
 /// (receiver not ready): a peer cannot make us touch memory by lying. The immediate is the
 /// peer's: a count above `sent` (the requests we ever posted that consume its receives)
 /// cannot be true and is ignored too, so the count never overflows whatever the peer sends.
+/// `sent` counts from messaging start, as the peer's consumed count does.
 pub(super) fn credit_in(returned: &mut u64, imm: u32, sent: u64) {
     let step = imm.wrapping_sub(*returned as u32);
     if step < 1 << 31 {

@@ -85,12 +85,19 @@ impl Failures {
     /// The failure in `word`, if it is one about a rank of this world (and, for a notice from
     /// a peer, of incarnation 0, the only one written: a readmission forgets the news between
     /// two rounds in which nobody writes, so no notice of an earlier life can arrive later).
+    ///
+    /// A notice from a peer is a peer's word: besides decoding, its ranks must be of this
+    /// world, and it must not name this node as the failed rank. No rank ever writes that
+    /// ([`Failures::tell_all`] skips the failed rank), and taking it would leave the node
+    /// failed for good: only the named rank's readmission forgets news, and a node cannot
+    /// readmit itself. Any other word is ignored, as if the slot were empty.
     fn accept(&self, word: u64, local: bool) -> Option<Failure> {
         if word == 0 {
             return None;
         }
         let (f, life) = notice::decode(word)?;
-        (f.rank < self.world && f.reporter < self.world && (local || life == 0)).then_some(f)
+        let in_world = f.rank < self.world && f.reporter < self.world;
+        (in_world && (local || (life == 0 && f.rank != self.me))).then_some(f)
     }
 
     /// Records that this node saw `rank` fail, and tells every other rank (one 8-byte inline

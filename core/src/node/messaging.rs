@@ -586,8 +586,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
 /// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to
 /// the handler, after taking the credit return a message's immediate carries.
 ///
-/// `sent` is what we ever posted to `p` that consumes its receives: what its credit return
-/// may say at most.
+/// `sent` is what we ever posted to `p` that consumes its receives; less what we had posted
+/// when messaging started, it is what its credit return may say at most.
 pub(super) fn deliver<M: Region>(
     rings: &mut Rings<M>,
     (p, sent): (usize, u64),
@@ -605,7 +605,8 @@ pub(super) fn deliver<M: Region>(
         return;
     }
     if let Some(imm) = info.imm {
-        super::credits::credit_in(&mut rings.returned[p], imm, sent);
+        let since_start = sent.saturating_sub(rings.base[p]);
+        super::credits::credit_in(&mut rings.returned[p], imm, since_start);
     }
     let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
