@@ -254,8 +254,9 @@ enum Arrival {
 }
 
 /// Reads a peer's arrival `count` against `expected` (this stage's count, already
-/// incremented). The arrived path costs one subtraction and one compare (a plain `>=` was
-/// one compare): `count - expected` (wrapping) is 0 or 1 exactly when the count is in. (At
+/// incremented). `count - expected` (wrapping) is 0 or 1 exactly when the count is in: the
+/// arrived path is a subtraction and one compare-and-branch, 2 to 3 instructions more per
+/// awaited rank than the plain `>=` it replaced (x86-64), and no division. (At
 /// `expected == u64::MAX` a count of 0 would be "one more": one count per barrier never
 /// gets there.)
 #[inline]
@@ -443,8 +444,9 @@ impl BarrierState {
 
     /// Advances the barrier in progress: `Ok(true)` once it completed (also when none is in
     /// progress), `Ok(false)` while ranks are still awaited, an error (which poisons the
-    /// state) on a transport failure or when the deadline passed. Never waits. Does not
-    /// allocate.
+    /// state) on a transport failure, on an arrival count no honest peer could have written
+    /// ([`BarrierError::ImplausibleArrival`]) or when the deadline passed. Never waits. Does
+    /// not allocate.
     pub fn poll<T: BarrierTransport, C: Clock>(
         &mut self,
         t: &mut T,

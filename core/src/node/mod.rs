@@ -15,7 +15,11 @@
 //! holds the count of barrier notifications rank `r` sent us; slot `world + r` how many of
 //! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress));
 //! the last 8 bytes hold the [failure notice](crate::wire::notice) a peer writes when it sees a
-//! rank fail.
+//! rank fail. Every peer holds the array's key and may write any bytes anywhere in it, so no
+//! word is taken on trust: a barrier count above what its rank could have reached fails the
+//! barrier ([`BarrierError::ImplausibleArrival`]), a credit word above what we sent counts as
+//! nothing, and a notice that is not one, names a rank outside the world or names this node is
+//! ignored.
 //!
 //! # When a rank fails
 //! A node that sees a peer fail (a work request to it completes in error, or a wait on it
