@@ -14,8 +14,10 @@
 //! on in release):
 //! - messages rank 0 sent to rank 1 and rank 1 has not delivered never exceed rank 0's
 //!   credits for rank 1, and rank 1 gets them in order, each once;
-//! - rank 0 never completes its `k`-th barrier before rank 1 entered its `k`-th (rank 0
-//!   waits for rank 1 directly in every algorithm at three ranks);
+//! - rank 0 never completes its `k`-th barrier before rank 1 entered its `k`-th, nor one
+//!   over all three ranks before rank 2 entered it while rank 2 wrote its own barrier slot
+//!   only through barriers (rank 0 waits for every member directly in every algorithm at
+//!   three ranks);
 //! - a failure rank 0 reports names a rank of the world, and never rank 0 itself.
 //!
 //! Any peer holds the flag array's key, so the hostile rank can also write rank 1's slots
@@ -51,6 +53,8 @@ const SLOT_SIZE: usize = 16;
 const MAX_OPS: usize = 160;
 /// Rank 1's barrier slot and credit word in rank 0's flag array.
 const SLOT_1: (u64, u64) = (8, 16);
+/// The hostile rank's own barrier slot.
+const SLOT_2: (u64, u64) = (16, 24);
 const CREDIT_1: (u64, u64) = (8 * (WORLD as u64 + 1), 8 * (WORLD as u64 + 2));
 
 /// A clock that moves 1 us on every read (one thread).
@@ -96,8 +100,10 @@ struct Shadow {
     /// Messages rank 0 posted to rank 1, and those rank 1 delivered.
     sent_0_to_1: u64,
     delivered_0_to_1: u64,
-    /// Whether the hostile rank wrote over rank 1's barrier slot or credit word.
+    /// Whether the hostile rank wrote over rank 1's barrier slot or credit word, or its own
+    /// barrier slot.
     forged_slot_1: bool,
+    forged_slot_2: bool,
     forged_credit_1: bool,
 }
 
@@ -225,6 +231,7 @@ fn hostile_write(nodes: &mut [SoftNode<'_, Spin>], input: &mut Input<'_>, s: &mu
     };
     s.forged_slot_1 |= overlaps(at, SLOT_1);
     s.forged_credit_1 |= overlaps(at, CREDIT_1);
+    s.forged_slot_2 |= overlaps(at, SLOT_2);
     let Some(slot) = nodes[0].flags_remote().slice(at, 8) else {
         return;
     };
@@ -304,6 +311,12 @@ fn barrier_move(
                 assert!(
                     s.started[1] > k,
                     "rank 0 completed barrier {k} before rank 1 entered it"
+                );
+            }
+            if rank == 0 && !s.forged_slot_2 && GROUPS[s.script[k]].len() == 3 {
+                assert!(
+                    s.started[2] > k,
+                    "rank 0 completed barrier {k} before rank 2 entered it"
                 );
             }
         }
