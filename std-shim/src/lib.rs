@@ -73,6 +73,8 @@ pub mod backoff;
 pub mod clock;
 #[cfg(unix)]
 pub mod hangup;
+#[cfg(unix)]
+pub mod readable;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;

@@ -37,6 +37,8 @@
 //! readmit ([`ReadmitError`] says why).
 
 mod credits;
+#[cfg(feature = "verbs")]
+mod device_events;
 mod failure;
 mod messaging;
 mod pool;
@@ -46,6 +48,8 @@ mod soft;
 mod verbs;
 mod wakeups;
 
+#[cfg(feature = "verbs")]
+pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
 pub use readmit::ReadmitError;
 pub use soft::{
