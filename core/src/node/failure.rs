@@ -17,6 +17,21 @@ pub(crate) const fn notice_offset(world: u32) -> usize {
     16 * world as usize
 }
 
+/// Asks the node's device whether its own link is down (a port no longer ACTIVE), and if so
+/// what to call it: consulted when a request fails on the local side, because a port going
+/// down fails the requests in flight (rxe: "local QP operation error") before the device's
+/// asynchronous event has been read by anyone.
+#[derive(Clone)]
+pub(crate) struct LinkProbe(
+    pub(crate) alloc::sync::Arc<dyn Fn() -> Option<FailureCause> + Send + Sync>,
+);
+
+impl core::fmt::Debug for LinkProbe {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("LinkProbe")
+    }
+}
+
 /// The failure a node knows of, and where news comes from.
 #[derive(Debug)]
 pub(crate) struct Failures {
@@ -24,6 +39,7 @@ pub(crate) struct Failures {
     world: u32,
     alarm: FailureAlarm,
     known: Option<Failure>,
+    link: Option<LinkProbe>,
 }
 
 impl Failures {
@@ -35,6 +51,27 @@ impl Failures {
             world,
             alarm: waker.map_or_else(FailureAlarm::new, FailureAlarm::with_waker),
             known: None,
+            link: None,
+        }
+    }
+
+    /// Sets the probe asked about the node's own link when a request fails locally.
+    pub(crate) fn set_link_probe(&mut self, probe: LinkProbe) {
+        self.link = Some(probe);
+    }
+
+    /// Who failed, if a channel error to `rank` says so: the peer ([`peer_cause`]), or this
+    /// node itself when the error is not the peer's and the link probe finds the link down.
+    pub(crate) fn cause_of(&self, rank: u32, error: &ChannelError) -> Option<(u32, FailureCause)> {
+        if let Some(cause) = peer_cause(error) {
+            return Some((rank, cause));
+        }
+        match error {
+            ChannelError::Failed(_) | ChannelError::Broken(_) => {
+                let cause = (self.link.as_ref()?.0)()?;
+                Some((self.me, cause))
+            }
+            _ => None,
         }
     }
 
@@ -167,9 +204,9 @@ pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     peer_flags: &[RemoteMemory],
 ) -> BarrierError {
     match &e {
-        BarrierError::Transport { rank, error } => match peer_cause(error) {
-            Some(cause) => {
-                BarrierError::PeerFailed(failures.declare(*rank, cause, multi, peer_flags))
+        BarrierError::Transport { rank, error } => match failures.cause_of(*rank, error) {
+            Some((failed, cause)) => {
+                BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }
             None => e,
         },

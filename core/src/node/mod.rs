@@ -619,9 +619,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Tells every rank that `rank` failed because of `error`, if `error` says so, and turns
     /// it into the node's error for `rank`.
     fn channel_failed(&mut self, rank: u32, error: ChannelError) -> NodeError {
-        if let Some(cause) = failure::peer_cause(&error) {
+        if let Some((failed, cause)) = self.failures.cause_of(rank, &error) {
             self.failures
-                .declare(rank, cause, &mut self.multi, &self.peer_flags);
+                .declare(failed, cause, &mut self.multi, &self.peer_flags);
         }
         NodeError::Channel { rank, error }
     }
