@@ -71,6 +71,8 @@
 
 pub mod backoff;
 pub mod clock;
+#[cfg(target_os = "linux")]
+pub mod counters;
 #[cfg(unix)]
 pub mod hangup;
 #[cfg(unix)]
