@@ -96,12 +96,28 @@ impl DeviceWatch {
                 let rank_of = |q: u32| node.qp_ranks.iter().find(|e| e.0 == q).map(|e| e.1);
                 while !stop2.load(Ordering::Acquire) {
                     // The descriptor stays open: `events` holds its context.
-                    if !matches!(wait_readable(events.fd(), TICK), Ok(true)) {
-                        continue;
+                    match wait_readable(events.fd(), TICK) {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        // Not a reason to spin: look again a tick later.
+                        Err(_) => {
+                            std::thread::sleep(TICK);
+                            continue;
+                        }
                     }
-                    // Everything pending now; an error reading is the device going away,
-                    // which the node's own requests then report.
-                    while let Ok(Some(event)) = events.poll() {
+                    // Everything pending now.
+                    loop {
+                        let event = match events.poll() {
+                            Ok(Some(e)) => e,
+                            Ok(None) => break,
+                            // The device going away: the node's own requests report it. A
+                            // descriptor that stays readable with nothing to read must not
+                            // make this thread spin.
+                            Err(_) => {
+                                std::thread::sleep(TICK);
+                                break;
+                            }
+                        };
                         let at = Instant::now();
                         let failure = failure_of_event(&event, node.rank, node.port, rank_of);
                         if let Some(f) = failure {

@@ -50,6 +50,28 @@ fn wait_events(events: &AsyncEvents, deadline: Instant) -> Vec<(AsyncEvent, Inst
     }
 }
 
+/// Takes events until `want` comes (returning when it was read) or `deadline` passes (a
+/// failure naming what came instead); every event taken is added to `seen`.
+fn wait_for_event(
+    events: &AsyncEvents,
+    want: AsyncEvent,
+    deadline: Instant,
+    seen: &mut Vec<AsyncEvent>,
+) -> Instant {
+    loop {
+        let got = wait_events(events, deadline);
+        assert!(
+            !got.is_empty() || Instant::now() < deadline,
+            "no {want:?} before the deadline; saw {seen:?}"
+        );
+        let hit = got.iter().find(|(e, _)| *e == want).map(|(_, t)| *t);
+        seen.extend(got.into_iter().map(|(e, _)| e));
+        if let Some(t) = hit {
+            return t;
+        }
+    }
+}
+
 /// The network interface under `dev`'s port 1 (`gid_attrs/ndevs/0` in sysfs).
 fn netdev_of(dev: &str) -> String {
     let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
@@ -120,22 +142,12 @@ fn port_down_and_up_are_named_by_events() {
     ip_link(&netdev, "down");
     let t_cmd = t0.elapsed();
     let mut seen = Vec::new();
-    let deadline = t0 + Duration::from_secs(5);
-    let down_at = loop {
-        let got = wait_events(&events, deadline);
-        assert!(
-            !got.is_empty() || Instant::now() < deadline,
-            "no PortError within 5 s of {netdev} going down; saw {seen:?}"
-        );
-        let hit = got
-            .iter()
-            .find(|(e, _)| *e == AsyncEvent::PortError { port: 1 })
-            .map(|(_, t)| *t);
-        seen.extend(got.into_iter().map(|(e, _)| e));
-        if let Some(t) = hit {
-            break t;
-        }
-    };
+    let down_at = wait_for_event(
+        &events,
+        AsyncEvent::PortError { port: 1 },
+        t0 + Duration::from_secs(5),
+        &mut seen,
+    );
     let down_after = down_at - t0;
     assert!(
         !ctx.query_port(1).expect("query port").active,
@@ -144,22 +156,12 @@ fn port_down_and_up_are_named_by_events() {
 
     let t1 = Instant::now();
     ip_link(&netdev, "up");
-    let deadline = t1 + Duration::from_secs(10);
-    let up_at = loop {
-        let got = wait_events(&events, deadline);
-        assert!(
-            !got.is_empty() || Instant::now() < deadline,
-            "no PortActive within 10 s of {netdev} going up; saw {seen:?}"
-        );
-        let hit = got
-            .iter()
-            .find(|(e, _)| *e == AsyncEvent::PortActive { port: 1 })
-            .map(|(_, t)| *t);
-        seen.extend(got.into_iter().map(|(e, _)| e));
-        if let Some(t) = hit {
-            break t;
-        }
-    };
+    let up_at = wait_for_event(
+        &events,
+        AsyncEvent::PortActive { port: 1 },
+        t1 + Duration::from_secs(10),
+        &mut seen,
+    );
     let up_after = up_at - t1;
     drop(restore);
     assert!(
