@@ -107,6 +107,23 @@ impl Failures {
         self.known
     }
 
+    /// A failure raised on the alarm (by a thread watching the session or the device), if
+    /// one about this world is there; passed on to every other rank the first time it is
+    /// seen, as [`Failures::news`] does. Does not look at the notice slot.
+    pub(crate) fn raised<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) -> Option<Failure> {
+        if self.known.is_none() {
+            self.known = self.accept(self.alarm.load(), true);
+            if let Some(f) = self.known {
+                self.tell_all(&f, multi, peer_flags);
+            }
+        }
+        self.known
+    }
+
     /// Forgets news about `rank` (readmitted): the failure known, and the alarm if it holds
     /// news about it. News about another rank stays.
     pub(crate) fn forget(&mut self, rank: u32) {
@@ -208,7 +225,12 @@ pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
             Some((failed, cause)) => {
                 BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }
-            None => e,
+            // A local error with news already raised (the device watch read the port going
+            // down a moment before the port's state said so): the news is the cause.
+            None => match failures.raised(multi, peer_flags) {
+                Some(f) => BarrierError::PeerFailed(f),
+                None => e,
+            },
         },
         _ => e,
     }
