@@ -370,6 +370,8 @@ where
     };
     let (mut session, blobs) = rendezvous(&prepared.blob(), &exchange_opts)?;
     let mut node = prepared.handshake(&blobs).map_err(rdma)?;
+    // A request that fails while the link is being taken down names the port, not the peer.
+    node.set_link_probe(crate::device_watch::link_probe(&ctx, place.port));
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected")?;
     let clock = MONOTONIC;

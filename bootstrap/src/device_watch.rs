@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use rverbs_core::failure::{Failure, FailureAlarm};
+use rverbs_core::failure::{Failure, FailureAlarm, FailureCause};
 use rverbs_core::node::failure_of_event;
-use rverbs_core::verbs::{AsyncEvent, AsyncEvents};
+use rverbs_core::verbs::{AsyncEvent, AsyncEvents, Context};
 use rverbs_std_shim::readable::wait_readable;
 
 /// How often the watcher looks at its stop flag while no event comes.
@@ -153,5 +153,39 @@ impl DeviceWatch {
     /// Events dropped from the log because it was full.
     pub fn dropped(&self) -> u64 {
         self.log.lock().map(|l| l.dropped).unwrap_or(0)
+    }
+}
+
+/// A link probe for a node on `ctx`'s `port` ([`Node::set_link_probe`](rverbs_core::node::Node::set_link_probe)):
+/// the port is called down when the network interface under it is no longer running or has
+/// no carrier, or the device says the port is not ACTIVE.
+///
+/// Why the interface first: when a link is taken down, the kernel stops the interface, waits
+/// for everyone sending on it to finish (an RCU grace period: milliseconds, longer in a busy
+/// VM), and only then tells rxe, which then marks the port down and raises `PortError`.
+/// Requests in flight fail at the start of that ("local QP operation error"); a node that
+/// polls such a failure in the window and asks only the port is told ACTIVE and blames the
+/// peer. The interface's `carrier` file stops reading (EINVAL) at the start.
+pub fn link_probe(
+    ctx: &Context,
+    port: u8,
+) -> impl Fn() -> Option<FailureCause> + Send + Sync + 'static {
+    let ctx = ctx.clone();
+    let carrier = std::fs::read_to_string(format!(
+        "/sys/class/infiniband/{}/ports/{port}/gid_attrs/ndevs/0",
+        ctx.name()
+    ))
+    .ok()
+    .map(|n| format!("/sys/class/net/{}/carrier", n.trim()));
+    move || {
+        let interface_down = carrier.as_ref().is_some_and(|path| {
+            match std::fs::read_to_string(path) {
+                Ok(s) => s.trim() == "0",
+                // EINVAL: the interface is not running (being taken down, or down).
+                Err(e) => e.raw_os_error() == Some(22),
+            }
+        });
+        let port_down = ctx.query_port(port).is_ok_and(|p| !p.active);
+        (interface_down || port_down).then_some(FailureCause::PortDown { port })
     }
 }

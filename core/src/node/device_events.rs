@@ -61,6 +61,20 @@ impl<P: crate::provider::Provider, M: crate::memory::Region, B: crate::poll::Bac
         self.multi.qp_ranks().collect()
     }
 
+    /// Replaces the probe the node asks, when a request fails on this side, whether its own
+    /// link is down (and what to call it): a verbs node starts with one that asks the device
+    /// for its port's state. std code can do better: the port's state changes only after
+    /// the kernel has finished taking the link down, while requests in flight fail from the
+    /// start of it (`rverbs_bootstrap::device_watch::link_probe` also asks the network
+    /// interface). Called only on that error path, from the thread that waits.
+    pub fn set_link_probe(
+        &mut self,
+        probe: impl Fn() -> Option<crate::failure::FailureCause> + Send + Sync + 'static,
+    ) {
+        self.failures
+            .set_link_probe(super::failure::LinkProbe(alloc::sync::Arc::new(probe)));
+    }
+
     /// The failure news `event` is for this node, whose channels use `port`
     /// ([`failure_of_event`] with this node's rank and channel table).
     pub fn failure_of_event(&self, event: &AsyncEvent, port: u8) -> Option<Failure> {
