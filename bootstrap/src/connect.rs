@@ -9,6 +9,7 @@ use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
 
 use crate::config::ClusterConfig;
+use crate::device_watch::{DeviceWatch, SeenEvent, WatchedNode};
 use crate::error::{BootstrapError, Result};
 use crate::exchange::{
     exchange, exchange_rejoin, Departure, ExchangeOptions, NodeBlobs, Watch, RANK_ZERO,
@@ -35,6 +36,10 @@ pub struct ConnectOptions {
     pub wait: WaitPolicy,
     /// Deadline of the first barrier, which proves every connection works.
     pub first_barrier_timeout: Duration,
+    /// Called with the rank and every asynchronous event of the device as the
+    /// [device watch](Connected::device_watch) reads it (on the watch's thread): to print or
+    /// log them as they happen. `None`: they are only kept in the watch's log.
+    pub on_device_event: Option<fn(u32, &SeenEvent)>,
 }
 
 impl ConnectOptions {
@@ -66,6 +71,7 @@ impl ConnectOptions {
             node: NodeConfig::default(),
             wait: WaitPolicy::default(),
             first_barrier_timeout: Duration::from_secs(30),
+            on_device_event: None,
         }
     }
 }
@@ -82,6 +88,7 @@ impl Default for ConnectOptions {
             node: NodeConfig::default(),
             wait: WaitPolicy::default(),
             first_barrier_timeout: Duration::from_secs(30),
+            on_device_event: None,
         }
     }
 }
@@ -108,10 +115,18 @@ pub struct Connected {
     pub watch: Option<Watch>,
     /// What ranks that gave up said, by rank (filled by the watch).
     departures: Departures,
+    /// Reads the device's asynchronous events: a port of this rank's that goes down, the
+    /// device failing, or a queue pair to a peer that the device moved to the error state is
+    /// raised on the node's failure alarm at once (see [`crate::device_watch`]); every event
+    /// is kept in its log. Dropping it stops watching. `None` only if the watch could not
+    /// start (the node works as before; failures are seen when requests fail or time out).
+    pub device_watch: Option<DeviceWatch>,
     /// The clock barriers and timeouts use (the same one every channel of the node keeps).
     pub clock: Monotonic,
     /// The settings the node's queue pairs were made with, for a readmitted rank's.
     qp: QpConfig,
+    /// The device-event callback of the options the rank connected with.
+    on_device_event: Option<fn(u32, &SeenEvent)>,
     /// The barrier algorithm the node was configured with: a new process's first barrier
     /// runs it, so the barrier closing a readmission does too.
     algorithm: BarrierAlgorithm,
@@ -219,6 +234,8 @@ impl Connected {
         };
         // News about the failed rank's old connection must not reach the world it rejoins.
         self.watch = None;
+        // The watch names queue pairs by a table taken at start: the new one is not in it.
+        self.device_watch = None;
         let (node, qp, clock, algorithm) = (&mut self.node, &self.qp, &self.clock, self.algorithm);
         let result = (|| {
             let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
@@ -230,6 +247,7 @@ impl Connected {
             node.barrier_group(&members, algorithm, clock, timeout)
                 .map_err(rdma)
         })();
+        self.device_watch = watch_device(&self.node, self.qp.port, self.on_device_event);
         let watch = watch_session(&self.session, &self.node, &self.departures);
         match watch {
             Ok(w) => self.watch = w,
@@ -290,6 +308,29 @@ fn watch_session(
         #[allow(unreachable_patterns)] // without feature `pmix`, TCP is the only session
         _ => Ok(None),
     }
+}
+
+/// Starts the watch over the device's asynchronous events for `node`, whose queue pairs use
+/// `port`; `None` if it cannot start (the node then learns of failures from its requests).
+fn watch_device(
+    node: &VerbsNode<StdBackoff>,
+    port: u8,
+    on_event: Option<fn(u32, &SeenEvent)>,
+) -> Option<DeviceWatch> {
+    let events = node.pd().context().async_events().ok()?;
+    let rank = node.rank();
+    let watched = WatchedNode {
+        rank,
+        port,
+        qp_ranks: node.qp_ranks(),
+        alarm: node.failure_alarm(),
+    };
+    DeviceWatch::start(events, watched, move |e| {
+        if let Some(f) = on_event {
+            f(rank, e);
+        }
+    })
+    .ok()
 }
 
 /// Opens this rank's device, builds its node, exchanges endpoints with every rank over TCP,
@@ -433,6 +474,8 @@ where
     };
     let (mut session, blobs) = rendezvous(&prepared.blob(), &exchange_opts).map_err(ours)?;
     let mut node = prepared.handshake(&blobs).map_err(|e| ours(rdma(e)))?;
+    // A request that fails while the link is being taken down names the port, not the peer.
+    node.set_link_probe(crate::device_watch::link_probe(&ctx, place.port));
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected").map_err(ours)?;
     let clock = MONOTONIC;
@@ -440,13 +483,16 @@ where
         .map_err(|e| ours(rdma(e)))?;
     let departures = Departures::default();
     let watch = watch_session(&session, &node, &departures)?;
+    let device_watch = watch_device(&node, node_cfg.qp.port, opts.on_device_event);
     Ok(Connected {
         node,
         session,
         watch,
         departures,
+        device_watch,
         clock,
         qp: node_cfg.qp,
+        on_device_event: opts.on_device_event,
         algorithm: node_cfg.algorithm,
     })
 }

@@ -95,6 +95,8 @@
 pub mod config;
 #[cfg(feature = "verbs")]
 pub mod connect;
+#[cfg(feature = "verbs")]
+pub mod device_watch;
 pub mod error;
 pub mod exchange;
 #[cfg(feature = "verbs")]

@@ -30,10 +30,64 @@ pub enum FailureCause {
     /// The rank's bootstrap session closed without a goodbye: its process exited or lost its
     /// connection.
     SessionClosed,
+    /// The rank's own device said that this port went down (an asynchronous event): the rank
+    /// is cut off from every peer until the link comes back. Reported by the rank itself.
+    PortDown {
+        /// The port number.
+        port: u8,
+    },
+    /// The device moved the queue pair to the rank into the error state (an asynchronous
+    /// event): nothing more travels on that connection.
+    QueuePairFailed(QpFault),
+    /// The rank's own device failed (an asynchronous event): nothing opened on it works.
+    DeviceFatal,
     /// The rank's process gave up because of an error and said so in its goodbye
     /// (`rverbs-bootstrap`: `Session::leave_on_error`, or a session dropped without
     /// `close`); the bootstrap keeps its words (`Connected::departure`).
     LeftOnError,
+}
+
+/// Why a device moved a queue pair into the error state (the asynchronous event it gave).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QpFault {
+    /// An error no completion reports (`IBV_EVENT_QP_FATAL`).
+    Fatal,
+    /// The queue pair received a request it cannot execute (`IBV_EVENT_QP_REQ_ERR`).
+    InvalidRequest,
+    /// A request broke the queue pair's access rules (`IBV_EVENT_QP_ACCESS_ERR`).
+    AccessError,
+}
+
+impl QpFault {
+    /// The code a failure notice carries (see [`crate::wire::notice`]).
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::Fatal => 1,
+            Self::InvalidRequest => 2,
+            Self::AccessError => 3,
+        }
+    }
+
+    /// The fault with notice code `code`, if there is one.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Fatal),
+            2 => Some(Self::InvalidRequest),
+            3 => Some(Self::AccessError),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for QpFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Fatal => "a fatal error",
+            Self::InvalidRequest => "an invalid request",
+            Self::AccessError => "a remote access error",
+        })
+    }
 }
 
 impl fmt::Display for FailureCause {
@@ -48,6 +102,14 @@ impl fmt::Display for FailureCause {
             Self::LeftOnError => {
                 f.write_str("its process left because of an error (its bootstrap session said so)")
             }
+            Self::PortDown { port } => write!(f, "its device's port {port} went down"),
+            Self::QueuePairFailed(q) => {
+                write!(
+                    f,
+                    "the device put the queue pair to it in the error state ({q})"
+                )
+            }
+            Self::DeviceFatal => f.write_str("its device failed"),
         }
     }
 }

@@ -46,6 +46,8 @@ pub enum Verb {
     ReqNotifyCq,
     /// `ibv_get_cq_event`
     GetCqEvent,
+    /// `ibv_get_async_event` (also: making the context's event descriptor non-blocking)
+    GetAsyncEvent,
     /// `ibv_create_srq`
     CreateSrq,
     /// `ibv_modify_srq`
@@ -94,6 +96,7 @@ impl Verb {
             Self::CreateCompChannel => "ibv_create_comp_channel",
             Self::ReqNotifyCq => "ibv_req_notify_cq",
             Self::GetCqEvent => "ibv_get_cq_event",
+            Self::GetAsyncEvent => "ibv_get_async_event",
             Self::CreateSrq => "ibv_create_srq",
             Self::ModifySrq => "ibv_modify_srq",
             Self::PostSrqRecv => "ibv_post_srq_recv",

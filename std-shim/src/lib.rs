@@ -71,8 +71,12 @@
 
 pub mod backoff;
 pub mod clock;
+#[cfg(target_os = "linux")]
+pub mod counters;
 #[cfg(unix)]
 pub mod hangup;
+#[cfg(unix)]
+pub mod readable;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;

@@ -161,6 +161,21 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.iter().map(rank_of)
     }
 
+    /// The rank whose channel runs on queue pair `qp_num` (how a device's asynchronous event
+    /// names a connection), if one does.
+    pub fn rank_of_qp(&self, qp_num: u32) -> Option<u32> {
+        let i = self.qpns.get(qp_num)?;
+        self.chans.get(i as usize).map(rank_of)
+    }
+
+    /// Every channel's queue pair number with the rank it leads to (what a thread watching
+    /// the device's events needs to name the rank of a failed queue pair).
+    pub fn qp_ranks(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.chans
+            .iter()
+            .map(|c| (c.provider().qp_num(), rank_of(c)))
+    }
+
     /// The channel to `rank`.
     #[inline]
     pub fn channel(&mut self, rank: u32) -> Result<&mut Channel<P, B, R>, MultiError> {

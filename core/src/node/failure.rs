@@ -17,6 +17,21 @@ pub(crate) const fn notice_offset(world: u32) -> usize {
     16 * world as usize
 }
 
+/// Asks the node's device whether its own link is down (a port no longer ACTIVE), and if so
+/// what to call it: consulted when a request fails on the local side, because a port going
+/// down fails the requests in flight (rxe: "local QP operation error") before the device's
+/// asynchronous event has been read by anyone.
+#[derive(Clone)]
+pub(crate) struct LinkProbe(
+    pub(crate) alloc::sync::Arc<dyn Fn() -> Option<FailureCause> + Send + Sync>,
+);
+
+impl core::fmt::Debug for LinkProbe {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("LinkProbe")
+    }
+}
+
 /// The failure a node knows of, and where news comes from.
 #[derive(Debug)]
 pub(crate) struct Failures {
@@ -24,6 +39,7 @@ pub(crate) struct Failures {
     world: u32,
     alarm: FailureAlarm,
     known: Option<Failure>,
+    link: Option<LinkProbe>,
 }
 
 impl Failures {
@@ -35,6 +51,27 @@ impl Failures {
             world,
             alarm: waker.map_or_else(FailureAlarm::new, FailureAlarm::with_waker),
             known: None,
+            link: None,
+        }
+    }
+
+    /// Sets the probe asked about the node's own link when a request fails locally.
+    pub(crate) fn set_link_probe(&mut self, probe: LinkProbe) {
+        self.link = Some(probe);
+    }
+
+    /// Who failed, if a channel error to `rank` says so: the peer ([`peer_cause`]), or this
+    /// node itself when the error is not the peer's and the link probe finds the link down.
+    pub(crate) fn cause_of(&self, rank: u32, error: &ChannelError) -> Option<(u32, FailureCause)> {
+        if let Some(cause) = peer_cause(error) {
+            return Some((rank, cause));
+        }
+        match error {
+            ChannelError::Failed(_) | ChannelError::Broken(_) => {
+                let cause = (self.link.as_ref()?.0)()?;
+                Some((self.me, cause))
+            }
+            _ => None,
         }
     }
 
@@ -65,6 +102,23 @@ impl Failures {
                 }
                 let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
                 self.known = self.accept(remote, false);
+            }
+        }
+        self.known
+    }
+
+    /// A failure raised on the alarm (by a thread watching the session or the device), if
+    /// one about this world is there; passed on to every other rank the first time it is
+    /// seen, as [`Failures::news`] does. Does not look at the notice slot.
+    pub(crate) fn raised<P: Provider, B: Backoff + Clone>(
+        &mut self,
+        multi: &mut MultiChannel<P, B>,
+        peer_flags: &[RemoteMemory],
+    ) -> Option<Failure> {
+        if self.known.is_none() {
+            self.known = self.accept(self.alarm.load(), true);
+            if let Some(f) = self.known {
+                self.tell_all(&f, multi, peer_flags);
             }
         }
         self.known
@@ -174,11 +228,16 @@ pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     peer_flags: &[RemoteMemory],
 ) -> BarrierError {
     match &e {
-        BarrierError::Transport { rank, error } => match peer_cause(error) {
-            Some(cause) => {
-                BarrierError::PeerFailed(failures.declare(*rank, cause, multi, peer_flags))
+        BarrierError::Transport { rank, error } => match failures.cause_of(*rank, error) {
+            Some((failed, cause)) => {
+                BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }
-            None => e,
+            // A local error with news already raised (the device watch read the port going
+            // down a moment before the port's state said so): the news is the cause.
+            None => match failures.raised(multi, peer_flags) {
+                Some(f) => BarrierError::PeerFailed(f),
+                None => e,
+            },
         },
         _ => e,
     }

@@ -41,6 +41,8 @@
 //! readmit ([`ReadmitError`] says why).
 
 mod credits;
+#[cfg(feature = "verbs")]
+mod device_events;
 mod failure;
 mod messaging;
 mod pool;
@@ -50,6 +52,8 @@ mod soft;
 mod verbs;
 mod wakeups;
 
+#[cfg(feature = "verbs")]
+pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
 pub use readmit::ReadmitError;
 pub use soft::{
@@ -624,9 +628,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Tells every rank that `rank` failed because of `error`, if `error` says so, and turns
     /// it into the node's error for `rank`.
     fn channel_failed(&mut self, rank: u32, error: ChannelError) -> NodeError {
-        if let Some(cause) = failure::peer_cause(&error) {
+        if let Some((failed, cause)) = self.failures.cause_of(rank, &error) {
             self.failures
-                .declare(rank, cause, &mut self.multi, &self.peer_flags);
+                .declare(failed, cause, &mut self.multi, &self.peer_flags);
         }
         NodeError::Channel { rank, error }
     }

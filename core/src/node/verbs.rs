@@ -292,6 +292,16 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         if self.cfg.barrier_wakeups {
             node.enable_barrier_wakeups()?;
         }
+        // A request that fails on this side may be the port going down under it: ask the
+        // device (only on that error path) so the news names the port, not the peer.
+        let (ctx, port) = (node.pd().context().clone(), self.cfg.qp.port);
+        node.failures
+            .set_link_probe(super::failure::LinkProbe(alloc::sync::Arc::new(
+                move || {
+                    let down = ctx.query_port(port).is_ok_and(|p| !p.active);
+                    down.then_some(crate::failure::FailureCause::PortDown { port })
+                },
+            )));
         Ok(node)
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
 //! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
-//! channels and events in [`event`]; RC queue pairs and posting in [`qp`]; shared receive
+//! channels and events in [`event`]; the device's asynchronous events (port down, queue pair
+//! fatal, ...) in [`async_event`]; RC queue pairs and posting in [`qp`]; shared receive
 //! queues in [`srq`] (the receive chain both kinds of queue post is built in `recv_chain.rs`,
 //! the send chain of connected and datagram queue pairs in `send_chain.rs`);
 //! datagram (UD) queue pairs and multicast attach in [`ud`], their address handles in
@@ -11,6 +12,7 @@
 //! (`as_raw`) for verbs rverbs does not wrap, and [`ffi`] re-exports the bindings.
 
 pub mod ah;
+pub mod async_event;
 pub mod cq;
 pub mod destroy;
 pub mod device;
@@ -28,6 +30,7 @@ pub mod ud;
 
 pub use crate::params::QpCaps;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
+pub use async_event::{AsyncEvent, AsyncEvents};
 pub use cq::{Cq, POLL_BATCH};
 pub use destroy::{failed_destroys, FailedDestroys};
 pub use device::{

@@ -8,8 +8,8 @@
 //! |--------|-----------------------------------------------------------------------|
 //! | 0..16  | reporter rank                                                         |
 //! | 16..32 | failed rank                                                           |
-//! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed, 4 gave up   |
-//! | 40..48 | the completion status code (cause 1), else 0                          |
+//! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed, 4 port down, 5 queue pair failed, 6 device fatal, 7 gave up |
+//! | 40..48 | detail: the completion status code (1), the port (4), the [`QpFault`](crate::failure::QpFault) code (5), else 0 |
 //! | 48..56 | incarnation of the failed rank: reserved for rejoining ranks, 0 today |
 //! | 56..64 | [`MAGIC`]                                                             |
 //!
@@ -19,7 +19,7 @@
 //! incarnation but 0.
 
 use crate::completion::WcStatus;
-use crate::failure::{Failure, FailureCause};
+use crate::failure::{Failure, FailureCause, QpFault};
 
 /// The top byte of every notice.
 pub const MAGIC: u8 = 0xFA;
@@ -33,7 +33,10 @@ pub fn encode(failure: &Failure, incarnation: u8) -> Option<u64> {
         FailureCause::Completion(s) => (1u8, u8::try_from(s.code()).ok()?),
         FailureCause::TimedOut => (2, 0),
         FailureCause::SessionClosed => (3, 0),
-        FailureCause::LeftOnError => (4, 0),
+        FailureCause::PortDown { port } => (4, port),
+        FailureCause::QueuePairFailed(q) => (5, q.code()),
+        FailureCause::DeviceFatal => (6, 0),
+        FailureCause::LeftOnError => (7, 0),
     };
     Some(
         u64::from(reporter)
@@ -56,7 +59,10 @@ pub fn decode(word: u64) -> Option<(Failure, u8)> {
         (1, code) => FailureCause::Completion(WcStatus::from_code(u32::from(code))),
         (2, 0) => FailureCause::TimedOut,
         (3, 0) => FailureCause::SessionClosed,
-        (4, 0) => FailureCause::LeftOnError,
+        (4, port) if port != 0 => FailureCause::PortDown { port },
+        (5, code) => FailureCause::QueuePairFailed(QpFault::from_code(code)?),
+        (6, 0) => FailureCause::DeviceFatal,
+        (7, 0) => FailureCause::LeftOnError,
         _ => return None,
     };
     let failure = Failure {
@@ -78,6 +84,12 @@ mod tests {
             FailureCause::Completion(WcStatus::Flushed),
             FailureCause::TimedOut,
             FailureCause::SessionClosed,
+            FailureCause::PortDown { port: 1 },
+            FailureCause::PortDown { port: 255 },
+            FailureCause::QueuePairFailed(QpFault::Fatal),
+            FailureCause::QueuePairFailed(QpFault::InvalidRequest),
+            FailureCause::QueuePairFailed(QpFault::AccessError),
+            FailureCause::DeviceFatal,
             FailureCause::LeftOnError,
         ] {
             let f = Failure {
@@ -106,6 +118,21 @@ mod tests {
             "a detail byte on a cause without one"
         );
         assert_eq!(decode(w & !(0xFF << 32) | 9 << 32), None, "unknown cause");
+        assert_eq!(
+            decode(w & !(0xFF << 32) | 4 << 32),
+            None,
+            "port down on port 0"
+        );
+        assert_eq!(
+            decode(w & !(0xFF << 32) | 5 << 32 | 9 << 40),
+            None,
+            "unknown queue pair fault"
+        );
+        assert_eq!(
+            decode(w & !(0xFF << 32) | 6 << 32 | 1 << 40),
+            None,
+            "device fatal with a detail"
+        );
     }
 
     #[test]

@@ -354,11 +354,24 @@ fn run_launched(args: &Args) -> Res<()> {
     run_rank(args, &launch, ConnectOptions::default())
 }
 
+/// Prints one asynchronous event of the rank's device, and the failure news it became.
+fn print_device_event(rank: u32, e: &rverbs_bootstrap::device_watch::SeenEvent) {
+    match e.failure {
+        Some(f) => say!(
+            "[rank {rank}] device event: {} -> failure news: {f}",
+            e.event
+        ),
+        None => say!("[rank {rank}] device event: {}", e.event),
+    }
+}
+
 fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<()> {
     let timeout = Duration::from_secs(args.timeout_secs);
     opts.wait = args.wait_policy();
     opts.exchange.timeout = timeout;
     opts.first_barrier_timeout = timeout;
+    // Port down, port back, a queue pair in the error state: printed as the device says so.
+    opts.on_device_event = Some(print_device_event);
     let t0 = Instant::now();
     if args.rejoined {
         return run_rejoined(args, launch, &opts, t0);

@@ -1,0 +1,197 @@
+//! The device's asynchronous events on a real device: a port whose link goes down is named
+//! by a `PortError` event, and one whose link comes back by `PortActive`, through the
+//! pollable descriptor (`poll(2)` on `AsyncEvents::fd`), each acknowledged.
+//!
+//! Takes the test device's network interface down and up (`ip link`), so it needs root and a
+//! device on a netdev (SoftRoCE or a RoCE NIC); inside tools/rxe-vm both hold. It leaves
+//! the link up and the port ACTIVE again before it returns, whatever happens.
+#![allow(clippy::std_instead_of_core, clippy::undocumented_unsafe_blocks)]
+
+mod support;
+
+use std::os::raw::c_int;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rverbs_core::verbs::{AsyncEvent, AsyncEvents, Context};
+
+#[repr(C)]
+struct PollFd {
+    fd: c_int,
+    events: i16,
+    revents: i16,
+}
+
+extern "C" {
+    fn poll(fds: *mut PollFd, n: u64, timeout_ms: c_int) -> c_int;
+}
+
+/// Sleeps until `events` has an event or `deadline` passes (`poll(2)` on its descriptor, as
+/// a user's event loop would), then takes every pending event.
+fn wait_events(events: &AsyncEvents, deadline: Instant) -> Vec<(AsyncEvent, Instant)> {
+    loop {
+        let mut got = Vec::new();
+        while let Some(e) = events.poll().expect("ibv_get_async_event") {
+            got.push((e, Instant::now()));
+        }
+        let now = Instant::now();
+        if !got.is_empty() || now >= deadline {
+            return got;
+        }
+        let ms = (deadline - now).as_millis().clamp(1, 1000) as c_int;
+        let mut fd = PollFd {
+            fd: events.fd(),
+            events: 1, // POLLIN
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let rc = unsafe { poll(&mut fd, 1, ms) };
+        assert!(rc >= 0, "poll(2) on the async event descriptor failed");
+    }
+}
+
+/// Takes events until `want` comes (returning when it was read) or `deadline` passes (a
+/// failure naming what came instead); every event taken is added to `seen`.
+fn wait_for_event(
+    events: &AsyncEvents,
+    want: AsyncEvent,
+    deadline: Instant,
+    seen: &mut Vec<AsyncEvent>,
+) -> Instant {
+    loop {
+        let got = wait_events(events, deadline);
+        assert!(
+            !got.is_empty() || Instant::now() < deadline,
+            "no {want:?} before the deadline; saw {seen:?}"
+        );
+        let hit = got.iter().find(|(e, _)| *e == want).map(|(_, t)| *t);
+        seen.extend(got.into_iter().map(|(e, _)| e));
+        if let Some(t) = hit {
+            return t;
+        }
+    }
+}
+
+/// The network interface under `dev`'s port 1 (`gid_attrs/ndevs/0` in sysfs).
+fn netdev_of(dev: &str) -> String {
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{dev} has no network interface ({path}: {e}); not RoCE?"))
+        .trim()
+        .to_owned()
+}
+
+fn ip_link(netdev: &str, state: &str) {
+    let ok = Command::new("ip")
+        .args(["link", "set", "dev", netdev, state])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "ip link set dev {netdev} {state} failed (this test needs root)"
+    );
+}
+
+/// Brings the link back up however the test ends, and waits (bounded) until the port is
+/// ACTIVE again, so the device tests that follow find it as they expect.
+struct LinkRestored<'a> {
+    ctx: &'a Context,
+    netdev: String,
+}
+
+impl Drop for LinkRestored<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "set", "dev", &self.netdev, "up"])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.ctx.query_port(1).is_ok_and(|p| p.active) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !std::thread::panicking() {
+            panic!(
+                "port 1 did not become ACTIVE within 20 s of {} going up",
+                self.netdev
+            );
+        }
+    }
+}
+
+#[test]
+fn port_down_and_up_are_named_by_events() {
+    let Some(ctx) = support::open("port_down_and_up_are_named_by_events") else {
+        return;
+    };
+    assert!(
+        ctx.query_port(1).expect("query port").active,
+        "port 1 must start ACTIVE"
+    );
+    let netdev = netdev_of(ctx.name());
+    let events = ctx.async_events().expect("async events");
+    // Whatever happened before this test (earlier tests) is not its news.
+    while events.poll().expect("drain").is_some() {}
+    let restore = LinkRestored {
+        ctx: &ctx,
+        netdev: netdev.clone(),
+    };
+
+    let t0 = Instant::now();
+    ip_link(&netdev, "down");
+    let t_cmd = t0.elapsed();
+    let mut seen = Vec::new();
+    let down_at = wait_for_event(
+        &events,
+        AsyncEvent::PortError { port: 1 },
+        t0 + Duration::from_secs(5),
+        &mut seen,
+    );
+    let down_after = down_at - t0;
+    assert!(
+        !ctx.query_port(1).expect("query port").active,
+        "after PortError the port must not be ACTIVE"
+    );
+
+    let t1 = Instant::now();
+    ip_link(&netdev, "up");
+    let up_at = wait_for_event(
+        &events,
+        AsyncEvent::PortActive { port: 1 },
+        t1 + Duration::from_secs(10),
+        &mut seen,
+    );
+    let up_after = up_at - t1;
+    drop(restore);
+    assert!(
+        seen.iter()
+            .all(|e| !matches!(e, AsyncEvent::Unknown { .. })),
+        "{seen:?}"
+    );
+    eprintln!(
+        "{netdev} down: PortError after {down_after:?} (ip link itself took {t_cmd:?}); \
+         up: PortActive after {up_after:?}; events in order: {}",
+        seen.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+#[test]
+fn poll_without_events_returns_none_at_once() {
+    let Some(ctx) = support::open("poll_without_events_returns_none_at_once") else {
+        return;
+    };
+    let events = ctx.async_events().expect("async events");
+    while events.poll().expect("drain").is_some() {}
+    let t = Instant::now();
+    for _ in 0..1000 {
+        assert_eq!(events.poll().expect("poll"), None);
+    }
+    // A blocking descriptor would have waited for an event here: 1000 empty polls are reads
+    // that return EAGAIN at once.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(events.fd() >= 0);
+}
