@@ -179,9 +179,11 @@ impl Connected {
             watch,
             ..
         } = self;
-        // Stop watching first: this rank's own leaving is no news for its node.
-        drop(watch);
+        // The goodbye first: stopping the watch waits for its thread's next tick (up to
+        // 100 ms), and the peers should not wait for that. The session marks itself closing
+        // before it says goodbye, so its own watch does not take the shutdown for news.
         let r = session.leave_on_error(reason);
+        drop(watch);
         drop(node);
         r
     }
