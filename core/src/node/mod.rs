@@ -3,7 +3,7 @@
 //!
 //! The node is written against the provider seam ([`Provider`], [`Region`]), so the same
 //! barriers and messaging run on a device and on the software model. Building one on a
-//! device is [`verbs`]'s job: [`PreparedNode::new`] (open queue pairs, register memory) →
+//! device is the job of `node/verbs.rs`: [`PreparedNode::new`] (open queue pairs, register memory) →
 //! [`PreparedNode::blob`] (bytes to publish; see [`crate::wire::node`]) → exchange blobs out
 //! of band (for example with `rverbs-bootstrap`) → [`PreparedNode::handshake`] → [`Node`].
 //! Any other provider hands its connected channels and regions to [`Node::from_parts`].
