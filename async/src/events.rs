@@ -1,7 +1,6 @@
 //! How a waiting future learns that polling the channel again is worth it: the one seam
 //! between the futures and a runtime.
 
-use core::fmt;
 use core::task::{Context, Poll};
 
 use rverbs_core::poll::{Clock, Deadline};
@@ -63,6 +62,7 @@ pub use self::tokio_events::TokioEvents;
 #[cfg(feature = "tokio")]
 mod tokio_events {
     use super::*;
+    use core::fmt;
     use core::pin::Pin;
     use core::time::Duration;
     use std::os::fd::{AsRawFd, RawFd};

@@ -146,6 +146,10 @@ fn block_on<F: Future>(fut: F) -> F::Output {
     panic!("the future did not finish within a million polls");
 }
 
+/// Memory for atomics: RDMA atomics need 8-aligned words (Miri places plain arrays anywhere).
+#[repr(C, align(8))]
+struct Aligned([u8; 64]);
+
 fn cfg() -> ChannelConfig {
     ChannelConfig::with_timeout(Duration::from_millis(500))
 }
@@ -158,10 +162,10 @@ fn bytes(r: &impl Region, range: Range<usize>) -> Vec<u8> {
 
 #[test]
 fn every_operation_moves_the_bytes_and_hands_the_buffer_back() {
-    let (mut amem, mut bmem) = ([0u8; 64], [0u8; 64]);
+    let (mut amem, mut bmem) = (Aligned([0; 64]), Aligned([0; 64]));
     let f = fabric();
-    let a_buf = f.register(Side::A, &mut amem, RW).unwrap();
-    let b_win = f.register(Side::B, &mut bmem, RW).unwrap();
+    let a_buf = f.register(Side::A, &mut amem.0, RW).unwrap();
+    let b_win = f.register(Side::B, &mut bmem.0, RW).unwrap();
     let (ea, eb) = f.ends().unwrap();
     let mut a = AsyncChannel::new(Channel::new(ea, cfg(), clock!()), YieldEvents);
     let mut b: Channel<SoftEnd<'_>> = Channel::new(eb, cfg(), clock!());
@@ -464,10 +468,10 @@ fn an_aborted_task_and_a_runtime_shut_down_release_buffers_only_after_the_drain(
 
 #[test]
 fn an_operation_allocates_nothing() {
-    let (mut amem, mut bmem) = ([0u8; 64], [0u8; 64]);
+    let (mut amem, mut bmem) = (Aligned([0; 64]), Aligned([0; 64]));
     let f = fabric();
-    let mut a_buf = Some(f.register(Side::A, &mut amem, RW).unwrap());
-    let b_win = f.register(Side::B, &mut bmem, RW).unwrap();
+    let mut a_buf = Some(f.register(Side::A, &mut amem.0, RW).unwrap());
+    let b_win = f.register(Side::B, &mut bmem.0, RW).unwrap();
     let (ea, _eb) = f.ends().unwrap();
     let mut a = AsyncChannel::new(Channel::new(ea, cfg(), clock!()), YieldEvents);
     let remote = b_win.remote();
