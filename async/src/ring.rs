@@ -47,6 +47,31 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncRing<P,
         &mut self.ring
     }
 
+    /// Sends `data` (copied into the request at post time, so nothing is borrowed past the
+    /// post) and waits for its completion, at most the channel's timeout. Dropping the future
+    /// after the post leaves nothing behind but the send itself. Does not allocate.
+    pub async fn send_inline(&mut self, data: &[u8]) -> Result<(), AsyncError> {
+        let chan = self.ring.channel();
+        let (clock, timeout) = (chan.clock(), chan.timeout());
+        let deadline = Deadline::after(clock, timeout);
+        let ticket = chan.post_send_inline(data)?;
+        poll_fn(|cx| loop {
+            let chan = self.ring.channel();
+            if let Some(r) = chan.try_wait(ticket) {
+                return Poll::Ready(r.map(drop).map_err(AsyncError::Channel));
+            }
+            if deadline.passed(clock) {
+                let r = chan.wait_until(ticket, deadline);
+                return Poll::Ready(r.map(drop).map_err(AsyncError::Channel));
+            }
+            match self.events.poll_events(cx, deadline, clock) {
+                Poll::Ready(()) => continue,
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
+    }
+
     /// Waits for the next message, at most the channel's timeout, and hands it to `f` (the
     /// message borrows the ring's slot, which goes back to the device at the next receive).
     /// Does not allocate.

@@ -114,14 +114,15 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
             // A pings, B receives; B pongs, A receives. Both sides are futures of this one
             // task: whichever waits sleeps on its completion channel.
             abuf.write_from(0, &i.to_le_bytes());
-            let ((ra, ab), (rb, bb)) = tokio::join!(a.send(abuf, 0..MSG), b.recv(bbuf, 0..MSG));
+            // join! polls in order: the receive is posted before the send.
+            let ((rb, bb), (ra, ab)) = tokio::join!(b.recv(bbuf, 0..MSG), a.send(abuf, 0..MSG));
             ra.unwrap();
             assert_eq!(rb.unwrap().byte_len, MSG as u32);
             let mut got = [0u8; 8];
             assert!(bb.read_into(0, &mut got));
             assert_eq!(u64::from_le_bytes(got), i, "ping {i}");
             bb.write_from(0, &(i + 1_000_000).to_le_bytes());
-            let ((rb, bb), (ra, ab)) = tokio::join!(b.send(bb, 0..MSG), a.recv(ab, 0..MSG));
+            let ((ra, ab), (rb, bb)) = tokio::join!(a.recv(ab, 0..MSG), b.send(bb, 0..MSG));
             rb.unwrap();
             assert_eq!(ra.unwrap().byte_len, MSG as u32);
             assert!(ab.read_into(0, &mut got));

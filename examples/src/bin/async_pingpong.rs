@@ -1,9 +1,10 @@
 //! `async_pingpong`: rverbs-async under tokio. Two queue pairs of one device, connected to
 //! each other, each driven by its own tokio task: the client sends a message and awaits the
-//! reply, the server awaits a message and sends it back. A waiting task sleeps on its queue
-//! pair's completion channel (`TokioEvents`, tokio's reactor) until the NIC wakes it, with the
-//! channel's timeout as a tokio timer; every buffer is an owned registration, handed to the
-//! operation and handed back with its result.
+//! reply, the server awaits a message and sends it back. Receives stay posted in a ring the
+//! ring owns (`AsyncRing`), sends are inline (copied at post time), so no future ever holds
+//! memory the NIC touches. A waiting task sleeps on its queue pair's completion channel
+//! (`TokioEvents`, tokio's reactor) until the NIC wakes it, with the channel's timeout as a
+//! tokio timer. `--busy` re-polls on every turn instead, for comparison.
 //!
 //! ```sh
 //! cargo build --release -p rverbs-examples --bin async_pingpong
@@ -15,8 +16,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rverbs_async::{AsyncChannel, TokioEvents};
-use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_async::{AsyncRing, Events, TokioEvents, YieldEvents};
+use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::provider::Provider;
 use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, QpConfig};
@@ -34,13 +35,22 @@ struct Args {
     /// Message size in bytes.
     #[arg(long, default_value_t = 64)]
     size: usize,
+    /// Re-poll on every turn (`YieldEvents`) instead of sleeping on the completion channel:
+    /// a busy-polling task, for comparison.
+    #[arg(long)]
+    busy: bool,
 }
-
-type Chan = AsyncChannel<VerbsProvider, OwnedRegion, TokioEvents>;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    let r = if args.busy {
+        run(&args, |_| Ok(YieldEvents))
+    } else {
+        run(&args, |p| {
+            TokioEvents::new(p.completion_events().expect("queues on a channel"))
+        })
+    };
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("async_pingpong: {e}");
@@ -49,7 +59,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+fn run<E: Events + 'static>(
+    args: &Args,
+    events: fn(&VerbsProvider) -> std::io::Result<E>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = open_device(&args.device)?;
     let pd = ctx.alloc_pd()?;
     let qp = QpConfig::default();
@@ -59,13 +72,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let (ea, eb) = (a.endpoint(), b.endpoint());
     let (a, b) = (a.handshake(&eb)?, b.handshake(&ea)?);
     let cfg = ChannelConfig::with_timeout(Duration::from_secs(10));
-    let buf = || {
+    if args.size > 256 {
+        return Err("--size: at most 256 bytes (sent inline)".into());
+    }
+    // Each side keeps its receives posted in a ring of 16 slots the ring owns, so a message
+    // never finds the peer without a receive, and an abandoned receive loses nothing.
+    let slots = 16;
+    let ring_mem = || {
         pd.register_shared(
-            vec![0u8; args.size].into_boxed_slice(),
+            vec![0u8; slots * args.size.max(8)].into_boxed_slice(),
             AccessFlags::LOCAL_WRITE,
         )
     };
-    let (cbuf, sbuf) = (buf()?, buf()?);
+    let (cmem, smem) = (ring_mem()?, ring_mem()?);
     let (iters, size) = (args.iters, args.size);
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -74,37 +93,37 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let local = tokio::task::LocalSet::new();
     let t0 = Instant::now();
     local.block_on(&rt, async move {
-        let chan = |p: VerbsProvider| -> Result<Chan, std::io::Error> {
-            let events = TokioEvents::new(p.completion_events().expect("queues on a channel"))?;
-            Ok(AsyncChannel::new(Channel::new(p, cfg, &MONOTONIC), events))
+        let ring = |p: VerbsProvider, mem: OwnedRegion| -> Result<_, Box<dyn std::error::Error>> {
+            let ev = events(&p)?;
+            let ring = RecvRing::new(Channel::new(p, cfg, &MONOTONIC), mem, size.max(8))?;
+            Ok(AsyncRing::new(ring, ev))
         };
-        let (mut client, mut server) = (chan(a)?, chan(b)?);
+        let (mut client, mut server) = (ring(a, cmem)?, ring(b, smem)?);
         let server = tokio::task::spawn_local(async move {
-            let mut buf = sbuf;
+            let mut echo = [0u8; 256];
             for _ in 0..iters {
-                let (r, b) = server.recv(buf, 0..size).await;
-                r?;
-                let (r, b) = server.send(b, 0..size).await;
-                r?;
-                buf = b;
+                let n = server
+                    .recv_with(|m| {
+                        echo[..m.data.len()].copy_from_slice(m.data);
+                        m.data.len()
+                    })
+                    .await?;
+                server.send_inline(&echo[..n]).await?;
             }
             Ok::<_, rverbs_async::AsyncError>(())
         });
-        let mut buf = cbuf;
+        let mut msg = [0u8; 256];
         for i in 0..iters {
-            buf.write_from(0, &i.to_le_bytes()[..size.min(8)]);
-            let (r, b) = client.send(buf, 0..size).await;
-            r?;
-            let (r, b) = client.recv(b, 0..size).await;
-            let done = r?;
-            let mut echo = [0u8; 8];
-            b.read_into(0, &mut echo[..size.min(8)]);
-            if done.byte_len as usize != size
-                || echo[..size.min(8)] != i.to_le_bytes()[..size.min(8)]
-            {
+            let stamp = i.to_le_bytes();
+            let k = size.min(8);
+            msg[..k].copy_from_slice(&stamp[..k]);
+            client.send_inline(&msg[..size]).await?;
+            let same = client
+                .recv_with(|m| m.data.len() == size && m.data[..k] == stamp[..k])
+                .await?;
+            if !same {
                 return Err(format!("round trip {i}: the echo differs").into());
             }
-            buf = b;
         }
         server.await??;
         Ok::<_, Box<dyn std::error::Error>>(())
