@@ -30,6 +30,9 @@
 //! # let _ = buf; Ok(()) }
 //! ```
 //!
+//! [`AsyncNode`] awaits a node's barriers and messages the same way; they use only memory
+//! the node owns, so a dropped barrier is simply resumed by the next call.
+//!
 //! # Waking
 //! [`TokioEvents`] (feature `tokio`) arms the completion queues, polls once more, then sleeps
 //! on the completion channel's descriptor through tokio's reactor (`AsyncFd`) and a tokio
@@ -63,6 +66,7 @@
 mod channel;
 mod error;
 mod events;
+mod node;
 mod ring;
 
 pub use channel::AsyncChannel;
@@ -70,4 +74,5 @@ pub use error::AsyncError;
 #[cfg(feature = "tokio")]
 pub use events::TokioEvents;
 pub use events::{Events, YieldEvents};
+pub use node::AsyncNode;
 pub use ring::AsyncRing;

@@ -544,6 +544,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.wakeup.as_deref()
     }
 
+    /// [`Node::completion_events`] as a shared handle, for an event loop that keeps it
+    /// (`rverbs_async::TokioEvents` registers its descriptor with tokio's reactor).
+    pub fn completion_events_shared(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        self.wakeup.clone()
+    }
+
     /// The back-off barriers and [`Node::progress_until`] wait with (each channel has a
     /// clone of it).
     pub fn backoff(&self) -> &B {
