@@ -126,7 +126,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     // No message more (the wait ends at its timeout): the dropped wait took nothing.
     let mut more = 0;
     for _ in 0..3 {
-        block_on(n1.progress(clock, Duration::from_millis(5), 8, |ev| {
+        block_on(n1.progress(clock, Duration::from_micros(300), 8, |ev| {
             if matches!(ev, Event::Message { .. }) {
                 more += 1;
             }
