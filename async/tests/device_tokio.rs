@@ -143,3 +143,103 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
     assert_eq!(allocs, 0, "allocations per operation after setup");
     assert!(a.channel().failure().is_none() && b.channel().failure().is_none());
 }
+
+/// 100 barriers of three ranks of this process, awaited in one tokio task; `events` makes
+/// each rank's waker (given the node's completion events). Returns the slowest barrier.
+fn barrier_loop<E: rverbs_async::Events>(
+    test: &str,
+    events: impl Fn(std::sync::Arc<dyn rverbs_core::poll::Wakeup>) -> E,
+) -> Option<Duration> {
+    use rverbs_async::AsyncNode;
+    use rverbs_core::node::{NodeConfig, PreparedNode};
+    use rverbs_core::poll::Spin;
+
+    let name = device(test)?;
+    let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    const WORLD: u32 = 3;
+    const BARRIERS: u32 = 100;
+    // Barrier notifications must raise completions, or a rank asleep on its completion
+    // channel would not wake when its peer arrives.
+    let mut cfg = NodeConfig::default();
+    cfg.completion_events = true;
+    cfg.barrier_wakeups = true;
+    let prepared: Vec<_> = (0..WORLD)
+        .map(|r| PreparedNode::new(&ctx, r, WORLD, cfg, Spin, &MONOTONIC).unwrap())
+        .collect();
+    let blobs: Vec<Vec<u8>> = prepared.iter().map(|p| p.blob()).collect();
+    let nodes: Vec<_> = prepared
+        .into_iter()
+        .map(|p| p.handshake(&blobs).unwrap())
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let slowest = rt.block_on(async move {
+        let mut it = nodes.into_iter().map(|n| {
+            let ev = events(n.completion_events_shared().expect("events"));
+            AsyncNode::new(n, ev)
+        });
+        let (mut a, mut b, mut c) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        let timeout = Duration::from_secs(20);
+        let mut slowest = Duration::ZERO;
+        for i in 0..BARRIERS {
+            let t = Instant::now();
+            let (ra, rb, rc) = tokio::join!(
+                a.barrier(&MONOTONIC, timeout),
+                b.barrier(&MONOTONIC, timeout),
+                c.barrier(&MONOTONIC, timeout)
+            );
+            ra.unwrap_or_else(|e| panic!("barrier {i}, rank 0: {e}"));
+            rb.unwrap_or_else(|e| panic!("barrier {i}, rank 1: {e}"));
+            rc.unwrap_or_else(|e| panic!("barrier {i}, rank 2: {e}"));
+            slowest = slowest.max(t.elapsed());
+        }
+        slowest
+    });
+    let took = t0.elapsed();
+    eprintln!(
+        "{test}: {BARRIERS} barriers of {WORLD} ranks in {took:?} ({:?} each), slowest {slowest:?}",
+        took / BARRIERS
+    );
+    Some(slowest)
+}
+
+#[test]
+fn a_barrier_loop_of_three_ranks_polled_by_tokio() {
+    let Some(slowest) = barrier_loop("a_barrier_loop_of_three_ranks_polled_by_tokio", |_| {
+        rverbs_async::YieldEvents
+    }) else {
+        return;
+    };
+    assert!(
+        slowest < Duration::from_secs(10),
+        "slowest barrier {slowest:?}"
+    );
+}
+
+/// Known to fail (found by this test, not yet diagnosed): with every rank asleep on its
+/// completion channel, about one barrier in 100 to 200 is not woken and ends at its 20 s
+/// deadline (it then finds the barrier complete). The same loop re-polling on every turn
+/// (`a_barrier_loop_of_three_ranks_polled_by_tokio`) has no such barrier, and the channel
+/// ping-pong over completion events loses no wake-up; so the lost wake-up is in how node
+/// barrier notifications raise events (wake-up receives, shared completion queues) under
+/// this access pattern, or in `TokioEvents` with them.
+#[test]
+#[ignore = "lost wake-up in node barriers under TokioEvents: one barrier in 100-200 sleeps to its deadline (see the doc comment)"]
+fn a_barrier_loop_of_three_ranks_asleep_on_completion_events() {
+    let Some(slowest) = barrier_loop(
+        "a_barrier_loop_of_three_ranks_asleep_on_completion_events",
+        |w| TokioEvents::new(w).unwrap(),
+    ) else {
+        return;
+    };
+    // A rank whose wake-up was lost sleeps to its 20 s deadline (and then finds the barrier
+    // done): no barrier may come near that.
+    assert!(
+        slowest < Duration::from_secs(10),
+        "slowest barrier {slowest:?}"
+    );
+}
