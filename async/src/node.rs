@@ -18,9 +18,10 @@ use crate::events::Events;
 /// leaves is a barrier in progress, which the next [`barrier`](Self::barrier) resumes
 /// instead of starting another.
 ///
-/// **Known problem:** with [`TokioEvents`](crate::TokioEvents), about one barrier in 100 to
-/// 200 on rxe is not woken and ends at its deadline (see docs/safety.md); await barriers
-/// with [`YieldEvents`](crate::YieldEvents) until that is fixed.
+/// A barrier sleeps on the events only once the node's barrier notifications raise
+/// completions at their receivers (`NodeConfig::barrier_wakeups`, live after the first
+/// barrier over the whole world: [`Node::barrier_wakeups_live`]); before that, and on a node
+/// without wake-ups, it re-polls on every turn, because a plain write wakes nobody.
 ///
 /// Waking: `events` wakes the task, as for [`AsyncChannel`](crate::AsyncChannel)
 /// ([`TokioEvents::new`](crate::TokioEvents::new) with the node's
@@ -81,11 +82,20 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
                 d
             }
         };
+        // Sleeping on completion events is right only once notifications raise completions
+        // at their receivers (wake-ups on, and live: the first barrier over the whole world
+        // after enabling them still uses plain writes, which wake nobody). Until then the
+        // wait re-polls on every turn.
+        let events_wake = self.node.barrier_wakeups_live();
         let r = poll_fn(|cx| loop {
             match self.node.barrier_poll(&clock) {
                 Ok(true) => return Poll::Ready(Ok(())),
                 Err(e) => return Poll::Ready(Err(e)),
                 Ok(false) => {}
+            }
+            if !events_wake {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             // Past the deadline the events wake at once, and the node's poll reports the
             // timeout once its probe grace passed: bounded.

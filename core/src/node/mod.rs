@@ -561,6 +561,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.wakeups.is_some()
     }
 
+    /// Whether barrier notifications carry an immediate yet, so a rank asleep on its
+    /// completion events wakes when its peer arrives: wake-ups are on and a barrier over the
+    /// whole world completed since (until then notifications are plain writes, which wake
+    /// nobody; see [`Node::enable_barrier_wakeups`]).
+    pub fn barrier_wakeups_live(&self) -> bool {
+        self.wakeups.as_ref().is_some_and(|w| w.live)
+    }
+
     /// This rank.
     #[inline]
     pub fn rank(&self) -> u32 {
