@@ -12,16 +12,16 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "tokio")]
-//! # async fn f(
-//! #     chan: rverbs_core::channel::Channel<rverbs_core::provider::verbs::VerbsProvider>,
-//! #     events: std::sync::Arc<dyn rverbs_core::poll::Wakeup>,
-//! #     buf: rverbs_core::verbs::OwnedRegion,
+//! # async fn f<P: rverbs_core::provider::Provider, M: rverbs_core::memory::Region>(
+//! #     chan: rverbs_core::channel::Channel<P>, // a `VerbsProvider`'s, on a device
+//! #     buf: M,                                 // an `OwnedRegion`, on a device
 //! #     remote: rverbs_core::sge::RemoteMemory,
 //! # ) -> Result<(), Box<dyn std::error::Error>> {
 //! use rverbs_async::{AsyncChannel, TokioEvents};
 //!
-//! // `events`: the completion channel of the channel's queues (`Node::completion_events()`
-//! // for a node's, or a `CqEvents` of your own).
+//! // The completion channel of the channel's queues (`PreparedVerbs::with_events`; for a
+//! // node, `Node::completion_events_shared()`).
+//! let events = chan.provider().completion_events().ok_or("no completion channel")?;
 //! let mut chan = AsyncChannel::new(chan, TokioEvents::new(events)?);
 //! let (r, buf) = chan.write(buf, 0..64, remote).await; // the task sleeps until the NIC wakes it
 //! r?;
