@@ -1,4 +1,5 @@
-//! One call from a cluster configuration and a rank to a connected [`Node`].
+//! One call from a cluster configuration and a rank to a connected
+//! [`Node`](rverbs_core::node::Node).
 
 use core::time::Duration;
 

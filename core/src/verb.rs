@@ -20,6 +20,8 @@ pub enum Verb {
     AllocPd,
     /// `ibv_reg_mr`
     RegMr,
+    /// `ibv_reg_dmabuf_mr`
+    RegDmabufMr,
     /// `ibv_create_cq`
     CreateCq,
     /// `ibv_create_qp`
@@ -83,6 +85,7 @@ impl Verb {
             Self::QueryGid => "ibv_query_gid_ex",
             Self::AllocPd => "ibv_alloc_pd",
             Self::RegMr => "ibv_reg_mr",
+            Self::RegDmabufMr => "ibv_reg_dmabuf_mr",
             Self::CreateCq => "ibv_create_cq",
             Self::CreateQp => "ibv_create_qp",
             Self::ModifyQpInit => "ibv_modify_qp(INIT)",

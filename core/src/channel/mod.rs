@@ -423,6 +423,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.peer
     }
 
+    /// How long a call waits before it gives up ([`ChannelConfig::timeout`]): what callers
+    /// that drive waits themselves (`rverbs-async`) bound them with.
+    #[inline]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The provider, for inspection.
     #[inline]
     pub fn provider(&self) -> &P {

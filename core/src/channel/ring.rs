@@ -1,24 +1,4 @@
-//! [`RecvRing`]: receives that stay posted across calls, in memory the ring owns, so a
-//! two-sided protocol (a SEND/RECV ping-pong, a request stream) needs no `unsafe`.
-//!
-//! The ring takes a channel and a registered region, cuts the region into slots and posts
-//! one receive per slot. [`RecvRing::recv`] hands out the oldest message as a slice of its
-//! slot; the slot goes back to the device at the next `recv`/`try_recv` (the borrow of the
-//! message ends first), so a ring of `n` slots keeps at least `n - 1` receives posted.
-//!
-//! Sound whatever the caller does:
-//! - the ring owns the memory, and the memory must not be remotely writable (checked), so
-//!   while a message is borrowed neither the device (its slot has no receive posted) nor a
-//!   peer writes it;
-//! - dropping the ring flushes and drains its channel before it frees the memory, whatever
-//!   the provider does on drop; a panic in the middle leaves at worst a slot un-posted;
-//! - [`RecvRing::channel`] hands out `&mut Channel` (to send and write): if the caller swaps
-//!   that channel for another, the ring notices (its tickets name the channel), refuses to
-//!   go on ([`ChannelError::ForeignTicket`]), and on drop leaks the memory rather than free
-//!   it while the displaced channel may still receive into it.
-//!
-//! Do not post receives of your own on a ring's channel: the peer's messages consume
-//! receives in posting order, so yours would wait behind the ring's slots.
+//! Receive rings: receives that stay posted across calls (see [`RecvRing`]).
 
 use core::fmt;
 use core::mem::ManuallyDrop;
@@ -28,8 +8,29 @@ use crate::memory::{AccessFlags, Region};
 use crate::poll::{Backoff, Deadline, Spin};
 use crate::provider::Provider;
 
-/// A channel with a ring of receives posted in memory the ring owns. See the
-/// [module docs](self).
+/// A channel with a ring of receives posted in memory the ring owns.
+///
+/// [`RecvRing`]: receives that stay posted across calls, in memory the ring owns, so a
+/// two-sided protocol (a SEND/RECV ping-pong, a request stream) needs no `unsafe`.
+///
+/// The ring takes a channel and a registered region, cuts the region into slots and posts
+/// one receive per slot. [`RecvRing::recv`] hands out the oldest message as a slice of its
+/// slot; the slot goes back to the device at the next `recv`/`try_recv` (the borrow of the
+/// message ends first), so a ring of `n` slots keeps at least `n - 1` receives posted.
+///
+/// Sound whatever the caller does:
+/// - the ring owns the memory, and the memory must not be remotely writable (checked), so
+///   while a message is borrowed neither the device (its slot has no receive posted) nor a
+///   peer writes it;
+/// - dropping the ring flushes and drains its channel before it frees the memory, whatever
+///   the provider does on drop; a panic in the middle leaves at worst a slot un-posted;
+/// - [`RecvRing::channel`] hands out `&mut Channel` (to send and write): if the caller swaps
+///   that channel for another, the ring notices (its tickets name the channel), refuses to
+///   go on ([`ChannelError::ForeignTicket`]), and on drop leaks the memory rather than free
+///   it while the displaced channel may still receive into it.
+///
+/// Do not post receives of your own on a ring's channel: the peer's messages consume
+/// receives in posting order, so yours would wait behind the ring's slots.
 ///
 /// ```
 /// #![forbid(unsafe_code)]
@@ -154,7 +155,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// The channel, to send and write (do not post receives on it: see the
-    /// [module docs](self)).
+    /// [type's docs](RecvRing)).
     #[inline]
     pub fn channel(&mut self) -> &mut Channel<P, B, R> {
         &mut self.chan

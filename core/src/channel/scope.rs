@@ -28,10 +28,32 @@ use crate::wr::{Opcode, SendFlags, WorkRequest};
 ///     .unwrap();
 /// }
 /// ```
+///
+/// A buffer made inside the scope's closure cannot be posted: it does not live for `'env`,
+/// which outlives the whole call to [`Channel::scope`].
+///
+/// ```compile_fail,E0597
+/// # use rverbs_core::channel::Channel;
+/// # use rverbs_core::provider::soft::{SoftEnd, SoftRegion};
+/// fn f(chan: &mut Channel<SoftEnd<'_>>, mr: &mut SoftRegion<'_>) {
+///     chan.scope(|s| {
+///         let mut inner = [mr.sge_mut(0..8).unwrap()];
+///         let _p = s.recv(&mut inner).unwrap(); // error: `inner` does not live long enough
+///     })
+///     .unwrap();
+/// }
+/// ```
 pub struct Scope<'s, 'env, P: Provider, B: Backoff, const R: usize> {
     chan: &'s mut Channel<P, B, R>,
-    _env: PhantomData<&'s mut &'env ()>,
+    // Invariant in 'env, and without an implied `'env: 's`: rustc before 1.94 could not use
+    // that bound inside the `for<'s>` closure and refused ordinary scoped receives (the
+    // declared MSRV, 1.88, is checked in CI). 'env is a lifetime parameter of `scope`, so it
+    // outlives the call whatever the bound says.
+    _env: PhantomData<(&'s mut (), Invariant<'env>)>,
 }
+
+/// A marker invariant in `'a` that implies no bound on any other lifetime.
+type Invariant<'a> = fn(&'a ()) -> &'a ();
 
 impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Scope<'_, '_, P, B, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

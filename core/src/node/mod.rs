@@ -3,7 +3,7 @@
 //!
 //! The node is written against the provider seam ([`Provider`], [`Region`]), so the same
 //! barriers and messaging run on a device and on the software model. Building one on a
-//! device is [`verbs`]'s job: [`PreparedNode::new`] (open queue pairs, register memory) →
+//! device is the job of `node/verbs.rs`: [`PreparedNode::new`] (open queue pairs, register memory) →
 //! [`PreparedNode::blob`] (bytes to publish; see [`crate::wire::node`]) → exchange blobs out
 //! of band (for example with `rverbs-bootstrap`) → [`PreparedNode::handshake`] → [`Node`].
 //! Any other provider hands its connected channels and regions to [`Node::from_parts`].
@@ -557,6 +557,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.wakeup.as_deref()
     }
 
+    /// [`Node::completion_events`] as a shared handle, for an event loop that keeps it
+    /// (`rverbs_async::TokioEvents` registers its descriptor with tokio's reactor).
+    pub fn completion_events_shared(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        self.wakeup.clone()
+    }
+
     /// The back-off barriers and [`Node::progress_until`] wait with (each channel has a
     /// clone of it).
     pub fn backoff(&self) -> &B {
@@ -566,6 +572,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Whether barrier notifications raise completions ([`Node::enable_barrier_wakeups`]).
     pub fn barrier_wakeups(&self) -> bool {
         self.wakeups.is_some()
+    }
+
+    /// Whether barrier notifications carry an immediate yet, so a rank asleep on its
+    /// completion events wakes when its peer arrives: wake-ups are on and a barrier over the
+    /// whole world completed since (until then notifications are plain writes, which wake
+    /// nobody; see [`Node::enable_barrier_wakeups`]).
+    pub fn barrier_wakeups_live(&self) -> bool {
+        self.wakeups.as_ref().is_some_and(|w| w.live)
     }
 
     /// This rank.

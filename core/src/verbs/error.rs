@@ -34,6 +34,13 @@ pub enum VerbsError {
         /// The port number.
         port: u8,
     },
+    /// The device cannot register dma-buf memory (`ibv_reg_dmabuf_mr` answered
+    /// `EOPNOTSUPP`, or `ENOSYS` from a provider library without the verb). Software devices
+    /// (rxe, siw) never can; see [`Pd::register_dmabuf`](super::Pd::register_dmabuf).
+    DmabufUnsupported {
+        /// The errno the verb gave.
+        errno: i32,
+    },
     /// A parameter is out of the device's limits.
     InvalidArgument {
         /// Which parameter.
@@ -85,6 +92,13 @@ impl fmt::Display for VerbsError {
             Self::NoUsableGid { port } => {
                 write!(f, "port {port} has no RoCE GID usable for routing (is an IP address assigned to its netdev?)")
             }
+            Self::DmabufUnsupported { errno } => write!(
+                f,
+                "the device does not support dma-buf registration (ibv_reg_dmabuf_mr: {} ({errno})); \
+                 devices whose kernel drivers do: NVIDIA/Mellanox mlx5, AWS efa, Intel irdma, \
+                 Broadcom bnxt_re (software devices such as rxe and siw do not)",
+                errno_name(errno)
+            ),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Only the [`verbs`](super) module touches `ibverbs-sys`, and within it each file calls the
 //! verbs of the object it wraps: `device.rs` (device list, open, queries), `pd.rs`
-//! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `cq.rs`
+//! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `dmabuf.rs`
+//! (`ibv_reg_dmabuf_mr`), `cq.rs`
 //! (`ibv_create_cq`/`ibv_destroy_cq`), `event.rs` (completion channels and events), `qp.rs`
 //! (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`), `srq.rs` (`ibv_create_srq`,
 //! `ibv_modify_srq`, `ibv_destroy_srq`). This file re-exports the bindings and implements the

@@ -16,6 +16,7 @@ pub mod async_event;
 pub mod cq;
 pub mod destroy;
 pub mod device;
+pub mod dmabuf;
 pub mod error;
 pub mod event;
 pub mod ffi;
@@ -37,6 +38,7 @@ pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
     LinkLayer, PortAttr, Route,
 };
+pub use dmabuf::{DmabufFd, DmabufRegion};
 pub use error::{Verb, VerbsError};
 pub use event::{CompletionChannel, CqEvents};
 pub use mcast::IpMembership;

@@ -1,0 +1,137 @@
+//! AsyncNode on the software model (host, and under Miri in tools/test-all): a barrier loop
+//! of four ranks awaited in one task, a barrier future dropped mid-way and resumed, and node
+//! messages awaited (none lost to a dropped wait).
+#![allow(clippy::std_instead_of_core)]
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use rverbs_async::{AsyncNode, YieldEvents};
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
+use rverbs_core::params::QpCaps;
+use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+
+static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+const TIMEOUT: Duration = Duration::from_secs(60);
+const SLOT: usize = 32;
+const SLOTS: usize = 4;
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    }
+}
+
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..1_000_000 {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+    panic!("the future did not finish within a million polls");
+}
+
+#[test]
+fn barriers_and_messages_awaited_with_cancellation() {
+    let clock: StaticClock = &CLOCK;
+    let net = SoftNet::new(SoftNetConfig::new(4, caps()));
+    let mut arena = vec![0u8; soft_world_bytes(4, 64)];
+    let mut mem = vec![0u8; 4 * 3 * SLOTS * SLOT];
+    let mut nodes = soft_world_receiving(
+        &net,
+        &mut arena,
+        64,
+        ChannelConfig::default(),
+        (BarrierAlgorithm::default(), Spin, clock),
+        Receive::PerPeer,
+    )
+    .unwrap();
+    for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(3 * SLOTS * SLOT)) {
+        let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    let mut it = nodes.into_iter().map(|n| AsyncNode::new(n, YieldEvents));
+    let (mut n0, mut n1, mut n2, mut n3) = (
+        it.next().unwrap(),
+        it.next().unwrap(),
+        it.next().unwrap(),
+        it.next().unwrap(),
+    );
+    let rounds = if cfg!(miri) { 3 } else { 50 };
+    for _ in 0..rounds {
+        let (a, b, c, d) = block_on(async {
+            tokio::join!(
+                n0.barrier(clock, TIMEOUT),
+                n1.barrier(clock, TIMEOUT),
+                n2.barrier(clock, TIMEOUT),
+                n3.barrier(clock, TIMEOUT)
+            )
+        });
+        a.unwrap();
+        b.unwrap();
+        c.unwrap();
+        d.unwrap();
+    }
+
+    // Rank 0 enters a barrier and its future is dropped before the others arrive.
+    {
+        let mut fut = Box::pin(n0.barrier(clock, TIMEOUT));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    }
+    assert!(n0.has_open_barrier());
+    // The next call resumes that barrier (it does not start a second one).
+    let (a, b, c, d) = block_on(async {
+        tokio::join!(
+            n0.barrier(clock, TIMEOUT),
+            n1.barrier(clock, TIMEOUT),
+            n2.barrier(clock, TIMEOUT),
+            n3.barrier(clock, TIMEOUT)
+        )
+    });
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    d.unwrap();
+    assert!(!n0.has_open_barrier());
+
+    // Messages: a wait dropped before anything arrived loses nothing.
+    {
+        let mut fut = Box::pin(n1.progress(clock, TIMEOUT, 8, |_| panic!("nothing sent yet")));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    }
+    n0.node().post_send_inline(1, b"async hello").unwrap();
+    let mut got = Vec::new();
+    let n = block_on(n1.progress(clock, TIMEOUT, 8, |ev| {
+        if let Event::Message { rank, data } = ev {
+            got.push((rank, data.to_vec()));
+        }
+    }))
+    .unwrap();
+    assert!(n >= 1);
+    assert_eq!(got, [(0, b"async hello".to_vec())]);
+    // No message more (the wait ends at its timeout): the dropped wait took nothing.
+    let mut more = 0;
+    for _ in 0..3 {
+        block_on(n1.progress(clock, Duration::from_micros(300), 8, |ev| {
+            if matches!(ev, Event::Message { .. }) {
+                more += 1;
+            }
+        }))
+        .unwrap();
+    }
+    assert_eq!(more, 0);
+}
