@@ -1,7 +1,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 //! What only `std` can give `rverbs-core`: a monotonic clock, back-off policies that yield
-//! or sleep, CPU/NUMA pinning near an RDMA device, and page-aligned or huge-page memory for
-//! memory regions.
+//! or sleep, CPU/NUMA pinning near an RDMA device, page-aligned or huge-page memory for
+//! memory regions, and random initial packet sequence numbers ([`random`]).
 //!
 //! `rverbs-core` is `no_std`: it takes time from a [`Clock`](rverbs_core::poll::Clock) and
 //! waits through a [`Backoff`](rverbs_core::poll::Backoff) supplied by the caller. This crate
@@ -73,6 +73,7 @@ pub mod backoff;
 pub mod clock;
 #[cfg(unix)]
 pub mod hangup;
+pub mod random;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;
@@ -81,6 +82,7 @@ pub mod buffer;
 
 pub use backoff::{wakeup_fd, BlockedSleeps, StdBackoff, WaitPolicy, BLOCK_FALLBACK_PAUSE};
 pub use clock::{Monotonic, StdClock, MONOTONIC};
+pub use random::{random_psn, PSN_SOURCE};
 
 #[cfg(target_os = "linux")]
 pub use affinity::{
