@@ -6,8 +6,9 @@ use core::time::Duration;
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, ReadmitError, Receive, VerbsNode};
+use rverbs_core::params::PsnSource;
 use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
-use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC};
+use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC, PSN_SOURCE};
 
 use crate::config::ClusterConfig;
 use crate::device_watch::{DeviceWatch, SeenEvent, WatchedNode};
@@ -27,7 +28,11 @@ pub struct ConnectOptions {
     /// made for it, O(world) bytes instead of O(world²).
     pub exchange: ExchangeOptions,
     /// The node (queue pairs, window, barrier algorithm). Port and GID index come from the
-    /// rank's config entry.
+    /// rank's config entry. Every queue pair draws its first PSN from the OS
+    /// ([`rverbs_std_shim::PSN_SOURCE`]), including those of a readmission: a
+    /// [`PsnSource::Predictable`] left here (by a `NodeConfig::default()`) is replaced by it,
+    /// so that no std path builds queue pairs a forged packet could predict
+    /// (docs/security.md). [`PsnSource::Fixed`] is kept as given.
     pub node: NodeConfig,
     /// What waits do between empty polls: [`WaitPolicy::Spin`] on dedicated cores, the
     /// default `Sleep { spins: 64, pause: 20 µs }` when ranks may outnumber cores, or
@@ -69,7 +74,7 @@ impl ConnectOptions {
                 personalize: Some(&NodeBlobs),
                 ..ExchangeOptions::default()
             },
-            node: NodeConfig::default(),
+            node: std_node_config(),
             wait: WaitPolicy::default(),
             first_barrier_timeout: Duration::from_secs(30),
             on_device_event: None,
@@ -86,12 +91,19 @@ impl Default for ConnectOptions {
                 personalize: Some(&NodeBlobs),
                 ..ExchangeOptions::default()
             },
-            node: NodeConfig::default(),
+            node: std_node_config(),
             wait: WaitPolicy::default(),
             first_barrier_timeout: Duration::from_secs(30),
             on_device_event: None,
         }
     }
+}
+
+/// [`NodeConfig::default()`] with queue pairs whose first PSNs are drawn from the OS.
+fn std_node_config() -> NodeConfig {
+    let mut node = NodeConfig::default();
+    node.qp.send_psn = PSN_SOURCE;
+    node
 }
 
 /// A connected rank: the node, the bootstrap session (for out-of-band rounds) and a clock.
@@ -459,6 +471,9 @@ where
         None => e,
     };
     let mut node_cfg = opts.node;
+    if node_cfg.qp.send_psn == PsnSource::Predictable {
+        node_cfg.qp.send_psn = PSN_SOURCE;
+    }
     node_cfg.qp.port = place.port;
     if let Some(g) = place.gid_index {
         node_cfg.qp.gid_index = Some(g);
@@ -498,4 +513,24 @@ where
         on_device_event: opts.on_device_event,
         algorithm: node_cfg.algorithm,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn std_paths_draw_first_psns() {
+        // Every way to get options for connect, rejoin and readmission draws PSNs from the OS.
+        assert!(ConnectOptions::default().node.qp.send_psn.is_drawn());
+        let cfg = ClusterConfig::from_json_str(
+            r#"{"ranks": [{"rank": 0, "host": "127.0.0.1", "port": 17000, "device": "rxe0"}]}"#,
+            "inline",
+        )
+        .unwrap();
+        assert!(ConnectOptions::for_config(&cfg).node.qp.send_psn.is_drawn());
+        // Two drawn PSNs in a row are not the same one (chance of a false failure: 2^-24).
+        let draw = |s: PsnSource| s.first_psn(0x11).unwrap();
+        assert_ne!(draw(PSN_SOURCE), draw(PSN_SOURCE));
+    }
 }

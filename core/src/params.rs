@@ -262,6 +262,75 @@ impl fmt::Display for Psn {
     }
 }
 
+/// Where a queue pair's first packet sequence number (the PSN it sends first, and so the one
+/// its peer expects) comes from.
+///
+/// A receiver executes a request only at the PSN it expects next. RoCE packets carry no
+/// authentication, so that PSN and the queue pair number are all that stand between a
+/// forged RDMA WRITE and a registered window whose rkey the forger knows: a first PSN
+/// nobody can predict is what makes blind injection miss (see docs/security.md, and the
+/// injection test `bootstrap/tests/device_inject.rs`). Core has no randomness of its own;
+/// its caller brings it. Every std path of rverbs (`rverbs-bootstrap`'s `connect`,
+/// `rejoin` and readmission, `rverbs-perf`) uses [`PsnSource::Draw`] with
+/// `rverbs_std_shim::random_psn`, 24 bits from the operating system's CSPRNG per queue pair.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub enum PsnSource {
+    /// Derived from the queue pair's own number ([`PsnSource::predictable`]): anyone who
+    /// sees or guesses the number (small and sequential on most devices) knows it. The
+    /// default only because core cannot draw random bits: for tests and the software model,
+    /// never for queue pairs reachable from a network others share.
+    #[default]
+    Predictable,
+    /// This PSN, for every queue pair made with the configuration (the caller drew it).
+    Fixed(Psn),
+    /// A fresh PSN for every queue pair from this function, which returns `None` when it
+    /// has no random bits to give (creating the queue pair then fails rather than fall
+    /// back to a predictable PSN).
+    Draw(fn() -> Option<Psn>),
+}
+
+impl PsnSource {
+    /// What [`PsnSource::Predictable`] gives the queue pair numbered `qpn`: a fixed function of
+    /// the number (a multiplicative hash), the same on every run.
+    #[inline]
+    pub const fn predictable(qpn: u32) -> Psn {
+        Psn::wrapping(qpn.wrapping_mul(0x9e37_79b1) >> 8)
+    }
+
+    /// The first PSN of the queue pair numbered `qpn`, or `None` if a [`PsnSource::Draw`]
+    /// function had no random bits.
+    pub fn first_psn(self, qpn: u32) -> Option<Psn> {
+        match self {
+            Self::Predictable => Some(Self::predictable(qpn)),
+            Self::Fixed(psn) => Some(psn),
+            Self::Draw(draw) => draw(),
+        }
+    }
+
+    /// Whether the PSNs this source gives are unpredictable to whoever knows the queue pair
+    /// number ([`PsnSource::Draw`]; a [`PsnSource::Fixed`] PSN is as good as the caller's
+    /// choice, which this cannot judge, so it answers `false`).
+    pub const fn is_drawn(self) -> bool {
+        matches!(self, Self::Draw(_))
+    }
+}
+
+/// Two sources are equal when they are the same variant with the same PSN; two `Draw`
+/// sources are equal whatever their functions (function addresses are not stable enough to
+/// compare: the compiler may merge or duplicate functions).
+impl PartialEq for PsnSource {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Predictable, Self::Predictable) | (Self::Draw(_), Self::Draw(_)) => true,
+            (Self::Fixed(a), Self::Fixed(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for PsnSource {}
+
 /// What the device granted a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpCaps {
@@ -331,6 +400,32 @@ mod tests {
     fn psn_is_24_bits() {
         assert!(Psn::new(1 << 24).is_none());
         assert_eq!(Psn::wrapping(0x1ff_ffff).get(), 0xff_ffff);
+    }
+
+    #[test]
+    fn psn_sources() {
+        // The predictable PSN is the one rverbs derived before PSNs were drawn: a forger who
+        // knows a queue pair number knows it (the injection test's positive control uses it).
+        assert_eq!(
+            PsnSource::predictable(0x11).get(),
+            (0x11u32.wrapping_mul(0x9e37_79b1) >> 8) & 0xff_ffff
+        );
+        assert_eq!(
+            PsnSource::default().first_psn(0x11),
+            Some(PsnSource::predictable(0x11))
+        );
+        assert_eq!(
+            PsnSource::Fixed(Psn::wrapping(5)).first_psn(0x11),
+            Some(Psn::wrapping(5))
+        );
+        assert_eq!(PsnSource::Draw(|| Psn::new(7)).first_psn(0x11), Psn::new(7));
+        assert_eq!(PsnSource::Draw(|| None).first_psn(0x11), None);
+        assert!(PsnSource::Draw(|| None).is_drawn() && !PsnSource::Predictable.is_drawn());
+        assert_eq!(PsnSource::Draw(|| None), PsnSource::Draw(|| Psn::new(1)));
+        assert_ne!(
+            PsnSource::Fixed(Psn::wrapping(1)),
+            PsnSource::Fixed(Psn::wrapping(2))
+        );
     }
 
     #[test]

@@ -334,3 +334,53 @@ fn a_restarted_soft_node_keeps_nothing_of_its_old_life() {
     new.read_into(0, &mut got);
     assert_eq!(got, [7u8; 8]);
 }
+
+/// Readmission begun, the queue pair to the failed rank executes nothing more, even when
+/// nothing was posted on it: a write arriving at the PSN it expected (here the old process's
+/// own, still running in the model; on a network, a forged packet) does not reach the window.
+/// bootstrap/tests/device_inject.rs measures the same on rxe with a forged RoCE packet.
+#[test]
+fn readmission_shuts_the_queue_pair_to_the_failed_rank_at_once() {
+    let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
+    let net = net(WORLD);
+    let clock = clock!();
+    let mut cfg = ChannelConfig::default();
+    cfg.timeout = Duration::from_millis(50);
+    let mut nodes = soft_world(
+        &net,
+        &mut arena,
+        WINDOW,
+        cfg,
+        BarrierAlgorithm::Dissemination,
+        Spin,
+        clock,
+    )
+    .unwrap();
+    let (survivor, failed) = (1u32, 2u32);
+    let at = nodes[failed as usize]
+        .peer_window(survivor)
+        .and_then(|w| w.slice(0, 8))
+        .unwrap();
+    // Before: the failed rank's queue pair reaches the survivor's window.
+    nodes[failed as usize]
+        .multi()
+        .write_inline(survivor, &[7; 8], at)
+        .unwrap();
+    let mut got = [0u8; 8];
+    assert!(nodes[survivor as usize].window().read_into(0, &mut got));
+    assert_eq!(got, [7; 8]);
+    // Nothing is posted on the survivor's channel to the failed rank.
+    nodes[survivor as usize].readmit_begin(failed).unwrap();
+    let late = nodes[failed as usize]
+        .multi()
+        .write_inline(survivor, &[9; 8], at);
+    assert!(
+        late.is_err(),
+        "the write through the shut queue pair completed"
+    );
+    assert!(nodes[survivor as usize].window().read_into(0, &mut got));
+    assert_eq!(
+        got, [7; 8],
+        "the write reached the window after readmit_begin"
+    );
+}

@@ -92,6 +92,8 @@ impl Session {
         cfg.max_send_sge = 1;
         cfg.max_recv_sge = 1;
         cfg.max_inline_data = plan.inline;
+        // A first PSN nobody can predict from the queue pair number (docs/security.md).
+        cfg.send_psn = rverbs_std_shim::PSN_SOURCE;
         let prepared = PreparedVerbs::new(&ctx, &pd, &cfg)?;
         let route = prepared.route();
 

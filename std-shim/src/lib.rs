@@ -1,7 +1,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 //! What only `std` can give `rverbs-core`: a monotonic clock, back-off policies that yield
-//! or sleep, CPU/NUMA pinning near an RDMA device, and page-aligned or huge-page memory for
-//! memory regions.
+//! or sleep, CPU/NUMA pinning near an RDMA device, page-aligned or huge-page memory for
+//! memory regions, and random initial packet sequence numbers ([`random`]).
 //!
 //! `rverbs-core` is `no_std`: it takes time from a [`Clock`](rverbs_core::poll::Clock) and
 //! waits through a [`Backoff`](rverbs_core::poll::Backoff) supplied by the caller. This crate
@@ -77,6 +77,7 @@ pub mod counters;
 pub mod hangup;
 #[cfg(unix)]
 pub mod readable;
+pub mod random;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;
@@ -85,6 +86,7 @@ pub mod buffer;
 
 pub use backoff::{wakeup_fd, BlockedSleeps, StdBackoff, WaitPolicy, BLOCK_FALLBACK_PAUSE};
 pub use clock::{Monotonic, StdClock, MONOTONIC};
+pub use random::{random_psn, PSN_SOURCE};
 
 #[cfg(target_os = "linux")]
 pub use affinity::{

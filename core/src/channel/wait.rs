@@ -323,6 +323,15 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    /// Moves the queue pair to the error state at once, even with nothing posted, and drains
+    /// what was: from then on the device executes no request arriving on it, so a peer that
+    /// is gone cannot be impersonated through it by a forged packet at the PSN it expected
+    /// (docs/security.md). Later calls fail as after a timeout, until the channel is renewed.
+    pub(crate) fn shut(&mut self) {
+        self.broken.get_or_insert(Broken::TimedOut);
+        self.flush_and_drain();
+    }
+
     /// Waits, at most the channel's timeout, until every send posted so far completed (a
     /// connection that is about to be closed delivers what it was given first).
     #[cfg(feature = "rdmacm")]

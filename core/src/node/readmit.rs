@@ -6,7 +6,8 @@
 //!
 //! 1. every survivor calls [`Node::readmit_begin`]: its barrier state is poisoned (no
 //!    barrier starts), everything it posted to a live rank completes, and its queue pair to
-//!    the failed rank is flushed and drained;
+//!    the failed rank is moved to the error state (it executes nothing more, forged packets
+//!    included) and drained;
 //! 2. round one: once every survivor has begun, nobody writes into anybody's flag array any
 //!    more; the survivors exchange fresh endpoints with the new process;
 //! 3. every survivor calls [`Node::readmit_finish`] with its new queue pair to the new
@@ -102,7 +103,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// docs](crate::node#when-a-rank-rejoins)); every other surviving rank takes it at the same
     /// time. Abandons any barrier in progress and refuses new ones until
     /// [`Node::readmit_finish`]; waits until everything posted to the live ranks completed
-    /// (at most each channel's timeout); flushes and drains the channel to `rank`.
+    /// (at most each channel's timeout); moves the queue pair to `rank` to the error state
+    /// (even with nothing posted, so that it executes no forged packet meanwhile) and drains it.
     ///
     /// Fails, changing nothing that matters, for a node with messaging or barrier wake-ups
     /// ([`ReadmitError`]), when this node knows of another rank's failure, and (after the
@@ -133,8 +135,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         for c in self.multi.channels() {
             let peer = c.peer().unwrap_or(u32::MAX);
             if peer == rank {
-                // Nothing to wait for: the process it led to is gone.
-                c.settle(true);
+                // Nothing to wait for: the process it led to is gone. The queue pair goes to
+                // the error state even with nothing posted: left ready until the new one
+                // replaces it, it would still execute a forged write at the PSN it expects
+                // into this node's window (measured on rxe: bootstrap/tests/device_inject.rs).
+                c.shut();
                 continue;
             }
             if let Some(error) = c.failure() {

@@ -15,7 +15,7 @@ use super::pd::Pd;
 use super::recv_chain::post_recv_wrs;
 use super::send_chain::{post_send_chain, SendChain};
 use super::srq::{Srq, SrqInner};
-use crate::params::{AckTimeout, Mtu, Psn, QpCaps, RetryCount, RnrRetry, RnrTimer};
+use crate::params::{AckTimeout, Mtu, Psn, PsnSource, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, SendFlags, WorkRequest};
 
@@ -57,8 +57,10 @@ pub struct QpConfig {
     pub service_level: u8,
     /// Hop limit for routed (GRH) traffic.
     pub hop_limit: u8,
-    /// First PSN we send; `None` derives one from the QP number.
-    pub send_psn: Option<Psn>,
+    /// Where the first PSN this queue pair sends comes from (its peer expects it). The
+    /// default, [`PsnSource::Predictable`], is for tests and the software model: on a network
+    /// others can reach, draw it ([`PsnSource::Draw`]; rverbs' std crates do).
+    pub send_psn: PsnSource,
     /// Remote access this QP accepts (by default remote read, write and atomics; each
     /// region still grants its own).
     pub access: AccessFlags,
@@ -83,7 +85,7 @@ impl Default for QpConfig {
             traffic_class: 0,
             service_level: 0,
             hop_limit: 64,
-            send_psn: None,
+            send_psn: PsnSource::Predictable,
             access: AccessFlags::LOCAL_WRITE
                 .union(AccessFlags::REMOTE_WRITE)
                 .union(AccessFlags::REMOTE_READ)
@@ -261,7 +263,10 @@ impl Pd {
         let qpn = unsafe { (*raw.as_ptr()).qp_num };
         let psn = cfg
             .send_psn
-            .unwrap_or_else(|| Psn::wrapping(qpn.wrapping_mul(0x9e37_79b1) >> 8));
+            .first_psn(qpn)
+            .ok_or(VerbsError::InvalidArgument {
+                what: "the PSN source had no random bits for the queue pair's first PSN",
+            })?;
         Ok(PreparedQp {
             handle,
             cfg: *cfg,

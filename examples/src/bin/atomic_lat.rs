@@ -60,7 +60,9 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Res<()> {
     let ctx = open_device(&args.device)?;
     let pd = ctx.alloc_pd()?;
-    let cfg = QpConfig::default();
+    let mut cfg = QpConfig::default();
+    // First PSNs from the OS, as every std path of rverbs draws them (docs/security.md).
+    cfg.send_psn = rverbs_std_shim::PSN_SOURCE;
     let (a, b) = (
         PreparedVerbs::new(&ctx, &pd, &cfg)?,
         PreparedVerbs::new(&ctx, &pd, &cfg)?,
