@@ -75,9 +75,9 @@ pub mod clock;
 pub mod counters;
 #[cfg(unix)]
 pub mod hangup;
+pub mod random;
 #[cfg(unix)]
 pub mod readable;
-pub mod random;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;
