@@ -9,7 +9,7 @@
 //! | 0..16  | reporter rank                                                         |
 //! | 16..32 | failed rank                                                           |
 //! | 32..40 | cause: 1 error completion, 2 timed out, 3 session closed, 4 port down, 5 queue pair failed, 6 device fatal, 7 gave up |
-//! | 40..48 | detail: the completion status code (1), the port (4), the [`QpFault`](crate::failure::QpFault) code (5), else 0 |
+//! | 40..48 | detail: the completion status code (1), the port (4), the [`QpFault`] code (5), else 0 |
 //! | 48..56 | incarnation of the failed rank: reserved for rejoining ranks, 0 today |
 //! | 56..64 | [`MAGIC`]                                                             |
 //!
