@@ -533,6 +533,7 @@ impl fmt::Display for BootstrapError {
                 device,
                 source,
             } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
+            #[cfg(feature = "verbs")]
             Self::LocalPortDown {
                 rank,
                 device,

@@ -55,7 +55,9 @@ impl Failures {
         }
     }
 
-    /// Sets the probe asked about the node's own link when a request fails locally.
+    /// Sets the probe asked about the node's own link when a request fails locally (only a
+    /// verbs node has one to set).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn set_link_probe(&mut self, probe: LinkProbe) {
         self.link = Some(probe);
     }
