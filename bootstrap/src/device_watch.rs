@@ -88,11 +88,21 @@ impl DeviceWatch {
         mut on_event: impl FnMut(&SeenEvent) + Send + 'static,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let log = Arc::new(Mutex::new(Log::default()));
+        // Room for the whole log now: the thread runs beside a node that must not allocate
+        // once connected, so a logged event never grows it.
+        let log = Arc::new(Mutex::new(Log {
+            events: VecDeque::with_capacity(LOG_LEN),
+            dropped: 0,
+        }));
         let (stop2, log2) = (stop.clone(), log.clone());
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let go = Arc::clone(&started);
         let thread = std::thread::Builder::new()
             .name(format!("rverbs-device-watch-{}", node.rank))
             .spawn(move || {
+                // Whatever starting a thread allocates happens before `start` returns.
+                go.wait();
+                drop(go);
                 let rank_of = |q: u32| node.qp_ranks.iter().find(|e| e.0 == q).map(|e| e.1);
                 while !stop2.load(Ordering::Acquire) {
                     // The descriptor stays open: `events` holds its context.
@@ -135,6 +145,7 @@ impl DeviceWatch {
                     }
                 }
             })?;
+        started.wait();
         Ok(Self {
             stop,
             log,
