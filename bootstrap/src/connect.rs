@@ -176,6 +176,13 @@ impl Connected {
         })
     }
 
+    /// The device port the node's queue pairs use (for its counters:
+    /// `rverbs_std_shim::counters::PortCounters::read`).
+    #[must_use]
+    pub fn port(&self) -> u8 {
+        self.qp.port
+    }
+
     /// Leaves the job because of an error: tells every connected rank `reason` in the
     /// session's goodbye, so each peer's watch raises [`FailureCause::LeftOnError`] naming
     /// this rank and every peer's next wait fails at once (instead of at its timeout, as it

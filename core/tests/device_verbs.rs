@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use rverbs_core::completion::WcStatus;
+use rverbs_core::params::{AckTimeout, RetryCount, RnrRetry, RnrTimer};
 use rverbs_core::verbs::{AccessFlags, DeviceList, LinkLayer, QpConfig};
 use rverbs_core::wire::Endpoint;
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
@@ -93,6 +94,34 @@ fn two_connected_qps_rdma_write_4k() {
     assert_eq!(
         got, expected,
         "receiving side does not hold the written bytes"
+    );
+}
+
+/// Transport settings other than the defaults reach the device and come back from its query
+/// unchanged (the check that refuses a device which clamps them reads them with
+/// `ibv_query_qp` after RTS): on rxe every code is kept.
+#[test]
+fn the_device_keeps_the_transport_settings_asked_for() {
+    let Some(ctx) = support::open("the_device_keeps_the_transport_settings_asked_for") else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let mut cfg = QpConfig::default();
+    cfg.ack_timeout = AckTimeout::from_code(18).unwrap();
+    cfg.retry_count = RetryCount::new(5).unwrap();
+    cfg.rnr_retry = RnrRetry::Times(3);
+    cfg.rnr_timer = RnrTimer::from_code(20).unwrap();
+    let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let b = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let a = a.handshake(&eb);
+    let b = b.handshake(&ea);
+    assert!(a.is_ok() && b.is_ok(), "{:?} / {:?}", a.err(), b.err());
+    eprintln!(
+        "ack timeout code 18 x 6 tries = {:?}; RNR 3 x code 20 = {:?}",
+        cfg.retry_wall_time(),
+        cfg.rnr_wall_time()
     );
 }
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, NodeError, Receive};
+use rverbs_core::node::{
+    soft_world_bytes, soft_world_receiving, Event, NodeError, PeerCounters, Receive,
+};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -42,6 +44,8 @@ struct Run {
     would_block: u64,
     /// RNR retries the model counted.
     rnr: u64,
+    /// Rank 1's counters of rank 0, and rank 0's of rank 1.
+    counters: [PeerCounters; 2],
 }
 
 /// Two ranks; rank 1 sends `ROUNDS` numbered messages to rank 0, which answers each one
@@ -114,6 +118,10 @@ fn run(receive: Receive, answer: bool) -> Run {
         credit_writes: [nodes[0].credit_writes(), nodes[1].credit_writes()],
         would_block,
         rnr: (0..2).map(|n| net.stats(n).rnr_retries).sum(),
+        counters: [
+            nodes[1].peer_counters(0).unwrap(),
+            nodes[0].peer_counters(1).unwrap(),
+        ],
     }
 }
 
@@ -125,6 +133,17 @@ fn a_ping_pong_carries_every_credit_return_and_writes_none() {
         assert_eq!(r.credit_writes, [0, 0], "{receive:?}");
         assert_eq!(r.would_block, 0, "{receive:?}: a ping-pong never runs dry");
         assert_eq!(r.rnr, 0, "{receive:?}");
+        let n = u64::from(ROUNDS);
+        for c in r.counters {
+            assert_eq!(
+                (c.messages_sent, c.messages_received),
+                (n, n),
+                "{receive:?}: {c:?}"
+            );
+            assert_eq!(c.credits_refused, 0, "{receive:?}: {c:?}");
+            assert!(c.channel.requests_posted >= n, "{receive:?}: {c:?}");
+            assert_eq!((c.channel.timed_out, c.failed), (false, None), "{c:?}");
+        }
     }
 }
 
@@ -144,5 +163,18 @@ fn a_one_way_stream_returns_credits_by_write_every_half_of_them() {
         assert_eq!(r.credit_writes[1], 0, "{receive:?}");
         assert!(r.would_block > 0, "{receive:?}: the stream never waited");
         assert_eq!(r.rnr, 0, "{receive:?}");
+        // The operator's view says the same: every refusal was for credit, every message
+        // sent was received, and the receiver's credit writes are requests on its channel.
+        let [sender, receiver] = r.counters;
+        assert_eq!(
+            sender.credits_refused, r.would_block,
+            "{receive:?}: {sender:?}"
+        );
+        assert_eq!((sender.messages_sent, receiver.messages_received), (n, n));
+        assert_eq!((receiver.messages_sent, sender.messages_received), (0, 0));
+        assert!(
+            receiver.channel.requests_posted >= w,
+            "{receive:?}: {receiver:?}"
+        );
     }
 }

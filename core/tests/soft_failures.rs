@@ -161,6 +161,11 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
         other => panic!("expected a timeout naming rank {stalled}, got {other}"),
     }
     assert_eq!(nodes[0].failure(), None);
+    // The operator's counters say the same: one barrier timed out waiting for the stalled
+    // rank, none for any other, and nobody is counted as failed.
+    let c = nodes[0].peer_counters(stalled).unwrap();
+    assert_eq!((c.barrier_timeouts, c.failed), (1, None), "{c:?}");
+    assert_eq!(nodes[0].peer_counters(1).unwrap().barrier_timeouts, 0);
 }
 
 #[test]
@@ -238,6 +243,13 @@ fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
     }
     // Not at the hour-long timeout: within the few reads of the step clock the waits took.
     assert!(clock.now().saturating_duration_since(start) < Duration::from_secs(1));
+    // The counters name the cause on rank 2's entry only.
+    for r in [0usize, 1, 3] {
+        let c = nodes[r].peer_counters(2).unwrap();
+        assert_eq!(c.failed, Some(FailureCause::LeftOnError), "rank {r}: {c:?}");
+        let other = if r == 0 { 1 } else { 0 };
+        assert_eq!(nodes[r].peer_counters(other).unwrap().failed, None);
+    }
 }
 
 #[test]

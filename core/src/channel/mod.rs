@@ -220,6 +220,31 @@ const EMPTY_SLOT: RecvSlot = RecvSlot {
     taken: true,
 };
 
+/// A snapshot of one channel's counters ([`Channel::counters`]).
+///
+/// Counts start at 0 when the channel is built and again when it is renewed. Request counts
+/// include the requests rverbs posts itself (a cover request that makes a wait's completion
+/// signaled, credit returns and barrier notifications on a node's channels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChannelCounters {
+    /// The peer's rank, if the channel was told it.
+    pub peer: Option<u32>,
+    /// Send-queue requests posted (sends, writes, reads, atomics).
+    pub requests_posted: u64,
+    /// Send-queue requests known complete (successfully, or flushed after a failure).
+    pub requests_completed: u64,
+    /// Receives posted.
+    pub receives_posted: u64,
+    /// Receives completed.
+    pub receives_completed: u64,
+    /// Whether a wait reached its deadline without the peer answering (the channel broke
+    /// then: a channel times out at most once).
+    pub timed_out: bool,
+    /// The first failure, if the channel is broken ([`Channel::failure`]).
+    pub failure: Option<ChannelError>,
+}
+
 /// Why the channel broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Broken {
@@ -451,6 +476,20 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Broken::Provider(e) => ChannelError::Provider(e),
             Broken::Disconnected => ChannelError::Disconnected { peer: self.peer },
         })
+    }
+
+    /// What this channel did so far, for an operator: a snapshot of counters the channel
+    /// keeps anyway (reading them costs the data path nothing). Does not allocate.
+    pub fn counters(&self) -> ChannelCounters {
+        ChannelCounters {
+            peer: self.peer,
+            requests_posted: self.next_seq,
+            requests_completed: self.done_seq,
+            receives_posted: self.recv_next,
+            receives_completed: self.recv_done,
+            timed_out: matches!(self.broken, Some(Broken::TimedOut)),
+            failure: self.failure(),
+        }
     }
 
     /// Send requests posted and not yet known complete.

@@ -201,6 +201,12 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.get_mut(i)
     }
 
+    /// [`MultiChannel::by_index`], to read.
+    #[inline]
+    pub(crate) fn at(&self, i: usize) -> Option<&Channel<P, B, R>> {
+        self.chans.get(i)
+    }
+
     /// Replaces the queue pair under `rank`'s channel with `swap` and starts the channel
     /// afresh on it (see [`Channel::renew`]), keeping its position; the lookup by queue-pair
     /// number follows. `None` if there is no channel to `rank` or it has work in flight.

@@ -60,18 +60,18 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             r.returned[p] = r.returned[p].max(plausible_return(written, sent));
             (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
         });
-        let chan = self.channel(rank)?;
         if let Some((base, slots, returned, _)) = credit {
             // Every request that consumes one of the peer's ring slots counts, whichever
             // call posted it (a send or a write with immediate on the channel directly too).
-            let in_flight = chan
-                .remote_recvs_used()
-                .saturating_sub(base)
-                .saturating_sub(returned);
+            let in_flight = used.saturating_sub(base).saturating_sub(returned);
             if in_flight >= slots {
+                if let Some(r) = self.rings.as_mut() {
+                    r.refused[p] = r.refused[p].saturating_add(1);
+                }
                 return Err(NodeError::WouldBlock { rank });
             }
         }
+        let chan = self.channel(rank)?;
         if !chan.send_room(1) {
             return match chan.failure() {
                 Some(error) => Err(NodeError::Channel { rank, error }),

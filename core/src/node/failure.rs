@@ -77,6 +77,11 @@ impl Failures {
         }
     }
 
+    /// The failure already taken as news (without looking for new news).
+    pub(crate) fn known(&self) -> Option<Failure> {
+        self.known
+    }
+
     pub(crate) fn alarm(&self) -> &FailureAlarm {
         &self.alarm
     }

@@ -153,6 +153,8 @@ pub(super) struct Rings<M> {
     pub(super) returned: Vec<u64>,
     /// Credit returns that needed a write of their own (no message went back in time).
     pub(super) credit_writes: u64,
+    /// Sends to each peer refused for want of credit ([`NodeError::WouldBlock`]).
+    pub(super) refused: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
     pub(super) todo: Vec<usize>,
@@ -197,6 +199,7 @@ impl<M: Region> Rings<M> {
             reported: vec![0; peers],
             returned: vec![0; peers],
             credit_writes: 0,
+            refused: vec![0; peers],
             todo: vec![0; peers.max(1)],
             todo_head: 0,
             todo_len: 0,

@@ -40,6 +40,7 @@
 //! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
 //! readmit ([`ReadmitError`] says why).
 
+mod counters;
 mod credits;
 #[cfg(feature = "verbs")]
 mod device_events;
@@ -53,6 +54,7 @@ mod verbs;
 mod wakeups;
 
 #[cfg(feature = "verbs")]
+pub use counters::PeerCounters;
 pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
 pub use readmit::ReadmitError;
@@ -298,6 +300,8 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     peer_windows: Vec<RemoteMemory>,
     flags: M,
     window: M,
+    /// Barriers that timed out still waiting for each rank (indexed by rank).
+    barrier_timeouts: Vec<u32>,
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Drop for Node<P, M, B> {
@@ -518,6 +522,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             peer_windows,
             flags,
             window,
+            barrier_timeouts: alloc::vec![0; world as usize],
         })
     }
 
@@ -835,6 +840,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             wakeups,
             failures,
             probe_grace,
+            barrier_timeouts,
             ..
         } = self;
         if let Some(w) = wakeups.as_mut() {
@@ -855,6 +861,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             failures,
             probe_grace: *probe_grace,
         };
-        f(barrier, &mut t, members.unwrap_or(all), backoff).map_err(NodeError::Barrier)
+        let out = f(barrier, &mut t, members.unwrap_or(all), backoff);
+        if let Err(BarrierError::Timeout { missing, .. }) = &out {
+            for &r in missing {
+                if let Some(n) = barrier_timeouts.get_mut(r as usize) {
+                    *n = n.saturating_add(1);
+                }
+            }
+        }
+        out.map_err(NodeError::Barrier)
     }
 }

@@ -45,10 +45,7 @@ use super::pd::Pd;
 use crate::memory::AccessFlags;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
-/// `EOPNOTSUPP` and `ENOSYS` on Linux: the answers of a device or provider library that has
-/// no dma-buf registration.
-const EOPNOTSUPP: i32 = 95;
-const ENOSYS: i32 = 38;
+use super::ffi::{ENOSYS, EOPNOTSUPP};
 
 /// An open dma-buf file descriptor that rverbs owns: closed when dropped, or by the
 /// [`DmabufRegion`] it was registered as, after deregistration.

@@ -41,6 +41,18 @@ pub enum VerbsError {
         /// The errno the verb gave.
         errno: i32,
     },
+    /// The device took a transport setting but set another value than the one asked for
+    /// (some drivers clamp the ACK timeout or the retry counts to what their hardware
+    /// supports): the wall times [`QpConfig`](super::QpConfig) promises would not hold, so
+    /// the queue pair is refused. Ask for the granted value, or one the device keeps.
+    Clamped {
+        /// Which setting (`"ack_timeout"`, `"retry_count"`, `"rnr_retry"`, `"rnr_timer"`).
+        setting: &'static str,
+        /// The code asked for.
+        asked: u8,
+        /// The code the device reports it uses.
+        granted: u8,
+    },
     /// A parameter is out of the device's limits.
     InvalidArgument {
         /// Which parameter.
@@ -98,6 +110,15 @@ impl fmt::Display for VerbsError {
                  devices whose kernel drivers do: NVIDIA/Mellanox mlx5, AWS efa, Intel irdma, \
                  Broadcom bnxt_re (software devices such as rxe and siw do not)",
                 errno_name(errno)
+            ),
+            Self::Clamped {
+                setting,
+                asked,
+                granted,
+            } => write!(
+                f,
+                "the device set the queue pair's {setting} to code {granted}, not the {asked} \
+                 asked for (it clamps that setting): ask for {granted}, or a value it keeps"
             ),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
         }

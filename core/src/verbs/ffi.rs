@@ -221,6 +221,11 @@ pub(crate) unsafe fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
 /// cannot take) is refused with, nothing posted.
 pub(crate) const EINVAL: c_int = 22;
 
+/// `EOPNOTSUPP` and `ENOSYS` on Linux: what a device or provider library answers for a verb
+/// it does not have (dma-buf registration, a query a driver cannot answer).
+pub(crate) const EOPNOTSUPP: c_int = 95;
+pub(crate) const ENOSYS: c_int = 38;
+
 /// What a post of `n` requests returned, as rverbs reports it: `rc` from the driver's post
 /// call, `bad` the entry it stopped at in the list that starts at `base`, so the requests
 /// ahead of `bad` went in. A failure whose `bad` names no entry (null) reports `unnamed`

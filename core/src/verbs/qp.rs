@@ -3,6 +3,7 @@
 use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
+use core::time::Duration;
 
 use alloc::sync::Arc;
 
@@ -94,6 +95,53 @@ impl Default for QpConfig {
     }
 }
 
+impl QpConfig {
+    /// How long the device keeps retrying a request its peer does not acknowledge before it
+    /// fails the request with `RetryExceeded`, as wall time: the ACK timeout once per try,
+    /// `retry_count + 1` tries. `None` when the ACK timeout is infinite.
+    ///
+    /// The specification lets a device wait up to four times the nominal ACK timeout per try,
+    /// so hardware may take up to 4x this. On SoftRoCE a retry count of 7 means "retry
+    /// forever" (see [`RetryCount`]): there nothing fails on its own and the channel's
+    /// timeout ([`ChannelConfig::timeout`](crate::channel::ChannelConfig)) is the bound. The
+    /// defaults (67 ms, 7 retries) give 537 ms on hardware. docs/reliability.md ("Transport
+    /// settings as wall time") says why.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use rverbs_core::verbs::QpConfig;
+    /// let t = QpConfig::default().retry_wall_time().unwrap();
+    /// assert!(t > Duration::from_millis(530) && t < Duration::from_millis(540));
+    /// ```
+    pub fn retry_wall_time(&self) -> Option<Duration> {
+        let per_try = self.ack_timeout.duration()?;
+        Some(per_try.saturating_mul(u32::from(self.retry_count.get()) + 1))
+    }
+
+    /// How long a sender keeps retrying a send its receiver has no buffer for (RNR NAKs)
+    /// before it fails with `RnrRetryExceeded`, as wall time: the RNR timer the *receiver*
+    /// asked for, once per retry. The receiver's queue pair sets that timer (its
+    /// `rnr_timer`), so this assumes both sides use this configuration. `None` for
+    /// [`RnrRetry::Infinite`].
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use rverbs_core::verbs::QpConfig;
+    /// // 6 retries of 0.64 ms.
+    /// assert_eq!(QpConfig::default().rnr_wall_time(), Some(Duration::from_micros(3840)));
+    /// ```
+    pub fn rnr_wall_time(&self) -> Option<Duration> {
+        match self.rnr_retry {
+            RnrRetry::Infinite => None,
+            RnrRetry::Times(_) => Some(
+                self.rnr_timer
+                    .duration()
+                    .saturating_mul(u32::from(self.rnr_retry.code())),
+            ),
+        }
+    }
+}
+
 /// How many RDMA reads and atomics a queue pair may have outstanding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RdAtomic {
@@ -162,6 +210,73 @@ pub(super) fn modify(
         Ok(())
     } else {
         Err(VerbsError::Call { verb, errno: rc })
+    }
+}
+
+/// The transport settings a queue pair in RTS runs with, as codes: ACK timeout, retry
+/// count, RNR retry, RNR timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Transport {
+    pub(crate) ack_timeout: u8,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) rnr_timer: u8,
+}
+
+impl Transport {
+    pub(crate) fn asked(cfg: &QpConfig) -> Self {
+        Self {
+            ack_timeout: cfg.ack_timeout.code(),
+            retry_count: cfg.retry_count.get(),
+            rnr_retry: cfg.rnr_retry.code(),
+            rnr_timer: cfg.rnr_timer.code(),
+        }
+    }
+
+    /// The first setting the device changed, as an error.
+    pub(crate) fn check(self, granted: Self) -> Result<()> {
+        let pairs = [
+            ("ack_timeout", self.ack_timeout, granted.ack_timeout),
+            ("retry_count", self.retry_count, granted.retry_count),
+            ("rnr_retry", self.rnr_retry, granted.rnr_retry),
+            ("rnr_timer", self.rnr_timer, granted.rnr_timer),
+        ];
+        match pairs.into_iter().find(|(_, a, g)| a != g) {
+            None => Ok(()),
+            Some((setting, asked, granted)) => Err(VerbsError::Clamped {
+                setting,
+                asked,
+                granted,
+            }),
+        }
+    }
+}
+
+/// Asks the device what transport settings the queue pair runs with and refuses it if they
+/// are not the ones `cfg` asked for ([`VerbsError::Clamped`]). A driver that cannot answer
+/// (`EOPNOTSUPP`) is taken at its word.
+fn check_transport(qp: NonNull<sys::ibv_qp>, cfg: &QpConfig) -> Result<()> {
+    use sys::ibv_qp_attr_mask as m;
+    let mut attr = zeroed_attr();
+    // SAFETY: ibv_qp_init_attr is plain C data for which all-zero is valid.
+    let mut init: sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
+    let mask =
+        (m::IBV_QP_TIMEOUT | m::IBV_QP_RETRY_CNT | m::IBV_QP_RNR_RETRY | m::IBV_QP_MIN_RNR_TIMER).0;
+    // SAFETY: qp is live; attr and init are initialised structs the verb writes into.
+    let rc =
+        unsafe { sys::ibv_query_qp(qp.as_ptr(), &mut attr, mask as core::ffi::c_int, &mut init) };
+    match rc {
+        0 => Transport::asked(cfg).check(Transport {
+            ack_timeout: attr.timeout,
+            retry_count: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            rnr_timer: attr.min_rnr_timer,
+        }),
+        ffi::EOPNOTSUPP => Ok(()),
+        errno => Err(VerbsError::Call {
+            verb: Verb::QueryQp,
+            errno,
+        }),
     }
 }
 
@@ -382,6 +497,7 @@ impl PreparedQp {
                 .0,
             Verb::ModifyQpRts,
         )?;
+        check_transport(raw, cfg)?;
         Ok(Qp {
             qpn: self.qp_num(),
             caps: self.caps,
@@ -488,6 +604,7 @@ impl PreparedQp {
             mask as u32 | extra,
             Verb::ModifyQpRts,
         )?;
+        check_transport(self.handle.raw, &cfg)?;
         Ok(Qp {
             qpn: self.qp_num(),
             caps: self.caps,
@@ -696,3 +813,70 @@ const _: () = {
     assert!(SendFlags::SOLICITED.bits() == sys::ibv_send_flags::IBV_SEND_SOLICITED.0);
     assert!(SendFlags::INLINE.bits() == sys::ibv_send_flags::IBV_SEND_INLINE.0);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::RnrTimer;
+
+    #[test]
+    fn a_device_that_clamps_a_transport_setting_is_refused_naming_it() {
+        let cfg = QpConfig::default();
+        let asked = Transport::asked(&cfg);
+        assert_eq!(asked.check(asked), Ok(()));
+        // A driver with a larger minimal ACK timeout than asked for.
+        let granted = Transport {
+            ack_timeout: 16,
+            ..asked
+        };
+        let e = asked.check(granted).unwrap_err();
+        assert_eq!(
+            e,
+            VerbsError::Clamped {
+                setting: "ack_timeout",
+                asked: 14,
+                granted: 16
+            }
+        );
+        let msg = alloc::format!("{e}");
+        assert!(msg.contains("ack_timeout to code 16, not the 14"), "{msg}");
+        let granted = Transport {
+            rnr_retry: 6,
+            ..asked
+        };
+        assert!(matches!(
+            Transport {
+                rnr_retry: 7,
+                ..asked
+            }
+            .check(granted),
+            Err(VerbsError::Clamped {
+                setting: "rnr_retry",
+                asked: 7,
+                granted: 6
+            })
+        ));
+    }
+
+    #[test]
+    fn transport_settings_read_as_wall_time() {
+        let mut cfg = QpConfig::default();
+        // 4.096 us * 2^14 = 67.1 ms per try, 8 tries.
+        assert_eq!(
+            cfg.retry_wall_time(),
+            Some(Duration::from_nanos((4096u64 << 14) * 8))
+        );
+        cfg.retry_count = RetryCount::new(0).unwrap();
+        assert_eq!(
+            cfg.retry_wall_time(),
+            Some(Duration::from_nanos(4096u64 << 14))
+        );
+        cfg.ack_timeout = AckTimeout::INFINITE;
+        assert_eq!(cfg.retry_wall_time(), None);
+        cfg.rnr_retry = RnrRetry::Times(3);
+        cfg.rnr_timer = RnrTimer::at_least(Duration::from_millis(10));
+        assert_eq!(cfg.rnr_wall_time(), Some(Duration::from_micros(3 * 10_240)));
+        cfg.rnr_retry = RnrRetry::Infinite;
+        assert_eq!(cfg.rnr_wall_time(), None);
+    }
+}

@@ -22,7 +22,7 @@
 //!    every rank runs `--barriers` of each algorithm again; reports how long it took.
 #![allow(clippy::std_instead_of_core)] // a std program
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ use rverbs_bootstrap::{
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::sge::Sge;
 use rverbs_core::verbs::AccessFlags;
+use rverbs_std_shim::counters::{PortCounters, SYSFS_INFINIBAND};
 use rverbs_std_shim::{StdBackoff, WaitPolicy};
 use serde::{Deserialize, Serialize};
 
@@ -153,6 +154,40 @@ struct Report {
     /// With --rejoin: milliseconds from the failed barrier to the end of the readmission (a
     /// survivor), or from the start to the end of `rejoin` (the new process).
     rejoin_ms: Option<u64>,
+    /// What this rank did with each peer (`Node::peer_counters`).
+    peers: Vec<PeerLine>,
+    /// The device port's counters that grew during the demo (name, growth), if readable.
+    device_counters: Vec<(String, u64)>,
+}
+
+/// One peer's counters, as a rank saw them at the end of the demo.
+#[derive(Serialize, Deserialize, Debug)]
+struct PeerLine {
+    rank: u32,
+    requests_posted: u64,
+    requests_completed: u64,
+    messages_sent: u64,
+    messages_received: u64,
+    credits_refused: u64,
+    barrier_timeouts: u32,
+    failed: Option<String>,
+}
+
+/// Every peer's counters of `node` (a snapshot, at the end of the demo).
+fn peer_lines(node: &rverbs_core::node::VerbsNode<StdBackoff>) -> Vec<PeerLine> {
+    (0..node.world_size())
+        .filter_map(|r| node.peer_counters(r))
+        .map(|c| PeerLine {
+            rank: c.rank,
+            requests_posted: c.channel.requests_posted,
+            requests_completed: c.channel.requests_completed,
+            messages_sent: c.messages_sent,
+            messages_received: c.messages_received,
+            credits_refused: c.credits_refused,
+            barrier_timeouts: c.barrier_timeouts,
+            failed: c.failed.map(|f| f.to_string()),
+        })
+        .collect()
 }
 
 fn hist() -> Histogram<u64> {
@@ -412,6 +447,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
     // The watch (in `c`) stays alive until the end: a rank that dies is named by every
     // survivor.
     let clock = c.clock;
+    let port = c.port();
     let (node, session) = (&mut c.node, &mut c.session);
     let (rank, world) = (session.rank(), session.world_size());
     let how = match &session {
@@ -431,6 +467,12 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         world - 1,
         node.pd().context().name()
     );
+    let device_at_start = PortCounters::read(
+        Path::new(SYSFS_INFINIBAND),
+        node.pd().context().name(),
+        port,
+    )
+    .ok();
     let mut checks = Vec::new();
 
     // 1. Ping-pong in pairs.
@@ -604,6 +646,17 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         )?),
         None => None,
     };
+    let device_counters = device_at_start
+        .and_then(|start| {
+            let now = PortCounters::read(
+                Path::new(SYSFS_INFINIBAND),
+                c.node.pd().context().name(),
+                port,
+            )
+            .ok()?;
+            Some(now.since(&start))
+        })
+        .unwrap_or_default();
     let report = Report {
         rank,
         connect_ms,
@@ -612,6 +665,8 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         group_barriers,
         checks,
         rejoin_ms,
+        peers: peer_lines(&c.node),
+        device_counters,
     };
     Ok(report)
 }
@@ -693,6 +748,8 @@ fn run_rejoined(args: &Args, launch: &Launch<'_>, opts: &ConnectOptions, t0: Ins
         group_barriers: None,
         checks: vec![("barriers over all ranks after rejoining".to_owned(), ok)],
         rejoin_ms: Some(ms),
+        peers: peer_lines(&c.node),
+        device_counters: Vec::new(),
     };
     finish(args, c, &report)
 }
@@ -834,6 +891,7 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
         .map(|r| r.checks.iter().filter(|c| c.1).count())
         .sum();
     println!("data checks (scatter_write, gather_read, multicast_send; bytes compared): {ok} of {checks} passed");
+    print_counters(reports);
     let readmitted: Vec<u64> = reports
         .iter()
         .filter(|r| r.rank != VICTIM)
@@ -849,6 +907,68 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
              start); then {} barriers of each algorithm over all {world} ranks",
             args.barriers
         );
+    }
+}
+
+/// The device counters worth an operator's eye: traffic, retransmissions, sequence errors,
+/// receiver-not-ready NAKs, a link that went down.
+const DEVICE_COUNTERS: [&str; 10] = [
+    "hw_counters/sent_pkts",
+    "hw_counters/rcvd_pkts",
+    "hw_counters/duplicate_request",
+    "hw_counters/out_of_seq_request",
+    "hw_counters/rcvd_seq_err",
+    "hw_counters/completer_retry_err",
+    "hw_counters/retry_exceeded_err",
+    "hw_counters/rcvd_rnr_err",
+    "hw_counters/send_rnr_err",
+    "hw_counters/link_downed",
+];
+
+/// Each rank's counters: its requests and messages over all peers, the peers that timed out
+/// a barrier, refused a send or failed, and its device port's growth during the demo (ranks
+/// on one device share it).
+fn print_counters(reports: &[Report]) {
+    println!("counters per rank (over its peers; rverbs' own, then the device port's growth):");
+    for r in reports {
+        let sum = |f: fn(&PeerLine) -> u64| r.peers.iter().map(f).sum::<u64>();
+        let mut notes: Vec<String> = Vec::new();
+        for p in &r.peers {
+            if p.barrier_timeouts > 0 {
+                notes.push(format!(
+                    "{} barrier timeout(s) on rank {}",
+                    p.barrier_timeouts, p.rank
+                ));
+            }
+            if p.credits_refused > 0 {
+                notes.push(format!(
+                    "{} send(s) to rank {} refused for credit",
+                    p.credits_refused, p.rank
+                ));
+            }
+            if let Some(f) = &p.failed {
+                notes.push(format!("rank {}: {f}", p.rank));
+            }
+        }
+        println!(
+            "  rank {}: requests {} posted, {} completed; messages {} sent, {} received{}{}",
+            r.rank,
+            sum(|p| p.requests_posted),
+            sum(|p| p.requests_completed),
+            sum(|p| p.messages_sent),
+            sum(|p| p.messages_received),
+            if notes.is_empty() { "" } else { "; " },
+            notes.join(", ")
+        );
+        let device: Vec<String> = r
+            .device_counters
+            .iter()
+            .filter(|(n, _)| DEVICE_COUNTERS.contains(&n.as_str()))
+            .map(|(n, v)| format!("{} +{v}", n.trim_start_matches("hw_counters/")))
+            .collect();
+        if !device.is_empty() {
+            println!("    device: {}", device.join(", "));
+        }
     }
 }
 
