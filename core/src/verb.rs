@@ -1,6 +1,9 @@
 //! The verbs rverbs calls, named once for errors of the device layer ([`crate::verbs`]) and
 //! of the provider seam ([`crate::provider`], where the software model names the verb it
-//! stands in for). Below both, so neither imports the other for it.
+//! stands in for), the error a provider call fails with ([`ProviderError`]), and the errno
+//! values rverbs itself names ([`errno`]). Below both, so neither imports the other for them.
+
+use core::fmt;
 
 /// A verb, named in errors so a failure says which call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,4 +115,45 @@ impl Verb {
             Self::LeaveMulticast => "rdma_leave_multicast",
         }
     }
+}
+
+/// A failure of a provider call other than a post (polling, state changes): the verb and
+/// the errno it reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderError {
+    /// The verb that failed ([`Verb::PollCq`], [`Verb::ModifyQpErr`], ...).
+    pub verb: Verb,
+    /// Its errno.
+    pub errno: i32,
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed with errno {}", self.verb.name(), self.errno)
+    }
+}
+
+impl core::error::Error for ProviderError {}
+
+/// The errno values (Linux) rverbs names itself: what it answers with where a driver would,
+/// and the answers it tells apart. One place, so every layer means the same number.
+pub mod errno {
+    /// Interrupted system call.
+    pub const EINTR: i32 = 4;
+    /// Try again (a non-blocking descriptor had nothing).
+    pub const EAGAIN: i32 = 11;
+    /// Out of memory (a full queue, for a post).
+    pub const ENOMEM: i32 = 12;
+    /// Invalid argument (a request the queue pair cannot take; an error that is not a verb's).
+    pub const EINVAL: i32 = 22;
+    /// No such function (a provider library without the verb).
+    pub const ENOSYS: i32 = 38;
+    /// Value too large (a completion queue that overflowed).
+    pub const EOVERFLOW: i32 = 75;
+    /// Operation not supported (a device without the feature).
+    pub const EOPNOTSUPP: i32 = 95;
+    /// Address family not supported.
+    pub const EAFNOSUPPORT: i32 = 97;
+    /// Stale handle (an object that was destroyed).
+    pub const ESTALE: i32 = 116;
 }

@@ -11,7 +11,7 @@
 
 use core::time::Duration;
 
-use crate::provider::ProviderError;
+use crate::verb::ProviderError;
 
 /// A waiting policy for busy-poll loops.
 pub trait Backoff {

@@ -13,8 +13,6 @@
 //! Datagrams (UD) have a seam of their own, [`datagram::DatagramProvider`]: a real
 //! [`verbs_ud::VerbsDatagram`], or datagram queue pairs of the model's net.
 
-use core::fmt;
-
 use crate::completion::Completion;
 use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
@@ -30,25 +28,7 @@ pub mod verbs;
 #[cfg(feature = "verbs")]
 pub mod verbs_ud;
 
-pub use crate::verb::Verb;
-
-/// A failure of a provider call other than a post (polling, state changes): the verb and
-/// the errno it reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProviderError {
-    /// The verb that failed ([`Verb::PollCq`], [`Verb::ModifyQpErr`], ...).
-    pub verb: Verb,
-    /// Its errno.
-    pub errno: i32,
-}
-
-impl fmt::Display for ProviderError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed with errno {}", self.verb.name(), self.errno)
-    }
-}
-
-impl core::error::Error for ProviderError {}
+pub use crate::verb::{ProviderError, Verb};
 
 /// One connected RC queue pair: what can be posted to it. Where its completions go is the
 /// business of [`Provider`] (its own two CQs) or of a completion queue several queue pairs

@@ -41,9 +41,9 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use crate::completion::Completion;
 use crate::params::QpCaps;
 use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
+use crate::verb::errno::EOVERFLOW;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-const EOVERFLOW: i32 = 75;
 /// Completions taken from a shared queue per poll.
 const POLL_BATCH: usize = 32;
 

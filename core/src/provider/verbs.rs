@@ -163,18 +163,6 @@ impl VerbsProvider {
     }
 }
 
-/// The verb and errno of a device-layer failure. `Cq::poll` and `Qp::set_error` fail only
-/// with [`VerbsError::Call`]; anything else keeps `fallback` as the verb and errno 0.
-fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
-    match e {
-        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
-        other => ProviderError {
-            verb: fallback,
-            errno: other.errno().unwrap_or(0),
-        },
-    }
-}
-
 impl QueuePair for VerbsProvider {
     #[inline]
     fn qp_num(&self) -> u32 {
@@ -206,7 +194,7 @@ impl QueuePair for VerbsProvider {
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.qp
             .set_error()
-            .map_err(|e| provider_error(e, Verb::ModifyQpErr))
+            .map_err(|e| e.provider_error(Verb::ModifyQpErr))
     }
 }
 
@@ -215,13 +203,13 @@ impl Provider for VerbsProvider {
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.send_cq
             .poll(out)
-            .map_err(|e| provider_error(e, Verb::PollCq))
+            .map_err(|e| e.provider_error(Verb::PollCq))
     }
     #[inline]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.recv_cq
             .poll(out)
-            .map_err(|e| provider_error(e, Verb::PollCq))
+            .map_err(|e| e.provider_error(Verb::PollCq))
     }
 
     fn completion_events(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
@@ -236,7 +224,7 @@ impl Provider for VerbsProvider {
 impl crate::provider::CompletionQueue for Cq {
     #[inline]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        Cq::poll(self, out).map_err(|e| provider_error(e, Verb::PollCq))
+        Cq::poll(self, out).map_err(|e| e.provider_error(Verb::PollCq))
     }
 
     #[inline]
@@ -277,7 +265,7 @@ impl QueuePair for Qp {
     }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {
-        Qp::set_error(self).map_err(|e| provider_error(e, Verb::ModifyQpErr))
+        Qp::set_error(self).map_err(|e| e.provider_error(Verb::ModifyQpErr))
     }
 
     #[inline]

@@ -40,25 +40,11 @@ use crate::gid::Gid;
 use crate::params::QpCaps;
 use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::provider::{ProviderError, Verb};
+use crate::verb::errno::{EAFNOSUPPORT, EINVAL};
 use crate::verbs::{
     AddressHandle, AhAttr, Context, Cq, IpMembership, Pd, UdConfig, UdQp, VerbsError,
 };
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
-
-const EINVAL: i32 = 22;
-const EAFNOSUPPORT: i32 = 97;
-
-/// The verb and errno of a device-layer failure; a failure that is not a verb's keeps
-/// `fallback` as the verb and `EINVAL`.
-fn provider_error(e: VerbsError, fallback: Verb) -> ProviderError {
-    match e {
-        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
-        other => ProviderError {
-            verb: fallback,
-            errno: other.errno().unwrap_or(EINVAL),
-        },
-    }
-}
 
 /// One group this queue pair is attached to, and the membership that goes with it.
 #[derive(Debug)]
@@ -228,7 +214,7 @@ impl DatagramProvider for VerbsDatagram {
         self.qp
             .pd()
             .create_ah(&attr)
-            .map_err(|e| provider_error(e, Verb::CreateAh))
+            .map_err(|e| e.provider_error(Verb::CreateAh))
     }
 
     /// Whether the address handle was made on this queue pair's protection domain (one
@@ -257,20 +243,20 @@ impl DatagramProvider for VerbsDatagram {
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.send_cq
             .poll(out)
-            .map_err(|e| provider_error(e, Verb::PollCq))
+            .map_err(|e| e.provider_error(Verb::PollCq))
     }
 
     #[inline]
     fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
         self.recv_cq
             .poll_datagrams(out)
-            .map_err(|e| provider_error(e, Verb::PollCq))
+            .map_err(|e| e.provider_error(Verb::PollCq))
     }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.qp
             .set_error()
-            .map_err(|e| provider_error(e, Verb::ModifyQpErr))
+            .map_err(|e| e.provider_error(Verb::ModifyQpErr))
     }
 
     fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
@@ -289,7 +275,7 @@ impl DatagramProvider for VerbsDatagram {
         let ip = match (group.ipv4(), self.gid().ipv4()) {
             (Some(g), Some(local)) => Some(
                 IpMembership::join(g, local)
-                    .map_err(|e| provider_error(e, Verb::IpAddMembership))?,
+                    .map_err(|e| e.provider_error(Verb::IpAddMembership))?,
             ),
             // An IPv4 group's datagrams are IPv4 packets (RoCE v2): a queue pair sending and
             // receiving on another route (IPv6, RoCE v1, InfiniBand) would get none of them.
@@ -303,7 +289,7 @@ impl DatagramProvider for VerbsDatagram {
         };
         self.qp
             .attach_mcast(&group, 0)
-            .map_err(|e| provider_error(e, Verb::AttachMcast))?;
+            .map_err(|e| e.provider_error(Verb::AttachMcast))?;
         self.groups.push(Joined {
             group,
             attached: (group, 0),
@@ -324,7 +310,7 @@ impl DatagramProvider for VerbsDatagram {
         let (gid, lid) = self.groups[i].attached;
         self.qp
             .detach_mcast(&gid, lid)
-            .map_err(|e| provider_error(e, Verb::DetachMcast))?;
+            .map_err(|e| e.provider_error(Verb::DetachMcast))?;
         // Dropping the membership ends the IP layer's too.
         let left = self.groups.swap_remove(i);
         #[cfg(feature = "rdmacm")]
@@ -367,7 +353,7 @@ impl VerbsDatagram {
             .map_err(|e| cm_error(e, Verb::JoinMulticast))?;
         if let Err(e) = self.qp.attach_mcast(&joined.mgid, joined.mlid) {
             let _ = cm.leave(ip);
-            return Err(provider_error(e, Verb::AttachMcast));
+            return Err(e.provider_error(Verb::AttachMcast));
         }
         self.groups.push(Joined {
             group,

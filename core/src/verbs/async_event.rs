@@ -20,11 +20,7 @@ use core::mem::MaybeUninit;
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
-
-/// EAGAIN / EWOULDBLOCK on Linux: no event is pending on the non-blocking descriptor.
-const EAGAIN: i32 = 11;
-/// EINTR: a signal arrived during the read; nothing was taken.
-const EINTR: i32 = 4;
+use crate::verb::errno::{EAGAIN, EINTR};
 
 /// One asynchronous event, with the object it names (port number, queue pair number, or the
 /// kernel handle of a completion queue or shared receive queue).

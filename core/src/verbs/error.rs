@@ -127,5 +127,20 @@ impl fmt::Display for VerbsError {
 
 impl core::error::Error for VerbsError {}
 
+impl VerbsError {
+    /// As a provider-call failure: the verb and errno of a failed verb; anything else (an
+    /// error rverbs found before or instead of calling one) keeps `fallback` as the verb
+    /// and [`EINVAL`](crate::verb::errno::EINVAL), never a made-up success errno.
+    pub(crate) fn provider_error(self, fallback: Verb) -> crate::verb::ProviderError {
+        match self {
+            Self::Call { verb, errno } => crate::verb::ProviderError { verb, errno },
+            other => crate::verb::ProviderError {
+                verb: fallback,
+                errno: other.errno().unwrap_or(crate::verb::errno::EINVAL),
+            },
+        }
+    }
+}
+
 /// Result of the device layer.
 pub type Result<T, E = VerbsError> = core::result::Result<T, E>;

@@ -29,7 +29,7 @@ use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use crate::poll::Wakeup;
-use crate::provider::ProviderError;
+use crate::verb::ProviderError;
 
 pub(crate) struct ChannelInner {
     pub(crate) raw: NonNull<sys::ibv_comp_channel>,
@@ -259,21 +259,11 @@ impl CqEvents {
     }
 }
 
-fn provider_error(e: VerbsError, verb: Verb) -> ProviderError {
-    match e {
-        VerbsError::Call { verb, errno } => ProviderError { verb, errno },
-        other => ProviderError {
-            verb,
-            errno: other.errno().unwrap_or(0),
-        },
-    }
-}
-
 // SAFETY: the descriptor is the completion channel's, which this value keeps open (the
 // channel is destroyed only after its last holder is gone).
 unsafe impl Wakeup for CqEvents {
     fn arm(&self) -> core::result::Result<bool, ProviderError> {
-        CqEvents::arm(self).map_err(|e| provider_error(e, Verb::ReqNotifyCq))
+        CqEvents::arm(self).map_err(|e| e.provider_error(Verb::ReqNotifyCq))
     }
 
     fn fd(&self) -> i32 {
@@ -281,7 +271,7 @@ unsafe impl Wakeup for CqEvents {
     }
 
     fn take_events(&self) -> core::result::Result<u32, ProviderError> {
-        CqEvents::take_events(self).map_err(|e| provider_error(e, Verb::GetCqEvent))
+        CqEvents::take_events(self).map_err(|e| e.provider_error(Verb::GetCqEvent))
     }
 
     fn forget_armed(&self) {

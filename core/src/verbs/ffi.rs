@@ -14,6 +14,7 @@
 
 pub use ibverbs_sys as sys;
 
+pub(crate) use crate::verb::errno::{EAGAIN, EINVAL, ENOSYS, EOPNOTSUPP};
 use core::ffi::c_int;
 
 extern "C" {
@@ -86,8 +87,6 @@ pub(crate) fn close_fd(fd: c_int) {
     }
 }
 
-/// `EAGAIN` on Linux.
-pub(crate) const EAGAIN: i32 = 11;
 const F_GETFL: c_int = 3;
 const F_SETFL: c_int = 4;
 /// `O_NONBLOCK` on Linux (every architecture rverbs builds for).
@@ -216,15 +215,6 @@ pub(crate) unsafe fn poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::ibv_w
         }
     }
 }
-
-/// `EINVAL`: what a post of more requests than a chain holds (or a request the queue pair
-/// cannot take) is refused with, nothing posted.
-pub(crate) const EINVAL: c_int = 22;
-
-/// `EOPNOTSUPP` and `ENOSYS` on Linux: what a device or provider library answers for a verb
-/// it does not have (dma-buf registration, a query a driver cannot answer).
-pub(crate) const EOPNOTSUPP: c_int = 95;
-pub(crate) const ENOSYS: c_int = 38;
 
 /// What a post of `n` requests returned, as rverbs reports it: `rc` from the driver's post
 /// call, `bad` the entry it stopped at in the list that starts at `base`, so the requests

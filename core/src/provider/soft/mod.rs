@@ -144,6 +144,7 @@ use crate::memory::AccessFlags;
 use core::fmt;
 
 // Named only by links in the module docs above.
+use crate::verb::errno::{EINVAL, ENOMEM, EOVERFLOW};
 #[cfg(doc)]
 use crate::{
     completion::{CompletionKind, WcStatus},
@@ -178,9 +179,6 @@ pub const MAX_INLINE: usize = 64;
 /// Memory regions per side.
 pub const MAX_REGIONS: usize = 16;
 
-const ENOMEM: i32 = 12;
-const EINVAL: i32 = 22;
-const EOVERFLOW: i32 = 75;
 const QP_NUMS: [u32; 2] = [0x0000_0b11, 0x0000_0b12];
 
 /// One of the two queue pairs of a [`SoftFabric`].

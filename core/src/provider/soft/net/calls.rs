@@ -16,9 +16,7 @@ use super::super::keys::KeyKind;
 use super::super::{AccessFlags, SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
 use super::region::split_net_key;
 use super::state::{Cqe, SrqState, World, QPN_BASE};
-
-/// `ibv_post_srq_recv` on a queue pair with no shared receive queue.
-const EOPNOTSUPP: i32 = 95;
+use crate::verb::errno::EOPNOTSUPP;
 
 impl World {
     fn caps_send_sges(&self) -> usize {

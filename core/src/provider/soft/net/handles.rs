@@ -11,11 +11,10 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::calls::NetState;
 
-/// `ESTALE`: a completion queue handle of a node's earlier life.
-const ESTALE: i32 = 116;
 use super::state::QPN_BASE;
 #[cfg(doc)]
 use super::SoftNet;
+use crate::verb::errno::ESTALE;
 
 /// One end of a connection of a [`SoftNet`]: a [`QueuePair`] whose completions go to its
 /// node's shared completion queues.
