@@ -57,13 +57,7 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_ATOMIC);
 
 fn fabric<'m>() -> SoftFabric<'m> {
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    };
+    let caps = QpCaps::queues(16, 16).with_sges(2);
     SoftFabric::new(caps, RnrRetry::Times(3), RetryCount::new(3).unwrap())
 }
 

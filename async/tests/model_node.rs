@@ -23,13 +23,7 @@ const SLOT: usize = 32;
 const SLOTS: usize = 4;
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(16, 16)
 }
 
 fn block_on<F: Future>(fut: F) -> F::Output {

@@ -29,13 +29,7 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ);
 
 fn fabric<'m>() -> SoftFabric<'m> {
-    let caps = QpCaps {
-        max_send_wr: DEPTH,
-        max_recv_wr: DEPTH,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    };
+    let caps = QpCaps::queues(DEPTH, DEPTH).with_sges(2);
     SoftFabric::new(
         caps,
         RnrRetry::Times(7),

@@ -46,13 +46,7 @@ const BATCH: usize = 32;
 const SIGNAL_EVERY: u64 = 16;
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 128,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(128, 64)
 }
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE

@@ -25,13 +25,7 @@ use rverbs_std_shim::MONOTONIC;
 const PEERS: [u32; 4] = [2, 16, 128, 512];
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(16, 16)
 }
 
 /// The memory and handles a star keeps alive besides the node.

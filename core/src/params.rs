@@ -346,6 +346,36 @@ pub struct QpCaps {
     pub max_inline_data: u32,
 }
 
+impl QpCaps {
+    /// Queues `send` and `recv` deep, one scatter/gather entry per request and 64 bytes of
+    /// inline data: what a queue pair of the software model or the instant device is
+    /// usually built with.
+    ///
+    /// ```
+    /// use rverbs_core::params::QpCaps;
+    /// let caps = QpCaps::queues(16, 16).with_sges(2);
+    /// assert_eq!((caps.max_send_wr, caps.max_send_sge, caps.max_inline_data), (16, 2, 64));
+    /// ```
+    pub const fn queues(send: u32, recv: u32) -> Self {
+        Self {
+            max_send_wr: send,
+            max_recv_wr: recv,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        }
+    }
+
+    /// The same with `sges` scatter/gather entries per send and per receive.
+    pub const fn with_sges(self, sges: u32) -> Self {
+        Self {
+            max_send_sge: sges,
+            max_recv_sge: sges,
+            ..self
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,13 +32,7 @@ impl<const N: usize> Words<N> {
 }
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(16, 16).with_sges(2)
 }
 
 fn fabric<'m>() -> SoftFabric<'m> {

@@ -37,13 +37,7 @@ fn coarse() -> StaticClock {
 }
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(16, 16)
 }
 
 /// Polls a stub may answer before the test calls the wait unbounded (far more than a

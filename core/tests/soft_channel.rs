@@ -22,13 +22,7 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ);
 
 fn caps(depth: u32) -> QpCaps {
-    QpCaps {
-        max_send_wr: depth,
-        max_recv_wr: depth,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(depth, depth).with_sges(4)
 }
 
 fn fabric<'m>(depth: u32) -> SoftFabric<'m> {

@@ -17,16 +17,7 @@ use rverbs_core::verbs::AsyncEvent;
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 
 fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(
-        world,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 64,
-        },
-    ))
+    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
 }
 
 #[test]

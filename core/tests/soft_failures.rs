@@ -24,16 +24,7 @@ macro_rules! clock {
 const WORLD: u32 = if cfg!(miri) { 5 } else { 64 };
 
 fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(
-        world,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 64,
-        },
-    ))
+    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
 }
 
 fn world<'n, 'm: 'n>(

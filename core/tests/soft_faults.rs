@@ -25,13 +25,7 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
-const CAPS: QpCaps = QpCaps {
-    max_send_wr: 16,
-    max_recv_wr: 16,
-    max_send_sge: 2,
-    max_recv_sge: 2,
-    max_inline_data: 64,
-};
+const CAPS: QpCaps = QpCaps::queues(16, 16).with_sges(2);
 
 /// 1 ms per clock read, and a 50 ms timeout: a wait gives up after about 50 reads.
 const TIMEOUT: Duration = Duration::from_millis(50);

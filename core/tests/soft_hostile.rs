@@ -26,16 +26,7 @@ fn clock() -> StaticClock {
 const LONG: Duration = Duration::from_secs(3600);
 
 fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(
-        world,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 64,
-        },
-    ))
+    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
 }
 
 fn world<'n, 'm: 'n>(

@@ -18,13 +18,7 @@ use support::allocs;
 static GLOBAL: support::Counting = support::Counting;
 
 const N: u32 = 8;
-const CAPS: QpCaps = QpCaps {
-    max_send_wr: 16,
-    max_recv_wr: 16,
-    max_send_sge: 1,
-    max_recv_sge: 1,
-    max_inline_data: 64,
-};
+const CAPS: QpCaps = QpCaps::queues(16, 16);
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);

@@ -41,13 +41,7 @@ impl Rng {
 }
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(16, 16)
 }
 
 fn net<'m>(world: u32) -> SoftNet<'m> {

@@ -73,13 +73,7 @@ impl Provider for Refusing<'_> {
 
 #[test]
 fn a_refused_post_does_not_count_toward_the_signaling_interval() {
-    let caps = QpCaps {
-        max_send_wr: 32,
-        max_recv_wr: 32,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
+    let caps = QpCaps::queues(32, 32);
     let mut mem = [0u8; 64];
     let f = SoftFabric::new(caps, RnrRetry::Times(3), RetryCount::new(3).unwrap());
     let dst = f

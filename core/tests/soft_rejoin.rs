@@ -35,16 +35,7 @@ const ROUNDS: usize = if cfg!(miri) { 2 } else { 20 };
 const TIMEOUT_OK: Duration = Duration::from_secs(3600);
 
 fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(
-        world,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 64,
-        },
-    ))
+    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
 }
 
 /// One barrier with `alg` on every rank in `nodes`, polled in turn until all complete; the

@@ -22,13 +22,7 @@ macro_rules! clock {
 }
 
 fn fabric<'m>() -> SoftFabric<'m> {
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 8,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
+    let caps = QpCaps::queues(16, 8);
     SoftFabric::new(caps, RnrRetry::Times(2), RetryCount::new(2).unwrap())
 }
 

@@ -77,13 +77,7 @@ impl Backoff for EventModel {
 }
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 64,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
+    QpCaps::queues(64, 4)
 }
 
 /// More completions of other queue pairs than one poll of the shared queue takes, twice

@@ -130,13 +130,7 @@ fuzz_target!(|data: &[u8]| {
     let mut mem = vec![0u8; WORLD as usize * ring * SLOT_SIZE];
     let net = SoftNet::new(SoftNetConfig::new(
         WORLD,
-        QpCaps {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 64,
-        },
+        QpCaps::queues(16, 16),
     ));
     let mut nodes = soft_world_receiving(
         &net,

@@ -26,8 +26,7 @@
 //! use rverbs_core::provider::soft::{Side, SoftFabric};
 //!
 //! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
-//! let caps = QpCaps { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2,
-//!                     max_inline_data: 64 };
+//! let caps = QpCaps::queues(32, 32).with_sges(2);
 //! let (mut src, mut dst) = ([7u8; 64], [0u8; 64]);
 //! let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());
 //! let src = fabric.register(Side::A, &mut src, AccessFlags::LOCAL_WRITE).unwrap();

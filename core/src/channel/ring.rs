@@ -41,8 +41,7 @@ use crate::provider::Provider;
 /// use rverbs_core::provider::soft::{Side, SoftFabric};
 ///
 /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
-/// let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
-///                     max_inline_data: 64 };
+/// let caps = QpCaps::queues(16, 16);
 /// // On a device: `pd.register_shared(PageMemory::zeroed(4 * 64)?, AccessFlags::LOCAL_WRITE)`.
 /// let (mut ma, mut mb) = ([0u8; 4 * 64], [0u8; 4 * 64]);
 /// let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());

@@ -53,8 +53,8 @@ mod soft;
 mod verbs;
 mod wakeups;
 
-#[cfg(feature = "verbs")]
 pub use counters::PeerCounters;
+#[cfg(feature = "verbs")]
 pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
 pub use readmit::ReadmitError;

@@ -65,8 +65,7 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
 /// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 ///
 /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
-/// let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
-///                     max_inline_data: 64 };
+/// let caps = QpCaps::queues(16, 16);
 /// // Buffers outlive the net. One pool of 8 slots of 32 bytes per node, whatever the world.
 /// let mut arena = vec![0u8; soft_world_bytes(3, 64)];
 /// let mut pools = vec![0u8; 3 * 8 * 32];
@@ -211,8 +210,7 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 ///
 /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
-/// let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
-///                     max_inline_data: 64 };
+/// let caps = QpCaps::queues(16, 16);
 /// let mut arena = vec![0u8; soft_world_bytes(3, 64)];
 /// let mut again = vec![0u8; soft_rejoin_bytes(3, 64)];
 /// let net = SoftNet::new(SoftNetConfig::new(3, caps));

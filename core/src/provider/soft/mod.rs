@@ -17,8 +17,7 @@
 //! use rverbs_core::provider::{Provider, QueuePair};
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!
-//! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2,
-//!                     max_inline_data: 64 };
+//! let caps = QpCaps::queues(16, 16).with_sges(2);
 //! // Buffers outlive the fabric: it may touch them for as long as it exists.
 //! let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
 //! let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());

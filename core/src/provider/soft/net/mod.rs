@@ -11,8 +11,7 @@
 //! use rverbs_core::provider::{CompletionQueue, QueuePair};
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!
-//! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1,
-//!                     max_inline_data: 64 };
+//! let caps = QpCaps::queues(16, 16);
 //! // Buffers outlive the net: it may touch them for as long as it exists.
 //! let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
 //! let net = SoftNet::new(SoftNetConfig::new(3, caps));

@@ -16,13 +16,7 @@ use super::tests::{poll, write, RW};
 use super::{SoftNet, SoftNetConfig};
 
 /// The caps the node layer runs its large worlds with.
-const CAPS: QpCaps = QpCaps {
-    max_send_wr: 16,
-    max_recv_wr: 16,
-    max_send_sge: 1,
-    max_recv_sge: 1,
-    max_inline_data: 64,
-};
+const CAPS: QpCaps = QpCaps::queues(16, 16);
 
 /// Resident set size of this process in bytes (Linux), for the report.
 fn rss() -> Option<usize> {
