@@ -64,12 +64,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod channel;
+mod datagram;
 mod error;
 mod events;
 mod node;
 mod ring;
 
 pub use channel::AsyncChannel;
+pub use datagram::AsyncDatagram;
 pub use error::AsyncError;
 #[cfg(feature = "tokio")]
 pub use events::TokioEvents;
