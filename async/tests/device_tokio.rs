@@ -306,20 +306,35 @@ fn datagram_endpoint(
     Datagram::new(qp, mem, cfg, &MONOTONIC).unwrap()
 }
 
+/// What one run of [`multicast_stream`] measured.
+#[derive(Debug)]
+struct StreamRun {
+    /// How often the receives asked their events (every poll that found nothing does).
+    calls: u64,
+    /// How often the events put the task to sleep.
+    sleeps: u64,
+    /// Allocations in the receives after the first.
+    allocs: u64,
+    /// The longest single receive.
+    slowest: Duration,
+    /// How long the last receive, with nothing coming, waited for its deadline.
+    quiet: Duration,
+}
+
 /// A publisher thread sends a sequenced stream to a multicast group in bursts; a tokio task
-/// awaits every datagram through `AsyncDatagram`, asleep on the endpoint's completion
-/// channel between bursts (not polling: the waits' own count says so), and checks each
-/// one's sequence number, contents, group and sender; no allocation per receive; and a
-/// receive with nothing coming ends at its deadline, asleep until then.
-#[test]
-fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events() {
+/// awaits every datagram through `AsyncDatagram` woken by `make(completion events)`, and
+/// checks each one's sequence number, contents, group and sender, then that a receive with
+/// nothing coming ends with `TimedOut` at its deadline. Returns what it measured.
+fn multicast_stream<E: rverbs_async::Events>(
+    test: &str,
+    make: impl FnOnce(std::sync::Arc<dyn rverbs_core::poll::Wakeup>) -> E,
+) -> Option<StreamRun> {
     use rverbs_async::AsyncDatagram;
     use rverbs_core::datagram::{DatagramError, Group, SequenceTracker, Sequencer};
     use rverbs_core::poll::Deadline;
     use rverbs_core::provider::datagram::DatagramProvider;
 
-    let test = "a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events";
-    let Some(name) = device(test) else { return };
+    let name = device(test)?;
     let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
     let group = Group::ipv4(GROUP).unwrap();
     const N: u64 = BURSTS * BURST;
@@ -356,7 +371,7 @@ fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events(
         .build()
         .unwrap();
     let mut events = Counted {
-        inner: rt.block_on(async { TokioEvents::new(wakeup) }).unwrap(),
+        inner: rt.block_on(async { make(wakeup) }),
         calls: 0,
         sleeps: 0,
     };
@@ -387,7 +402,7 @@ fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events(
                     )
                 })
                 .await
-                .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+                .unwrap_or_else(|e| panic!("{test}: datagram {i}: {e}"));
             slowest = slowest.max(t.elapsed());
             assert_eq!((sequence, n), (i, i), "datagram {i} out of sequence");
             assert!(
@@ -399,7 +414,7 @@ fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events(
             assert_eq!(qpn, from, "datagram {i} not from the publisher");
         }
         let allocs = counting::allocs() - before;
-        // Nothing more comes: the wait ends at its deadline (the tokio timer wakes it).
+        // Nothing more comes: the wait ends at its deadline.
         let t = Instant::now();
         let r = sub
             .recv_until_with(Deadline::after(&MONOTONIC, QUIET), |_| ())
@@ -414,34 +429,90 @@ fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events(
     let took = t0.elapsed();
     publisher.join().unwrap();
     let ep = sub.into_inner();
-    let (calls, sleeps) = (events.calls, events.sleeps);
+    let run = StreamRun {
+        calls: events.calls,
+        sleeps: events.sleeps,
+        allocs,
+        slowest,
+        quiet,
+    };
     eprintln!(
-        "{test}: {N} datagrams in {BURSTS} bursts in {took:?}; slowest receive {slowest:?}; \
-         {calls} event polls, {sleeps} sleeps; {allocs} allocations in {} receives; \
-         a quiet receive of {QUIET:?} ended after {quiet:?}",
-        N - 1
+        "{test}: {N} datagrams in {BURSTS} bursts in {took:?}; slowest receive {:?}; \
+         {} event polls, {} sleeps; {} allocations in {} receives; a quiet receive of \
+         {QUIET:?} ended after {:?}",
+        run.slowest,
+        run.calls,
+        run.sleeps,
+        run.allocs,
+        N - 1,
+        run.quiet
     );
     let c = tracker.counts();
     assert_eq!((c.received, c.lost, c.reordered), (N, 0, 0), "{c:?}");
     assert!(ep.failure().is_none());
-    assert_eq!(allocs, 0, "allocations per receive after the first");
-    // Asleep between bursts: at least one sleep per pause (the subscriber keeps up with a
-    // burst in far less than the pause; half of them allows for a descheduled VM).
-    assert!(sleeps >= BURSTS / 2, "{sleeps} sleeps in {BURSTS} pauses");
-    // Not polling: a busy-polling wait asks its events once per turn (tens of thousands of
-    // times in 20 pauses of 20 ms); an asleep one a handful of times per wake-up.
-    assert!(calls <= 8 * N, "{calls} event polls for {N} datagrams");
     // Bounded: no receive came near the endpoint's 5 s timeout, and the quiet one ended at
     // its deadline, not before, and not much after.
     assert!(
-        slowest < Duration::from_secs(3),
-        "slowest receive {slowest:?}"
+        run.slowest < Duration::from_secs(3),
+        "slowest receive {:?}",
+        run.slowest
     );
     assert!(
-        quiet >= QUIET && quiet < Duration::from_secs(3),
-        "a receive bounded at {QUIET:?} took {quiet:?}"
+        run.quiet >= QUIET && run.quiet < Duration::from_secs(3),
+        "a receive bounded at {QUIET:?} took {:?}",
+        run.quiet
+    );
+    Some(run)
+}
+
+/// The subscriber asleep on its endpoint's completion channel between bursts.
+#[test]
+fn a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events() {
+    let Some(run) = multicast_stream(
+        "a_multicast_subscriber_awaits_a_sequenced_stream_asleep_on_completion_events",
+        |w| TokioEvents::new(w).unwrap(),
+    ) else {
+        return;
+    };
+    assert_eq!(run.allocs, 0, "allocations per receive after the first");
+    // Asleep between bursts: at least one sleep per pause (the subscriber keeps up with a
+    // burst in far less than the pause; half of them allows for a descheduled VM).
+    assert!(
+        run.sleeps >= BURSTS / 2,
+        "{} sleeps in {BURSTS} pauses",
+        run.sleeps
+    );
+    // Not polling: an asleep wait asks its events a handful of times per wake-up; a
+    // busy-polling one once per turn (the next test measures that).
+    assert!(
+        run.calls <= ASLEEP_CALLS_PER_DATAGRAM * BURSTS * BURST,
+        "{} event polls for {} datagrams",
+        run.calls,
+        BURSTS * BURST
     );
 }
+
+/// The control for the test above: the same stream with `YieldEvents`, which re-polls on
+/// every turn of the runtime. Receives the same datagrams, and asks its events far more
+/// often than an asleep subscriber may: the count tells sleeping from polling.
+#[test]
+fn a_multicast_subscriber_polled_by_tokio_is_told_apart_by_its_event_polls() {
+    let Some(run) = multicast_stream(
+        "a_multicast_subscriber_polled_by_tokio_is_told_apart_by_its_event_polls",
+        |_| rverbs_async::YieldEvents,
+    ) else {
+        return;
+    };
+    assert!(
+        run.calls > ASLEEP_CALLS_PER_DATAGRAM * BURSTS * BURST,
+        "a busy-polling subscriber asked its events only {} times",
+        run.calls
+    );
+}
+
+/// The most event polls per datagram an asleep subscriber may make (measured on rxe:
+/// fewer than 1).
+const ASLEEP_CALLS_PER_DATAGRAM: u64 = 8;
 
 /// The rest of the channel's async operations on a device: fetch-and-add and
 /// compare-and-swap against a peer's window (the previous values come back, the window
