@@ -1,6 +1,9 @@
 //! rverbs-async on a real device (the SoftRoCE VM in CI): a tokio ping-pong between two
 //! queue pairs whose completion queues sit on completion channels, woken through tokio's
-//! reactor; buffers owned by their registrations; no allocation per operation.
+//! reactor; buffers owned by their registrations; no allocation per operation. Barrier
+//! loops of three ranks, asleep and polled. Atomics and a receive ring awaited. A multicast
+//! subscriber awaiting a publisher's sequenced stream asleep on its endpoint's completion
+//! channel, and the same stream busy-polled as the control that tells the two apart.
 #![allow(clippy::std_instead_of_core)] // test code: std is the natural vocabulary here
 
 use std::sync::atomic::{AtomicU64, Ordering};
