@@ -32,6 +32,11 @@
 //!
 //! [`AsyncNode`] awaits a node's barriers and messages the same way; they use only memory
 //! the node owns, so a dropped barrier is simply resumed by the next call.
+//! [`AsyncDatagram`] awaits datagrams (UD, multicast) on a
+//! [`Datagram`](rverbs_core::datagram::Datagram) endpoint, which owns its receive slots and
+//! keeps them posted: a multicast subscriber sleeps on the endpoint's completion channel
+//! (`VerbsDatagram::with_events`), and a dropped receive lends the device nothing and loses
+//! no datagram.
 //!
 //! # Waking
 //! [`TokioEvents`] (feature `tokio`) arms the completion queues, polls once more, then sleeps
@@ -64,15 +69,23 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod channel;
+mod datagram;
 mod error;
 mod events;
 mod node;
 mod ring;
 
 pub use channel::AsyncChannel;
+pub use datagram::AsyncDatagram;
 pub use error::AsyncError;
 #[cfg(feature = "tokio")]
 pub use events::TokioEvents;
 pub use events::{Events, YieldEvents};
 pub use node::AsyncNode;
 pub use ring::AsyncRing;
+
+/// The code of this crate's README (`README.md`, repeated verbatim in the workspace
+/// README's async section: `tests/readme.rs` checks), compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -483,6 +483,12 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         self.clock
     }
 
+    /// How long a receive waits by default ([`DatagramConfig::timeout`]).
+    #[inline]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The first failure, if the endpoint is broken.
     pub fn failure(&self) -> Option<DatagramError> {
         self.broken.map(|b| DatagramError::Broken {

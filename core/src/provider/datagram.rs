@@ -111,4 +111,13 @@ pub trait DatagramProvider {
     /// Ends the membership in `group`: nothing sent to it after this is delivered here.
     /// Leaving a group not joined is refused (`EINVAL`).
     fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError>;
+
+    /// The completion events of this queue pair's completion queues, if they raise any
+    /// ([`VerbsDatagram::with_events`](super::verbs_ud::VerbsDatagram::with_events)): what
+    /// an event loop sleeps on until a datagram arrives (rverbs-async's `AsyncDatagram`).
+    /// `None` (the default) for queues without a completion channel, and on the model.
+    #[cfg(feature = "alloc")]
+    fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        None
+    }
 }

@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use crate::completion::{Completion, DatagramCompletion};
@@ -42,7 +43,7 @@ use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::provider::{ProviderError, Verb};
 use crate::verb::errno::{EAFNOSUPPORT, EINVAL};
 use crate::verbs::{
-    AddressHandle, AhAttr, Context, Cq, IpMembership, Pd, UdConfig, UdQp, VerbsError,
+    AddressHandle, AhAttr, Context, Cq, CqEvents, IpMembership, Pd, UdConfig, UdQp, VerbsError,
 };
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest};
 
@@ -71,6 +72,9 @@ pub struct VerbsDatagram {
     cm: Option<crate::cm::multicast::CmGroups>,
     send_cq: Cq,
     recv_cq: Cq,
+    /// The completion events of both queues ([`VerbsDatagram::with_events`]); it keeps them
+    /// alive until it goes, so they outlive the queue pair either way.
+    events: Option<Arc<CqEvents>>,
 }
 
 impl VerbsDatagram {
@@ -78,6 +82,34 @@ impl VerbsDatagram {
     pub fn new(ctx: &Context, pd: &Pd, cfg: &UdConfig) -> Result<Self, VerbsError> {
         let send_cq = ctx.create_cq(cfg.max_send_wr)?;
         let recv_cq = ctx.create_cq(cfg.max_recv_wr)?;
+        Self::from_cqs(pd, cfg, send_cq, recv_cq, None)
+    }
+
+    /// Like [`VerbsDatagram::new`], with both completion queues on a completion channel of
+    /// their own (opt-in: an armed queue costs the device an event per wake-up).
+    /// [`completion_events`](DatagramProvider::completion_events) hands them out, so an
+    /// event loop can sleep until a datagram arrives instead of polling: rverbs-async's
+    /// `AsyncDatagram` with `TokioEvents`. The receive queue is what wakes a subscriber;
+    /// the send queue is on the channel too, so that a waiter for room to send is woken as
+    /// well (a completion of either queue wakes the one waiter, which polls both).
+    ///
+    /// The endpoint's own blocking waits ([`Datagram::recv`](crate::datagram::Datagram::recv))
+    /// still poll with their back-off; they do not sleep on these events.
+    pub fn with_events(ctx: &Context, pd: &Pd, cfg: &UdConfig) -> Result<Self, VerbsError> {
+        let channel = ctx.create_completion_channel()?;
+        let send_cq = ctx.create_cq_on(cfg.max_send_wr, &channel)?;
+        let recv_cq = ctx.create_cq_on(cfg.max_recv_wr, &channel)?;
+        let events = CqEvents::new(&channel, &[&send_cq, &recv_cq], false)?;
+        Self::from_cqs(pd, cfg, send_cq, recv_cq, Some(Arc::new(events)))
+    }
+
+    fn from_cqs(
+        pd: &Pd,
+        cfg: &UdConfig,
+        send_cq: Cq,
+        recv_cq: Cq,
+        events: Option<Arc<CqEvents>>,
+    ) -> Result<Self, VerbsError> {
         Ok(Self {
             groups: Vec::new(),
             qp: pd.create_ud_qp(&send_cq, &recv_cq, cfg)?,
@@ -85,7 +117,14 @@ impl VerbsDatagram {
             cm: None,
             send_cq,
             recv_cq,
+            events,
         })
+    }
+
+    /// The completion events of the two queues, if they were created on a completion
+    /// channel ([`VerbsDatagram::with_events`]).
+    pub fn events(&self) -> Option<&CqEvents> {
+        self.events.as_deref()
     }
 
     /// From now on, joins and leaves go through the RDMA connection manager (feature
@@ -257,6 +296,12 @@ impl DatagramProvider for VerbsDatagram {
         self.qp
             .set_error()
             .map_err(|e| e.provider_error(Verb::ModifyQpErr))
+    }
+
+    fn completion_events(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
+        self.events
+            .as_ref()
+            .map(|e| e.clone() as Arc<dyn crate::poll::Wakeup>)
     }
 
     fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {

@@ -1,0 +1,458 @@
+//! AsyncDatagram on the software model (host, and under Miri in tools/test-all): a
+//! multicast subscriber awaits a sequenced stream (every datagram, in order, its contents,
+//! no allocation per receive); a receive future dropped at every await point, forgotten,
+//! or ended by `tokio::time::timeout` loses no datagram and leaves every receive slot
+//! posted; a receive with nothing coming ends at its deadline and leaves the endpoint
+//! intact; an aborted task and a runtime shut down with a receive in flight drop the
+//! endpoint, whose queue pair is gone before its memory.
+// drop_non_drop: the drops end borrows of the test memory before it is reused.
+#![allow(
+    clippy::std_instead_of_core,
+    clippy::undocumented_unsafe_blocks,
+    clippy::drop_non_drop
+)]
+
+use std::cell::Cell;
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use rverbs_async::{AsyncDatagram, YieldEvents};
+use rverbs_core::datagram::{
+    memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
+};
+use rverbs_core::memory::{AccessFlags, Region};
+use rverbs_core::params::{Mtu, QpCaps};
+use rverbs_core::poll::{Deadline, StaticClock, StepClock};
+use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
+use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
+
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub(crate) struct Counting;
+    thread_local! {
+        static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+    pub(crate) fn allocs() -> u64 {
+        ALLOCS.with(Cell::get)
+    }
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            unsafe { System.dealloc(p, l) }
+        }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
+
+const SLOTS: u32 = 4;
+const GROUP: [u8; 4] = [239, 1, 2, 3];
+
+macro_rules! clock {
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
+}
+
+fn net<'m>(nodes: u32) -> SoftNet<'m> {
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 8,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    SoftNet::new(SoftNetConfig::new(nodes, caps))
+}
+
+fn config(timeout: Duration) -> DatagramConfig {
+    let mut c = DatagramConfig::default();
+    (c.recv_slots, c.send_slots, c.timeout) = (SLOTS, 2, timeout);
+    c
+}
+
+fn mem() -> Vec<u8> {
+    vec![0; memory_needed(Mtu::B256.bytes(), &config(Duration::ZERO))]
+}
+
+type End<'n, M> = Datagram<NetDatagram<'n>, M>;
+
+fn endpoint<'n, M: Region>(
+    net: &'n SoftNet<'_>,
+    node: u32,
+    region: M,
+    timeout: Duration,
+    clock: StaticClock,
+) -> End<'n, M> {
+    let qp = net.create_datagram(node, 0x0123_4567, Mtu::B256).unwrap();
+    Datagram::new(qp, region, config(timeout), clock).unwrap()
+}
+
+fn region<'n, 'm>(net: &'n SoftNet<'m>, node: u32, m: &'m mut [u8]) -> NetRegion<'n> {
+    net.register(node, m, AccessFlags::LOCAL_WRITE).unwrap()
+}
+
+/// Polls `fut` once with a waker that does nothing.
+fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Polls `fut` to completion (YieldEvents wakes at once, so polling again is what the
+/// waker asks for); at most a million polls.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..1_000_000 {
+        if let Poll::Ready(v) = poll_once(fut.as_mut()) {
+            return v;
+        }
+    }
+    panic!("the future did not finish within a million polls");
+}
+
+/// A datagram copied out of its slot: the payload's first bytes and its length.
+fn copy(d: rverbs_core::datagram::Received<'_>) -> (usize, [u8; 16]) {
+    let mut b = [0u8; 16];
+    let n = d.payload.len().min(16);
+    b[..n].copy_from_slice(&d.payload[..n]);
+    (d.payload.len(), b)
+}
+
+#[test]
+fn a_subscriber_awaits_a_sequenced_multicast_stream_in_order_without_allocating() {
+    const N: u64 = 3 * SLOTS as u64; // every slot reused twice
+    let (mut m0, mut m1, mut m2) = (mem(), mem(), mem());
+    let net = net(3);
+    let (r0, r1, r2) = (
+        region(&net, 0, &mut m0),
+        region(&net, 1, &mut m1),
+        region(&net, 2, &mut m2),
+    );
+    let clock = clock!();
+    let mut publisher = endpoint(&net, 0, r0, Duration::from_secs(60), clock);
+    let mut subs = [
+        AsyncDatagram::new(
+            endpoint(&net, 1, r1, Duration::from_secs(60), clock),
+            YieldEvents,
+        ),
+        AsyncDatagram::new(
+            endpoint(&net, 2, r2, Duration::from_secs(60), clock),
+            YieldEvents,
+        ),
+    ];
+    let group = Group::ipv4(GROUP).unwrap();
+    for s in &mut subs {
+        s.datagram().join(group).unwrap();
+    }
+    let to = publisher.group_peer(group).unwrap();
+    let from = publisher.endpoint().qpn;
+    let mut seq = Sequencer::new(7);
+    let mut trackers = [SequenceTracker::for_stream(7); 2];
+    let mut before = 0;
+    for i in 0..N {
+        if i == 1 {
+            before = counting::allocs(); // after one round: nothing is set up lazily
+        }
+        let h = seq.stamp();
+        publisher.send_parts(&to, &[&h, &i.to_le_bytes()]).unwrap();
+        for (s, t) in subs.iter_mut().zip(&mut trackers) {
+            let (sequence, body, group_of, qpn) = block_on(s.recv_with(|d| {
+                let (h, body) = t.observe(d.payload).expect("a sequence header");
+                let mut b = [0u8; 8];
+                b.copy_from_slice(body);
+                (
+                    h.sequence,
+                    u64::from_le_bytes(b),
+                    d.source.group,
+                    d.source.qpn,
+                )
+            }))
+            .unwrap();
+            assert_eq!((sequence, body), (i, i), "datagram {i}");
+            assert_eq!(group_of, Some(group.gid()));
+            assert_eq!(qpn, from);
+        }
+    }
+    assert_eq!(
+        counting::allocs() - before,
+        0,
+        "allocations in {} receives and {} sends",
+        2 * (N - 1),
+        N - 1
+    );
+    for t in &trackers {
+        let c = t.counts();
+        assert_eq!((c.received, c.lost, c.reordered), (N, 0, 0));
+        assert_eq!((c.first, c.highest), (Some(0), Some(N - 1)));
+    }
+    for s in &mut subs {
+        assert_eq!(s.datagram().stats().received, N);
+    }
+}
+
+/// Two endpoints: a publisher (node 0) and a subscriber (node 1) joined to the group.
+struct Pair<'n, M: Region> {
+    publisher: End<'n, NetRegion<'n>>,
+    sub: AsyncDatagram<NetDatagram<'n>, M, YieldEvents>,
+    to: rverbs_core::datagram::Peer<
+        <NetDatagram<'n> as rverbs_core::provider::datagram::DatagramProvider>::Address,
+    >,
+}
+
+fn pair<'n, 'm, M: Region>(
+    net: &'n SoftNet<'m>,
+    m0: &'m mut [u8],
+    sub_region: M,
+    timeout: Duration,
+    clock: StaticClock,
+) -> Pair<'n, M> {
+    let mut publisher = endpoint(net, 0, region(net, 0, m0), timeout, clock);
+    let mut sub = AsyncDatagram::new(endpoint(net, 1, sub_region, timeout, clock), YieldEvents);
+    let group = Group::ipv4(GROUP).unwrap();
+    sub.datagram().join(group).unwrap();
+    let to = publisher.group_peer(group).unwrap();
+    Pair { publisher, sub, to }
+}
+
+/// A receive future dropped after `polls` polls, with a datagram arriving before the drop
+/// (`arrives_first`) or after it: the next receive gets it, and the device has every slot
+/// back.
+fn drop_recv_after(polls: usize, arrives_first: bool) {
+    let (mut m0, mut m1) = (mem(), mem());
+    let net = net(2);
+    let r1 = region(&net, 1, &mut m1);
+    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(60), clock!());
+    {
+        let mut fut = Box::pin(p.sub.recv_with(copy));
+        for _ in 0..polls {
+            assert!(poll_once(fut.as_mut()).is_pending(), "nothing sent yet");
+        }
+        if arrives_first {
+            p.publisher.send(&p.to, b"while waiting").unwrap();
+        }
+    }
+    if !arrives_first {
+        // Dropped with nothing in it: every receive is still posted.
+        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+        p.publisher.send(&p.to, b"after the drop").unwrap();
+    }
+    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+    let want: &[u8] = if arrives_first {
+        b"while waiting"
+    } else {
+        b"after the drop"
+    };
+    assert_eq!(&b[..len], want, "polls {polls}");
+    // The slot lent to the closure goes back with the next call; all others stayed posted.
+    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS - 1);
+    assert_eq!(p.sub.datagram().stats().received, 1);
+}
+
+#[test]
+fn a_receive_dropped_at_every_await_point_loses_no_datagram() {
+    for polls in 0..4 {
+        drop_recv_after(polls, false);
+        drop_recv_after(polls, true);
+    }
+}
+
+/// A region that says when it is dropped, and whether the queue pair that received into it
+/// was gone by then (the subscriber had left the group).
+struct Tracked<'n> {
+    region: NetRegion<'n>,
+    net: &'n SoftNet<'n>,
+    dropped: Rc<Cell<Option<usize>>>,
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        let members = self.net.group_members(Group::ipv4(GROUP).unwrap().gid());
+        self.dropped.set(Some(members));
+    }
+}
+
+// SAFETY: forwards to the model's region, which borrows its memory for the net's whole
+// life (leaking it leaks nothing the device can reach after the net).
+unsafe impl Region for Tracked<'_> {
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+    fn remote(&self) -> RemoteMemory {
+        self.region.remote()
+    }
+    fn access(&self) -> AccessFlags {
+        self.region.access()
+    }
+    fn load_u64(&self, offset: usize) -> Option<u64> {
+        self.region.load_u64(offset)
+    }
+    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
+        self.region.read_into(offset, dst)
+    }
+    fn write_from(&self, offset: usize, src: &[u8]) -> bool {
+        self.region.write_from(offset, src)
+    }
+    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+        self.region.sge(range)
+    }
+    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+        self.region.sge_mut(range)
+    }
+    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
+        unsafe { self.region.slice_unchecked(range) }
+    }
+}
+
+#[test]
+fn a_forgotten_receive_future_loses_no_datagram() {
+    let (mut m0, mut m1) = (mem(), mem());
+    let net = net(2);
+    let r1 = region(&net, 1, &mut m1);
+    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(60), clock!());
+    let mut fut = Box::pin(p.sub.recv_with(copy));
+    assert!(poll_once(fut.as_mut()).is_pending());
+    // Forget it: its destructor never runs, its borrow of the endpoint ends. (The box's
+    // memory is reclaimed without dropping the future, as a leak would never, so Miri sees
+    // no leak.)
+    let boxed = unsafe { Pin::into_inner_unchecked(fut) };
+    let layout = std::alloc::Layout::for_value(&*boxed);
+    let raw = Box::into_raw(boxed).cast::<u8>();
+    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+    p.publisher.send(&p.to, b"to the forgotten").unwrap();
+    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+    assert_eq!(&b[..len], b"to the forgotten");
+    unsafe { std::alloc::dealloc(raw, layout) };
+}
+
+#[test]
+fn tokio_timeout_around_a_receive_then_the_datagram_arrives() {
+    let (mut m0, mut m1) = (mem(), mem());
+    let net = net(2);
+    let r1 = region(&net, 1, &mut m1);
+    // The endpoint's own bound (on the step clock) is far beyond tokio's 5 ms, so tokio's
+    // timeout is what ends the wait.
+    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(3600), clock!());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let timed_out = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_millis(5), p.sub.recv_with(copy)).await
+        })
+        .is_err();
+    assert!(timed_out, "nothing was sent: the timeout fires");
+    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+    p.publisher.send(&p.to, b"late").unwrap();
+    let (len, b) = rt.block_on(p.sub.recv_with(copy)).unwrap();
+    assert_eq!(&b[..len], b"late");
+}
+
+#[test]
+fn a_receive_with_nothing_coming_ends_at_its_deadline_and_the_endpoint_stays_usable() {
+    let (mut m0, mut m1) = (mem(), mem());
+    let net = net(2);
+    let r1 = region(&net, 1, &mut m1);
+    let clock = clock!(); // 1 ms per read
+    let timeout = Duration::from_millis(20);
+    let mut p = pair(&net, &mut m0, r1, timeout, clock);
+    let mut polls = 0u32;
+    let r = {
+        let mut fut = std::pin::pin!(p.sub.recv_with(copy));
+        loop {
+            polls += 1;
+            if let Poll::Ready(r) = poll_once(fut.as_mut()) {
+                break r;
+            }
+            assert!(polls < 1000, "the wait outlived its deadline");
+        }
+    };
+    match r {
+        Err(DatagramError::TimedOut { waited }) => assert!(waited >= timeout, "{waited:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // An explicit deadline, already passed: refused at once, after one look.
+    let past = Deadline::after(clock, Duration::ZERO);
+    let r = block_on(p.sub.recv_until_with(past, copy));
+    assert!(matches!(r, Err(DatagramError::TimedOut { .. })), "{r:?}");
+    // Intact: every slot posted, and the next datagram arrives.
+    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+    assert!(p.sub.datagram().failure().is_none());
+    p.publisher.send(&p.to, b"still here").unwrap();
+    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+    assert_eq!(&b[..len], b"still here");
+}
+
+#[test]
+fn an_aborted_task_and_a_runtime_shut_down_drop_the_endpoint_queue_pair_first() {
+    for shutdown in [false, true] {
+        // tokio tasks are 'static: memory and net are leaked for the test, and reclaimed at
+        // its end.
+        let m1: *mut [u8] = Box::into_raw(mem().into_boxed_slice());
+        let n: *mut SoftNet<'static> = Box::into_raw(Box::new(net(2)));
+        let net: &'static SoftNet<'static> = unsafe { &*n };
+        let dropped = Rc::new(Cell::new(None));
+        let tracked = Tracked {
+            region: net
+                .register(1, unsafe { &mut *m1 }, AccessFlags::LOCAL_WRITE)
+                .unwrap(),
+            net,
+            dropped: dropped.clone(),
+        };
+        let mut sub = AsyncDatagram::new(
+            endpoint(net, 1, tracked, Duration::from_secs(60), clock!()),
+            YieldEvents,
+        );
+        let group = Group::ipv4(GROUP).unwrap();
+        sub.datagram().join(group).unwrap();
+        assert_eq!(net.group_members(group.gid()), 1);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        let waiting = Rc::new(Cell::new(false));
+        let w = waiting.clone();
+        let task = local.spawn_local(async move {
+            w.set(true);
+            // Nothing is sent: this waits until it is aborted or the runtime goes.
+            let _ = sub.recv_with(copy).await;
+        });
+        rt.block_on(local.run_until(async {
+            while !waiting.get() {
+                tokio::task::yield_now().await;
+            }
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+        }));
+        assert_eq!(dropped.get(), None, "still waiting");
+        if shutdown {
+            drop(local);
+            drop(rt);
+            drop(task);
+        } else {
+            task.abort();
+            rt.block_on(local.run_until(async {
+                assert!(task.await.unwrap_err().is_cancelled());
+            }));
+        }
+        // The endpoint went with the task: its queue pair (which left the group) before the
+        // memory it received into.
+        assert_eq!(dropped.get(), Some(0), "shutdown {shutdown}");
+        unsafe {
+            drop(Box::from_raw(n));
+            drop(Box::from_raw(m1));
+        }
+    }
+}
