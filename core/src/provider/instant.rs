@@ -335,7 +335,7 @@ impl InstantDevice {
             wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
             inner: Rc::new(CqInner {
                 raw: Heap::new(raw),
-                _ring: ring,
+                ring,
                 capacity,
                 _dev: self.clone(),
             }),
@@ -347,10 +347,10 @@ impl InstantDevice {
     pub fn qp(&self, send_cq: &InstantCq, recv_cq: &InstantCq, caps: QpCaps) -> InstantQp {
         let qp_num = self.inner.next_qpn.get();
         self.inner.next_qpn.set(qp_num + 1);
-        let state = Heap::new(QpState {
+        let state = Rc::new(Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
-        });
+        }));
         let mut raw: sys::ibv_qp = zeroed();
         raw.context = self.ctx();
         raw.qp_context = state.get().cast::<c_void>();
@@ -396,7 +396,7 @@ impl InstantDevice {
 struct CqInner {
     // Field order is drop order: nothing points at the ring once the CQ struct is gone.
     raw: Heap<sys::ibv_cq>,
-    _ring: Heap<Ring>,
+    ring: Heap<Ring>,
     capacity: u32,
     _dev: InstantDevice,
 }
@@ -458,7 +458,8 @@ impl CompletionQueue for InstantCq {
 pub struct InstantQp {
     // Field order is drop order: the QP struct goes before the state it points at.
     raw: Heap<sys::ibv_qp>,
-    state: Heap<QpState>,
+    // Shared with the queue pair's [`Arrivals`], which may outlive it.
+    state: Rc<Heap<QpState>>,
     chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
@@ -478,6 +479,66 @@ impl InstantQp {
     /// lives.
     pub fn raw(&self) -> *mut sys::ibv_qp {
         self.raw.get()
+    }
+
+    /// A handle that plays a peer's sends arriving at this queue pair (the instant device
+    /// delivers nothing by itself): a benchmark makes messages arrive with it.
+    pub fn arrivals(&self) -> Arrivals {
+        Arrivals {
+            state: self.state.clone(),
+            recv_cq: self._cqs[1].clone(),
+            qp_num: self.qp_num(),
+        }
+    }
+}
+
+/// Completes a queue pair's oldest posted receive as a peer's send would
+/// ([`InstantQp::arrivals`], [`InstantProvider::arrivals`]); the receive buffer is not
+/// written (the device never touches memory).
+pub struct Arrivals {
+    state: Rc<Heap<QpState>>,
+    recv_cq: Rc<CqInner>,
+    qp_num: u32,
+}
+
+impl fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arrivals")
+            .field("qp_num", &self.qp_num)
+            .finish()
+    }
+}
+
+impl Arrivals {
+    /// A message of `byte_len` bytes (with immediate `imm`, if any) arrives: the oldest
+    /// posted receive completes successfully into the receive completion queue. `false` if
+    /// no receive is posted, the queue pair is in the error state or the queue is full.
+    /// Does not allocate.
+    pub fn deliver(&self, byte_len: u32, imm: Option<u32>) -> bool {
+        // SAFETY: the state and the ring stay allocated while this handle holds them; the
+        // driver reaches them only inside calls made from this thread (nothing here is
+        // `Send`), none of which is running now.
+        unsafe {
+            let st = &mut *self.state.get();
+            let ring = &mut *self.recv_cq.ring.get();
+            if st.error || st.recvs.is_empty() || ring.len == ring.wc.len() {
+                return false;
+            }
+            let wr_id = st.recvs.remove(0);
+            ring.push(RawWc {
+                wr_id,
+                opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
+                byte_len,
+                imm_data: imm.map_or(0, u32::to_be),
+                wc_flags: if imm.is_some() {
+                    sys::ibv_wc_flags::IBV_WC_WITH_IMM.0
+                } else {
+                    0
+                },
+                qp_num: self.qp_num,
+                ..RawWc::default()
+            })
+        }
     }
 }
 
@@ -561,6 +622,11 @@ impl InstantProvider {
     /// The receive completion queue's `ibv_cq` (see [`InstantCq::raw`]).
     pub fn raw_recv_cq(&self) -> *mut sys::ibv_cq {
         self.recv_cq.raw()
+    }
+
+    /// Plays a peer's sends arriving (see [`InstantQp::arrivals`]).
+    pub fn arrivals(&self) -> Arrivals {
+        self.qp.arrivals()
     }
 }
 
