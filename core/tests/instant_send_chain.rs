@@ -176,7 +176,10 @@ fn arrivals_complete_the_oldest_posted_receive() {
     for (len, imm) in [(5, Some(9)), (16, None), (1, Some(0xdead_beef))] {
         assert!(arrivals.deliver(len, imm));
         let m = ring.try_recv().expect("arrived").expect("received");
-        assert_eq!((m.data.len(), m.done.imm, m.done.written), (len as usize, imm, false));
+        assert_eq!(
+            (m.data.len(), m.done.imm, m.done.written),
+            (len as usize, imm, false)
+        );
     }
     // Four slots, three re-posted so far (the last lent out): three more arrive, then none.
     for _ in 0..3 {
