@@ -32,10 +32,12 @@ use core::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{Event, Node, NodeParts};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
+use rverbs_core::provider::datagram::{DatagramProvider, Destination};
 use rverbs_core::provider::instant::{
     Arrivals, InstantCq, InstantDevice, InstantQp, InstantRegion, PeerHand,
 };
@@ -62,6 +64,7 @@ const CASES: &[&str] = &[
     "progress_idle",
     "recv_ring",
     "node_message",
+    "datagram_send",
     "atomic",
 ];
 
@@ -667,6 +670,44 @@ fn case(name: &str, raw: bool, n: u64) {
                         black_box(d);
                     });
                     assert_eq!(messages, 1);
+                },
+                n,
+            );
+        }
+        ("datagram_send", false) => {
+            let cfg = DatagramConfig::default();
+            let dg = dev.datagram(caps());
+            let mem = dev.region(memory_needed(dg.mtu(), &cfg), AccessFlags::LOCAL_WRITE);
+            let mut ep = Datagram::new(dg, mem, cfg, &MONOTONIC).expect("endpoint");
+            assert_eq!(u64::from(ep.signal_every()), SIGNAL_EVERY);
+            // To itself: the instant device delivers nothing anyway.
+            let to = ep.peer(&ep.endpoint()).expect("peer");
+            run(|| ep.send(&to, black_box(&data)).expect("send"), n);
+        }
+        ("datagram_send", true) => {
+            // By hand: an inline UD send naming the address handle, queue pair and Q_Key,
+            // signaled every 16th, polled only when the queue would overflow.
+            let mut dg = dev.datagram(caps());
+            let ah = dg.address(Destination::Lid(dg.lid())).expect("address");
+            let (qpn, qkey) = (dg.qp_num(), dg.qkey());
+            let mut r = Raw::new([dg.raw_qp()], dg.raw_send_cq(), sge);
+            run(
+                || {
+                    r.room(0, 1);
+                    let sig = r.signal_due(0);
+                    let w = r.build(
+                        0,
+                        0,
+                        sys::ibv_wr_opcode::IBV_WR_SEND,
+                        Some(black_box(&data)),
+                        sig,
+                    );
+                    w.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                        ah: ah.raw(),
+                        remote_qpn: qpn,
+                        remote_qkey: qkey,
+                    };
+                    r.post(0);
                 },
                 n,
             );
