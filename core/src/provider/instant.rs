@@ -770,9 +770,15 @@ impl InstantRegion {
     /// # Safety
     /// Nobody may write the range while the slice lives (no [`PeerHand`] of this region).
     pub unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
-        let (addr, len) = self.bytes().entry(&range)?;
-        // SAFETY: in bounds; the caller rules out writers while the slice lives.
-        Some(unsafe { core::slice::from_raw_parts(addr as usize as *const u8, len as usize) })
+        let (_, len) = self.bytes().entry(&range)?;
+        // From the allocation's pointer, not the entry's integer address: a pointer made
+        // from an integer has no provenance, and a slice through it is undefined behaviour
+        // (Miri reports it).
+        // SAFETY: in bounds (checked by `entry`); the caller rules out writers while the
+        // slice lives.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.mem.ptr.as_ptr().add(range.start), len as usize)
+        })
     }
 
     /// A gather entry for `range`, or `None` if out of bounds. Does not allocate.
