@@ -2,7 +2,7 @@
 //! the `ibv_send_wr` list it is given the way a real driver does: every post hands the
 //! driver exactly its own requests (the list ends after the last one, whatever longer post
 //! came before), with their ids and opcodes, and a post longer than a chain is refused
-//! whole.
+//! whole. And the device's `Arrivals`, with which the cost bench plays a peer's sends.
 
 use rverbs_core::completion::{Completion, CompletionKind};
 use rverbs_core::params::QpCaps;
@@ -154,4 +154,71 @@ fn every_opcode_reaches_the_driver_as_its_verb() {
             .collect::<Vec<_>>(),
         vec![52]
     );
+}
+
+/// `Arrivals` completes the oldest posted receive with the length and immediate given (so a
+/// `RecvRing` hands out its slots in order), and refuses when no receive is posted.
+#[test]
+fn arrivals_complete_the_oldest_posted_receive() {
+    use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
+    use rverbs_core::memory::AccessFlags;
+    use rverbs_core::poll::StepClock;
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    let dev = InstantDevice::new();
+    let prov = dev.provider(caps());
+    let arrivals = prov.arrivals();
+    assert!(!arrivals.deliver(8, None), "no receive is posted yet");
+    let chan = Channel::new(prov, ChannelConfig::default(), &CLOCK);
+    let mut ring = RecvRing::new(chan, dev.region(4 * 16, AccessFlags::LOCAL_WRITE), 16).unwrap();
+    assert_eq!(ring.slots(), 4);
+    assert!(ring.try_recv().is_none(), "nothing arrived");
+    for (len, imm) in [(5, Some(9)), (16, None), (1, Some(0xdead_beef))] {
+        assert!(arrivals.deliver(len, imm));
+        let m = ring.try_recv().expect("arrived").expect("received");
+        assert_eq!(
+            (m.data.len(), m.done.imm, m.done.written),
+            (len as usize, imm, false)
+        );
+    }
+    // Four slots, three re-posted so far (the last lent out): three more arrive, then none.
+    for _ in 0..3 {
+        assert!(arrivals.deliver(8, None));
+    }
+    assert!(!arrivals.deliver(8, None), "every posted receive is taken");
+}
+
+/// The instant device's datagram queue pair under a `Datagram` endpoint (what the cost bench
+/// measures datagram sends on): inline and slot sends complete, `wait_sent` retires them,
+/// nothing ever arrives, multicast is refused, and dropping the endpoint drains it.
+#[test]
+fn datagram_sends_complete_on_the_instant_device() {
+    use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
+    use rverbs_core::memory::AccessFlags;
+    use rverbs_core::poll::StepClock;
+    use rverbs_core::provider::datagram::DatagramProvider;
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    let dev = InstantDevice::new();
+    let dg = dev.datagram(caps());
+    let mut cfg = DatagramConfig::default();
+    cfg.recv_slots = 8;
+    let mem = dev.region(memory_needed(dg.mtu(), &cfg), AccessFlags::LOCAL_WRITE);
+    let mut ep = Datagram::new(dg, mem, cfg, &CLOCK).unwrap();
+    let to = ep.peer(&ep.endpoint()).unwrap();
+    for _ in 0..40 {
+        ep.send(&to, b"12345678").unwrap();
+    }
+    // Past the inline limit (64): through a send slot.
+    ep.send(&to, &[7u8; 200]).unwrap();
+    ep.wait_sent().unwrap();
+    assert_eq!(ep.outstanding_sends(), 0);
+    let stats = ep.stats();
+    assert_eq!((stats.sent, stats.sent_inline), (41, 40));
+    assert!(
+        ep.try_recv().is_none(),
+        "the instant device delivers nothing"
+    );
+    assert!(ep.join(Group::ipv4([239, 1, 2, 3]).unwrap()).is_err());
+    drop(ep);
 }

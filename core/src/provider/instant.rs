@@ -16,7 +16,10 @@
 //!
 //! Its raw handles ([`InstantProvider::raw_qp`], [`InstantCq::raw`]) let a baseline post
 //! hand-built `ibv_send_wr` chains to the same driver and poll the same rings, so the two
-//! can be compared: `benches/benches/library.rs`.
+//! can be compared: `benches/benches/library.rs` (time) and `benches/benches/cost.rs`
+//! (instructions, `tools/cost`). [`Arrivals`] plays a peer's sends arriving (it completes
+//! the oldest posted receive), so receive paths can be measured too; [`InstantDatagram`] is
+//! a datagram queue pair on the same driver.
 //!
 //! ```
 //! use rverbs_core::channel::{Channel, ChannelConfig};
@@ -51,9 +54,11 @@ use core::ffi::{c_int, c_void};
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use crate::completion::Completion;
+use crate::completion::{Completion, DatagramCompletion};
+use crate::gid::Gid;
 use crate::memory::{AccessFlags, VolatileBytes};
 use crate::params::QpCaps;
+use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::{poll_completions, POLL_BATCH};
@@ -61,7 +66,7 @@ use crate::verbs::ffi::sys;
 use crate::verbs::qp::post_recv_chain;
 use crate::verbs::send_chain::{post_send_chain, SendChain};
 use crate::verbs::VerbsError;
-use crate::wr::{PostFailure, RecvRequest, WorkRequest};
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 const ENOMEM: c_int = 12;
 
@@ -335,7 +340,7 @@ impl InstantDevice {
             wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
             inner: Rc::new(CqInner {
                 raw: Heap::new(raw),
-                _ring: ring,
+                ring,
                 capacity,
                 _dev: self.clone(),
             }),
@@ -347,10 +352,10 @@ impl InstantDevice {
     pub fn qp(&self, send_cq: &InstantCq, recv_cq: &InstantCq, caps: QpCaps) -> InstantQp {
         let qp_num = self.inner.next_qpn.get();
         self.inner.next_qpn.set(qp_num + 1);
-        let state = Heap::new(QpState {
+        let state = Rc::new(Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
-        });
+        }));
         let mut raw: sys::ibv_qp = zeroed();
         raw.context = self.ctx();
         raw.qp_context = state.get().cast::<c_void>();
@@ -396,7 +401,7 @@ impl InstantDevice {
 struct CqInner {
     // Field order is drop order: nothing points at the ring once the CQ struct is gone.
     raw: Heap<sys::ibv_cq>,
-    _ring: Heap<Ring>,
+    ring: Heap<Ring>,
     capacity: u32,
     _dev: InstantDevice,
 }
@@ -458,7 +463,8 @@ impl CompletionQueue for InstantCq {
 pub struct InstantQp {
     // Field order is drop order: the QP struct goes before the state it points at.
     raw: Heap<sys::ibv_qp>,
-    state: Heap<QpState>,
+    // Shared with the queue pair's [`Arrivals`], which may outlive it.
+    state: Rc<Heap<QpState>>,
     chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
@@ -478,6 +484,66 @@ impl InstantQp {
     /// lives.
     pub fn raw(&self) -> *mut sys::ibv_qp {
         self.raw.get()
+    }
+
+    /// A handle that plays a peer's sends arriving at this queue pair (the instant device
+    /// delivers nothing by itself): a benchmark makes messages arrive with it.
+    pub fn arrivals(&self) -> Arrivals {
+        Arrivals {
+            state: self.state.clone(),
+            recv_cq: self._cqs[1].clone(),
+            qp_num: self.qp_num(),
+        }
+    }
+}
+
+/// Completes a queue pair's oldest posted receive as a peer's send would
+/// ([`InstantQp::arrivals`], [`InstantProvider::arrivals`]); the receive buffer is not
+/// written (the device never touches memory).
+pub struct Arrivals {
+    state: Rc<Heap<QpState>>,
+    recv_cq: Rc<CqInner>,
+    qp_num: u32,
+}
+
+impl fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arrivals")
+            .field("qp_num", &self.qp_num)
+            .finish()
+    }
+}
+
+impl Arrivals {
+    /// A message of `byte_len` bytes (with immediate `imm`, if any) arrives: the oldest
+    /// posted receive completes successfully into the receive completion queue. `false` if
+    /// no receive is posted, the queue pair is in the error state or the queue is full.
+    /// Does not allocate.
+    pub fn deliver(&self, byte_len: u32, imm: Option<u32>) -> bool {
+        // SAFETY: the state and the ring stay allocated while this handle holds them; the
+        // driver reaches them only inside calls made from this thread (nothing here is
+        // `Send`), none of which is running now.
+        unsafe {
+            let st = &mut *self.state.get();
+            let ring = &mut *self.recv_cq.ring.get();
+            if st.error || st.recvs.is_empty() || ring.len == ring.wc.len() {
+                return false;
+            }
+            let wr_id = st.recvs.remove(0);
+            ring.push(RawWc {
+                wr_id,
+                opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
+                byte_len,
+                imm_data: imm.map_or(0, u32::to_be),
+                wc_flags: if imm.is_some() {
+                    sys::ibv_wc_flags::IBV_WC_WITH_IMM.0
+                } else {
+                    0
+                },
+                qp_num: self.qp_num,
+                ..RawWc::default()
+            })
+        }
     }
 }
 
@@ -561,6 +627,11 @@ impl InstantProvider {
     /// The receive completion queue's `ibv_cq` (see [`InstantCq::raw`]).
     pub fn raw_recv_cq(&self) -> *mut sys::ibv_cq {
         self.recv_cq.raw()
+    }
+
+    /// Plays a peer's sends arriving (see [`InstantQp::arrivals`]).
+    pub fn arrivals(&self) -> Arrivals {
+        self.qp.arrivals()
     }
 }
 
@@ -699,9 +770,15 @@ impl InstantRegion {
     /// # Safety
     /// Nobody may write the range while the slice lives (no [`PeerHand`] of this region).
     pub unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
-        let (addr, len) = self.bytes().entry(&range)?;
-        // SAFETY: in bounds; the caller rules out writers while the slice lives.
-        Some(unsafe { core::slice::from_raw_parts(addr as usize as *const u8, len as usize) })
+        let (_, len) = self.bytes().entry(&range)?;
+        // From the allocation's pointer, not the entry's integer address: a pointer made
+        // from an integer has no provenance, and a slice through it is undefined behaviour
+        // (Miri reports it).
+        // SAFETY: in bounds (checked by `entry`); the caller rules out writers while the
+        // slice lives.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.mem.ptr.as_ptr().add(range.start), len as usize)
+        })
     }
 
     /// A gather entry for `range`, or `None` if out of bounds. Does not allocate.
@@ -752,5 +829,206 @@ impl PeerHand {
     #[inline]
     pub fn store_u64(&self, offset: usize, v: u64) -> bool {
         self.mem.bytes().store_u64(offset, v)
+    }
+}
+
+/// The instant device's Q_Key for its datagram queue pairs.
+const DATAGRAM_QKEY: u32 = 0x1111_1111;
+/// The path MTU its datagram queue pairs report.
+const DATAGRAM_MTU: u32 = 1024;
+const EOPNOTSUPP: c_int = 95;
+
+/// An address on the instant device: an `ibv_ah` of its own (zeroed: the driver reads
+/// nothing of it) that a hand-written baseline puts in its requests as rverbs does.
+#[derive(Clone)]
+pub struct InstantAddress {
+    ah: Rc<Heap<sys::ibv_ah>>,
+    to: Destination,
+}
+
+impl fmt::Debug for InstantAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantAddress")
+            .field("to", &self.to)
+            .finish()
+    }
+}
+
+impl InstantAddress {
+    /// The `ibv_ah` a hand-written poster names in `wr.ud.ah`: valid while this handle (or
+    /// a clone) lives.
+    pub fn raw(&self) -> *mut sys::ibv_ah {
+        self.ah.get()
+    }
+}
+
+/// A datagram queue pair of the instant device with its own two completion queues: a
+/// [`DatagramProvider`], so that [`Datagram`](crate::datagram::Datagram)'s sends can be
+/// measured. Sends complete at once (signaled ones) and go nowhere; no datagram ever
+/// arrives, so receives stay posted until the queue pair is flushed; multicast groups are
+/// refused (`EOPNOTSUPP`). Its send path fills each `ibv_send_wr` the way
+/// [`UdQp::post_send`](crate::verbs::UdQp::post_send) does (the same fields, the same
+/// chain), less the address handle's protection-domain check (the device has none).
+pub struct InstantDatagram {
+    qp: InstantQp,
+    send_cq: InstantCq,
+    recv_cq: InstantCq,
+    /// Where polls of the receive queue put completions before they become datagram ones.
+    recv_wc: [Completion; POLL_BATCH],
+    ctx: *mut sys::ibv_context,
+}
+
+impl fmt::Debug for InstantDatagram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InstantDatagram")
+            .field("qp", &self.qp)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InstantDevice {
+    /// A datagram queue pair with a send and a receive completion queue of its own, each as
+    /// deep as its queue (plus one entry). Allocates (setup).
+    pub fn datagram(&self, caps: QpCaps) -> InstantDatagram {
+        let send_cq = self.cq(caps.max_send_wr + 1);
+        let recv_cq = self.cq(caps.max_recv_wr + 1);
+        let qp = self.qp(&send_cq, &recv_cq, caps);
+        // SAFETY: the struct is ours and nothing else reads it now.
+        unsafe { (*qp.raw()).qp_type = sys::ibv_qp_type::IBV_QPT_UD };
+        InstantDatagram {
+            qp,
+            send_cq,
+            recv_cq,
+            recv_wc: [Completion::EMPTY; POLL_BATCH],
+            ctx: self.ctx(),
+        }
+    }
+}
+
+impl InstantDatagram {
+    /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
+    pub fn raw_qp(&self) -> *mut sys::ibv_qp {
+        self.qp.raw()
+    }
+
+    /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
+    pub fn raw_send_cq(&self) -> *mut sys::ibv_cq {
+        self.send_cq.raw()
+    }
+}
+
+impl DatagramProvider for InstantDatagram {
+    type Address = InstantAddress;
+
+    #[inline]
+    fn same_address(a: &InstantAddress, b: &InstantAddress) -> bool {
+        Rc::ptr_eq(&a.ah, &b.ah)
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.qp.caps
+    }
+
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    fn qkey(&self) -> u32 {
+        DATAGRAM_QKEY
+    }
+
+    fn gid(&self) -> Gid {
+        Gid::default()
+    }
+
+    fn lid(&self) -> u16 {
+        1
+    }
+
+    fn mtu(&self) -> u32 {
+        DATAGRAM_MTU
+    }
+
+    fn address(&mut self, to: Destination) -> Result<InstantAddress, ProviderError> {
+        let mut ah: sys::ibv_ah = zeroed();
+        ah.context = self.ctx;
+        Ok(InstantAddress {
+            ah: Rc::new(Heap::new(ah)),
+            to,
+        })
+    }
+
+    #[inline]
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, InstantAddress>],
+    ) -> Result<(), PostFailure> {
+        let qp = self.qp.raw();
+        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
+        // the device touches no memory; the index is below wrs.len() == n.
+        unsafe {
+            self.qp.chain.post(qp, wrs.len(), |i, wr| {
+                let w = wrs.get_unchecked(i);
+                wr.wr_id = w.wr_id;
+                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+                wr.num_sge = w.sges.len() as c_int;
+                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
+                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
+                };
+                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
+                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: w.dest.raw(),
+                    remote_qpn: w.remote_qpn,
+                    remote_qkey: w.remote_qkey,
+                };
+                Ok(())
+            })
+        }
+    }
+
+    #[inline]
+    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+        // SAFETY: forwarded contract; the QP is live.
+        unsafe { self.qp.post_recv(wrs) }
+    }
+
+    #[inline]
+    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        self.send_cq.poll(out)
+    }
+
+    /// Receives only ever complete flushed here (no datagram arrives), so no sender fields
+    /// are ever defined: each completion comes with zeros for them.
+    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
+        let n = out.len().min(POLL_BATCH);
+        let got = self.recv_cq.poll(&mut self.recv_wc[..n])?;
+        for (d, wc) in out.iter_mut().zip(&self.recv_wc[..got]) {
+            *d = DatagramCompletion {
+                wc: *wc,
+                ..DatagramCompletion::EMPTY
+            };
+        }
+        Ok(got)
+    }
+
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.qp.set_error()
+    }
+
+    fn join_group(&mut self, _group: Gid) -> Result<(), ProviderError> {
+        Err(ProviderError {
+            verb: Verb::AttachMcast,
+            errno: EOPNOTSUPP,
+        })
+    }
+
+    fn leave_group(&mut self, _group: Gid) -> Result<(), ProviderError> {
+        Err(ProviderError {
+            verb: Verb::DetachMcast,
+            errno: EOPNOTSUPP,
+        })
     }
 }

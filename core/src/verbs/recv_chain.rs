@@ -42,13 +42,19 @@ pub(super) unsafe fn post_recv_wrs<Q>(
         } else {
             ptr::null_mut()
         };
-        chain[i].write(sys::ibv_recv_wr {
-            wr_id: w.wr_id,
-            next,
-            // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-            sg_list: w.sges.as_ptr().cast_mut().cast(),
-            num_sge: w.sges.len() as core::ffi::c_int,
-        });
+        // Through `base`, not `chain[i]`: a `&mut` to the entry would retire the pointers
+        // derived from `base` before it (the previous entry's `next`, and `base` itself,
+        // which the driver walks the chain through), undefined behaviour Miri reports.
+        // SAFETY: i < wrs.len() <= MAX_BATCH, inside the array; no reference into it lives.
+        unsafe {
+            base.add(i).write(sys::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next,
+                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+                sg_list: w.sges.as_ptr().cast_mut().cast(),
+                num_sge: w.sges.len() as core::ffi::c_int,
+            })
+        };
     }
     let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
     // SAFETY: the first wrs.len() entries are initialised and chained; the caller upholds the
