@@ -217,6 +217,9 @@ pub struct BarrierState {
     expected: Vec<u64>,
     poisoned: bool,
     pending: Option<Pending>,
+    /// The fingerprint of the whole world's member list (`0..world`), computed once: a
+    /// barrier over every rank checks its list against it in O(1).
+    world_print: (usize, u64),
 }
 
 /// A barrier in progress: which stage, whether its notifications went out, and its deadline.
@@ -240,6 +243,14 @@ fn fingerprint(m: &[u32]) -> (usize, u64) {
         (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     (m.len(), h)
+}
+
+/// [`fingerprint`] of `0..world`, without the list.
+fn world_fingerprint(world: u32) -> (usize, u64) {
+    let h = (0..world).fold(0xcbf2_9ce4_8422_2325u64, |h, r| {
+        (h ^ u64::from(r)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (world as usize, h)
 }
 
 /// What the count a peer wrote says, against the count `expected` of it this stage waits for.
@@ -335,6 +346,7 @@ impl BarrierState {
             expected: vec![0; world as usize],
             poisoned: false,
             pending: None,
+            world_print: world_fingerprint(world),
         }
     }
 
@@ -402,8 +414,36 @@ impl BarrierState {
         backoff: &mut B,
     ) -> Result<(), BarrierError> {
         self.start(t, members, alg, clock, timeout)?;
+        let print = fingerprint(members);
+        self.finish(t, members, print, clock, backoff)
+    }
+
+    /// [`BarrierState::run`] over every rank of the world (`0..world`, see
+    /// [`BarrierState::start_world`]).
+    pub(crate) fn run_world<T: BarrierTransport, C: Clock, B: Backoff>(
+        &mut self,
+        t: &mut T,
+        world: &[u32],
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+        backoff: &mut B,
+    ) -> Result<(), BarrierError> {
+        self.start_world(t, world, alg, clock, timeout)?;
+        self.finish(t, world, self.world_print, clock, backoff)
+    }
+
+    /// Polls the barrier just started until it completes, backing off between rounds.
+    fn finish<T: BarrierTransport, C: Clock, B: Backoff>(
+        &mut self,
+        t: &mut T,
+        members: &[u32],
+        print: (usize, u64),
+        clock: &C,
+        backoff: &mut B,
+    ) -> Result<(), BarrierError> {
         backoff.reset();
-        while !self.poll(t, members, clock)? {
+        while !self.poll_as(t, members, print, clock)? {
             let deadline = self.pending.as_ref().map(|p| p.deadline);
             backoff.snooze_within(&mut || deadline.map_or(Duration::MAX, |d| d.remaining(clock)));
         }
@@ -427,6 +467,40 @@ impl BarrierState {
             return Err(BarrierError::AlreadyStarted);
         }
         self.validate(members)?;
+        let print = fingerprint(members);
+        self.begin(t, members, print, alg, clock, timeout)
+    }
+
+    /// [`BarrierState::start`] over every rank of the world: `0..world`, which needs no
+    /// checking and whose fingerprint is known (a whole-world barrier is the common one, and
+    /// checking a list of 64 ranks costs more than the rest of a step). Does not allocate.
+    pub(crate) fn start_world<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        world: &[u32],
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), BarrierError> {
+        debug_assert!(world.iter().copied().eq(0..self.sent.len() as u32));
+        if self.poisoned {
+            return Err(BarrierError::Poisoned);
+        }
+        if self.pending.is_some() {
+            return Err(BarrierError::AlreadyStarted);
+        }
+        self.begin(t, world, self.world_print, alg, clock, timeout)
+    }
+
+    fn begin<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        members: &[u32],
+        print: (usize, u64),
+        alg: BarrierAlgorithm,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<(), BarrierError> {
         if members.len() <= 1 {
             return Ok(());
         }
@@ -437,7 +511,7 @@ impl BarrierState {
             entered: false,
             deadline: Deadline::after(clock, timeout),
             probed: false,
-            members: fingerprint(members),
+            members: print,
         });
         self.advance(t, members).map(|_| ())
     }
@@ -453,10 +527,33 @@ impl BarrierState {
         members: &[u32],
         clock: &C,
     ) -> Result<bool, BarrierError> {
+        let print = fingerprint(members);
+        self.poll_as(t, members, print, clock)
+    }
+
+    /// [`BarrierState::poll`] over every rank of the world (`0..world`, see
+    /// [`BarrierState::start_world`]).
+    pub(crate) fn poll_world<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        world: &[u32],
+        clock: &C,
+    ) -> Result<bool, BarrierError> {
+        debug_assert!(world.iter().copied().eq(0..self.sent.len() as u32));
+        self.poll_as(t, world, self.world_print, clock)
+    }
+
+    fn poll_as<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        members: &[u32],
+        print: (usize, u64),
+        clock: &C,
+    ) -> Result<bool, BarrierError> {
         let Some(p) = self.pending else {
             return Ok(true);
         };
-        if p.members != fingerprint(members) {
+        if p.members != print {
             return Err(BarrierError::MembersChanged);
         }
         if self.advance(t, members)? {

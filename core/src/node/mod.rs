@@ -782,9 +782,16 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         start: Option<(BarrierAlgorithm, Duration)>,
         clock: &C,
     ) -> Result<bool, NodeError> {
-        let done = self.with_barrier(members, |barrier, t, m, _| match start {
-            Some((alg, timeout)) => barrier.start(t, m, alg, clock, timeout).map(|()| false),
-            None => barrier.poll(t, m, clock),
+        let whole = members.is_none();
+        let done = self.with_barrier(members, |barrier, t, m, _| match (start, whole) {
+            (Some((alg, timeout)), true) => barrier
+                .start_world(t, m, alg, clock, timeout)
+                .map(|()| false),
+            (Some((alg, timeout)), false) => {
+                barrier.start(t, m, alg, clock, timeout).map(|()| false)
+            }
+            (None, true) => barrier.poll_world(t, m, clock),
+            (None, false) => barrier.poll(t, m, clock),
         })?;
         if done {
             self.barrier_completed(members);
@@ -810,8 +817,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         clock: &C,
         timeout: Duration,
     ) -> Result<(), NodeError> {
-        self.with_barrier(members, |barrier, t, m, backoff| {
-            barrier.run(t, m, alg, clock, timeout, backoff)
+        self.with_barrier(members, |barrier, t, m, backoff| match members {
+            None => barrier.run_world(t, m, alg, clock, timeout, backoff),
+            Some(_) => barrier.run(t, m, alg, clock, timeout, backoff),
         })?;
         self.barrier_completed(members);
         Ok(())
