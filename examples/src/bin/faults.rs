@@ -212,13 +212,21 @@ fn grew(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeM
         .collect()
 }
 
-/// The `Sent N pkt` and `dropped N` of every qdisc `tc -s qdisc show dev eth0 [ARGS]` prints
-/// (`handle` picks one), summed.
+/// The `Sent N pkt` and `dropped N` of every qdisc on eth0 (`tc -s qdisc show`; `handle`
+/// picks one), summed.
 fn qdisc_stats(handle: Option<&str>) -> Res<(u64, u64)> {
     let out = Command::new("tc")
         .args(["-s", "qdisc", "show", "dev", "eth0"])
         .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(parse_qdisc_stats(
+        &String::from_utf8_lossy(&out.stdout),
+        handle,
+    ))
+}
+
+/// Packets sent and dropped in `tc -s qdisc show` output, over the qdiscs whose handle is
+/// `handle` (all when `None`).
+fn parse_qdisc_stats(text: &str, handle: Option<&str>) -> (u64, u64) {
     let (mut sent, mut dropped) = (0u64, 0u64);
     let mut take = handle.is_none();
     for line in text.lines() {
@@ -229,12 +237,12 @@ fn qdisc_stats(handle: Option<&str>) -> Res<(u64, u64)> {
         if !take {
             continue;
         }
+        let num = |j: usize| -> u64 {
+            words
+                .get(j)
+                .map_or(0, |s| s.trim_end_matches(',').parse().unwrap_or(0))
+        };
         for (i, w) in words.iter().enumerate() {
-            let num = |j: usize| -> u64 {
-                words
-                    .get(j)
-                    .map_or(0, |s| s.trim_end_matches(',').parse().unwrap_or(0))
-            };
             if *w == "Sent" && words.get(i + 2) == Some(&"bytes") {
                 sent += num(i + 3);
             }
@@ -243,7 +251,7 @@ fn qdisc_stats(handle: Option<&str>) -> Res<(u64, u64)> {
             }
         }
     }
-    Ok((sent, dropped))
+    (sent, dropped)
 }
 
 /// Runs the rxe-hosts tool with `args`; an error if it fails.
@@ -1148,5 +1156,36 @@ impl Rank<'_> {
         );
         rep.counters = grew(&before, &hw_counters());
         self.gather(rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flipped_bit_or_a_wrong_seed_is_not_intact() {
+        let p = payload(seed(1, 2, 3), CHUNK);
+        assert!(intact(&p, seed(1, 2, 3)));
+        assert!(!intact(&p, seed(0, 2, 3)));
+        for at in [0, 100, CHUNK - 1] {
+            let mut q = p.clone();
+            q[at] ^= 0x10;
+            assert!(!intact(&q, seed(1, 2, 3)), "bit flipped at {at}");
+        }
+    }
+
+    #[test]
+    fn qdisc_counts_of_one_handle_or_all() {
+        let text = "qdisc prio 1: root refcnt 2 bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1
+ Sent 120000 bytes 1500 pkt (dropped 0, overlimits 0 requeues 0)
+ backlog 0b 0p requeues 0
+qdisc netem 30: parent 1:3 limit 1000 loss 5%
+ Sent 45920 bytes 574 pkt (dropped 26, overlimits 0 requeues 0)
+ backlog 0b 0p requeues 0
+";
+        assert_eq!(parse_qdisc_stats(text, Some("30:")), (574, 26));
+        assert_eq!(parse_qdisc_stats(text, None), (2074, 26));
+        assert_eq!(parse_qdisc_stats("", None), (0, 0));
     }
 }
