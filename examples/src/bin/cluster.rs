@@ -384,6 +384,9 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
             // Not a normal exit: the peers are told so, and why, at once (their next wait
             // fails naming this rank), instead of waiting out their timeouts.
             let e = with_departures(&c, e);
+            // Said now: leaving waits (bounded) until the peers acknowledged the goodbye,
+            // which takes until the link is back when this rank's own link went down.
+            say!("[rank {}] leaving on error: {e}", c.node.rank());
             let _ = c.leave_on_error(&e.to_string());
             Err(e)
         }
