@@ -3,9 +3,9 @@
 //! `rverbs-bootstrap` uses it when a rank leaves on an error: its goodbye (the reason it gives
 //! up) must reach the peers even when this host's link is down at that moment. The kernel
 //! keeps retrying a closed socket's bytes on its own, but on a timer that doubles with every
-//! failed try (a persist timer at 3.5 s after a 2 s outage, measured across two hosts, and
-//! given up after about 8 tries), so the goodbye lingers: the process waits, bounded, until
-//! this count reaches zero, pushing the bytes again as it waits.
+//! failed try (a persist timer at 3.5 s after a 2 s outage, measured across two hosts) and
+//! gives up after `tcp_orphan_retries`, so the goodbye lingers: the process waits, bounded,
+//! until this count reaches zero, pushing the bytes again as it waits.
 
 use std::io;
 use std::os::fd::BorrowedFd;

@@ -267,9 +267,10 @@ impl Session {
 /// Waits, at most `limit`, until every peer's kernel has acknowledged the goodbye written on
 /// `streams` (and the end of the stream, which this sends now): a process that gives up
 /// while its own link is down (the usual reason to give up) would otherwise leave its reason
-/// to the kernel's retries, which back off (a persist timer of 3.5 s after a 2 s outage,
-/// measured across two hosts: the peer learned 1.5 s after the link was back in that run,
-/// later after longer outages) and stop after about eight tries. Waiting here, this process
+/// to the kernel's retries of a closed socket, which back off (a persist timer at 3.5 s after
+/// a 2 s outage, measured across two hosts; the peer learned 0.4-1.5 s after the link was
+/// back in three runs) and stop after `tcp_orphan_retries` (8 by default), and the process
+/// would never know whether it arrived. Waiting here, this process
 /// pushes the bytes again every [`LINGER_TICK`], so they leave within that tick of the link
 /// coming back. A peer that is reachable acknowledges within a round trip; one that reset
 /// the connection ends the wait for its connection at once. Where the kernel cannot say
