@@ -297,3 +297,60 @@ fn linger(streams: &[&TcpStream], limit: Duration) {
         std::thread::sleep(LINGER_TICK.min(deadline.saturating_duration_since(Instant::now())));
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (a, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_goodbye_the_peer_acknowledges_ends_the_linger_at_once() {
+        let (a, mut b) = pair();
+        (&a).write_all(b"goodbye").unwrap();
+        let start = Instant::now();
+        linger(&[&a], Duration::from_secs(10));
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        // The end of the stream was sent too.
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"goodbye");
+    }
+
+    #[test]
+    fn a_goodbye_that_cannot_cross_lingers_no_longer_than_the_limit() {
+        let (a, b) = pair();
+        // The peer reads nothing: once its window is full, nothing more is acknowledged.
+        a.set_nonblocking(true).unwrap();
+        let chunk = [0u8; 64 * 1024];
+        let mut stuck = 0;
+        while stuck < 20 {
+            match (&a).write(&chunk) {
+                Ok(_) => stuck = 0,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    stuck += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(unacknowledged(a.as_fd()).unwrap() > 0);
+        let start = Instant::now();
+        linger(&[&a], Duration::from_millis(300));
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        drop(b);
+    }
+}
