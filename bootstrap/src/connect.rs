@@ -181,8 +181,10 @@ impl Connected {
     /// Leaves the job because of an error: tells every connected rank `reason` in the
     /// session's goodbye, so each peer's watch raises [`FailureCause::LeftOnError`] naming
     /// this rank and every peer's next wait fails at once (instead of at its timeout, as it
-    /// would if it took this for a normal exit), then drops the node. [`OutOfBand::close`]
-    /// is the normal exit. Under PMIx the session is finalized (the launcher ends the job
+    /// would if it took this for a normal exit), then drops the node. It returns once every
+    /// peer acknowledged the goodbye, or after [`ExchangeOptions::goodbye_linger`] (10 s by
+    /// default): a goodbye written while this rank's own link is down crosses as soon as the
+    /// link is back. [`OutOfBand::close`] is the normal exit. Under PMIx the session is finalized (the launcher ends the job
     /// when the process exits with an error).
     ///
     /// # Errors
