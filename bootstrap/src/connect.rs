@@ -123,7 +123,9 @@ pub struct Connected {
     /// [`FailureCause::SessionClosed`] on the node's
     /// [failure alarm](rverbs_core::node::Node::failure_alarm), and when its goodbye says it
     /// gave up, [`FailureCause::LeftOnError`] (its words: [`Connected::departure`]); the
-    /// node passes the news on, so every rank's next wait fails naming that rank. Dropping it
+    /// node passes the news on, so every rank's next wait fails naming that rank. While this
+    /// rank's own port (or the interface under it) is down, a departure is news of that
+    /// instead: [`FailureCause::PortDown`] naming this rank, not the peer. Dropping it
     /// stops watching. `None` under PMIx (the launcher ends the job when a rank dies).
     pub watch: Option<Watch>,
     /// What ranks that gave up said, by rank (filled by the watch).
@@ -186,8 +188,10 @@ impl Connected {
     /// Leaves the job because of an error: tells every connected rank `reason` in the
     /// session's goodbye, so each peer's watch raises [`FailureCause::LeftOnError`] naming
     /// this rank and every peer's next wait fails at once (instead of at its timeout, as it
-    /// would if it took this for a normal exit), then drops the node. [`OutOfBand::close`]
-    /// is the normal exit. Under PMIx the session is finalized (the launcher ends the job
+    /// would if it took this for a normal exit), then drops the node. It returns once every
+    /// peer acknowledged the goodbye, or after [`ExchangeOptions::goodbye_linger`] (10 s by
+    /// default): a goodbye written while this rank's own link is down crosses as soon as the
+    /// link is back. [`OutOfBand::close`] is the normal exit. Under PMIx the session is finalized (the launcher ends the job
     /// when the process exits with an error).
     ///
     /// # Errors
@@ -270,7 +274,8 @@ impl Connected {
                 .map_err(rdma)
         })();
         self.device_watch = watch_device(&self.node, self.qp.port, self.on_device_event);
-        let watch = watch_session(&self.session, &self.node, &self.departures);
+        let probe = crate::device_watch::link_probe(self.node.pd().context(), self.qp.port);
+        let watch = watch_session(&self.session, &self.node, &self.departures, probe);
         match watch {
             Ok(w) => self.watch = w,
             Err(e) if result.is_ok() => return Err(e),
@@ -299,36 +304,75 @@ fn port_down(ctx: &rverbs_core::verbs::Context, port: u8) -> Option<&'static str
 
 /// Starts the watch over a TCP session's connections (none under PMIx): a rank whose
 /// connection closes without a deliberate goodbye is raised on the node's failure alarm,
-/// and the words of one that gave up are kept in `departures`.
+/// and the words of one that gave up are kept in `departures`; while this rank's own port
+/// (or the interface under it) is down, as `probe` says, the news names this rank's port
+/// instead (see [`departure_news`]).
 fn watch_session(
     session: &OutOfBand,
     node: &VerbsNode<StdBackoff>,
     departures: &Departures,
+    probe: impl Fn() -> Option<FailureCause> + Send + 'static,
 ) -> Result<Option<Watch>> {
     match session {
         OutOfBand::Tcp(tcp) => {
             let alarm = node.failure_alarm();
-            let rank = node.rank();
-            let departures = std::sync::Arc::clone(departures);
-            Ok(Some(tcp.watch(move |lost, how| {
-                let cause = match how {
-                    Departure::Crashed => FailureCause::SessionClosed,
-                    Departure::GaveUp(why) => {
-                        if let Ok(mut d) = departures.lock() {
-                            d.insert(lost, why);
-                        }
-                        FailureCause::LeftOnError
-                    }
-                };
-                alarm.raise(Failure {
-                    rank: lost,
-                    cause,
-                    reporter: rank,
-                });
-            })?))
+            let watch = watch_departures(tcp, node.rank(), departures, probe, move |f| {
+                alarm.raise(f);
+            })?;
+            Ok(Some(watch))
         }
         #[allow(unreachable_patterns)] // without feature `pmix`, TCP is the only session
         _ => Ok(None),
+    }
+}
+
+/// The session watch of rank `me` over `tcp`: every departure becomes [`departure_news`]
+/// (asking `probe` about this rank's own port at that moment), handed to `raise`; the words
+/// of a rank that gave up are kept in `departures`.
+fn watch_departures(
+    tcp: &crate::Session,
+    me: u32,
+    departures: &Departures,
+    probe: impl Fn() -> Option<FailureCause> + Send + 'static,
+    raise: impl Fn(Failure) + Send + 'static,
+) -> Result<Watch> {
+    let departures = std::sync::Arc::clone(departures);
+    tcp.watch(move |lost, how| {
+        if let Departure::GaveUp(why) = &how {
+            if let Ok(mut d) = departures.lock() {
+                d.insert(lost, why.clone());
+            }
+        }
+        raise(departure_news(me, lost, &how, probe()));
+    })
+}
+
+/// The failure news rank `me` raises when its session watch sees rank `lost` leave `how`,
+/// `local` being what its link probe says about its own port at that moment.
+///
+/// With its own port up: a crash is [`FailureCause::SessionClosed`] and a goodbye with a
+/// reason [`FailureCause::LeftOnError`], both naming `lost`. With its own port (or the
+/// interface under it) down, the news names this rank and its port instead: a connection that
+/// closed while this rank was cut off closed because of it (the outage broke it, or the peer
+/// gave up waiting for this rank), and blaming the peer would send whoever reads the log to
+/// the wrong host. The peer's words, if it gave any, are still kept ([`Connected::departure`]).
+fn departure_news(me: u32, lost: u32, how: &Departure, local: Option<FailureCause>) -> Failure {
+    match (local, how) {
+        (Some(cause), _) => Failure {
+            rank: me,
+            cause,
+            reporter: me,
+        },
+        (None, Departure::Crashed) => Failure {
+            rank: lost,
+            cause: FailureCause::SessionClosed,
+            reporter: me,
+        },
+        (None, Departure::GaveUp(_)) => Failure {
+            rank: lost,
+            cause: FailureCause::LeftOnError,
+            reporter: me,
+        },
     }
 }
 
@@ -507,7 +551,12 @@ where
     node.barrier(&clock, opts.first_barrier_timeout)
         .map_err(|e| ours(rdma(e)))?;
     let departures = Departures::default();
-    let watch = watch_session(&session, &node, &departures)?;
+    let watch = watch_session(
+        &session,
+        &node,
+        &departures,
+        crate::device_watch::link_probe(&ctx, place.port),
+    )?;
     let device_watch = watch_device(&node, node_cfg.qp.port, opts.on_device_event);
     Ok(Connected {
         node,
@@ -525,6 +574,110 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exchange::{exchange_at, Rendezvous};
+    use std::sync::mpsc;
+
+    /// Two sessions over 127.0.0.1, rank 0's and rank 1's.
+    fn pair() -> (crate::Session, crate::Session) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let options = ExchangeOptions {
+            timeout: Duration::from_secs(20),
+            retry_interval: Duration::from_millis(20),
+            progress: false,
+            ..ExchangeOptions::default()
+        };
+        let o1 = options.clone();
+        let one = std::thread::spawn(move || {
+            let at = Rendezvous::Address {
+                host: "127.0.0.1".into(),
+                port,
+            };
+            exchange_at(at, 1, 2, b"1", &o1).unwrap().0
+        });
+        let zero = exchange_at(Rendezvous::Listener(listener), 0, 2, b"0", &options)
+            .unwrap()
+            .0;
+        (zero, one.join().unwrap())
+    }
+
+    /// What rank 0's session watch raises when rank 1 leaves by `leave`, its link probe
+    /// saying `local`; and the words it kept for rank 1.
+    fn news_of(
+        local: Option<FailureCause>,
+        leave: impl FnOnce(crate::Session),
+    ) -> (Failure, Option<String>) {
+        let (zero, one) = pair();
+        let departures = Departures::default();
+        let (tx, rx) = mpsc::channel();
+        let watch = watch_departures(
+            &zero,
+            0,
+            &departures,
+            move || local,
+            move |f| {
+                let _ = tx.send(f);
+            },
+        )
+        .unwrap();
+        leave(one);
+        let news = rx.recv_timeout(Duration::from_secs(10)).expect("no news");
+        drop(watch);
+        let words = departures.lock().unwrap().get(&1).cloned();
+        (news, words)
+    }
+
+    fn crash(session: crate::Session) {
+        let r = std::thread::spawn(move || {
+            let _held = session;
+            panic!("simulated crash");
+        })
+        .join();
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_departure_names_the_peer_while_this_ranks_port_is_up() {
+        let (news, words) = news_of(None, crash);
+        let want = Failure {
+            rank: 1,
+            cause: FailureCause::SessionClosed,
+            reporter: 0,
+        };
+        assert_eq!((news, words), (want, None));
+        let (news, words) = news_of(None, |s| s.leave_on_error("its link went down").unwrap());
+        let want = Failure {
+            rank: 1,
+            cause: FailureCause::LeftOnError,
+            reporter: 0,
+        };
+        assert_eq!((news, words.as_deref()), (want, Some("its link went down")));
+    }
+
+    #[test]
+    fn a_departure_while_this_ranks_port_is_down_names_this_ranks_port() {
+        let down = Some(FailureCause::PortDown { port: 1 });
+        let ours = Failure {
+            rank: 0,
+            cause: FailureCause::PortDown { port: 1 },
+            reporter: 0,
+        };
+        let (news, words) = news_of(down, crash);
+        assert_eq!((news, words), (ours, None));
+        assert_eq!(
+            ours.to_string(),
+            "rank 0 failed: its device's port 1 went down (seen by rank 0)"
+        );
+        // The peer gave up (waiting for this rank, say): still this rank's port, and its
+        // words are kept.
+        let (news, words) = news_of(down, |s| {
+            s.leave_on_error("timed out waiting for rank 0").unwrap()
+        });
+        assert_eq!(
+            (news, words.as_deref()),
+            (ours, Some("timed out waiting for rank 0"))
+        );
+    }
 
     #[test]
     fn std_paths_draw_first_psns() {

@@ -78,6 +78,8 @@ pub mod hangup;
 pub mod random;
 #[cfg(unix)]
 pub mod readable;
+#[cfg(unix)]
+pub mod unacked;
 
 #[cfg(target_os = "linux")]
 pub mod affinity;

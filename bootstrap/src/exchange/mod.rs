@@ -108,6 +108,16 @@ pub struct ExchangeOptions {
     /// `None`, as is [`JobSecret::from_env`] when no variable is set; `connect()`
     /// reads the environment when this is `None`, `exchange` does not.
     pub secret: Option<JobSecret>,
+    /// Longest a rank that gives up ([`Session::leave_on_error`], or a session dropped
+    /// without being closed) waits for every peer's kernel to acknowledge its goodbye, pushing
+    /// it again every 50 ms meanwhile: the usual reason to give up is this host's own link
+    /// going down, and the goodbye must cross it once it is back (a short flap), promptly,
+    /// not at the kernel's next backed-off retry. A reachable peer acknowledges within a
+    /// round trip, so the wait is that long; only a link (or peer) that stays unreachable
+    /// makes the process wait all of it before it exits. [`Session::close`] does not wait.
+    /// Default 10 s (rverbs' default channel timeout: a peer waiting longer than that has
+    /// timed out on its own).
+    pub goodbye_linger: Duration,
 }
 
 impl Default for ExchangeOptions {
@@ -121,6 +131,7 @@ impl Default for ExchangeOptions {
             progress: true,
             personalize: None,
             secret: None,
+            goodbye_linger: Duration::from_secs(10),
         }
     }
 }

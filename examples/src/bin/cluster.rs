@@ -82,6 +82,11 @@ struct Args {
     /// Give up after this many seconds (bootstrap, any wait).
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
+    /// How long a rank that gives up waits for its peers to acknowledge its goodbye (the
+    /// library's ExchangeOptions::goodbye_linger; 0: leave at once, the kernel delivering the
+    /// goodbye on its own backed-off retries). Default: the library's.
+    #[arg(long)]
+    goodbye_linger_ms: Option<u64>,
     /// Local ranks only: after the checks, kill rank 2 mid-barrier, start it again with the
     /// same config and have the survivors readmit it; then barriers over all ranks again.
     #[arg(long)]
@@ -404,6 +409,9 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
     let timeout = Duration::from_secs(args.timeout_secs);
     opts.wait = args.wait_policy();
     opts.exchange.timeout = timeout;
+    if let Some(ms) = args.goodbye_linger_ms {
+        opts.exchange.goodbye_linger = Duration::from_millis(ms);
+    }
     opts.first_barrier_timeout = timeout;
     // Port down, port back, a queue pair in the error state: printed as the device says so.
     opts.on_device_event = Some(print_device_event);
@@ -419,6 +427,9 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
             // Not a normal exit: the peers are told so, and why, at once (their next wait
             // fails naming this rank), instead of waiting out their timeouts.
             let e = with_departures(&c, e);
+            // Said now: leaving waits (bounded) until the peers acknowledged the goodbye,
+            // which takes until the link is back when this rank's own link went down.
+            say!("[rank {}] leaving on error: {e}", c.node.rank());
             let _ = c.leave_on_error(&e.to_string());
             Err(e)
         }
