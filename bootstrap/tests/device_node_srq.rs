@@ -71,6 +71,19 @@ fn the_rnr_counters_count_a_send_that_finds_no_receive() {
     }
 }
 
+/// The pool warns when it runs low: a receiver that stops polling while its peer sends
+/// more than three quarters of the pool's receives gets the device's `SrqLimitReached`
+/// event (the node armed it at a quarter of the pool), read by the device watch; then every
+/// message is still delivered.
+#[test]
+fn a_pool_that_runs_low_raises_the_devices_limit_event() {
+    if let Some(dev) = device() {
+        let (failed, took) = support::run_children("RVERBS_SRQ_", "low_water", 2, 22200, &dev);
+        eprintln!("low_water: {took:?}");
+        assert!(failed.is_empty(), "low_water: {failed:?}");
+    }
+}
+
 fn env_u32(name: &str) -> u32 {
     std::env::var(name)
         .unwrap_or_else(|_| panic!("{name} not set"))
@@ -92,6 +105,7 @@ fn child_rank() {
     // An RNR NAK is retried, not fatal: the counters, not a failed completion, tell.
     opts.node.qp.rnr_retry = RnrRetry::Infinite;
     let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));
+    let watch = c.device_watch;
     let (mut node, mut session, clock) = (c.node, c.session, c.clock);
     assert_eq!(node.shared_receive(), POOL, "rxe grants what was asked");
     let tmo = Duration::from_secs(60);
@@ -129,6 +143,48 @@ fn child_rank() {
         return;
     }
     node.start_messaging(POOL as usize, SLOT).unwrap();
+    if scenario == "low_water" {
+        // Rank 1 sends 10 of its 12 credits while rank 0 does not poll: 2 receives stay
+        // posted, under the limit of 3 (a quarter of 12).
+        const SENT: u64 = 10;
+        node.barrier(&clock, tmo).unwrap();
+        if rank == 1 {
+            for i in 0..SENT {
+                node.post_send_inline(0, &i.to_le_bytes()).unwrap();
+            }
+        } else {
+            let watch = watch.as_ref().expect("connect starts a device watch");
+            let t0 = Instant::now();
+            let seen = loop {
+                let low = watch.seen().into_iter().find(|e| {
+                    matches!(
+                        e.event,
+                        rverbs_core::verbs::AsyncEvent::SrqLimitReached { .. }
+                    )
+                });
+                if let Some(e) = low {
+                    break e;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "no SrqLimitReached event within 10 s: {:?}",
+                    watch.seen()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            eprintln!("rank 0: {} after {:?}", seen.event, t0.elapsed());
+            assert!(
+                seen.failure.is_none(),
+                "a low pool is a warning, not a failure"
+            );
+            while got[1] < SENT {
+                assert!(t0.elapsed() < tmo, "the messages never arrived");
+                node.progress(8, |ev| handle(ev, &mut got)).unwrap();
+            }
+        }
+        session.allgather(b"done").unwrap();
+        return;
+    }
     assert_eq!(node.receive_memory(), POOL as usize * SLOT);
     assert_eq!(node.credits_per_peer(), POOL as usize / (w - 1));
     // Nobody sends before every pool is posted.

@@ -46,6 +46,10 @@ pub(super) struct Pool {
     pub(super) probe: SrqProbe,
 }
 
+/// The pool's low-water mark, as a fraction of its slots: `slots / POOL_LOW_WATER` posted
+/// receives left.
+const POOL_LOW_WATER: usize = 4;
+
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// [`Node::start_messaging_in`] on a node whose queue pairs share a receive queue.
     pub(super) fn start_pool(
@@ -107,6 +111,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             let n = (slots - first).min(MAX_BATCH);
             post_pool(&mut self.multi, &mut rings, first, n)?;
             first += n;
+        }
+        // A warning for the operator, where the device has one: once fewer than a quarter
+        // of the pool's receives are posted, the receivers are falling behind their senders
+        // (credits keep the pool from running dry, not from running low), and the device
+        // raises `SrqLimitReached` on its event queue (a device watch logs it). Armed once:
+        // the device disarms it when it fires. A device without the event changes nothing.
+        let limit = u32::try_from(slots / POOL_LOW_WATER)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        if let Ok(c) = pool_channel(&mut self.multi, &rings) {
+            let _ = c.provider_mut().arm_srq_limit(limit);
         }
         self.rings = Some(rings);
         Ok(())

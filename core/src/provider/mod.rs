@@ -83,6 +83,18 @@ pub trait QueuePair {
         })
     }
 
+    /// Arms the low-water event of the queue pair's shared receive queue: the device reports
+    /// (as an asynchronous event, `SrqLimitReached`) once fewer than `limit` receives are
+    /// posted to it, then disarms. Fails with `EOPNOTSUPP` (the default) where there is no
+    /// such queue or event.
+    fn arm_srq_limit(&mut self, limit: u32) -> Result<(), ProviderError> {
+        let _ = limit;
+        Err(ProviderError {
+            verb: Verb::ModifySrq,
+            errno: crate::verb::errno::EOPNOTSUPP,
+        })
+    }
+
     /// The completion queues its send and receive queues complete into, `[send, receive]`,
     /// if the provider can say (see [`CompletionQueue::id`]). `None` (the default): not
     /// checked.

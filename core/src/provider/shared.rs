@@ -710,6 +710,9 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
     fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
         self.qp.srq_probe()
     }
+    fn arm_srq_limit(&mut self, limit: u32) -> Result<(), ProviderError> {
+        self.qp.arm_srq_limit(limit)
+    }
     fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
         self.qp.completion_queues()
     }

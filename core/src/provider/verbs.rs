@@ -283,6 +283,10 @@ impl QueuePair for Qp {
         Qp::srq_probe(self)
     }
 
+    fn arm_srq_limit(&mut self, limit: u32) -> Result<(), ProviderError> {
+        Qp::arm_srq_limit(self, limit).map_err(|e| e.provider_error(Verb::ModifySrq))
+    }
+
     fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
         let id = |owner| crate::provider::CqId { owner, index: 0 };
         let [send, recv] = self.cq_addresses();

@@ -291,7 +291,11 @@ impl fmt::Display for AsyncEvent {
                 write!(f, "shared receive queue {srq_handle}: error")
             }
             Self::SrqLimitReached { srq_handle } => {
-                write!(f, "shared receive queue {srq_handle}: limit reached")
+                write!(
+                    f,
+                    "shared receive queue {srq_handle}: fewer receives posted than its limit \
+                     (its receivers are falling behind their senders)"
+                )
             }
             Self::WqFatal { wq_num } => write!(f, "work queue {wq_num:#x}: fatal error"),
             Self::DeviceFatal => f.write_str("the device failed"),

@@ -726,6 +726,19 @@ impl Qp {
         self.srq_wr
     }
 
+    /// Arms the limit event of this QP's shared receive queue ([`super::Srq::set_limit`]):
+    /// the device raises `IBV_EVENT_SRQ_LIMIT_REACHED` once fewer than `limit` receives are
+    /// posted. Fails with `EOPNOTSUPP` without one.
+    pub fn arm_srq_limit(&self, limit: u32) -> Result<()> {
+        match &self.srq {
+            Some(s) => s.set_limit(limit),
+            None => Err(VerbsError::Call {
+                verb: Verb::ModifySrq,
+                errno: ffi::EOPNOTSUPP,
+            }),
+        }
+    }
+
     /// Says when this QP's shared receive queue is destroyed; `None` without one.
     pub fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
         self.srq.as_ref().map(|s| s.probe())

@@ -68,6 +68,31 @@ impl SrqInner {
     pub(crate) fn probe(&self) -> SrqProbe {
         self.probe.clone()
     }
+
+    /// [`Srq::set_limit`].
+    pub(crate) fn set_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = sys::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        // SAFETY: the SRQ is live; attr is fully initialised.
+        let rc = unsafe {
+            sys::ibv_modify_srq(
+                self.as_raw(),
+                &mut attr,
+                sys::IBV_SRQ_LIMIT as core::ffi::c_int,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(VerbsError::Call {
+                verb: Verb::ModifySrq,
+                errno: rc,
+            })
+        }
+    }
 }
 
 /// A shared receive queue. See the [module docs](self).
@@ -157,27 +182,7 @@ impl Srq {
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` on the context's async event queue (once; arm again
     /// after it). 0 disarms it.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
-        let mut attr = sys::ibv_srq_attr {
-            max_wr: 0,
-            max_sge: 0,
-            srq_limit: limit,
-        };
-        // SAFETY: the SRQ is live; attr is fully initialised.
-        let rc = unsafe {
-            sys::ibv_modify_srq(
-                self.as_raw(),
-                &mut attr,
-                sys::IBV_SRQ_LIMIT as core::ffi::c_int,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(VerbsError::Call {
-                verb: Verb::ModifySrq,
-                errno: rc,
-            })
-        }
+        self.inner.set_limit(limit)
     }
 
     /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives as one chain. Does not allocate.
