@@ -117,7 +117,10 @@ fn run<F: FnMut()>(mut op: F, n: u64) {
 struct Raw<const Q: usize = 1> {
     qps: [*mut sys::ibv_qp; Q],
     cq: *mut sys::ibv_cq,
-    chain: [sys::ibv_send_wr; BATCH],
+    /// The chain's `BATCH` requests, on the heap and reached only through this pointer (a
+    /// reference to the array, taken anew for each request, would invalidate the `next`
+    /// pointers linked through an earlier one: freed on drop.
+    chain: *mut sys::ibv_send_wr,
     sge: sys::ibv_sge,
     /// The entry of an inline request (its bytes are copied during the post).
     isge: sys::ibv_sge,
@@ -132,7 +135,9 @@ const QP_SHIFT: u32 = 48;
 impl<const Q: usize> Raw<Q> {
     fn new(qps: [*mut sys::ibv_qp; Q], cq: *mut sys::ibv_cq, sge: (u64, u32, u32)) -> Self {
         // SAFETY: ibv_send_wr is plain C data; zero is a valid value.
-        let chain = unsafe { MaybeUninit::zeroed().assume_init() };
+        let chain: Box<[sys::ibv_send_wr; BATCH]> =
+            Box::new(unsafe { MaybeUninit::zeroed().assume_init() });
+        let chain = Box::into_raw(chain).cast::<sys::ibv_send_wr>();
         Self {
             qps,
             cq,
@@ -164,7 +169,7 @@ impl<const Q: usize> Raw<Q> {
         inline: Option<&[u8]>,
         signaled: bool,
     ) -> &mut sys::ibv_send_wr {
-        let base = self.chain.as_mut_ptr();
+        let base = self.chain;
         let sg_list = match inline {
             Some(d) => {
                 self.isge.addr = d.as_ptr() as u64;
@@ -183,9 +188,13 @@ impl<const Q: usize> Raw<Q> {
         }
         let id = (q as u64) << QP_SHIFT | self.next[q];
         self.next[q] += 1;
-        // SAFETY: i < BATCH (the callers' loops), so i and i - 1 are inside the array, and
-        // no other reference into it is alive.
+        // SAFETY: i < BATCH (the callers' loops), so i and i - 1 are inside the chain, which
+        // only `self.chain` reaches; no reference into it outlives the caller's use of the
+        // one returned, and the link to request i is made from the chain's pointer.
         unsafe {
+            if i > 0 {
+                (*base.add(i - 1)).next = base.add(i);
+            }
             let w = &mut *base.add(i);
             w.wr_id = id;
             w.next = core::ptr::null_mut();
@@ -193,9 +202,6 @@ impl<const Q: usize> Raw<Q> {
             w.num_sge = 1;
             w.opcode = op;
             w.send_flags = flags;
-            if i > 0 {
-                (*base.add(i - 1)).next = w;
-            }
             w
         }
     }
@@ -231,7 +237,7 @@ impl<const Q: usize> Raw<Q> {
         // chain is built and null-terminated; the instant device touches no memory.
         let rc = unsafe {
             let f = (*(*qp).context).ops.post_send.expect("post_send");
-            f(qp, self.chain.as_mut_ptr(), &mut bad)
+            f(qp, self.chain, &mut bad)
         };
         assert_eq!(rc, 0, "ibv_post_send");
     }
@@ -270,6 +276,13 @@ impl<const Q: usize> Raw<Q> {
     }
 }
 
+impl<const Q: usize> Drop for Raw<Q> {
+    fn drop(&mut self) {
+        // SAFETY: `chain` came from `Box::into_raw` of this type in `new` and is freed once.
+        drop(unsafe { Box::from_raw(self.chain.cast::<[sys::ibv_send_wr; BATCH]>()) });
+    }
+}
+
 /// A hand-written ring of receives: one `ibv_recv_wr` per slot, re-posted once its message
 /// was handed out.
 struct RawRecvs {
@@ -301,7 +314,12 @@ impl RawRecvs {
             cq,
             wrs,
             sges,
-            base: sge.addr() as usize as *const u8,
+            // SAFETY: the instant device never writes the region, so viewing its bytes is
+            // sound; the pointer keeps the allocation's provenance (an integer address would
+            // not).
+            base: unsafe { mem.slice_unchecked(0..mem.len()) }
+                .expect("in bounds")
+                .as_ptr(),
             slot_size: size,
         };
         for (i, w) in r.wrs.iter_mut().enumerate() {

@@ -118,6 +118,23 @@ fn the_device_keeps_the_transport_settings_asked_for() {
     let a = a.handshake(&eb);
     let b = b.handshake(&ea);
     assert!(a.is_ok() && b.is_ok(), "{:?} / {:?}", a.err(), b.err());
+    // The device answers the query (the check did not pass by being skipped) with the codes
+    // asked for.
+    let got = a
+        .unwrap()
+        .transport()
+        .unwrap()
+        .expect("rxe answers ibv_query_qp");
+    assert_eq!(
+        (
+            got.ack_timeout,
+            got.retry_count,
+            got.rnr_retry,
+            got.rnr_timer
+        ),
+        (18, 5, 3, 20),
+        "{got:?}"
+    );
     eprintln!(
         "ack timeout code 18 x 6 tries = {:?}; RNR 3 x code 20 = {:?}",
         cfg.retry_wall_time(),

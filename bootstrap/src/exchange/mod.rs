@@ -116,7 +116,7 @@ pub struct ExchangeOptions {
     /// round trip, so the wait is that long; only a link (or peer) that stays unreachable
     /// makes the process wait all of it before it exits. [`Session::close`] does not wait.
     /// Default 10 s (rverbs' default channel timeout: a peer waiting longer than that has
-    /// timed out on its own).
+    /// timed out on its own); at most 60 s are waited, whatever is set.
     pub goodbye_linger: Duration,
 }
 

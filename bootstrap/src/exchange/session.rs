@@ -16,6 +16,8 @@ use super::frame_io::write_frame;
 
 /// How long saying goodbye to one rank may take.
 const GOODBYE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest a goodbye lingers, whatever [`ExchangeOptions::goodbye_linger`] says.
+const MAX_LINGER: Duration = Duration::from_secs(60);
 /// How often a lingering goodbye looks whether it was acknowledged, and pushes it again.
 const LINGER_TICK: Duration = Duration::from_millis(50);
 
@@ -276,7 +278,9 @@ impl Session {
 /// the connection ends the wait for its connection at once. Where the kernel cannot say
 /// what is acknowledged (not Linux), nothing waits.
 fn linger(streams: &[&TcpStream], limit: Duration) {
-    let deadline = Instant::now() + limit;
+    // At most a minute, whatever was configured: a goodbye that has not crossed by then
+    // will not, and a process must be able to exit.
+    let deadline = Instant::now() + limit.min(MAX_LINGER);
     let mut waiting: Vec<&TcpStream> = streams
         .iter()
         .copied()

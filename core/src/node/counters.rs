@@ -31,7 +31,9 @@ pub struct PeerCounters {
     /// Barriers that timed out while still waiting for it (a timeout lists at most
     /// [`MAX_LISTED`](crate::barrier::MAX_LISTED) ranks; only those are counted).
     pub barrier_timeouts: u32,
-    /// Why it is considered failed, if the node's failure news names it.
+    /// Why it is considered failed, if the node's failure news names it. The node keeps one
+    /// piece of news, the first it learned: a second peer that failed later shows here as
+    /// `None`, and its broken channel in `channel.failure`.
     pub failed: Option<FailureCause>,
 }
 

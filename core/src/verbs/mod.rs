@@ -44,7 +44,7 @@ pub use event::{CompletionChannel, CqEvents};
 pub use mcast::IpMembership;
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
-pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic};
+pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic, Transport};
 pub use srq::Srq;
 pub use ud::{UdConfig, UdQp, DEFAULT_QKEY, GRH_LEN, MULTICAST_QPN};
 

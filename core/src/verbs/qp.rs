@@ -213,14 +213,18 @@ pub(super) fn modify(
     }
 }
 
-/// The transport settings a queue pair in RTS runs with, as codes: ACK timeout, retry
-/// count, RNR retry, RNR timer.
+/// The transport settings a queue pair in RTS runs with, as the verbs codes
+/// ([`Qp::transport`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Transport {
-    pub(crate) ack_timeout: u8,
-    pub(crate) retry_count: u8,
-    pub(crate) rnr_retry: u8,
-    pub(crate) rnr_timer: u8,
+pub struct Transport {
+    /// The ACK timeout's code ([`AckTimeout::code`]).
+    pub ack_timeout: u8,
+    /// The retry count.
+    pub retry_count: u8,
+    /// The RNR retry code ([`RnrRetry::code`]: 7 is infinite).
+    pub rnr_retry: u8,
+    /// The RNR timer's code ([`RnrTimer::code`]).
+    pub rnr_timer: u8,
 }
 
 impl Transport {
@@ -252,10 +256,9 @@ impl Transport {
     }
 }
 
-/// Asks the device what transport settings the queue pair runs with and refuses it if they
-/// are not the ones `cfg` asked for ([`VerbsError::Clamped`]). A driver that cannot answer
-/// (`EOPNOTSUPP`) is taken at its word.
-fn check_transport(qp: NonNull<sys::ibv_qp>, cfg: &QpConfig) -> Result<()> {
+/// The transport settings the device reports for `qp` (`ibv_query_qp`), or `None` when the
+/// driver cannot answer (`EOPNOTSUPP`).
+fn query_transport(qp: NonNull<sys::ibv_qp>) -> Result<Option<Transport>> {
     use sys::ibv_qp_attr_mask as m;
     let mut attr = zeroed_attr();
     // SAFETY: ibv_qp_init_attr is plain C data for which all-zero is valid.
@@ -266,17 +269,28 @@ fn check_transport(qp: NonNull<sys::ibv_qp>, cfg: &QpConfig) -> Result<()> {
     let rc =
         unsafe { sys::ibv_query_qp(qp.as_ptr(), &mut attr, mask as core::ffi::c_int, &mut init) };
     match rc {
-        0 => Transport::asked(cfg).check(Transport {
+        0 => Ok(Some(Transport {
             ack_timeout: attr.timeout,
             retry_count: attr.retry_cnt,
             rnr_retry: attr.rnr_retry,
             rnr_timer: attr.min_rnr_timer,
-        }),
-        ffi::EOPNOTSUPP => Ok(()),
+        })),
+        ffi::EOPNOTSUPP => Ok(None),
         errno => Err(VerbsError::Call {
             verb: Verb::QueryQp,
             errno,
         }),
+    }
+}
+
+/// Asks the device what transport settings the queue pair runs with and refuses it if they
+/// are not the ones `cfg` asked for ([`VerbsError::Clamped`]). A driver that cannot answer
+/// (`EOPNOTSUPP`) is taken at its word. (A driver that answers without filling these fields
+/// would have every queue pair refused; rxe and the RDMA NICs rverbs targets fill them.)
+fn check_transport(qp: NonNull<sys::ibv_qp>, cfg: &QpConfig) -> Result<()> {
+    match query_transport(qp)? {
+        Some(granted) => Transport::asked(cfg).check(granted),
+        None => Ok(()),
     }
 }
 
@@ -737,6 +751,13 @@ impl Qp {
                 errno: ffi::EOPNOTSUPP,
             }),
         }
+    }
+
+    /// The transport settings the device reports this queue pair runs with
+    /// (`ibv_query_qp`); `None` if the driver cannot say. Connecting already checked them
+    /// against the configuration ([`VerbsError::Clamped`]).
+    pub fn transport(&self) -> Result<Option<Transport>> {
+        query_transport(self.handle.raw)
     }
 
     /// Says when this QP's shared receive queue is destroyed; `None` without one.

@@ -942,7 +942,8 @@ const DEVICE_COUNTERS: [&str; 10] = [
 fn print_counters(reports: &[Report]) {
     println!("counters per rank (over its peers; rverbs' own, then the device port's growth):");
     for r in reports {
-        let sum = |f: fn(&PeerLine) -> u64| r.peers.iter().map(f).sum::<u64>();
+        // Ranks' reports are a peer's bytes: summed without overflow.
+        let sum = |f: fn(&PeerLine) -> u64| r.peers.iter().map(f).fold(0u64, u64::saturating_add);
         let mut notes: Vec<String> = Vec::new();
         for p in &r.peers {
             if p.barrier_timeouts > 0 {
