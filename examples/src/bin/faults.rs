@@ -7,8 +7,9 @@
 //! on any rank.
 //!
 //! 1. `rc-*`: RDMA writes and reads of 4 KiB checksummed chunks, fetch-and-add counters and
-//!    node messages (checksummed, numbered) under 1 % loss, 5 % loss, reordering and
-//!    duplication on both hosts: every byte compared, every counter and every prior value an
+//!    node messages (checksummed, numbered) under 1 % loss, 5 % loss, reordering,
+//!    duplication and bit corruption (1 % of the frames, one flipped bit each) on both
+//!    hosts: every byte compared, every counter and every prior value an
 //!    atomic returned exact, every message once and in order. Prints the device's
 //!    retransmission counters and netem's drops; asserts netem dropped frames under loss.
 //! 2. `barriers-messaging`: barriers of all three algorithms and node messaging through a
@@ -403,11 +404,14 @@ fn run(args: &Args) -> Res<bool> {
     let phases: Vec<&str> = args.phases.split(',').collect();
     let t0 = Instant::now();
     if phases.contains(&"rc") {
-        let faults: [(&str, &[&str]); 4] = [
+        let faults: [(&str, &[&str]); 5] = [
             ("rc-loss-1%", &["loss", "1%"]),
             ("rc-loss-5%", &["loss", "5%"]),
             ("rc-reorder-25%-5ms", &["reorder", "25%", "5ms"]),
             ("rc-duplicate-5%", &["duplicate", "5%"]),
+            // One flipped bit in 1 % of the frames: the receiver's checks (IP header
+            // checksum, rxe's ICRC) must drop them, so not one corrupted byte reaches memory.
+            ("rc-corrupt-1%", &["corrupt", "1%"]),
         ];
         for (i, (name, fault)) in faults.iter().enumerate() {
             r.phase(name, fault, |r, rep| r.rc_integrity(i as u32 + 1, rep))?;
