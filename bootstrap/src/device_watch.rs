@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use rverbs_core::failure::{Failure, FailureAlarm, FailureCause};
+use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::node::failure_of_event;
+use rverbs_core::node::FailureAlarm;
 use rverbs_core::verbs::{AsyncEvent, AsyncEvents, Context};
 use rverbs_std_shim::readable::wait_readable;
 

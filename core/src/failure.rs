@@ -7,7 +7,7 @@
 //!   channel passes its deadline ([`FailureCause::Completion`], [`FailureCause::TimedOut`]);
 //! - a peer tells it: the node that saw the failure writes a [failure
 //!   notice](crate::wire::notice) into the last 8 bytes of every other rank's flag array;
-//! - something outside the node tells it through a [`FailureAlarm`] (for example
+//! - something outside the node tells it through a [`FailureAlarm`](crate::node::FailureAlarm) (for example
 //!   `rverbs-bootstrap`'s session watcher, when a rank's bootstrap connection closes
 //!   without a goodbye: [`FailureCause::SessionClosed`]).
 //!
@@ -132,78 +132,5 @@ impl fmt::Display for Failure {
             "rank {} failed: {} (seen by rank {})",
             self.rank, self.cause, self.reporter
         )
-    }
-}
-
-/// A handle that raises a failure on a node from another thread (a session watcher, a
-/// health checker). Cheap to clone; the node sees it on its next poll, and a node asleep in
-/// a blocking wait (`rverbs_std_shim::WaitPolicy::Block`) is woken at once: its alarm wakes
-/// the back-off's [waker](crate::poll::Backoff::waker).
-///
-/// Only the first failure raised sticks; later ones are ignored.
-#[cfg(feature = "alloc")]
-#[derive(Clone, Debug, Default)]
-pub struct FailureAlarm {
-    inner: alloc::sync::Arc<AlarmInner>,
-}
-
-#[cfg(feature = "alloc")]
-#[derive(Debug, Default)]
-struct AlarmInner {
-    word: core::sync::atomic::AtomicU64,
-    /// Woken when a failure is raised; fixed when the alarm is made, so no lock guards it.
-    waker: Option<core::task::Waker>,
-}
-
-#[cfg(feature = "alloc")]
-impl FailureAlarm {
-    /// A new alarm, not raised.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A new alarm, not raised, that wakes `waker` when a failure is raised on it (so a
-    /// thread asleep on something else learns of it at once).
-    pub fn with_waker(waker: core::task::Waker) -> Self {
-        Self {
-            inner: alloc::sync::Arc::new(AlarmInner {
-                word: core::sync::atomic::AtomicU64::new(0),
-                waker: Some(waker),
-            }),
-        }
-    }
-
-    /// Raises `failure` unless a failure is already raised; returns whether this call raised
-    /// it, and then wakes the alarm's waker, if it has one.
-    pub fn raise(&self, failure: Failure) -> bool {
-        use core::sync::atomic::Ordering;
-        let Some(word) = crate::wire::notice::encode(&failure, 0) else {
-            return false;
-        };
-        let raised = self
-            .inner
-            .word
-            .compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if raised {
-            if let Some(w) = &self.inner.waker {
-                w.wake_by_ref();
-            }
-        }
-        raised
-    }
-
-    /// The raw notice word (0 when not raised).
-    pub(crate) fn load(&self) -> u64 {
-        self.inner.word.load(core::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Clears the alarm if it still holds `word`.
-    pub(crate) fn clear(&self, word: u64) {
-        use core::sync::atomic::Ordering;
-        let _ = self
-            .inner
-            .word
-            .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 }

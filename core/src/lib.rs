@@ -59,6 +59,24 @@
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
+//! # Layers
+//! Bottom first. A module uses only the modules before it in this list, never one after,
+//! so no two modules form a circle; `tools/layers` checks it in CI (a link in a doc comment
+//! is not a use).
+//! 1. Words: [`verb`] (the verbs' names, [`ProviderError`](verb::ProviderError), errno
+//!    values), [`gid`], [`sge`], [`params`], `fatal`, [`wr`], [`completion`], [`failure`]
+//!    (what a failure is, not how news of it travels).
+//! 2. Memory and time: [`memory`] (regions and who owns what a device can reach), [`poll`].
+//! 3. Wire formats: [`wire`], every byte layout a peer reads (endpoints, node flags,
+//!    notices, datagram headers).
+//! 4. The device: [`verbs`], the safe wrappers over libibverbs.
+//! 5. Providers: [`provider`], the seam the engine is written against, and what implements
+//!    it (the device, the software model, the instant device).
+//! 6. One peer: [`channel`] (connected), [`datagram`] (unreliable datagrams and multicast).
+//! 7. The connection manager: `cm` (it connects channels, so it sits above them; a
+//!    datagram queue pair joins groups through it by the provider's `GroupJoiner`).
+//! 8. Many peers: [`multi`], then [`barrier`], then [`node`].
+//!
 //! # Cargo features
 //! - `verbs` (default): the device layer, linking libibverbs through `ibverbs-sys`.
 //!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).

@@ -508,3 +508,42 @@ macro_rules! region_by_inherent_methods {
     };
 }
 pub(crate) use region_by_inherent_methods;
+
+/// Whether a shared receive queue is gone: after that no receive posted to it can reach
+/// memory. Its owner marks it when the queue is destroyed; whoever freed memory its
+/// receives named asks it first (and leaks the memory if the queue lives on).
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug)]
+pub struct SrqProbe(Option<alloc::sync::Arc<core::sync::atomic::AtomicBool>>);
+
+#[cfg(feature = "alloc")]
+impl SrqProbe {
+    /// A probe for a queue that is still there; [`SrqProbe::mark_gone`] once it is
+    /// destroyed. Allocates.
+    pub fn pending() -> Self {
+        Self(Some(alloc::sync::Arc::new(
+            core::sync::atomic::AtomicBool::new(false),
+        )))
+    }
+
+    /// A probe for receives that can never reach memory whose region was dropped (the
+    /// software model resolves keys when a message arrives, and its buffers are borrowed for
+    /// the whole life of the net).
+    pub const fn released() -> Self {
+        Self(None)
+    }
+
+    /// Records that the queue is destroyed.
+    pub fn mark_gone(&self) {
+        if let Some(f) = &self.0 {
+            f.store(true, core::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether no receive posted to the queue can reach memory any more.
+    pub fn is_gone(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|f| f.load(core::sync::atomic::Ordering::Acquire))
+    }
+}

@@ -140,6 +140,8 @@ impl core::error::Error for ProviderError {}
 pub mod errno {
     /// Interrupted system call.
     pub const EINTR: i32 = 4;
+    /// Input/output error (an answer that refused without saying why).
+    pub const EIO: i32 = 5;
     /// Try again (a non-blocking descriptor had nothing).
     pub const EAGAIN: i32 = 11;
     /// Out of memory (a full queue, for a post).
@@ -154,6 +156,8 @@ pub mod errno {
     pub const EOPNOTSUPP: i32 = 95;
     /// Address family not supported.
     pub const EAFNOSUPPORT: i32 = 97;
+    /// Timed out (an answer that did not come in time).
+    pub const ETIMEDOUT: i32 = 110;
     /// Stale handle (an object that was destroyed).
     pub const ESTALE: i32 = 116;
 }

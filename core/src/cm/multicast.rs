@@ -20,6 +20,8 @@ use super::ffi::{self, sys};
 use super::id::{check, CmId};
 use crate::gid::Gid;
 use crate::poll::{Deadline, Patience, StaticClock};
+use crate::provider::verbs_ud::{GroupJoiner, JoinedGroup, VerbsDatagram};
+use crate::verb::{ProviderError, Verb};
 use crate::verbs::{AhAttr, Pd};
 
 /// What joining a group gave: where to send to reach it, and the attachment to make.
@@ -182,6 +184,93 @@ impl CmGroups {
         let rc = unsafe { sys::rdma_leave_multicast(self.id.as_raw(), (&raw mut sa).cast()) };
         check(rc, CmCall::LeaveMulticast)
     }
+}
+
+/// The connection manager joins the groups of a datagram queue pair built on it.
+impl VerbsDatagram {
+    /// From now on, joins and leaves go through the RDMA connection manager (feature
+    /// `rdmacm`): `rdma_join_multicast` from the queue pair's own address (the IP address
+    /// its GID maps to), waiting at most `timeout` on `clock` for the answer; then the queue
+    /// pair is attached to the group the answer names, and sends to the group use the
+    /// answer's address attributes (on InfiniBand, the group's LID from the subnet
+    /// administrator). The IP-layer membership RoCE v2 needs is the connection manager's
+    /// business then. The group's Q_Key must be the queue pair's (the connection manager's
+    /// is [`crate::verbs::DEFAULT_QKEY`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn core::error::Error>> {
+    /// use core::time::Duration;
+    /// use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
+    /// use rverbs_core::memory::PageMemory;
+    /// use rverbs_core::provider::datagram::DatagramProvider;
+    /// use rverbs_core::provider::verbs_ud::VerbsDatagram;
+    /// use rverbs_core::verbs::{open_device, AccessFlags, UdConfig};
+    /// # use rverbs_core::poll::{Clock, Instant};
+    /// # struct Monotonic;
+    /// # impl Clock for Monotonic { fn now(&self) -> Instant { Instant::from_nanos(0) } }
+    /// # static MONOTONIC: Monotonic = Monotonic;
+    /// let ctx = open_device("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let qp = VerbsDatagram::new(&ctx, &pd, &UdConfig::default())?
+    ///     .joining_through_cm(Duration::from_secs(5), &MONOTONIC)?;
+    /// let cfg = DatagramConfig::default();
+    /// let mem = PageMemory::zeroed(memory_needed(qp.mtu(), &cfg)).ok_or("no memory")?;
+    /// let mem = pd.register_shared(mem, AccessFlags::LOCAL_WRITE)?;
+    /// let mut ep = Datagram::new(qp, mem, cfg, &MONOTONIC)?;
+    /// ep.join(Group::ipv4([239, 1, 2, 3]).ok_or("not a group")?)?; // rdma_join_multicast
+    /// # Ok(()) }
+    /// ```
+    pub fn joining_through_cm(
+        mut self,
+        timeout: core::time::Duration,
+        clock: StaticClock,
+    ) -> Result<Self, CmError> {
+        let gid = self.qp().route().gid;
+        let local = match gid.ipv4() {
+            Some(v4) => core::net::IpAddr::from(v4),
+            None => core::net::IpAddr::from(gid.0),
+        };
+        let groups = CmGroups::bind(self.qp().pd(), self.qp().port(), local, timeout, clock)?;
+        self.set_joiner(alloc::boxed::Box::new(groups));
+        Ok(self)
+    }
+}
+
+impl GroupJoiner for CmGroups {
+    fn join(&self, group: Gid, qkey: u32) -> Result<JoinedGroup, ProviderError> {
+        let ip = group_ip(group).ok_or(ProviderError {
+            verb: Verb::JoinMulticast,
+            errno: crate::verb::errno::EINVAL,
+        })?;
+        let joined =
+            CmGroups::join(self, ip, qkey).map_err(|e| cm_error(e, Verb::JoinMulticast))?;
+        Ok(JoinedGroup {
+            attach: (joined.mgid, joined.mlid),
+            ah: joined.ah,
+        })
+    }
+
+    fn leave(&self, group: Gid) -> Result<(), ProviderError> {
+        let ip = group_ip(group).ok_or(ProviderError {
+            verb: Verb::LeaveMulticast,
+            errno: crate::verb::errno::EINVAL,
+        })?;
+        CmGroups::leave(self, ip).map_err(|e| cm_error(e, Verb::LeaveMulticast))
+    }
+}
+
+/// A connection manager failure as a provider error: the call and its errno, `ETIMEDOUT`
+/// for a join that got no answer, `EINVAL` for a group the queue pair cannot take.
+fn cm_error(e: CmError, verb: Verb) -> ProviderError {
+    use CmError as E;
+    let errno = match e {
+        E::Call { errno, .. } => errno,
+        E::TimedOut { .. } => crate::verb::errno::ETIMEDOUT,
+        E::JoinFailed { status, .. } if status < 0 => -status,
+        E::JoinFailed { .. } => crate::verb::errno::EIO,
+        _ => crate::verb::errno::EINVAL,
+    };
+    ProviderError { verb, errno }
 }
 
 #[cfg(test)]

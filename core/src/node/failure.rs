@@ -1,9 +1,10 @@
 //! How a node keeps, checks and spreads failure news (see [`crate::failure`]).
 
+use super::FailureAlarm;
 use crate::barrier::BarrierError;
 use crate::channel::ChannelError;
 use crate::completion::WcStatus;
-use crate::failure::{Failure, FailureAlarm, FailureCause};
+use crate::failure::{Failure, FailureCause};
 use crate::memory::Region;
 use crate::multi::MultiChannel;
 use crate::poll::Backoff;

@@ -40,6 +40,7 @@
 //! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
 //! readmit ([`ReadmitError`] says why).
 
+mod alarm;
 mod counters;
 mod credits;
 #[cfg(feature = "verbs")]
@@ -53,6 +54,7 @@ mod soft;
 mod verbs;
 mod wakeups;
 
+pub use alarm::FailureAlarm;
 pub use counters::PeerCounters;
 #[cfg(feature = "verbs")]
 pub use device_events::failure_of_event;
@@ -640,7 +642,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// once (it wakes the back-off's [waker](Backoff::waker)). News a peer writes into the
     /// flag array raises no completion: a sleeping node sees it when its sleep slice ends
     /// (at most 100 ms under `rverbs_std_shim::WaitPolicy::Block`).
-    pub fn failure_alarm(&self) -> crate::failure::FailureAlarm {
+    pub fn failure_alarm(&self) -> FailureAlarm {
         self.failures.alarm().clone()
     }
 

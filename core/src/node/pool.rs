@@ -19,10 +19,11 @@ use super::{Node, NodeError};
 use crate::channel::{Channel, ChannelError, Done, WrFailure};
 use crate::completion::{Completion, CompletionKind};
 use crate::memory::Region;
+use crate::memory::SrqProbe;
 use crate::multi::MultiChannel;
 use crate::poll::Backoff;
 use crate::provider::shared::QpTable;
-use crate::provider::{Provider, SrqProbe};
+use crate::provider::Provider;
 use crate::sge::Sge;
 use crate::wr::{RecvRequest, MAX_BATCH};
 

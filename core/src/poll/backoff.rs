@@ -39,7 +39,7 @@ pub trait Backoff {
     }
 
     /// A waker that ends a blocking sleep of this back-off (and of its clones) at once, from
-    /// any thread: what a node's [failure alarm](crate::failure::FailureAlarm) wakes, so news
+    /// any thread: what a node's [failure alarm](crate::node::FailureAlarm) wakes, so news
     /// raised elsewhere does not wait for the sleep to run out. `None` (the default) for a
     /// back-off that never sleeps long; ask after [`attach`](Self::attach).
     fn waker(&self) -> Option<core::task::Waker> {

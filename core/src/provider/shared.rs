@@ -707,7 +707,7 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_srq_recv(wrs) }
     }
-    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+    fn srq_probe(&self) -> Option<crate::memory::SrqProbe> {
         self.qp.srq_probe()
     }
     fn arm_srq_limit(&mut self, limit: u32) -> Result<(), ProviderError> {

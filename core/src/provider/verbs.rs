@@ -279,7 +279,7 @@ impl QueuePair for Qp {
         unsafe { Qp::post_srq_recv(self, wrs) }
     }
 
-    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+    fn srq_probe(&self) -> Option<crate::memory::SrqProbe> {
         Qp::srq_probe(self)
     }
 

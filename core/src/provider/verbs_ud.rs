@@ -54,10 +54,30 @@ struct Joined {
     /// The GID and LID the queue pair is attached to (the group's own on RoCE).
     attached: (Gid, u16),
     _ip: Option<IpMembership>,
-    /// Joined through the connection manager: the group's address and the attributes to
-    /// send to it with.
-    #[cfg(feature = "rdmacm")]
-    cm: Option<(core::net::IpAddr, AhAttr)>,
+    /// Joined through the queue pair's [`GroupJoiner`]: the attributes to send to the group
+    /// with.
+    through_joiner: Option<AhAttr>,
+}
+
+/// A way to join multicast groups other than attaching the queue pair to the group's GID by
+/// itself: the connection manager's `rdma_join_multicast` is one
+/// ([`VerbsDatagram::joining_through_cm`], feature `rdmacm`). The queue pair is attached to
+/// what the join gives. It lives in the layer above (the connection manager is built on the
+/// device layer, not the other way round), so the provider sees only this trait.
+pub(crate) trait GroupJoiner: core::fmt::Debug + Send {
+    /// Joins `group` for datagrams of Q_Key `qkey`; waits at most the joiner's own timeout.
+    fn join(&self, group: Gid, qkey: u32) -> Result<JoinedGroup, ProviderError>;
+    /// Leaves `group`.
+    fn leave(&self, group: Gid) -> Result<(), ProviderError>;
+}
+
+/// What a [`GroupJoiner`] gave for a group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JoinedGroup {
+    /// The GID and LID to attach the queue pair to.
+    pub(crate) attach: (Gid, u16),
+    /// The attributes to send to the group with.
+    pub(crate) ah: AhAttr,
 }
 
 /// A datagram queue pair and the two completion queues it owns, as a [`DatagramProvider`].
@@ -68,8 +88,7 @@ pub struct VerbsDatagram {
     // (whose memberships end with it), then the CQs.
     groups: Vec<Joined>,
     qp: UdQp,
-    #[cfg(feature = "rdmacm")]
-    cm: Option<crate::cm::multicast::CmGroups>,
+    joiner: Option<alloc::boxed::Box<dyn GroupJoiner>>,
     send_cq: Cq,
     recv_cq: Cq,
     /// The completion events of both queues ([`VerbsDatagram::with_events`]); it keeps them
@@ -113,8 +132,7 @@ impl VerbsDatagram {
         Ok(Self {
             groups: Vec::new(),
             qp: pd.create_ud_qp(&send_cq, &recv_cq, cfg)?,
-            #[cfg(feature = "rdmacm")]
-            cm: None,
+            joiner: None,
             send_cq,
             recv_cq,
             events,
@@ -127,57 +145,11 @@ impl VerbsDatagram {
         self.events.as_deref()
     }
 
-    /// From now on, joins and leaves go through the RDMA connection manager (feature
-    /// `rdmacm`): `rdma_join_multicast` from the queue pair's own address (the IP address
-    /// its GID maps to), waiting at most `timeout` on `clock` for the answer; then the queue
-    /// pair is attached to the group the answer names, and sends to the group use the
-    /// answer's address attributes (on InfiniBand, the group's LID from the subnet
-    /// administrator). The IP-layer membership RoCE v2 needs is the connection manager's
-    /// business then. The group's Q_Key must be the queue pair's (the connection manager's
-    /// is [`crate::verbs::DEFAULT_QKEY`]).
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn core::error::Error>> {
-    /// use core::time::Duration;
-    /// use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
-    /// use rverbs_core::memory::PageMemory;
-    /// use rverbs_core::provider::datagram::DatagramProvider;
-    /// use rverbs_core::provider::verbs_ud::VerbsDatagram;
-    /// use rverbs_core::verbs::{open_device, AccessFlags, UdConfig};
-    /// # use rverbs_core::poll::{Clock, Instant};
-    /// # struct Monotonic;
-    /// # impl Clock for Monotonic { fn now(&self) -> Instant { Instant::from_nanos(0) } }
-    /// # static MONOTONIC: Monotonic = Monotonic;
-    /// let ctx = open_device("rxe0")?;
-    /// let pd = ctx.alloc_pd()?;
-    /// let qp = VerbsDatagram::new(&ctx, &pd, &UdConfig::default())?
-    ///     .joining_through_cm(Duration::from_secs(5), &MONOTONIC)?;
-    /// let cfg = DatagramConfig::default();
-    /// let mem = PageMemory::zeroed(memory_needed(qp.mtu(), &cfg)).ok_or("no memory")?;
-    /// let mem = pd.register_shared(mem, AccessFlags::LOCAL_WRITE)?;
-    /// let mut ep = Datagram::new(qp, mem, cfg, &MONOTONIC)?;
-    /// ep.join(Group::ipv4([239, 1, 2, 3]).ok_or("not a group")?)?; // rdma_join_multicast
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "rdmacm")]
-    pub fn joining_through_cm(
-        mut self,
-        timeout: core::time::Duration,
-        clock: crate::poll::StaticClock,
-    ) -> Result<Self, crate::cm::CmError> {
-        let gid = self.qp.route().gid;
-        let local = match gid.ipv4() {
-            Some(v4) => core::net::IpAddr::from(v4),
-            None => core::net::IpAddr::from(gid.0),
-        };
-        self.cm = Some(crate::cm::multicast::CmGroups::bind(
-            self.qp.pd(),
-            self.qp.port(),
-            local,
-            timeout,
-            clock,
-        )?);
-        Ok(self)
+    /// Joins groups through `joiner` from now on (the groups joined so far stay as they
+    /// are).
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn set_joiner(&mut self, joiner: alloc::boxed::Box<dyn GroupJoiner>) {
+        self.joiner = Some(joiner);
     }
 
     /// What joining `group` through the connection manager gave, if it was joined that way.
@@ -186,7 +158,7 @@ impl VerbsDatagram {
         self.groups
             .iter()
             .find(|j| j.group == group)
-            .and_then(|j| j.cm.map(|(_, ah)| ah))
+            .and_then(|j| j.through_joiner)
     }
 
     /// The queue pair.
@@ -312,9 +284,8 @@ impl DatagramProvider for VerbsDatagram {
         if !group.is_multicast() || self.groups.iter().any(|j| j.group == group) {
             return Err(refuse);
         }
-        #[cfg(feature = "rdmacm")]
-        if self.cm.is_some() {
-            return self.join_through_cm(group);
+        if self.joiner.is_some() {
+            return self.join_through_joiner(group);
         }
         // The IP layer first: if it refuses, nothing is attached.
         let ip = match (group.ipv4(), self.gid().ipv4()) {
@@ -339,8 +310,7 @@ impl DatagramProvider for VerbsDatagram {
             group,
             attached: (group, 0),
             _ip: ip,
-            #[cfg(feature = "rdmacm")]
-            cm: None,
+            through_joiner: None,
         });
         Ok(())
     }
@@ -358,12 +328,9 @@ impl DatagramProvider for VerbsDatagram {
             .map_err(|e| e.provider_error(Verb::DetachMcast))?;
         // Dropping the membership ends the IP layer's too.
         let left = self.groups.swap_remove(i);
-        #[cfg(feature = "rdmacm")]
-        if let (Some(cm), Some((ip, _))) = (&self.cm, left.cm) {
-            cm.leave(ip)
-                .map_err(|e| cm_error(e, Verb::LeaveMulticast))?;
+        if let (Some(joiner), Some(_)) = (&self.joiner, left.through_joiner) {
+            joiner.leave(group)?;
         }
-        let _ = left;
         Ok(())
     }
 }
@@ -371,56 +338,32 @@ impl DatagramProvider for VerbsDatagram {
 impl VerbsDatagram {
     /// The attributes a connection manager join gave for `group`, if it was joined so.
     fn joined_attr(&self, group: Gid) -> Option<AhAttr> {
-        #[cfg(feature = "rdmacm")]
-        return self.cm_join(group);
-        #[cfg(not(feature = "rdmacm"))]
-        {
-            let _ = group;
-            None
-        }
+        self.groups
+            .iter()
+            .find(|j| j.group == group)
+            .and_then(|j| j.through_joiner)
     }
 
-    /// `rdma_join_multicast`, then the attachment to the group it names.
-    #[cfg(feature = "rdmacm")]
-    fn join_through_cm(&mut self, group: Gid) -> Result<(), ProviderError> {
-        let Some(cm) = &self.cm else {
+    /// The joiner's join, then the attachment to what it names.
+    fn join_through_joiner(&mut self, group: Gid) -> Result<(), ProviderError> {
+        let Some(joiner) = &self.joiner else {
             return Err(ProviderError {
                 verb: Verb::JoinMulticast,
                 errno: EINVAL,
             });
         };
-        let ip = crate::cm::multicast::group_ip(group).ok_or(ProviderError {
-            verb: Verb::JoinMulticast,
-            errno: EINVAL,
-        })?;
-        let joined = cm
-            .join(ip, self.qp.qkey())
-            .map_err(|e| cm_error(e, Verb::JoinMulticast))?;
-        if let Err(e) = self.qp.attach_mcast(&joined.mgid, joined.mlid) {
-            let _ = cm.leave(ip);
+        let joined = joiner.join(group, self.qp.qkey())?;
+        let (gid, lid) = joined.attach;
+        if let Err(e) = self.qp.attach_mcast(&gid, lid) {
+            let _ = joiner.leave(group);
             return Err(e.provider_error(Verb::AttachMcast));
         }
         self.groups.push(Joined {
             group,
-            attached: (joined.mgid, joined.mlid),
+            attached: joined.attach,
             _ip: None,
-            cm: Some((ip, joined.ah)),
+            through_joiner: Some(joined.ah),
         });
         Ok(())
     }
-}
-
-/// A connection manager failure as a provider error: the call and its errno, `ETIMEDOUT`
-/// for a join that got no answer, `EINVAL` for a group the queue pair cannot take.
-#[cfg(feature = "rdmacm")]
-fn cm_error(e: crate::cm::CmError, verb: Verb) -> ProviderError {
-    use crate::cm::CmError as E;
-    let errno = match e {
-        E::Call { errno, .. } => errno,
-        E::TimedOut { .. } => 110,
-        E::JoinFailed { status, .. } if status < 0 => -status,
-        E::JoinFailed { .. } => 5,
-        _ => EINVAL,
-    };
-    ProviderError { verb, errno }
 }

@@ -761,7 +761,7 @@ impl Qp {
     }
 
     /// Says when this QP's shared receive queue is destroyed; `None` without one.
-    pub fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
+    pub fn srq_probe(&self) -> Option<crate::memory::SrqProbe> {
         self.srq.as_ref().map(|s| s.probe())
     }
 

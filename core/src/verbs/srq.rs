@@ -31,7 +31,7 @@ use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
 use super::pd::Pd;
 use super::recv_chain::post_recv_wrs;
-use crate::provider::SrqProbe;
+use crate::memory::SrqProbe;
 use crate::wr::{PostFailure, RecvRequest};
 
 pub(crate) struct SrqInner {

@@ -1,5 +1,5 @@
 //! The failure notice: 8 bytes a node writes into the last slot of every other rank's flag
-//! array (and a [`FailureAlarm`](crate::failure::FailureAlarm) holds) to say which rank
+//! array (and a [`FailureAlarm`](crate::node::FailureAlarm) holds) to say which rank
 //! failed, why, and who saw it.
 //!
 //! One little-endian `u64`, written with a single 8-byte RDMA write:

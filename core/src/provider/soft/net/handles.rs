@@ -123,8 +123,8 @@ impl QueuePair for NetQp<'_> {
     /// receive whose region was dropped never reaches its memory (and that memory is
     /// borrowed for the net's whole life anyway).
     #[cfg(feature = "alloc")]
-    fn srq_probe(&self) -> Option<crate::provider::SrqProbe> {
-        (self.srq_capacity() > 0).then(crate::provider::SrqProbe::released)
+    fn srq_probe(&self) -> Option<crate::memory::SrqProbe> {
+        (self.srq_capacity() > 0).then(crate::memory::SrqProbe::released)
     }
 }
 
