@@ -61,11 +61,11 @@ fn fabric<'m>() -> SoftFabric<'m> {
     SoftFabric::new(caps, RnrRetry::Times(3), RetryCount::new(3).unwrap())
 }
 
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 /// A region that says when it is dropped (when the async layer released it).

@@ -58,11 +58,11 @@ static GLOBAL: counting::Counting = counting::Counting;
 const SLOTS: u32 = 4;
 const GROUP: [u8; 4] = [239, 1, 2, 3];
 
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 fn net<'m>(nodes: u32) -> SoftNet<'m> {

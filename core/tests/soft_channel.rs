@@ -42,11 +42,11 @@ fn pattern<const N: usize>(seed: u8) -> [u8; N] {
 /// A clock of its own for each call site, moving 1 ms on every read: a `static` per site,
 /// so channels of tests running in parallel do not share one (and nothing is leaked, which
 /// Miri would report).
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 #[test]

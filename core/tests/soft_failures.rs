@@ -14,11 +14,11 @@ use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 
-/// A step clock of its own at each call site, 1 us a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!(Duration::from_micros(1))
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 const WORLD: u32 = if cfg!(miri) { 5 } else { 64 };

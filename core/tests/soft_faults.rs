@@ -33,11 +33,11 @@ const TIMEOUT: Duration = Duration::from_millis(50);
 /// A clock of its own for each call site, moving 1 ms on every read: a `static` per site,
 /// so channels of tests running in parallel do not share one (and nothing is leaked, which
 /// Miri would report).
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 fn cfg(peer: u32) -> ChannelConfig {

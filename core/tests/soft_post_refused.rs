@@ -22,11 +22,11 @@ use rverbs_core::provider::soft::{
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
 use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
 
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 /// The model's end, refusing the next send post (taking nothing, `ENOMEM`) when told to:

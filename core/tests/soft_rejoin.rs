@@ -21,11 +21,11 @@ use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 
-/// A step clock of its own at each call site, 1 us a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!(Duration::from_micros(1))
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 const WORLD: u32 = 4;

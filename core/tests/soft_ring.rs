@@ -14,11 +14,11 @@ use rverbs_core::provider::soft::{Side, SoftFabric};
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
 
-/// A step clock of its own at each call site, 1 ms a reading.
 macro_rules! clock {
-    () => {
-        rverbs_testkit::clock!()
-    };
+    () => {{
+        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
+        &CLOCK as StaticClock
+    }};
 }
 
 fn fabric<'m>() -> SoftFabric<'m> {
