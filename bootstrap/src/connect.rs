@@ -1,6 +1,7 @@
 //! One call from a cluster configuration and a rank to a connected
 //! [`Node`](rverbs_core::node::Node).
 
+use crate::error::{BootstrapError, ExchangeError, RdmaError, Result};
 use core::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
@@ -12,7 +13,6 @@ use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC, PSN_SOURCE};
 
 use crate::config::ClusterConfig;
 use crate::device_watch::{DeviceWatch, SeenEvent, WatchedNode};
-use crate::error::{BootstrapError, Result};
 use crate::exchange::{
     exchange, exchange_rejoin, Departure, ExchangeOptions, NodeBlobs, Watch, RANK_ZERO,
 };
@@ -229,7 +229,7 @@ impl Connected {
     /// meanwhile and started again with the new process's connection.
     ///
     /// # Errors
-    /// [`BootstrapError::Readmit`] when it cannot work, saying why: `rank` is 0 (the
+    /// [`ExchangeError::Readmit`] when it cannot work, saying why: `rank` is 0 (the
     /// rendezvous died with it), the job was started under a PMIx launcher (no rendezvous),
     /// or the node uses messaging or barrier wake-ups ([`BootstrapError::Rdma`] with
     /// [`ReadmitError`]); the errors of the exchange when the new process or a survivor does
@@ -238,19 +238,23 @@ impl Connected {
     /// poisoned: restart every rank.
     pub fn readmit(&mut self, rank: u32, timeout: Duration) -> Result<()> {
         let me = self.node.rank();
-        let refuse = |reason: &str| BootstrapError::Readmit {
-            rank: me,
-            rejoiner: rank,
-            reason: reason.to_owned(),
+        let refuse = |reason: &str| {
+            BootstrapError::Exchange(ExchangeError::Readmit {
+                rank: me,
+                rejoiner: rank,
+                reason: reason.to_owned(),
+            })
         };
         if rank == 0 {
             return Err(refuse(RANK_ZERO));
         }
         let device = self.node.pd().context().name().to_owned();
-        let rdma = |source| BootstrapError::Rdma {
-            rank: me,
-            device: device.clone(),
-            source,
+        let rdma = |source| {
+            BootstrapError::Rdma(RdmaError::Setup {
+                rank: me,
+                device: device.clone(),
+                source,
+            })
         };
         let Some(session) = self.session.as_tcp() else {
             return Err(refuse(
@@ -415,17 +419,19 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
 /// barrier with every rank, like [`connect`].
 ///
 /// # Errors
-/// Those of [`connect`], and [`BootstrapError::Readmit`] for rank 0 (the rendezvous died
+/// Those of [`connect`], and [`ExchangeError::Readmit`] for rank 0 (the rendezvous died
 /// with it: restart every rank) and for options a survivor cannot readmit (barrier
 /// wake-ups, a shared receive queue). A rank 0 that turns the hello away says why
-/// ([`BootstrapError::Rejected`]: another job, another world size, the old process still
+/// ([`ExchangeError::Rejected`]: another job, another world size, the old process still
 /// connected, ...); one whose survivors do not readmit this rank in time leaves it with a
 /// timeout.
 pub fn rejoin(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Result<Connected> {
-    let refuse = |reason: String| BootstrapError::Readmit {
-        rank,
-        rejoiner: rank,
-        reason,
+    let refuse = |reason: String| {
+        BootstrapError::Exchange(ExchangeError::Readmit {
+            rank,
+            rejoiner: rank,
+            reason,
+        })
     };
     if rank == 0 {
         return Err(refuse(RANK_ZERO.to_owned()));
@@ -447,10 +453,13 @@ fn start(
     again: bool,
 ) -> Result<Connected> {
     let world = config.world_size();
-    let entry = config.get(rank).ok_or(BootstrapError::RankOutOfRange {
-        rank,
-        world_size: world,
-    })?;
+    let entry =
+        config
+            .get(rank)
+            .ok_or(BootstrapError::Exchange(ExchangeError::RankOutOfRange {
+                rank,
+                world_size: world,
+            }))?;
     // Without a secret in the options, RVERBS_JOB_SECRET_FILE or RVERBS_JOB_SECRET may
     // give one; a bad one fails before the device is opened.
     let secret = match &opts.exchange.secret {
@@ -503,22 +512,24 @@ where
     F: FnOnce(&[u8], &ExchangeOptions) -> Result<(OutOfBand, Vec<Vec<u8>>)>,
 {
     let rank = place.rank;
-    let rdma = |source: NodeError| BootstrapError::Rdma {
-        rank,
-        device: place.device.clone(),
-        source,
+    let rdma = |source: NodeError| {
+        BootstrapError::Rdma(RdmaError::Setup {
+            rank,
+            device: place.device.clone(),
+            source,
+        })
     };
     let ctx = open_device(&place.device).map_err(|e| rdma(NodeError::Verbs(e)))?;
     // A step that fails while this rank's own port is down failed because of it: say so
     // (the peers it could not reach are not at fault).
     let ours = |e: BootstrapError| match port_down(&ctx, place.port) {
-        Some(state) => BootstrapError::LocalPortDown {
+        Some(state) => BootstrapError::Rdma(RdmaError::LocalPortDown {
             rank,
             device: place.device.clone(),
             port: place.port,
             state,
             source: Box::new(e),
-        },
+        }),
         None => e,
     };
     let mut node_cfg = opts.node;

@@ -3,7 +3,7 @@
 
 use crate::config::ClusterConfig;
 use crate::connect::{connect, ConnectOptions, Connected};
-use crate::error::{BootstrapError, Result};
+use crate::error::{BootstrapError, LaunchError, Result};
 use crate::launcher;
 use crate::pmix::LauncherEnv;
 
@@ -39,7 +39,7 @@ pub enum Launch<'a> {
     },
     /// The PMIx server of the launcher that started the process (`mpirun`, `srun
     /// --mpi=pmix`): rank and world from PMIx, the device from the host. Needs the `pmix`
-    /// feature; without it [`connect_launch`] fails with [`BootstrapError::NoLauncher`].
+    /// feature; without it [`connect_launch`] fails with [`LaunchError::NoLauncher`].
     Pmix(HostDevice),
 }
 
@@ -84,7 +84,7 @@ impl<'a> Launch<'a> {
     ///
     /// # Errors
     /// The launcher errors of [`launcher::resolve`] and [`ClusterConfig::check_launch`];
-    /// [`BootstrapError::NoLauncher`] without a file when no PMIx launcher is there (naming
+    /// [`LaunchError::NoLauncher`] without a file when no PMIx launcher is there (naming
     /// the launcher that is, and what to do), or when a rank is given without a file.
     pub fn detect(config: Option<&'a ClusterConfig>, rank: Option<u32>) -> Result<Self> {
         match config {
@@ -99,15 +99,15 @@ impl<'a> Launch<'a> {
             None => {
                 let env = LauncherEnv::detect();
                 if let Some(reason) = env.why_no_pmix() {
-                    return Err(BootstrapError::NoLauncher { reason });
+                    return Err(BootstrapError::Launch(LaunchError::NoLauncher { reason }));
                 }
                 if let Some(rank) = rank {
-                    return Err(BootstrapError::NoLauncher {
+                    return Err(BootstrapError::Launch(LaunchError::NoLauncher {
                         reason: format!(
                             "rank {rank} was given without a cluster config; under {env} the \
                              rank comes from PMIx: drop the rank or pass a config"
                         ),
-                    });
+                    }));
                 }
                 Ok(Self::Pmix(HostDevice::from_env()))
             }
@@ -125,22 +125,22 @@ impl<'a> Launch<'a> {
 /// # Errors
 /// Those of [`connect`]; under PMIx those of
 /// [`PmixSession::exchange`](crate::pmix::PmixSession::exchange),
-/// [`BootstrapError::NoActiveDevice`] when the host has no usable device, and
-/// [`BootstrapError::NoLauncher`] in a build without the `pmix` feature.
+/// [`LaunchError::NoActiveDevice`] when the host has no usable device, and
+/// [`LaunchError::NoLauncher`] in a build without the `pmix` feature.
 pub fn connect_launch(launch: &Launch<'_>, opts: &ConnectOptions) -> Result<Connected> {
     match launch {
         Launch::Config { config, rank } => connect(config, *rank, opts),
         #[cfg(feature = "pmix")]
         Launch::Pmix(host) => pmix_start::connect_pmix(host, opts),
         #[cfg(not(feature = "pmix"))]
-        Launch::Pmix(_) => Err(BootstrapError::NoLauncher {
+        Launch::Pmix(_) => Err(BootstrapError::Launch(LaunchError::NoLauncher {
             reason: format!(
                 "started by {} without a cluster config, but this program was built without \
                  PMIx support (feature `pmix` of rverbs-bootstrap): rebuild with it, or pass a \
                  cluster config",
                 LauncherEnv::detect()
             ),
-        }),
+        })),
     }
 }
 
@@ -150,7 +150,7 @@ mod pmix_start {
 
     use super::HostDevice;
     use crate::connect::{establish, ConnectOptions, Connected, Placement};
-    use crate::error::{BootstrapError, Result};
+    use crate::error::{BootstrapError, LaunchError, Result};
     use crate::oob::OutOfBand;
     use crate::pmix::PmixSession;
 
@@ -199,10 +199,12 @@ mod pmix_start {
     /// the first device with an active port. Devices that cannot be opened or queried count as
     /// having none; the error lists what each one had.
     fn choose_device(rank: u32, wanted: Option<&str>) -> Result<(String, u8)> {
-        let list = DeviceList::new().map_err(|e| BootstrapError::NoActiveDevice {
-            rank,
-            wanted: wanted.map(str::to_owned),
-            checked: vec![format!("listing devices failed: {e}")],
+        let list = DeviceList::new().map_err(|e| {
+            BootstrapError::Launch(LaunchError::NoActiveDevice {
+                rank,
+                wanted: wanted.map(str::to_owned),
+                checked: vec![format!("listing devices failed: {e}")],
+            })
         })?;
         let mut checked = Vec::new();
         for device in list.iter() {
@@ -226,11 +228,11 @@ mod pmix_start {
                 None => "no RDMA devices".to_owned(),
             });
         }
-        Err(BootstrapError::NoActiveDevice {
+        Err(BootstrapError::Launch(LaunchError::NoActiveDevice {
             rank,
             wanted: wanted.map(str::to_owned),
             checked,
-        })
+        }))
     }
 
     fn first_active_port(ctx: &Context) -> core::result::Result<Option<u8>, VerbsError> {

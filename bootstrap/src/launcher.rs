@@ -8,9 +8,8 @@
 //! values is set; a half-set pair is an error rather than a reason to fall
 //! through to the next source, since it almost always means a typo.
 
+use crate::error::LaunchError;
 use core::fmt;
-
-use crate::error::{BootstrapError, Result};
 
 /// Where the rank and world size came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +71,7 @@ pub struct LaunchInfo {
 ///
 /// # Errors
 /// As [`resolve_with`].
-pub fn resolve(rank: Option<u32>, world_size: Option<u32>) -> Result<LaunchInfo> {
+pub fn resolve(rank: Option<u32>, world_size: Option<u32>) -> Result<LaunchInfo, LaunchError> {
     resolve_with(rank, world_size, |name| {
         std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
     })
@@ -82,11 +81,15 @@ pub fn resolve(rank: Option<u32>, world_size: Option<u32>) -> Result<LaunchInfo>
 /// `env` looks up (tests pass a map instead of touching the process environment).
 ///
 /// # Errors
-/// [`BootstrapError::LaunchIncomplete`] for a half-set pair,
-/// [`BootstrapError::LaunchNotNumeric`], [`BootstrapError::LaunchZeroWorld`],
-/// [`BootstrapError::LaunchRankOutOfRange`] (each names the variable), and
-/// [`BootstrapError::LaunchUnset`] when no source is present.
-pub fn resolve_with<F>(rank: Option<u32>, world_size: Option<u32>, env: F) -> Result<LaunchInfo>
+/// [`LaunchError::Incomplete`] for a half-set pair,
+/// [`LaunchError::NotNumeric`], [`LaunchError::ZeroWorld`],
+/// [`LaunchError::RankOutOfRange`] (each names the variable), and
+/// [`LaunchError::Unset`] when no source is present.
+pub fn resolve_with<F>(
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    env: F,
+) -> Result<LaunchInfo, LaunchError>
 where
     F: Fn(&str) -> Option<String>,
 {
@@ -104,43 +107,44 @@ where
         let size = size.map(|value| parse(size_name, &value)).transpose()?;
         return finish(source, rank, size);
     }
-    Err(BootstrapError::LaunchUnset)
+    Err(LaunchError::Unset)
 }
 
-fn parse(variable: &'static str, value: &str) -> Result<u32> {
-    value
-        .trim()
-        .parse()
-        .map_err(|_| BootstrapError::LaunchNotNumeric {
-            variable,
-            value: value.to_owned(),
-        })
+fn parse(variable: &'static str, value: &str) -> Result<u32, LaunchError> {
+    value.trim().parse().map_err(|_| LaunchError::NotNumeric {
+        variable,
+        value: value.to_owned(),
+    })
 }
 
-fn finish(source: LaunchSource, rank: Option<u32>, size: Option<u32>) -> Result<LaunchInfo> {
+fn finish(
+    source: LaunchSource,
+    rank: Option<u32>,
+    size: Option<u32>,
+) -> Result<LaunchInfo, LaunchError> {
     let (rank_name, size_name) = source.names();
     let (rank, world_size) = match (rank, size) {
         (Some(rank), Some(size)) => (rank, size),
         (Some(_), None) => {
-            return Err(BootstrapError::LaunchIncomplete {
+            return Err(LaunchError::Incomplete {
                 set: rank_name,
                 missing: size_name,
             })
         }
         (None, _) => {
-            return Err(BootstrapError::LaunchIncomplete {
+            return Err(LaunchError::Incomplete {
                 set: size_name,
                 missing: rank_name,
             })
         }
     };
     if world_size == 0 {
-        return Err(BootstrapError::LaunchZeroWorld {
+        return Err(LaunchError::ZeroWorld {
             variable: size_name,
         });
     }
     if rank >= world_size {
-        return Err(BootstrapError::LaunchRankOutOfRange {
+        return Err(LaunchError::RankOutOfRange {
             variable: rank_name,
             rank,
             world_size,
@@ -214,7 +218,7 @@ mod tests {
         let err = resolve_with(Some(0), None, env(&[])).unwrap_err();
         assert!(matches!(
             err,
-            BootstrapError::LaunchIncomplete {
+            LaunchError::Incomplete {
                 set: "explicit rank",
                 missing: "explicit world size"
             }
@@ -222,7 +226,7 @@ mod tests {
         let err = resolve_with(None, None, env(&[("SLURM_NTASKS", "4")])).unwrap_err();
         assert!(matches!(
             err,
-            BootstrapError::LaunchIncomplete {
+            LaunchError::Incomplete {
                 set: "SLURM_NTASKS",
                 missing: "SLURM_PROCID"
             }
@@ -247,7 +251,7 @@ mod tests {
         .unwrap_err();
         assert!(matches!(
             &err,
-            BootstrapError::LaunchNotNumeric { variable: "OMPI_COMM_WORLD_RANK", value } if value == "x"
+            LaunchError::NotNumeric { variable: "OMPI_COMM_WORLD_RANK", value } if value == "x"
         ));
         let err =
             resolve_with(None, None, env(&[("PMI_RANK", "0"), ("PMI_SIZE", "-1")])).unwrap_err();
@@ -264,7 +268,7 @@ mod tests {
         .unwrap_err();
         assert!(matches!(
             err,
-            BootstrapError::LaunchRankOutOfRange {
+            LaunchError::RankOutOfRange {
                 variable: "RVERBS_RANK",
                 rank: 4,
                 world_size: 4
@@ -273,7 +277,7 @@ mod tests {
         let err = resolve_with(Some(0), Some(0), env(&[])).unwrap_err();
         assert!(matches!(
             err,
-            BootstrapError::LaunchZeroWorld {
+            LaunchError::ZeroWorld {
                 variable: "explicit world size"
             }
         ));
@@ -282,6 +286,6 @@ mod tests {
     #[test]
     fn nothing_set() {
         let err = resolve_with(None, None, env(&[])).unwrap_err();
-        assert!(matches!(err, BootstrapError::LaunchUnset));
+        assert!(matches!(err, LaunchError::Unset));
     }
 }

@@ -110,7 +110,9 @@ pub mod wire;
 pub use config::{ClusterConfig, ConfigLayout, RankConfig};
 #[cfg(feature = "verbs")]
 pub use connect::{connect, rejoin, ConnectOptions, Connected};
-pub use error::{BootstrapError, Result};
+#[cfg(feature = "verbs")]
+pub use error::RdmaError;
+pub use error::{BootstrapError, ConfigError, ExchangeError, LaunchError, Result};
 pub use exchange::{
     exchange, exchange_at, exchange_rejoin, Departure, ExchangeOptions, NodeBlobs, Personalize,
     Rendezvous, Session, DROPPED_REASON,

@@ -22,6 +22,7 @@
 //! no secret. [`exchange`](crate::exchange()) uses exactly
 //! [`ExchangeOptions::secret`](crate::ExchangeOptions::secret).
 
+use crate::error::ExchangeError;
 use core::fmt;
 use std::ffi::OsString;
 use std::fs::File;
@@ -31,8 +32,6 @@ use std::path::Path;
 use hmac::{Hmac, KeyInit};
 use sha2::Sha256;
 use zeroize::Zeroizing;
-
-use crate::error::{BootstrapError, Result};
 
 /// Environment variable naming a file that holds the job secret.
 pub const SECRET_FILE_ENV: &str = "RVERBS_JOB_SECRET_FILE";
@@ -56,8 +55,8 @@ impl JobSecret {
     /// A secret from bytes (at least [`MIN_SECRET_LEN`]).
     ///
     /// # Errors
-    /// [`BootstrapError::SecretInvalid`] if `bytes` is too short.
-    pub fn new(bytes: &[u8]) -> Result<Self> {
+    /// [`ExchangeError::SecretInvalid`] if `bytes` is too short.
+    pub fn new(bytes: &[u8]) -> Result<Self, ExchangeError> {
         Self::from_bytes(bytes, "JobSecret::new")
     }
 
@@ -65,12 +64,12 @@ impl JobSecret {
     /// so a secret written with `echo` matches the same text in `RVERBS_JOB_SECRET`.
     ///
     /// # Errors
-    /// [`BootstrapError::SecretRead`] if the file cannot be read;
-    /// [`BootstrapError::SecretInvalid`] if it holds more than [`MAX_SECRET_FILE`] bytes or
+    /// [`ExchangeError::SecretRead`] if the file cannot be read;
+    /// [`ExchangeError::SecretInvalid`] if it holds more than [`MAX_SECRET_FILE`] bytes or
     /// fewer than [`MIN_SECRET_LEN`].
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ExchangeError> {
         let path = path.as_ref();
-        let read_error = |source| BootstrapError::SecretRead {
+        let read_error = |source| ExchangeError::SecretRead {
             path: path.to_path_buf(),
             source,
         };
@@ -83,7 +82,7 @@ impl JobSecret {
             .map_err(read_error)?;
         let from = format!("file {}", path.display());
         if bytes.len() as u64 > MAX_SECRET_FILE {
-            return Err(BootstrapError::SecretInvalid {
+            return Err(ExchangeError::SecretInvalid {
                 from,
                 reason: format!(
                     "holds more than {MAX_SECRET_FILE} bytes; a job secret is a key of a few dozen bytes"
@@ -98,18 +97,20 @@ impl JobSecret {
     /// text of `RVERBS_JOB_SECRET`; `None` if neither is set.
     ///
     /// # Errors
-    /// [`BootstrapError::SecretInvalid`] if both are set, if one is set but empty, or if
+    /// [`ExchangeError::SecretInvalid`] if both are set, if one is set but empty, or if
     /// `RVERBS_JOB_SECRET` is not UTF-8; otherwise as [`JobSecret::from_file`] and
     /// [`JobSecret::new`].
-    pub fn from_env() -> Result<Option<Self>> {
+    pub fn from_env() -> Result<Option<Self>, ExchangeError> {
         Self::from_lookup(|name| std::env::var_os(name))
     }
 
     /// [`JobSecret::from_env`] over any variable lookup (tests pass their own).
-    fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Option<Self>> {
+    fn from_lookup(
+        lookup: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Option<Self>, ExchangeError> {
         let file = lookup(SECRET_FILE_ENV);
         let text = lookup(SECRET_ENV);
-        let invalid = |from: &str, reason: &str| BootstrapError::SecretInvalid {
+        let invalid = |from: &str, reason: &str| ExchangeError::SecretInvalid {
             from: from.to_owned(),
             reason: reason.to_owned(),
         };
@@ -146,9 +147,9 @@ impl JobSecret {
         }
     }
 
-    fn from_bytes(bytes: &[u8], from: &str) -> Result<Self> {
+    fn from_bytes(bytes: &[u8], from: &str) -> Result<Self, ExchangeError> {
         if bytes.len() < MIN_SECRET_LEN {
-            return Err(BootstrapError::SecretInvalid {
+            return Err(ExchangeError::SecretInvalid {
                 from: from.to_owned(),
                 reason: format!(
                     "is {} bytes; a job secret needs at least {MIN_SECRET_LEN} (for example `head -c 32 /dev/urandom > job.secret`)",
@@ -158,7 +159,7 @@ impl JobSecret {
         }
         // HMAC takes a key of any length (longer ones are hashed first).
         let key =
-            Hmac::<Sha256>::new_from_slice(bytes).map_err(|_| BootstrapError::SecretInvalid {
+            Hmac::<Sha256>::new_from_slice(bytes).map_err(|_| ExchangeError::SecretInvalid {
                 from: from.to_owned(),
                 reason: "cannot key HMAC-SHA256".to_owned(),
             })?;

@@ -6,6 +6,7 @@
 #![allow(clippy::std_instead_of_core)] // test code
 
 mod support;
+use rverbs_bootstrap::RdmaError;
 use support::device;
 
 use std::process::Command;
@@ -75,7 +76,10 @@ fn connecting_with_the_local_port_down_names_the_port() {
     let text = e.to_string();
     eprintln!("{text}");
     assert!(
-        matches!(e, BootstrapError::LocalPortDown { port: 1, .. }),
+        matches!(
+            e,
+            BootstrapError::Rdma(RdmaError::LocalPortDown { port: 1, .. })
+        ),
         "{e:?}"
     );
     assert!(text.contains(&format!("port 1 of {dev} is down")), "{text}");

@@ -6,6 +6,7 @@
 //! which keeps the host-test step of CI short.
 
 use core::time::Duration;
+use rverbs_bootstrap::ExchangeError;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
@@ -186,7 +187,10 @@ fn largest_allowed_blobs() {
         &quick(),
     )
     .unwrap_err();
-    assert!(matches!(err, BootstrapError::BlobTooLarge { rank: 0, .. }));
+    assert!(matches!(
+        err,
+        BootstrapError::Exchange(ExchangeError::BlobTooLarge { rank: 0, .. })
+    ));
 }
 
 #[test]
@@ -226,16 +230,16 @@ fn argument_errors() {
     let err = exchange_at(at(1), 2, 2, b"", &quick()).unwrap_err();
     assert!(matches!(
         err,
-        BootstrapError::RankOutOfRange {
+        BootstrapError::Exchange(ExchangeError::RankOutOfRange {
             rank: 2,
             world_size: 2
-        }
+        })
     ));
     let (listener, _) = listener();
     let err = exchange_at(Rendezvous::Listener(listener), 1, 2, b"", &quick()).unwrap_err();
     assert!(matches!(
         err,
-        BootstrapError::InvalidArgument { rank: 1, .. }
+        BootstrapError::Exchange(ExchangeError::InvalidArgument { rank: 1, .. })
     ));
 }
 
@@ -323,11 +327,11 @@ fn expect_root_timeout(handle: thread::JoinHandle<(Outcome, Duration)>, missing:
     let (outcome, took) = handle.join().unwrap();
     let err = outcome.unwrap_err();
     match &err {
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: 0,
             missing: got,
             ..
-        } => assert_eq!(got, missing, "{err}"),
+        }) => assert_eq!(got, missing, "{err}"),
         other => panic!("expected a rank-0 timeout, got {other:?}"),
     }
     assert!(took < Duration::from_secs(5), "took {took:?}");
@@ -434,9 +438,9 @@ fn wrong_job_id_is_rejected_and_root_keeps_waiting() {
     };
     let err = exchange_at(at(port), 1, 2, b"stale", &stale).unwrap_err();
     match &err {
-        BootstrapError::Rejected {
+        BootstrapError::Exchange(ExchangeError::Rejected {
             rank: 1, reason, ..
-        } => {
+        }) => {
             assert!(reason.contains("job id 0xdead"), "{reason}")
         }
         other => panic!("expected Rejected, got {other:?}"),
@@ -457,7 +461,7 @@ fn stalled_peer_times_out_naming_missing_ranks() {
     // Rank 0 tells the rank that did join why the exchange failed.
     let err = real.join().unwrap().unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::Rejected { reason, .. } if reason.contains("[1, 3]")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Rejected { reason, .. }) if reason.contains("[1, 3]")),
         "{err:?}"
     );
 }
@@ -511,7 +515,7 @@ fn peer_disconnecting_after_hello_becomes_missing_again() {
     assert!(shown.contains("lost rank 2"), "{shown}");
     let err = real.join().unwrap().unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::Rejected { reason, .. } if reason.contains("[2]")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Rejected { reason, .. }) if reason.contains("[2]")),
         "{err:?}"
     );
 }
@@ -561,17 +565,20 @@ fn allgather_times_out_naming_the_silent_rank() {
     let start = Instant::now();
     let err = zero.allgather(b"ready").unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::Timeout { rank: 0, missing, .. } if missing == &vec![2]),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Timeout { rank: 0, missing, .. }) if missing == &vec![2]),
         "{err:?}"
     );
     assert!(start.elapsed() < Duration::from_secs(5));
     assert!(matches!(
         zero.allgather(b"again").unwrap_err(),
-        BootstrapError::Poisoned { rank: 0 }
+        BootstrapError::Exchange(ExchangeError::Poisoned { rank: 0 })
     ));
     let err = peer.join().unwrap().unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::Rejected { rank: 1, .. }),
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Rejected { rank: 1, .. })
+        ),
         "{err:?}"
     );
 }
@@ -626,12 +633,12 @@ fn root_disconnecting_mid_exchange() {
     let (err, took) = peer_error(port);
     fake.join().unwrap();
     match &err {
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: 1,
             missing,
             detail,
             ..
-        } => {
+        }) => {
             assert_eq!(missing, &[0]);
             assert!(
                 detail.contains("closed the connection before answering")
@@ -654,10 +661,10 @@ fn root_sending_garbage() {
     assert!(
         matches!(
             err,
-            BootstrapError::Protocol {
+            BootstrapError::Exchange(ExchangeError::Protocol {
                 source: WireError::BadMagic { .. },
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -681,10 +688,10 @@ fn root_announcing_a_huge_table() {
     assert!(
         matches!(
             err,
-            BootstrapError::Protocol {
+            BootstrapError::Exchange(ExchangeError::Protocol {
                 source: WireError::PayloadTooLarge { .. },
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -701,7 +708,7 @@ fn root_not_echoing_our_blob() {
     let (err, _) = peer_error(port);
     fake.join().unwrap();
     assert!(
-        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("echo")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("echo")),
         "{err:?}"
     );
 }
@@ -717,7 +724,7 @@ fn root_with_wrong_table_size_or_job() {
     let (err, _) = peer_error(port);
     fake.join().unwrap();
     assert!(
-        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("1 entries")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("1 entries")),
         "{err:?}"
     );
     let (port, fake) = fake_root(|stream, _| {
@@ -728,7 +735,13 @@ fn root_with_wrong_table_size_or_job() {
     });
     let (err, _) = peer_error(port);
     fake.join().unwrap();
-    assert!(matches!(&err, BootstrapError::Unexpected { .. }), "{err:?}");
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Unexpected { .. })
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -764,7 +777,7 @@ fn root_that_never_answers() {
     let (port, fake) = fake_root(|_, _| thread::sleep(Duration::from_secs(3)));
     let (err, took) = peer_error(port);
     assert!(
-        matches!(&err, BootstrapError::Timeout { rank: 1, missing, .. } if missing == &vec![0]),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Timeout { rank: 1, missing, .. }) if missing == &vec![0]),
         "{err:?}"
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
@@ -776,7 +789,7 @@ fn no_rendezvous_at_all() {
     let port = listener().1;
     let (err, took) = peer_error(port);
     assert!(
-        matches!(&err, BootstrapError::Connect { rank: 1, addr, .. } if addr == &format!("127.0.0.1:{port}")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Connect { rank: 1, addr, .. }) if addr == &format!("127.0.0.1:{port}")),
         "{err:?}"
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
@@ -1001,9 +1014,9 @@ fn node_blob_hello_limit_follows_the_world_size() {
     let (outcome, _) = handle.join().unwrap();
     let err = outcome.unwrap_err();
     match &err {
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: 0, missing, ..
-        } => assert_eq!(missing, &(2..world).collect::<Vec<_>>()),
+        }) => assert_eq!(missing, &(2..world).collect::<Vec<_>>()),
         other => panic!("expected a rank-0 timeout, got {other:?}"),
     }
     // Rank 1 was admitted: it hears the timeout, not a refusal.
@@ -1018,12 +1031,12 @@ fn node_blob_argument_errors() {
     let too_long = vec![0; node_blob_len(2) + 1];
     let err = exchange_at(Rendezvous::Listener(listener), 0, 2, &too_long, &options).unwrap_err();
     assert!(
-        matches!(err, BootstrapError::BlobTooLarge { rank: 0, len, limit } if len == limit + 1 && limit == node_blob_len(2)),
+        matches!(err, BootstrapError::Exchange(ExchangeError::BlobTooLarge { rank: 0, len, limit }) if len == limit + 1 && limit == node_blob_len(2)),
         "{err:?}"
     );
     let err = exchange_at(at(1), 1, 3, &node_blob(1, 2), &options).unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::InvalidArgument { rank: 1, reason } if reason.contains("rank 1 of 2, sent as rank 1 of 3")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::InvalidArgument { rank: 1, reason }) if reason.contains("rank 1 of 2, sent as rank 1 of 3")),
         "{err:?}"
     );
 }
@@ -1040,7 +1053,7 @@ fn personalized_peer_refuses_a_plain_or_oversized_table() {
     let err = node_peer_error(port);
     fake.join().unwrap();
     assert!(
-        matches!(&err, BootstrapError::Unexpected { reason, .. } if reason.contains("own entry")),
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("own entry")),
         "{err:?}"
     );
     // An entry longer than an addressed blob.
@@ -1055,14 +1068,14 @@ fn personalized_peer_refuses_a_plain_or_oversized_table() {
     assert!(
         matches!(
             &err,
-            BootstrapError::Protocol {
+            BootstrapError::Exchange(ExchangeError::Protocol {
                 source: WireError::TableEntryTooLarge {
                     index: 0,
                     limit: ADDRESSED_BLOB_LEN,
                     ..
                 },
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -1077,12 +1090,12 @@ fn personalized_peer_refuses_a_plain_or_oversized_table() {
     assert!(
         matches!(
             &err,
-            BootstrapError::Protocol {
+            BootstrapError::Exchange(ExchangeError::Protocol {
                 rank: 1,
                 peer: Some(0),
                 source: WireError::PayloadTooLarge { len: 4000, .. },
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -1343,12 +1356,12 @@ fn matching_secrets_connect_and_prove_every_round() {
 /// The reason of an authentication failure, or a panic naming what came instead.
 fn auth_reason(err: &BootstrapError) -> &str {
     match err {
-        BootstrapError::Auth {
+        BootstrapError::Exchange(ExchangeError::Auth {
             rank: 1,
             peer: Some(0),
             reason,
             ..
-        } => reason,
+        }) => reason,
         other => panic!("expected an authentication error, got {other:?}"),
     }
 }

@@ -8,6 +8,7 @@
 #![cfg(feature = "pmix")]
 #![allow(clippy::std_instead_of_core, unreachable_pub)] // test code
 
+use rverbs_bootstrap::{ExchangeError, LaunchError};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -190,7 +191,7 @@ fn exchange() {
     let big = vec![0u8; s.options().max_blob_size + 1];
     assert!(matches!(
         s.allgather(&big),
-        Err(BootstrapError::BlobTooLarge { .. })
+        Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge { .. }))
     ));
     assert_eq!(s.allgather(b"end").unwrap().len(), 4);
     s.close().unwrap();
@@ -253,9 +254,9 @@ fn late() {
     let text = err.to_string();
     eprintln!("rank {rank}: {text}");
     match &err {
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: r, missing, ..
-        } => {
+        }) => {
             assert_eq!(*r, rank);
             assert_eq!(missing, &[2], "{text}");
         }
@@ -266,7 +267,7 @@ fn late() {
     // A failed round poisons the session.
     assert!(matches!(
         s.allgather(b"y"),
-        Err(BootstrapError::Poisoned { .. })
+        Err(BootstrapError::Exchange(ExchangeError::Poisoned { .. }))
     ));
 }
 
@@ -285,13 +286,13 @@ fn version() {
     let err = outcome.unwrap_err();
     let text = err.to_string();
     match err {
-        BootstrapError::PmixVersion {
+        BootstrapError::Launch(LaunchError::PmixVersion {
             rank: 0,
             peer: 1,
             ours,
             theirs,
             ..
-        } => {
+        }) => {
             assert_eq!(ours, PROTOCOL_VERSION);
             assert_eq!(theirs, Some(PROTOCOL_VERSION + 1));
         }
@@ -307,9 +308,15 @@ fn version() {
 fn no_pmix() {
     let err = PmixSession::init(&ExchangeOptions::default()).unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, BootstrapError::NoLauncher { .. }), "{text}");
+    assert!(
+        matches!(err, BootstrapError::Launch(LaunchError::NoLauncher { .. })),
+        "{text}"
+    );
     assert!(text.contains("Open MPI mpirun"), "{text}");
     assert!(text.contains("PMIX_NAMESPACE"), "{text}");
     let err = Launch::detect(None, None).unwrap_err();
-    assert!(matches!(err, BootstrapError::NoLauncher { .. }), "{err}");
+    assert!(
+        matches!(err, BootstrapError::Launch(LaunchError::NoLauncher { .. })),
+        "{err}"
+    );
 }

@@ -21,6 +21,7 @@
 //! parsed once, straight into the entries of its layout: a wrong or hostile file
 //! costs at most that much memory and time.
 
+use crate::error::ConfigError;
 use core::fmt;
 use core::marker::PhantomData;
 use std::collections::HashMap;
@@ -32,7 +33,6 @@ use rverbs_core::wire::MAX_WORLD;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{BootstrapError, Result};
 use crate::launcher::LaunchInfo;
 
 /// Largest cluster config read or parsed, in bytes: 4 MiB.
@@ -276,17 +276,17 @@ impl ClusterConfig {
     /// Reads and validates a configuration file (either layout).
     ///
     /// # Errors
-    /// [`BootstrapError::ConfigRead`] if the file cannot be read;
-    /// [`BootstrapError::ConfigTooLarge`] if it is larger than [`MAX_CONFIG_BYTES`]
+    /// [`ConfigError::Read`] if the file cannot be read;
+    /// [`ConfigError::TooLarge`] if it is larger than [`MAX_CONFIG_BYTES`]
     /// (judged before reading it); otherwise as [`ClusterConfig::from_json_str`]
     /// with the path as origin.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let read_error = |source| BootstrapError::ConfigRead {
+        let read_error = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let too_large = |len| BootstrapError::ConfigTooLarge {
+        let too_large = |len| ConfigError::TooLarge {
             file: path.display().to_string(),
             len,
             limit: MAX_CONFIG_BYTES,
@@ -312,16 +312,16 @@ impl ClusterConfig {
     /// (usually the file path).
     ///
     /// # Errors
-    /// [`BootstrapError::ConfigTooLarge`] for a text over [`MAX_CONFIG_BYTES`];
-    /// [`BootstrapError::ConfigParse`] for malformed JSON, unknown, repeated or
+    /// [`ConfigError::TooLarge`] for a text over [`MAX_CONFIG_BYTES`];
+    /// [`ConfigError::Parse`] for malformed JSON, unknown, repeated or
     /// missing fields and wrong types (with line and column);
-    /// [`BootstrapError::ConfigInvalid`] for a top level that is not an object,
+    /// [`ConfigError::Invalid`] for a top level that is not an object,
     /// an empty list, more than [`MAX_WORLD`] ranks, duplicate or missing ranks,
     /// port 0 or above 65535, an empty host or device, `ib_port` outside 1..=255
     /// or `gid_index` above 255.
-    pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
+    pub fn from_json_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
         if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(BootstrapError::ConfigTooLarge {
+            return Err(ConfigError::TooLarge {
                 file: origin.to_owned(),
                 len: Some(text.len() as u64),
                 limit: MAX_CONFIG_BYTES,
@@ -335,7 +335,7 @@ impl ClusterConfig {
             .next()
             .is_some_and(|first| first != '{')
         {
-            return Err(BootstrapError::ConfigInvalid {
+            return Err(ConfigError::Invalid {
                 file: origin.to_owned(),
                 entry: None,
                 rank: None,
@@ -345,13 +345,12 @@ impl ClusterConfig {
             });
         }
         // One pass, straight into the entries of the layout the list's key names.
-        let raw: RawConfig =
-            serde_json::from_str(text).map_err(|error| BootstrapError::ConfigParse {
-                file: origin.to_owned(),
-                line: error.line(),
-                column: error.column(),
-                message: error.to_string(),
-            })?;
+        let raw: RawConfig = serde_json::from_str(text).map_err(|error| ConfigError::Parse {
+            file: origin.to_owned(),
+            line: error.line(),
+            column: error.column(),
+            message: error.to_string(),
+        })?;
         let (layout, total, entries) = match raw.list {
             RawList::Legacy(hosts) => {
                 let entries = hosts
@@ -400,8 +399,12 @@ impl ClusterConfig {
     /// in any order.
     ///
     /// # Errors
-    /// [`BootstrapError::ConfigInvalid`] as for [`ClusterConfig::from_json_str`].
-    pub fn new(origin: &str, job: Option<String>, ranks: Vec<RankConfig>) -> Result<Self> {
+    /// [`ConfigError::Invalid`] as for [`ClusterConfig::from_json_str`].
+    pub fn new(
+        origin: &str,
+        job: Option<String>,
+        ranks: Vec<RankConfig>,
+    ) -> Result<Self, ConfigError> {
         let entries = ranks
             .into_iter()
             .map(|rank| Entry {
@@ -520,8 +523,8 @@ impl ClusterConfig {
     /// its own machine's devices.
     ///
     /// # Errors
-    /// [`BootstrapError::DeviceNotFound`] for the first rank whose device is absent.
-    pub fn validate_devices(&self, available: &[&str]) -> Result<()> {
+    /// [`ConfigError::DeviceNotFound`] for the first rank whose device is absent.
+    pub fn validate_devices(&self, available: &[&str]) -> Result<(), ConfigError> {
         self.ranks
             .iter()
             .try_for_each(|entry| self.check_device(entry, available))
@@ -530,9 +533,10 @@ impl ClusterConfig {
     /// Checks that `rank`'s device is among the local devices in `available`.
     ///
     /// # Errors
-    /// [`BootstrapError::RankOutOfRange`] or [`BootstrapError::DeviceNotFound`].
-    pub fn validate_local_device(&self, rank: u32, available: &[&str]) -> Result<()> {
-        let entry = self.get(rank).ok_or(BootstrapError::RankOutOfRange {
+    /// [`ConfigError::NoSuchRank`] or [`ConfigError::DeviceNotFound`].
+    pub fn validate_local_device(&self, rank: u32, available: &[&str]) -> Result<(), ConfigError> {
+        let entry = self.get(rank).ok_or_else(|| ConfigError::NoSuchRank {
+            file: self.origin.clone(),
             rank,
             world_size: self.world_size(),
         })?;
@@ -542,12 +546,12 @@ impl ClusterConfig {
     /// Checks that the launcher's world size matches the number of ranks here.
     ///
     /// # Errors
-    /// [`BootstrapError::WorldSizeMismatch`].
-    pub fn check_launch(&self, launch: &LaunchInfo) -> Result<()> {
+    /// [`ConfigError::WorldSizeMismatch`].
+    pub fn check_launch(&self, launch: &LaunchInfo) -> Result<(), ConfigError> {
         if launch.world_size == self.world_size() {
             Ok(())
         } else {
-            Err(BootstrapError::WorldSizeMismatch {
+            Err(ConfigError::WorldSizeMismatch {
                 file: self.origin.clone(),
                 configured: self.world_size(),
                 launched: launch.world_size,
@@ -556,11 +560,11 @@ impl ClusterConfig {
         }
     }
 
-    fn check_device(&self, entry: &RankConfig, available: &[&str]) -> Result<()> {
+    fn check_device(&self, entry: &RankConfig, available: &[&str]) -> Result<(), ConfigError> {
         if available.contains(&entry.device.as_str()) {
             Ok(())
         } else {
-            Err(BootstrapError::DeviceNotFound {
+            Err(ConfigError::DeviceNotFound {
                 file: self.origin.clone(),
                 rank: entry.rank,
                 device: entry.device.clone(),
@@ -577,20 +581,19 @@ fn validate(
     layout: ConfigLayout,
     entries: Vec<Entry>,
     total: usize,
-) -> Result<Vec<RankConfig>> {
+) -> Result<Vec<RankConfig>, ConfigError> {
     let names = match layout {
         ConfigLayout::Native => &NATIVE_FIELDS,
         ConfigLayout::Legacy => &LEGACY_FIELDS,
     };
-    let invalid = |entry: Option<usize>, rank: Option<u64>, field, reason: String| {
-        BootstrapError::ConfigInvalid {
+    let invalid =
+        |entry: Option<usize>, rank: Option<u64>, field, reason: String| ConfigError::Invalid {
             file: origin.to_owned(),
             entry,
             rank: rank.and_then(|rank| u32::try_from(rank).ok()),
             field: Some(field),
             reason,
-        }
-    };
+        };
     if entries.is_empty() {
         return Err(invalid(
             None,

@@ -1,6 +1,7 @@
 //! Unit tests of the parent module.
 
 use super::*;
+use crate::error::ConfigError;
 
 const NATIVE: &str = r#"{
     "job": "unit",
@@ -16,9 +17,9 @@ const LEGACY: &str = r#"{"hosts": [
     {"hostname": "node2", "port": 10000, "ibdev": "mlx5_1", "rankid": 1}
 ]}"#;
 
-fn invalid_parts(err: BootstrapError) -> (Option<usize>, Option<u32>, Option<&'static str>) {
+fn invalid_parts(err: ConfigError) -> (Option<usize>, Option<u32>, Option<&'static str>) {
     match err {
-        BootstrapError::ConfigInvalid {
+        ConfigError::Invalid {
             entry, rank, field, ..
         } => (entry, rank, field),
         other => panic!("expected ConfigInvalid, got {other:?}"),
@@ -89,9 +90,9 @@ fn missing_field_and_bad_json_are_parse_errors() {
         .to_string();
     assert!(shown.contains("port"), "{shown}");
     let err = ClusterConfig::from_json_str("{\"ranks\": [", "cfg.json").unwrap_err();
-    assert!(matches!(err, BootstrapError::ConfigParse { line: 1, .. }));
+    assert!(matches!(err, ConfigError::Parse { line: 1, .. }));
     let err = ClusterConfig::from_json_str("[]", "cfg.json").unwrap_err();
-    assert!(matches!(err, BootstrapError::ConfigInvalid { .. }));
+    assert!(matches!(err, ConfigError::Invalid { .. }));
 }
 
 #[test]
@@ -167,7 +168,7 @@ fn device_validation() {
     let err = config.validate_devices(&["mlx5_0"]).unwrap_err();
     assert!(matches!(
         &err,
-        BootstrapError::DeviceNotFound { rank: 1, device, .. } if device == "mlx5_1"
+        ConfigError::DeviceNotFound { rank: 1, device, .. } if device == "mlx5_1"
     ));
     assert!(err.to_string().contains("legacy.json"));
     assert!(config.validate_local_device(7, &[]).is_err());
@@ -300,7 +301,7 @@ fn oversized_text_is_refused_before_parsing() {
     let text = " ".repeat(MAX_CONFIG_BYTES as usize + 1);
     let err = ClusterConfig::from_json_str(&text, "huge.json").unwrap_err();
     assert!(
-        matches!(&err, BootstrapError::ConfigTooLarge { file, len: Some(len), limit }
+        matches!(&err, ConfigError::TooLarge { file, len: Some(len), limit }
             if file == "huge.json" && *len == MAX_CONFIG_BYTES + 1 && *limit == MAX_CONFIG_BYTES),
         "{err:?}"
     );

@@ -3,12 +3,12 @@
 //! hard deadline over all; and every frame through the connection's [`Seal`],
 //! so none is sent without its MAC or accepted without checking it.
 
+use crate::error::{BootstrapError, ExchangeError};
 use core::time::Duration;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
-use crate::error::BootstrapError;
 use crate::secret::{SECRET_ENV, SECRET_FILE_ENV};
 use crate::wire::{
     decode_header, Frame, Header, Seal, Sealed, WireError, HEADER_LEN, MAC_LEN, MAGIC,
@@ -77,31 +77,31 @@ impl ReadError {
         clock: Clock,
     ) -> BootstrapError {
         match self {
-            Self::Io(source) => BootstrapError::Io {
+            Self::Io(source) => BootstrapError::Exchange(ExchangeError::Io {
                 rank,
                 peer,
                 addr: addr.to_owned(),
                 op,
                 source,
-            },
-            Self::Timeout => BootstrapError::Timeout {
+            }),
+            Self::Timeout => BootstrapError::Exchange(ExchangeError::Timeout {
                 rank,
                 missing: peer.into_iter().collect(),
                 waited: clock.waited(),
                 detail: format!("{op} from {addr}"),
-            },
-            Self::Eof => BootstrapError::Disconnected {
+            }),
+            Self::Eof => BootstrapError::Exchange(ExchangeError::Disconnected {
                 rank,
                 peer,
                 addr: addr.to_owned(),
-            },
-            Self::Wire(source) => BootstrapError::Protocol {
+            }),
+            Self::Wire(source) => BootstrapError::Exchange(ExchangeError::Protocol {
                 rank,
                 peer,
                 addr: addr.to_owned(),
                 source,
-            },
-            Self::Oversize { header, limit } => BootstrapError::Protocol {
+            }),
+            Self::Oversize { header, limit } => BootstrapError::Exchange(ExchangeError::Protocol {
                 rank,
                 peer,
                 addr: addr.to_owned(),
@@ -109,15 +109,15 @@ impl ReadError {
                     len: header.payload_len,
                     limit,
                 },
-            },
+            }),
             Self::Auth { error, .. } => {
                 let remote = peer.map_or_else(|| "the peer".to_owned(), |p| format!("rank {p}"));
-                BootstrapError::Auth {
+                BootstrapError::Exchange(ExchangeError::Auth {
                     rank,
                     peer,
                     addr: addr.to_owned(),
                     reason: auth_reason(error, &remote, "this rank"),
-                }
+                })
             }
         }
     }

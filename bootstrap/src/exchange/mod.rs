@@ -49,11 +49,11 @@ mod root;
 mod session;
 mod watch;
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::net::TcpListener;
 
 use crate::config::ClusterConfig;
-use crate::error::{BootstrapError, Result};
 use crate::secret::JobSecret;
 use crate::wire::MAX_PAYLOAD;
 
@@ -189,14 +189,14 @@ pub fn exchange(
 /// A world of one returns at once without touching the network.
 ///
 /// # Errors
-/// Argument errors ([`BootstrapError::RankOutOfRange`],
-/// [`BootstrapError::BlobTooLarge`], [`BootstrapError::InvalidArgument`], also
+/// Argument errors ([`ExchangeError::RankOutOfRange`],
+/// [`ExchangeError::BlobTooLarge`], [`ExchangeError::InvalidArgument`], also
 /// for a blob [`Personalize::check`] refuses);
-/// on rank 0 [`BootstrapError::Bind`], and [`BootstrapError::Timeout`] naming
-/// the ranks that never joined; on other ranks [`BootstrapError::Connect`],
-/// [`BootstrapError::Rejected`] and [`BootstrapError::Timeout`]; on both
-/// [`BootstrapError::Io`], [`BootstrapError::Protocol`],
-/// [`BootstrapError::Unexpected`] and [`BootstrapError::Disconnected`].
+/// on rank 0 [`ExchangeError::Bind`], and [`ExchangeError::Timeout`] naming
+/// the ranks that never joined; on other ranks [`ExchangeError::Connect`],
+/// [`ExchangeError::Rejected`] and [`ExchangeError::Timeout`]; on both
+/// [`ExchangeError::Io`], [`ExchangeError::Protocol`],
+/// [`ExchangeError::Unexpected`] and [`ExchangeError::Disconnected`].
 pub fn exchange_at(
     rendezvous: Rendezvous,
     rank: u32,
@@ -205,31 +205,35 @@ pub fn exchange_at(
     options: &ExchangeOptions,
 ) -> Result<(Session, Vec<Vec<u8>>)> {
     if world_size == 0 || rank >= world_size {
-        return Err(BootstrapError::RankOutOfRange { rank, world_size });
+        return Err(BootstrapError::Exchange(ExchangeError::RankOutOfRange {
+            rank,
+            world_size,
+        }));
     }
     if options.max_blob_size > MAX_PAYLOAD as usize {
-        return Err(BootstrapError::InvalidArgument {
+        return Err(BootstrapError::Exchange(ExchangeError::InvalidArgument {
             rank,
             reason: format!(
                 "max_blob_size {} exceeds the frame limit of {MAX_PAYLOAD} bytes",
                 options.max_blob_size
             ),
-        });
+        }));
     }
     let limit = options.hello_limit(world_size);
     if blob.len() > limit {
-        return Err(BootstrapError::BlobTooLarge {
+        return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
             rank,
             len: blob.len(),
             limit,
-        });
+        }));
     }
     if let Some(p) = options.personalize {
-        p.check(rank, world_size, blob)
-            .map_err(|reason| BootstrapError::InvalidArgument {
+        p.check(rank, world_size, blob).map_err(|reason| {
+            BootstrapError::Exchange(ExchangeError::InvalidArgument {
                 rank,
                 reason: format!("{p:?} refuses this rank's blob: {reason}"),
-            })?;
+            })
+        })?;
     }
     if world_size == 1 {
         let session = Session::new(rank, world_size, options.clone(), Link::Alone);
@@ -241,9 +245,11 @@ pub fn exchange_at(
         let listener = match rendezvous {
             Rendezvous::Listener(listener) => listener,
             Rendezvous::Address { host, port } => TcpListener::bind((host.as_str(), port))
-                .map_err(|source| BootstrapError::Bind {
-                    addr: fmt_addr(&host, port),
-                    source,
+                .map_err(|source| {
+                    BootstrapError::Exchange(ExchangeError::Bind {
+                        addr: fmt_addr(&host, port),
+                        source,
+                    })
                 })?,
         };
         let (peers, blobs) =
@@ -253,11 +259,11 @@ pub fn exchange_at(
         Ok((session, blobs))
     } else {
         let Rendezvous::Address { host, port } = rendezvous else {
-            return Err(BootstrapError::InvalidArgument {
+            return Err(BootstrapError::Exchange(ExchangeError::InvalidArgument {
                 rank,
                 reason: "only rank 0 accepts on a listener; other ranks need rank 0's address"
                     .to_owned(),
-            });
+            }));
         };
         let addr = fmt_addr(&host, port);
         let (link, blobs) = peer::peer_join(

@@ -3,13 +3,13 @@
 //! connect again, with back-off, whenever rank 0 turns the connection away
 //! before answering.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::Instant;
 
-use crate::error::{BootstrapError, Result};
 use crate::wire::{
     decode_table, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
     REJECT_REASON_MAX,
@@ -80,12 +80,12 @@ fn connect(
     );
     loop {
         if Instant::now() >= clock.deadline {
-            return Err(BootstrapError::Connect {
+            return Err(BootstrapError::Exchange(ExchangeError::Connect {
                 rank,
                 addr: addr.to_owned(),
                 waited: clock.waited(),
                 source: last_error,
-            });
+            }));
         }
         match (host, port).to_socket_addrs() {
             Ok(candidates) => {
@@ -147,7 +147,7 @@ impl TurnedAway {
         if self.count == 0 {
             return error;
         }
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank,
             missing: vec![0],
             waited: clock.waited(),
@@ -156,7 +156,7 @@ impl TurnedAway {
                  overloaded by other connections (last: it {}); then: {error}",
                 self.count, self.last
             ),
-        }
+        })
     }
 }
 
@@ -202,9 +202,11 @@ pub(super) fn peer_join(
             Err(error) => return Err(turned_away.explain(error, rank, &addr, clock)),
         };
         let mut challenge = [0u8; CHALLENGE_LEN];
-        getrandom::fill(&mut challenge).map_err(|error| BootstrapError::InvalidArgument {
-            rank,
-            reason: format!("no random challenge from the OS: {error}"),
+        getrandom::fill(&mut challenge).map_err(|error| {
+            BootstrapError::Exchange(ExchangeError::InvalidArgument {
+                rank,
+                reason: format!("no random challenge from the OS: {error}"),
+            })
         })?;
         let mut link = PeerLink {
             rank: 0,
@@ -259,13 +261,13 @@ fn join_once(
     if let Err(source) = sent {
         let reset = is_reset(&source);
         let what = "reset the connection before answering".to_owned();
-        let error = BootstrapError::Io {
+        let error = BootstrapError::Exchange(ExchangeError::Io {
             rank,
             peer: Some(0),
             addr: link.addr.clone(),
             op: "send challenge",
             source,
-        };
+        });
         return Err(if reset {
             Attempt::again(what, error)
         } else {
@@ -288,12 +290,14 @@ fn join_once(
         Ok(_) => {}
         // Rank 0 refuses our challenge frame as well, and logs why.
         Err(ReadError::Auth { error, .. }) => {
-            return Err(Attempt::fail(BootstrapError::Auth {
-                rank,
-                peer: Some(0),
-                addr: link.addr.clone(),
-                reason: auth_reason(error, "rank 0", "this rank"),
-            }));
+            return Err(Attempt::fail(BootstrapError::Exchange(
+                ExchangeError::Auth {
+                    rank,
+                    peer: Some(0),
+                    addr: link.addr.clone(),
+                    reason: auth_reason(error, "rank 0", "this rank"),
+                },
+            )));
         }
         Err(error @ ReadError::Timeout) if Instant::now() < clock.deadline => {
             return Err(Attempt::again(
@@ -343,12 +347,14 @@ fn turned_away(error: &ReadError) -> Option<String> {
 /// before answering, and how to say so.
 fn unanswered(error: &BootstrapError) -> Option<&'static str> {
     match error {
-        BootstrapError::Io {
+        BootstrapError::Exchange(ExchangeError::Io {
             op: "send hello" | "table",
             source,
             ..
-        } if is_reset(source) => Some("reset the connection before answering"),
-        BootstrapError::Disconnected { .. } => Some("closed the connection before answering"),
+        }) if is_reset(source) => Some("reset the connection before answering"),
+        BootstrapError::Exchange(ExchangeError::Disconnected { .. }) => {
+            Some("closed the connection before answering")
+        }
         _ => None,
     }
 }
@@ -380,9 +386,11 @@ pub(super) fn peer_round(
     let sealed = link
         .seal
         .seal(kind, options.job_id, rank, world_size, own)
-        .map_err(|source| BootstrapError::InvalidArgument {
-            rank,
-            reason: format!("cannot frame the blob: {source}"),
+        .map_err(|source| {
+            BootstrapError::Exchange(ExchangeError::InvalidArgument {
+                rank,
+                reason: format!("cannot frame the blob: {source}"),
+            })
         })?;
     let op = match kind {
         FrameKind::Hello | FrameKind::Rejoin => "send hello",
@@ -390,13 +398,13 @@ pub(super) fn peer_round(
         _ => "send all-gather contribution",
     };
     write_frame(&link.stream, &sealed, own, options.io_timeout).map_err(|source| {
-        BootstrapError::Io {
+        BootstrapError::Exchange(ExchangeError::Io {
             rank,
             peer: Some(0),
             addr: link.addr.clone(),
             op,
             source,
-        }
+        })
     })?;
 
     let entry_limit = personalize.map_or(options.max_blob_size, |p| {
@@ -417,19 +425,21 @@ pub(super) fn peer_round(
     )
     .map_err(|error| error.into_error(rank, Some(0), &link.addr, "table", clock))?;
 
-    let unexpected = |reason: String| BootstrapError::Unexpected {
-        rank,
-        peer: Some(0),
-        addr: link.addr.clone(),
-        reason,
+    let unexpected = |reason: String| {
+        BootstrapError::Exchange(ExchangeError::Unexpected {
+            rank,
+            peer: Some(0),
+            addr: link.addr.clone(),
+            reason,
+        })
     };
     match header.kind {
-        FrameKind::Reject => Err(BootstrapError::Rejected {
+        FrameKind::Reject => Err(BootstrapError::Exchange(ExchangeError::Rejected {
             rank,
             addr: link.addr.clone(),
             reason: String::from_utf8_lossy(&payload[..payload.len().min(REJECT_REASON_MAX)])
                 .into_owned(),
-        }),
+        })),
         FrameKind::Table => {
             if header.sender != 0
                 || header.job_id != options.job_id
@@ -440,13 +450,14 @@ pub(super) fn peer_round(
                     header.sender, header.world_size, header.job_id, options.job_id
                 )));
             }
-            let mut blobs =
-                decode_table(&payload, entry_limit).map_err(|source| BootstrapError::Protocol {
+            let mut blobs = decode_table(&payload, entry_limit).map_err(|source| {
+                BootstrapError::Exchange(ExchangeError::Protocol {
                     rank,
                     peer: Some(0),
                     addr: link.addr.clone(),
                     source,
-                })?;
+                })
+            })?;
             if blobs.len() != world_size as usize {
                 return Err(unexpected(format!(
                     "table holds {} entries for a world of {world_size}",

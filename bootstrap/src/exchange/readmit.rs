@@ -2,10 +2,10 @@
 //! place of the `Hello`), and the survivors' round that readmits it (a `Readmit` in place of
 //! a `Sync`). Rank 0 is the rendezvous for both, on the listener its exchange kept.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 
 use crate::config::ClusterConfig;
-use crate::error::{BootstrapError, Result};
 use crate::wire::FrameKind;
 
 use super::clock::Clock;
@@ -32,25 +32,27 @@ impl Session {
     /// around it.
     ///
     /// # Errors
-    /// [`BootstrapError::Readmit`] for rank 0 (the rendezvous died with it) and for a
+    /// [`ExchangeError::Readmit`] for rank 0 (the rendezvous died with it) and for a
     /// poisoned session; the errors of [`Session::allgather`] otherwise, rank 0's timeout
     /// naming the new process or the survivors that did not come. A failed round poisons the
     /// session.
     pub fn readmit(&mut self, rejoiner: u32, own: &[u8], timeout: Duration) -> Result<Vec<u8>> {
         let (rank, world_size) = (self.rank(), self.world_size());
-        let refuse = |reason: &str| BootstrapError::Readmit {
-            rank,
-            rejoiner,
-            reason: reason.to_owned(),
+        let refuse = |reason: &str| {
+            BootstrapError::Exchange(ExchangeError::Readmit {
+                rank,
+                rejoiner,
+                reason: reason.to_owned(),
+            })
         };
         if rejoiner == 0 {
             return Err(refuse(RANK_ZERO));
         }
         if rejoiner >= world_size {
-            return Err(BootstrapError::RankOutOfRange {
+            return Err(BootstrapError::Exchange(ExchangeError::RankOutOfRange {
                 rank: rejoiner,
                 world_size,
-            });
+            }));
         }
         if rejoiner == rank {
             return Err(refuse(
@@ -95,12 +97,12 @@ impl Session {
             .and_then(|mut blobs| {
                 let theirs = core::mem::take(&mut blobs[rejoiner as usize]);
                 if theirs.is_empty() {
-                    return Err(BootstrapError::Unexpected {
+                    return Err(BootstrapError::Exchange(ExchangeError::Unexpected {
                         rank,
                         peer: Some(0),
                         addr: link.addr.clone(),
                         reason: format!("the readmission table has no entry for rank {rejoiner}"),
-                    });
+                    }));
                 }
                 Ok(theirs)
             }),
@@ -121,7 +123,7 @@ impl Session {
 /// an ordinary one: later rounds include every rank.
 ///
 /// # Errors
-/// [`BootstrapError::Readmit`] for rank 0; otherwise those of [`exchange`](super::exchange)
+/// [`ExchangeError::Readmit`] for rank 0; otherwise those of [`exchange`](super::exchange)
 /// (rank 0 says why it refused the hello, for example that the old process is still
 /// connected).
 pub fn exchange_rejoin(
@@ -132,14 +134,17 @@ pub fn exchange_rejoin(
 ) -> Result<(Session, Vec<Vec<u8>>)> {
     let world_size = config.world_size();
     if rank >= world_size {
-        return Err(BootstrapError::RankOutOfRange { rank, world_size });
+        return Err(BootstrapError::Exchange(ExchangeError::RankOutOfRange {
+            rank,
+            world_size,
+        }));
     }
     if rank == 0 {
-        return Err(BootstrapError::Readmit {
+        return Err(BootstrapError::Exchange(ExchangeError::Readmit {
             rank,
             rejoiner: rank,
             reason: RANK_ZERO.to_owned(),
-        });
+        }));
     }
     let root = config.rank(0);
     let clock = Clock::start(options.timeout);

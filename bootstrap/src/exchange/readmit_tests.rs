@@ -3,6 +3,7 @@
 //! while the survivors readmit it, and each side gets exactly the endpoints made for it; then
 //! the session's rounds include the new process. What cannot work is refused, saying why.
 
+use crate::error::{BootstrapError, ExchangeError};
 use core::time::Duration;
 use std::net::{Shutdown, TcpListener};
 use std::thread;
@@ -13,7 +14,6 @@ use rverbs_core::wire::node::{node_blob_len, NodeBlob};
 use rverbs_core::wire::Endpoint;
 
 use crate::config::{ClusterConfig, RankConfig};
-use crate::error::BootstrapError;
 
 use super::session::{Link, Session};
 use super::{exchange, exchange_at, exchange_rejoin, ExchangeOptions, NodeBlobs, Rendezvous};
@@ -190,7 +190,7 @@ fn what_cannot_rejoin_is_refused_saying_why() {
         .readmit(0, &part(1), Duration::from_secs(1))
         .unwrap_err();
     assert!(
-        matches!(&e, BootstrapError::Readmit { rank: 1, rejoiner: 0, reason } if reason.contains("rank 0 holds the rendezvous")),
+        matches!(&e, BootstrapError::Exchange(ExchangeError::Readmit { rank: 1, rejoiner: 0, reason }) if reason.contains("rank 0 holds the rendezvous")),
         "{e}"
     );
     let e = exchange_rejoin(&config, 0, &full_blob(0, 1), &opts).unwrap_err();
@@ -229,7 +229,7 @@ fn what_cannot_rejoin_is_refused_saying_why() {
     let (_s0, got) = root.join().unwrap();
     let e = got.unwrap_err();
     assert!(
-        matches!(&e, BootstrapError::Timeout { rank: 0, missing, .. } if missing == &vec![GONE]),
+        matches!(&e, BootstrapError::Exchange(ExchangeError::Timeout { rank: 0, missing, .. }) if missing == &vec![GONE]),
         "{e}"
     );
     assert!(e.to_string().contains("still connected"), "{e}");

@@ -1,6 +1,7 @@
 //! What an exchange leaves open: one connection per peer on rank 0, one to
 //! rank 0 elsewhere, and the all-gather rounds run over them.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -9,7 +10,6 @@ use std::time::Instant;
 
 use rverbs_std_shim::unacked::unacknowledged;
 
-use crate::error::{BootstrapError, Result};
 use crate::wire::{FrameKind, Seal};
 
 use super::frame_io::write_frame;
@@ -162,22 +162,24 @@ impl Session {
     /// session is poisoned and every later call fails.
     ///
     /// # Errors
-    /// [`BootstrapError::BlobTooLarge`] if `bytes` exceeds the blob limit (the
-    /// session stays usable); [`BootstrapError::Poisoned`]; otherwise the
-    /// network errors of [`exchange_at`], a rank-0 [`BootstrapError::Timeout`]
+    /// [`ExchangeError::BlobTooLarge`] if `bytes` exceeds the blob limit (the
+    /// session stays usable); [`ExchangeError::Poisoned`]; otherwise the
+    /// network errors of [`exchange_at`], a rank-0 [`ExchangeError::Timeout`]
     /// naming the ranks that did not contribute in time.
     ///
     /// [`exchange_at`]: super::exchange_at
     pub fn allgather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
         if self.poisoned {
-            return Err(BootstrapError::Poisoned { rank: self.rank });
+            return Err(BootstrapError::Exchange(ExchangeError::Poisoned {
+                rank: self.rank,
+            }));
         }
         if bytes.len() > self.options.max_blob_size {
-            return Err(BootstrapError::BlobTooLarge {
+            return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
                 rank: self.rank,
                 len: bytes.len(),
                 limit: self.options.max_blob_size,
-            });
+            }));
         }
         let clock = Clock::start(self.options.timeout);
         let mut progress = Progress::new(self.options.progress, clock, self.options.timeout);
@@ -213,7 +215,7 @@ impl Session {
     /// report nothing.
     ///
     /// # Errors
-    /// [`BootstrapError::Io`] for the first shutdown that failed (connections
+    /// [`ExchangeError::Io`] for the first shutdown that failed (connections
     /// the remote side already closed do not count).
     pub fn close(mut self) -> Result<()> {
         self.goodbye(None);
@@ -252,13 +254,13 @@ impl Session {
         for link in links {
             if let Err(source) = link.stream.shutdown(Shutdown::Both) {
                 if source.kind() != io::ErrorKind::NotConnected && first_error.is_none() {
-                    first_error = Some(BootstrapError::Io {
+                    first_error = Some(BootstrapError::Exchange(ExchangeError::Io {
                         rank: self.rank,
                         peer: Some(link.rank),
                         addr: link.addr.clone(),
                         op: "shutdown",
                         source,
-                    });
+                    }));
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! reason too) must prove it ([`ByeCheck`]): a forged or stale goodbye is a crash like any
 //! other hang-up.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use std::net::TcpStream;
@@ -19,7 +20,6 @@ use std::thread::JoinHandle;
 
 use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
-use crate::error::{BootstrapError, Result};
 use crate::wire::{ByeCheck, LastWord};
 
 use super::session::{Link, Session};
@@ -68,7 +68,7 @@ impl Session {
     /// connection hangs up.
     ///
     /// # Errors
-    /// [`BootstrapError::Io`] if a connection cannot be duplicated for the watcher or the
+    /// [`ExchangeError::Io`] if a connection cannot be duplicated for the watcher or the
     /// thread cannot start.
     pub fn watch(&self, mut lost: impl FnMut(u32, Departure) + Send + 'static) -> Result<Watch> {
         let links: Vec<(u32, &TcpStream, &str, ByeCheck)> = match &self.link {
@@ -81,12 +81,14 @@ impl Session {
         };
         let mut watched = Vec::with_capacity(links.len());
         for (rank, stream, addr, check) in links {
-            let copy = stream.try_clone().map_err(|source| BootstrapError::Io {
-                rank: self.rank(),
-                peer: Some(rank),
-                addr: addr.to_owned(),
-                op: "watch (duplicate the connection)",
-                source,
+            let copy = stream.try_clone().map_err(|source| {
+                BootstrapError::Exchange(ExchangeError::Io {
+                    rank: self.rank(),
+                    peer: Some(rank),
+                    addr: addr.to_owned(),
+                    op: "watch (duplicate the connection)",
+                    source,
+                })
             })?;
             watched.push((rank, copy, check));
         }
@@ -138,12 +140,14 @@ impl Session {
                     });
                 }
             })
-            .map_err(|source| BootstrapError::Io {
-                rank: self.rank(),
-                peer: None,
-                addr: String::new(),
-                op: "watch (start the thread)",
-                source,
+            .map_err(|source| {
+                BootstrapError::Exchange(ExchangeError::Io {
+                    rank: self.rank(),
+                    peer: None,
+                    addr: String::new(),
+                    op: "watch (start the thread)",
+                    source,
+                })
             })?;
         started.wait();
         Ok(Watch {

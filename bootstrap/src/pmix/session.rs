@@ -1,11 +1,11 @@
 //! The rendezvous over the launcher's PMIx server: put, commit, fence, get.
 
+use crate::error::{BootstrapError, ExchangeError, LaunchError, Result};
 use core::ffi::CStr;
 use core::time::Duration;
 use std::ffi::CString;
 use std::time::Instant;
 
-use crate::error::{BootstrapError, Result};
 use crate::exchange::{ExchangeOptions, Personalize};
 
 use super::env::LauncherEnv;
@@ -50,28 +50,32 @@ impl PmixSession {
     /// interval and progress lines are TCP matters and unused here).
     ///
     /// # Errors
-    /// [`BootstrapError::NoLauncher`] when the environment names no PMIx server;
-    /// [`BootstrapError::Pmix`] when `PMIx_Init` or a query fails.
+    /// [`LaunchError::NoLauncher`] when the environment names no PMIx server;
+    /// [`LaunchError::Pmix`] when `PMIx_Init` or a query fails.
     pub fn init(options: &ExchangeOptions) -> Result<Self> {
         let launcher = LauncherEnv::detect();
         if let Some(reason) = launcher.why_no_pmix() {
-            return Err(BootstrapError::NoLauncher { reason });
+            return Err(BootstrapError::Launch(LaunchError::NoLauncher { reason }));
         }
-        let client = Client::init().map_err(|status| BootstrapError::Pmix {
-            rank: None,
-            peer: None,
-            launcher: launcher.to_string(),
-            op: "PMIx_Init (connect to the launcher's PMIx server)",
-            status: status.to_string(),
+        let client = Client::init().map_err(|status| {
+            BootstrapError::Launch(LaunchError::Pmix {
+                rank: None,
+                peer: None,
+                launcher: launcher.to_string(),
+                op: "PMIx_Init (connect to the launcher's PMIx server)",
+                status: status.to_string(),
+            })
         })?;
         let rank = client.rank();
         let query = |op: &'static str, got: core::result::Result<Option<u32>, Status>| {
-            let fail = |status: String| BootstrapError::Pmix {
-                rank: Some(rank),
-                peer: None,
-                launcher: launcher.to_string(),
-                op,
-                status,
+            let fail = |status: String| {
+                BootstrapError::Launch(LaunchError::Pmix {
+                    rank: Some(rank),
+                    peer: None,
+                    launcher: launcher.to_string(),
+                    op,
+                    status,
+                })
             };
             match got {
                 Ok(Some(v)) => Ok(v),
@@ -83,7 +87,7 @@ impl PmixSession {
         let local_rank = query("PMIx_Get(PMIX_LOCAL_RANK)", client.local_rank())?;
         let local_size = query("PMIx_Get(PMIX_LOCAL_SIZE)", client.local_size())?;
         if rank >= world_size || local_rank >= local_size {
-            return Err(BootstrapError::Pmix {
+            return Err(BootstrapError::Launch(LaunchError::Pmix {
                 rank: Some(rank),
                 peer: None,
                 launcher: launcher.to_string(),
@@ -91,7 +95,7 @@ impl PmixSession {
                 status: format!(
                     "inconsistent job: rank {rank} of {world_size}, local rank {local_rank} of {local_size}"
                 ),
-            });
+            }));
         }
         Ok(Self {
             client,
@@ -163,9 +167,9 @@ impl PmixSession {
     /// PMIx server (which holds them all anyway).
     ///
     /// # Errors
-    /// [`BootstrapError::BlobTooLarge`] and [`BootstrapError::InvalidArgument`] for this
+    /// [`ExchangeError::BlobTooLarge`] and [`ExchangeError::InvalidArgument`] for this
     /// rank's own blob; otherwise as [`allgather`](Self::allgather), plus
-    /// [`BootstrapError::PmixValue`] for a peer blob the personalization refuses.
+    /// [`LaunchError::PmixValue`] for a peer blob the personalization refuses.
     pub fn exchange(
         &mut self,
         blob: &[u8],
@@ -175,17 +179,19 @@ impl PmixSession {
             p.blob_limit(self.world_size)
         });
         if blob.len() > limit {
-            return Err(BootstrapError::BlobTooLarge {
+            return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
                 rank: self.rank,
                 len: blob.len(),
                 limit,
-            });
+            }));
         }
         if let Some(p) = personalize {
             p.check(self.rank, self.world_size, blob)
-                .map_err(|reason| BootstrapError::InvalidArgument {
-                    rank: self.rank,
-                    reason: format!("{p:?} refuses this rank's blob: {reason}"),
+                .map_err(|reason| {
+                    BootstrapError::Exchange(ExchangeError::InvalidArgument {
+                        rank: self.rank,
+                        reason: format!("{p:?} refuses this rank's blob: {reason}"),
+                    })
                 })?;
         }
         self.round_trip(blob, limit, personalize)
@@ -196,18 +202,18 @@ impl PmixSession {
     /// out-of-band barrier. After a failed round the session is poisoned.
     ///
     /// # Errors
-    /// [`BootstrapError::BlobTooLarge`] if `bytes` exceeds the blob limit (the session stays
-    /// usable); [`BootstrapError::Poisoned`]; [`BootstrapError::Timeout`] when the fence
-    /// times out, naming the ranks that had not put their value; [`BootstrapError::Pmix`]
-    /// for a failed PMIx call; [`BootstrapError::PmixVersion`] for a peer of another
-    /// protocol version; [`BootstrapError::PmixValue`] for a peer value over the limit.
+    /// [`ExchangeError::BlobTooLarge`] if `bytes` exceeds the blob limit (the session stays
+    /// usable); [`ExchangeError::Poisoned`]; [`ExchangeError::Timeout`] when the fence
+    /// times out, naming the ranks that had not put their value; [`LaunchError::Pmix`]
+    /// for a failed PMIx call; [`LaunchError::PmixVersion`] for a peer of another
+    /// protocol version; [`LaunchError::PmixValue`] for a peer value over the limit.
     pub fn allgather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
         if bytes.len() > self.options.max_blob_size {
-            return Err(BootstrapError::BlobTooLarge {
+            return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
                 rank: self.rank,
                 len: bytes.len(),
                 limit: self.options.max_blob_size,
-            });
+            }));
         }
         self.round_trip(bytes, self.options.max_blob_size, None)
     }
@@ -228,7 +234,9 @@ impl PmixSession {
         personalize: Option<&dyn Personalize>,
     ) -> Result<Vec<Vec<u8>>> {
         if self.poisoned {
-            return Err(BootstrapError::Poisoned { rank: self.rank });
+            return Err(BootstrapError::Exchange(ExchangeError::Poisoned {
+                rank: self.rank,
+            }));
         }
         let outcome = self.round_inner(bytes, limit, personalize);
         if outcome.is_err() {
@@ -327,26 +335,26 @@ impl PmixSession {
                 "; {unprobed} further ranks not checked within {DIAGNOSIS_BUDGET:?}"
             ));
         }
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: self.rank,
             missing,
             waited,
             detail,
-        }
+        })
     }
 
     fn pmix_error(&self, peer: Option<u32>, op: &'static str, status: Status) -> BootstrapError {
-        BootstrapError::Pmix {
+        BootstrapError::Launch(LaunchError::Pmix {
             rank: Some(self.rank),
             peer,
             launcher: self.launcher.to_string(),
             op,
             status: status.to_string(),
-        }
+        })
     }
 
     fn version_error(&self, peer: u32, error: EnvelopeError) -> BootstrapError {
-        BootstrapError::PmixVersion {
+        BootstrapError::Launch(LaunchError::PmixVersion {
             rank: self.rank,
             peer,
             launcher: self.launcher.to_string(),
@@ -355,16 +363,16 @@ impl PmixSession {
                 EnvelopeError::Version(v) => Some(v),
                 EnvelopeError::NotOurs => None,
             },
-        }
+        })
     }
 
     fn value_error(&self, peer: u32, reason: String) -> BootstrapError {
-        BootstrapError::PmixValue {
+        BootstrapError::Launch(LaunchError::PmixValue {
             rank: self.rank,
             peer,
             launcher: self.launcher.to_string(),
             reason,
-        }
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 //! hello, refusing strangers and forgetting ranks that leave before the table
 //! is sent, then send everyone the table.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -10,7 +11,6 @@ use std::time::Instant;
 
 use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
-use crate::error::{BootstrapError, Result};
 use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::ReadError;
 use crate::exchange::progress::Progress;
@@ -44,15 +44,15 @@ pub(in crate::exchange) fn root_join(
     let local = listener
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |addr| addr.to_string());
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| BootstrapError::Io {
+    listener.set_nonblocking(true).map_err(|source| {
+        BootstrapError::Exchange(ExchangeError::Io {
             rank: 0,
             peer: None,
             addr: local,
             op: "set_nonblocking",
             source,
-        })?;
+        })
+    })?;
 
     let mut readers = HelloReaders::new(world_size, options);
     let mut lobby = Lobby::new(world_size);
@@ -92,12 +92,14 @@ pub(in crate::exchange) fn root_rejoin(
     clock: Clock,
     progress: &mut Progress,
 ) -> Result<(PeerLink, Vec<u8>)> {
-    let old = old.try_clone().map_err(|source| BootstrapError::Io {
-        rank: 0,
-        peer: Some(rank),
-        addr: String::new(),
-        op: "duplicate the previous connection",
-        source,
+    let old = old.try_clone().map_err(|source| {
+        BootstrapError::Exchange(ExchangeError::Io {
+            rank: 0,
+            peer: Some(rank),
+            addr: String::new(),
+            op: "duplicate the previous connection",
+            source,
+        })
     })?;
     let mut readers = HelloReaders::new(world_size, options);
     let mut lobby = Lobby::new(world_size);
@@ -114,12 +116,12 @@ pub(in crate::exchange) fn root_rejoin(
         progress.tick(|| format!("rank 0 waiting for rank {rank} to rejoin"));
     }
     readers.close_all();
-    lobby.joined[rank as usize]
-        .take()
-        .ok_or_else(|| BootstrapError::InvalidArgument {
+    lobby.joined[rank as usize].take().ok_or_else(|| {
+        BootstrapError::Exchange(ExchangeError::InvalidArgument {
             rank: 0,
             reason: format!("rank {rank} was admitted but has no place"),
         })
+    })
 }
 
 /// The restarted rank a running world's rank 0 waits for, and a duplicate of the
@@ -299,12 +301,12 @@ impl Lobby {
                 options,
             );
         }
-        BootstrapError::Timeout {
+        BootstrapError::Exchange(ExchangeError::Timeout {
             rank: 0,
             missing,
             waited: clock.waited(),
             detail: self.refusals.detail(),
-        }
+        })
     }
 
     /// The blobs by rank (`blob` is rank 0's) and the connections to ranks 1 and up.

@@ -7,10 +7,10 @@ mod pending;
 mod readmit;
 mod round;
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::net::TcpStream;
 
-use crate::error::{BootstrapError, Result};
 use crate::exchange::frame_io::write_frame;
 use crate::exchange::personalize::Personalize;
 use crate::exchange::session::PeerLink;
@@ -87,9 +87,11 @@ fn send_table(
 }
 
 fn table_payload(payload: core::result::Result<Vec<u8>, WireError>) -> Result<Vec<u8>> {
-    payload.map_err(|source| BootstrapError::InvalidArgument {
-        rank: 0,
-        reason: format!("cannot encode the table: {source}"),
+    payload.map_err(|source| {
+        BootstrapError::Exchange(ExchangeError::InvalidArgument {
+            rank: 0,
+            reason: format!("cannot encode the table: {source}"),
+        })
     })
 }
 
@@ -102,18 +104,20 @@ fn send_table_frame(
     let sealed = peer
         .seal
         .seal(FrameKind::Table, options.job_id, 0, world_size, payload)
-        .map_err(|source| BootstrapError::InvalidArgument {
-            rank: 0,
-            reason: format!("cannot frame the table: {source}"),
+        .map_err(|source| {
+            BootstrapError::Exchange(ExchangeError::InvalidArgument {
+                rank: 0,
+                reason: format!("cannot frame the table: {source}"),
+            })
         })?;
     write_frame(&peer.stream, &sealed, payload, options.io_timeout).map_err(|source| {
-        BootstrapError::Io {
+        BootstrapError::Exchange(ExchangeError::Io {
             rank: 0,
             peer: Some(peer.rank),
             addr: peer.addr.clone(),
             op: "send table",
             source,
-        }
+        })
     })
 }
 

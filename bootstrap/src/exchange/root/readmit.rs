@@ -4,13 +4,13 @@
 //! then send the new process every survivor's endpoint for it and every survivor the new
 //! process's endpoint for that survivor.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use std::net::TcpListener;
 use std::sync::mpsc;
 use std::thread;
 
 use rverbs_core::wire::node::{NodeBlob, ADDRESSED_BLOB_LEN};
 
-use crate::error::{BootstrapError, Result};
 use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
 use crate::exchange::progress::Progress;
@@ -41,12 +41,12 @@ pub(in crate::exchange) fn root_readmit(
     let at = rejoiner as usize - 1;
     let (outcomes, arrived) = {
         let (before, rest) = peers.split_at_mut(at);
-        let (old, after) = rest
-            .split_first_mut()
-            .ok_or(BootstrapError::RankOutOfRange {
+        let (old, after) = rest.split_first_mut().ok_or(BootstrapError::Exchange(
+            ExchangeError::RankOutOfRange {
                 rank: rejoiner,
                 world_size,
-            })?;
+            },
+        ))?;
         let mut survivors: Vec<&mut PeerLink> = before.iter_mut().chain(after).collect();
         read_parts_while(&mut survivors, options, clock, progress, |progress| {
             root_rejoin(
@@ -90,11 +90,13 @@ pub(in crate::exchange) fn root_readmit(
     send_table_frame(&mut link, &payload, world_size, options)?;
     // Every survivor: the new process's endpoint for it alone.
     let cut = |to: u32| {
-        NodeBlob::cut_for(&full, to).map_err(|error| BootstrapError::Unexpected {
-            rank: 0,
-            peer: Some(rejoiner),
-            addr: link.addr.clone(),
-            reason: format!("its node blob has no endpoint for rank {to}: {error}"),
+        NodeBlob::cut_for(&full, to).map_err(|error| {
+            BootstrapError::Exchange(ExchangeError::Unexpected {
+                rank: 0,
+                peer: Some(rejoiner),
+                addr: link.addr.clone(),
+                reason: format!("its node blob has no endpoint for rank {to}: {error}"),
+            })
         })
     };
     let mine = cut(0)?.to_vec();
@@ -200,12 +202,14 @@ fn tally<'a>(
             Some(Ok((header, payload))) => {
                 match check_part(&header, &payload, peer.rank, world_size, rejoiner, options) {
                     Err(reason) => {
-                        failure.get_or_insert(BootstrapError::Unexpected {
-                            rank: 0,
-                            peer: Some(peer.rank),
-                            addr: peer.addr.clone(),
-                            reason,
-                        });
+                        failure.get_or_insert(BootstrapError::Exchange(
+                            ExchangeError::Unexpected {
+                                rank: 0,
+                                peer: Some(peer.rank),
+                                addr: peer.addr.clone(),
+                                reason,
+                            },
+                        ));
                     }
                     Ok(()) => parts[peer.rank as usize] = payload,
                 }
@@ -213,11 +217,13 @@ fn tally<'a>(
         }
     }
     if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| BootstrapError::Timeout {
-            rank: 0,
-            missing,
-            waited: clock.waited(),
-            detail: format!("readmitting rank {rejoiner}: the survivors' parts"),
+        return Err(failure.unwrap_or_else(|| {
+            BootstrapError::Exchange(ExchangeError::Timeout {
+                rank: 0,
+                missing,
+                waited: clock.waited(),
+                detail: format!("readmitting rank {rejoiner}: the survivors' parts"),
+            })
         }));
     }
     Ok(parts)

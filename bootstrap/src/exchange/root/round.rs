@@ -1,9 +1,9 @@
 //! Rank 0's side of an all-gather round over the open connections.
 
+use crate::error::{BootstrapError, ExchangeError, Result};
 use std::sync::mpsc;
 use std::thread;
 
-use crate::error::{BootstrapError, Result};
 use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
 use crate::exchange::progress::Progress;
@@ -122,23 +122,25 @@ fn tally(
             }
             Some(Ok((header, payload))) => match check_sync(&header, peer, world_size, options) {
                 Err(reason) => {
-                    failure.get_or_insert(BootstrapError::Unexpected {
+                    failure.get_or_insert(BootstrapError::Exchange(ExchangeError::Unexpected {
                         rank: 0,
                         peer: Some(peer.rank),
                         addr: peer.addr.clone(),
                         reason,
-                    });
+                    }));
                 }
                 Ok(()) => blobs.push(payload),
             },
         }
     }
     if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| BootstrapError::Timeout {
-            rank: 0,
-            missing,
-            waited: clock.waited(),
-            detail: "all-gather round".to_owned(),
+        return Err(failure.unwrap_or_else(|| {
+            BootstrapError::Exchange(ExchangeError::Timeout {
+                rank: 0,
+                missing,
+                waited: clock.waited(),
+                detail: "all-gather round".to_owned(),
+            })
         }));
     }
     Ok(blobs)
