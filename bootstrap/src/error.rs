@@ -8,7 +8,7 @@ use core::time::Duration;
 use std::io;
 use std::path::PathBuf;
 
-use crate::launcher::LaunchSource;
+use crate::launch::LaunchSource;
 use crate::wire::WireError;
 
 /// Result alias with [`BootstrapError`] as the default error.

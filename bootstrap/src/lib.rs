@@ -2,12 +2,12 @@
 //! exchange of endpoint blobs that must happen before RDMA connections exist.
 //!
 //! ```no_run
-//! use rverbs_bootstrap::{exchange, launcher, ClusterConfig, ExchangeOptions, JobSecret};
+//! use rverbs_bootstrap::{exchange, launch, ClusterConfig, ExchangeOptions, JobSecret};
 //!
 //! # fn main() -> Result<(), rverbs_bootstrap::BootstrapError> {
 //! let config = ClusterConfig::from_file("cluster.json")?;
 //! // Flags first, then RVERBS_RANK/RVERBS_WORLD_SIZE, Slurm, Open MPI, PMI.
-//! let me = launcher::resolve(None, None)?;
+//! let me = launch::resolve(None, None)?;
 //! config.check_launch(&me)?;
 //!
 //! // The bytes rverbs-core produced for this rank (QP numbers, GIDs, rkeys).
@@ -48,7 +48,7 @@
 //! [`exchange`](mod@exchange).
 //!
 //! Modules: [`config`] reads the JSON cluster file (native and ibverbs-rs
-//! layouts, at most [`config::MAX_CONFIG_BYTES`]), [`launcher`] finds rank and
+//! layouts, at most [`config::MAX_CONFIG_BYTES`]), [`launch`] finds rank and
 //! world size, [`secret`] loads the job secret, [`exchange`](mod@exchange) runs
 //! the rendezvous, [`wire`] defines and decodes the frames and their MACs,
 //! [`pmix`] starts without a file under a PMIx launcher (`mpirun`, `srun --mpi=pmix`).
@@ -99,9 +99,7 @@ pub mod connect;
 pub mod device_watch;
 pub mod error;
 pub mod exchange;
-#[cfg(feature = "verbs")]
-mod launch;
-pub mod launcher;
+pub mod launch;
 mod oob;
 pub mod pmix;
 pub mod secret;
@@ -119,7 +117,7 @@ pub use exchange::{
 };
 #[cfg(feature = "verbs")]
 pub use launch::{connect_launch, HostDevice, Launch, DEVICE_VAR};
-pub use launcher::{LaunchInfo, LaunchSource};
+pub use launch::{LaunchInfo, LaunchSource};
 pub use oob::OutOfBand;
 pub use secret::JobSecret;
 pub use wire::WireError;

@@ -33,7 +33,7 @@ use rverbs_core::wire::MAX_WORLD;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::launcher::LaunchInfo;
+use crate::launch::LaunchInfo;
 
 /// Largest cluster config read or parsed, in bytes: 4 MiB.
 ///

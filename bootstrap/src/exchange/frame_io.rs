@@ -14,7 +14,7 @@ use crate::wire::{
     decode_header, Frame, Header, Seal, Sealed, WireError, HEADER_LEN, MAC_LEN, MAGIC,
 };
 
-use super::clock::Clock;
+use super::round_timer::RoundTimer;
 
 /// Longest single blocking read, so waits can report progress.
 pub(super) const READ_SLICE: Duration = Duration::from_millis(250);
@@ -74,7 +74,7 @@ impl ReadError {
         peer: Option<u32>,
         addr: &str,
         op: &'static str,
-        clock: Clock,
+        clock: RoundTimer,
     ) -> BootstrapError {
         match self {
             Self::Io(source) => BootstrapError::Exchange(ExchangeError::Io {

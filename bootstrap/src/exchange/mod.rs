@@ -36,7 +36,6 @@
 // under deadlines, `progress` the lines printed during waits, `clock` a round's
 // start and deadline; `personalize` the per-rank tables and `node_blobs` the
 // one rverbs-core needs.
-mod clock;
 mod frame_io;
 mod node_blobs;
 mod peer;
@@ -46,6 +45,7 @@ mod readmit;
 #[cfg(test)]
 mod readmit_tests;
 mod root;
+mod round_timer;
 mod session;
 mod watch;
 
@@ -57,8 +57,8 @@ use crate::config::ClusterConfig;
 use crate::secret::JobSecret;
 use crate::wire::MAX_PAYLOAD;
 
-use self::clock::Clock;
 use self::progress::Progress;
+use self::round_timer::RoundTimer;
 use self::session::Link;
 
 pub use self::node_blobs::NodeBlobs;
@@ -239,7 +239,7 @@ pub fn exchange_at(
         let session = Session::new(rank, world_size, options.clone(), Link::Alone);
         return Ok((session, vec![blob.to_vec()]));
     }
-    let clock = Clock::start(options.timeout);
+    let clock = RoundTimer::start(options.timeout);
     let mut progress = Progress::new(options.progress, clock, options.timeout);
     if rank == 0 {
         let listener = match rendezvous {

@@ -15,10 +15,10 @@ use crate::wire::{
     REJECT_REASON_MAX,
 };
 
-use super::clock::Clock;
 use super::frame_io::{auth_reason, read_frame, write_frame, ReadError, MIN_TIMEOUT};
 use super::personalize::Personalize;
 use super::progress::Progress;
+use super::round_timer::RoundTimer;
 use super::session::PeerLink;
 use super::ExchangeOptions;
 
@@ -50,7 +50,7 @@ impl Backoff {
     }
 
     /// Sleeps for the next pause, never past the deadline.
-    fn pause(&mut self, clock: Clock) {
+    fn pause(&mut self, clock: RoundTimer) {
         // xorshift64: spread, not secrecy, is all the jitter needs.
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
@@ -70,7 +70,7 @@ fn connect(
     addr: &str,
     rank: u32,
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
     backoff: &mut Backoff,
 ) -> Result<TcpStream> {
@@ -143,7 +143,13 @@ struct TurnedAway {
 impl TurnedAway {
     /// The error to report when the deadline ends the retries: a timeout that
     /// says how rank 0 treated the earlier attempts, if it turned any away.
-    fn explain(self, error: BootstrapError, rank: u32, addr: &str, clock: Clock) -> BootstrapError {
+    fn explain(
+        self,
+        error: BootstrapError,
+        rank: u32,
+        addr: &str,
+        clock: RoundTimer,
+    ) -> BootstrapError {
         if self.count == 0 {
             return error;
         }
@@ -182,7 +188,7 @@ pub(super) fn peer_join(
     world_size: u32,
     blob: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<(PeerLink, Vec<Vec<u8>>)> {
     let mut backoff = Backoff::new(options, rank);
@@ -248,7 +254,7 @@ fn join_once(
     world_size: u32,
     blob: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> core::result::Result<Vec<Vec<u8>>, Attempt> {
     // Ours first, without waiting for rank 0's: a connection that the listen
@@ -380,7 +386,7 @@ pub(super) fn peer_round(
     world_size: u32,
     own: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<Vec<Vec<u8>>> {
     let sealed = link

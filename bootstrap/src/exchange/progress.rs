@@ -4,7 +4,7 @@
 use core::time::Duration;
 use std::time::Instant;
 
-use super::clock::Clock;
+use super::round_timer::RoundTimer;
 
 /// Waits shorter than this print nothing.
 const LOG_AFTER: Duration = Duration::from_secs(5);
@@ -22,7 +22,7 @@ pub(super) struct Progress {
 }
 
 impl Progress {
-    pub(super) fn new(enabled: bool, clock: Clock, total: Duration) -> Self {
+    pub(super) fn new(enabled: bool, clock: RoundTimer, total: Duration) -> Self {
         Self {
             enabled,
             start: clock.start,
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn progress_lines_are_rate_limited() {
-        let clock = Clock::start(Duration::from_secs(60));
+        let clock = RoundTimer::start(Duration::from_secs(60));
         let mut progress = Progress::new(true, clock, Duration::from_secs(60));
         let at = |secs| clock.start + Duration::from_secs(secs);
         let what = || "rank 0 waiting for ranks [3, 5]".to_owned();

@@ -8,11 +8,11 @@ use core::time::Duration;
 use crate::config::ClusterConfig;
 use crate::wire::FrameKind;
 
-use super::clock::Clock;
 use super::node_blobs::NodeBlobs;
 use super::peer::{peer_join, peer_round};
 use super::progress::Progress;
 use super::root::root_readmit;
+use super::round_timer::RoundTimer;
 use super::session::{Link, Session};
 use super::{fmt_addr, ExchangeOptions};
 
@@ -65,7 +65,7 @@ impl Session {
                  to rank 0 cannot carry the readmission",
             ));
         }
-        let clock = Clock::start(timeout);
+        let clock = RoundTimer::start(timeout);
         let mut progress = Progress::new(self.options().progress, clock, timeout);
         let options = self.options().clone();
         let outcome = match (&mut self.link, &self.listener) {
@@ -147,7 +147,7 @@ pub fn exchange_rejoin(
         }));
     }
     let root = config.rank(0);
-    let clock = Clock::start(options.timeout);
+    let clock = RoundTimer::start(options.timeout);
     let mut progress = Progress::new(options.progress, clock, options.timeout);
     let (link, blobs) = peer_join(
         &root.host,

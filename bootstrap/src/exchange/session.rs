@@ -21,10 +21,10 @@ const MAX_LINGER: Duration = Duration::from_secs(60);
 /// How often a lingering goodbye looks whether it was acknowledged, and pushes it again.
 const LINGER_TICK: Duration = Duration::from_millis(50);
 
-use super::clock::Clock;
 use super::peer::peer_round;
 use super::progress::Progress;
 use super::root::root_round;
+use super::round_timer::RoundTimer;
 use super::ExchangeOptions;
 
 /// The open connections after an exchange: rank 0 holds one per peer, every
@@ -181,7 +181,7 @@ impl Session {
                 limit: self.options.max_blob_size,
             }));
         }
-        let clock = Clock::start(self.options.timeout);
+        let clock = RoundTimer::start(self.options.timeout);
         let mut progress = Progress::new(self.options.progress, clock, self.options.timeout);
         let outcome = match &mut self.link {
             Link::Alone => Ok(vec![bytes.to_vec()]),

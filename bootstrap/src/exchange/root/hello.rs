@@ -12,8 +12,8 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Instant;
 
-use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::{read_frame, ReadError};
+use crate::exchange::round_timer::RoundTimer;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{Header, Seal, CHALLENGE_LEN};
 
@@ -115,7 +115,7 @@ impl HelloReaders {
         addr: SocketAddr,
         accepted: Instant,
         options: &ExchangeOptions,
-        clock: Clock,
+        clock: RoundTimer,
     ) -> (Option<Closed>, core::result::Result<(), String>) {
         let closed = self
             .pending
@@ -138,7 +138,7 @@ impl HelloReaders {
         addr: SocketAddr,
         accepted: Instant,
         options: &ExchangeOptions,
-        clock: Clock,
+        clock: RoundTimer,
     ) -> core::result::Result<(), String> {
         // Some platforms let accepted sockets inherit the listener's non-blocking mode.
         stream

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use rverbs_std_shim::hangup::{wait_for_hangup, PollSet};
 
-use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::ReadError;
 use crate::exchange::progress::Progress;
+use crate::exchange::round_timer::RoundTimer;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
@@ -38,7 +38,7 @@ pub(in crate::exchange) fn root_join(
     world_size: u32,
     blob: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<(Vec<PeerLink>, Vec<Vec<u8>>)> {
     let local = listener
@@ -89,7 +89,7 @@ pub(in crate::exchange) fn root_rejoin(
     rank: u32,
     old: &TcpStream,
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<(PeerLink, Vec<u8>)> {
     let old = old.try_clone().map_err(|source| {
@@ -178,7 +178,7 @@ impl Lobby {
         listener: &TcpListener,
         readers: &mut HelloReaders,
         options: &ExchangeOptions,
-        clock: Clock,
+        clock: RoundTimer,
         progress: &mut Progress,
     ) {
         for _ in 0..ACCEPT_BATCH {
@@ -286,7 +286,7 @@ impl Lobby {
 
     /// Tells every joined peer that rank 0 gives up, and returns the error
     /// naming the ranks that never came.
-    fn give_up(mut self, options: &ExchangeOptions, clock: Clock) -> BootstrapError {
+    fn give_up(mut self, options: &ExchangeOptions, clock: RoundTimer) -> BootstrapError {
         let missing = self.missing();
         let reason = format!(
             "rendezvous timed out after {:.1?} waiting for ranks {missing:?}",

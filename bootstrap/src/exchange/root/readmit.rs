@@ -11,9 +11,9 @@ use std::thread;
 
 use rverbs_core::wire::node::{NodeBlob, ADDRESSED_BLOB_LEN};
 
-use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
 use crate::exchange::progress::Progress;
+use crate::exchange::round_timer::RoundTimer;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{encode_table, FrameKind, Header};
@@ -35,7 +35,7 @@ pub(in crate::exchange) fn root_readmit(
     rejoiner: u32,
     own: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<Vec<u8>> {
     let at = rejoiner as usize - 1;
@@ -123,7 +123,7 @@ pub(in crate::exchange) fn root_readmit(
 fn read_parts_while<T>(
     survivors: &mut [&mut PeerLink],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
     meanwhile: impl FnOnce(&mut Progress) -> T,
 ) -> (Vec<Option<Outcome>>, T) {
@@ -185,7 +185,7 @@ fn tally<'a>(
     rejoiner: u32,
     own: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
 ) -> Result<Vec<Vec<u8>>> {
     let mut parts = vec![Vec::new(); world_size as usize];
     parts[0] = own.to_vec();

@@ -4,9 +4,9 @@ use crate::error::{BootstrapError, ExchangeError, Result};
 use std::sync::mpsc;
 use std::thread;
 
-use crate::exchange::clock::Clock;
 use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
 use crate::exchange::progress::Progress;
+use crate::exchange::round_timer::RoundTimer;
 use crate::exchange::session::PeerLink;
 use crate::exchange::ExchangeOptions;
 use crate::wire::{FrameKind, Header};
@@ -23,7 +23,7 @@ pub(in crate::exchange) fn root_round(
     world_size: u32,
     bytes: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<Vec<Vec<u8>>> {
     let outcomes = read_contributions(peers, options, clock, progress);
@@ -44,7 +44,7 @@ pub(in crate::exchange) fn root_round(
 fn read_contributions(
     peers: &mut [PeerLink],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
     progress: &mut Progress,
 ) -> Vec<Option<Outcome>> {
     let limit = round_limit(options);
@@ -106,7 +106,7 @@ fn tally(
     world_size: u32,
     bytes: &[u8],
     options: &ExchangeOptions,
-    clock: Clock,
+    clock: RoundTimer,
 ) -> Result<Vec<Vec<u8>>> {
     let mut blobs = Vec::with_capacity(world_size as usize);
     blobs.push(bytes.to_vec());

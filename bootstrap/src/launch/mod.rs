@@ -1,5 +1,7 @@
-//! Which rank am I, and how many are we? Answers from flags or the launcher's
-//! environment.
+//! How a rank finds its world. The entry point is [`Launch::detect`] (feature `verbs`): a
+//! cluster file and a rank, or the launcher's PMIx server and the host's own RDMA device;
+//! [`connect_launch`] then connects. Below it, [`resolve`] answers "which rank am I, and how
+//! many are we?" from flags or the launcher's environment.
 //!
 //! Sources, first match wins: explicit values (command-line flags), then
 //! `RVERBS_RANK`/`RVERBS_WORLD_SIZE`, Slurm's `SLURM_PROCID`/`SLURM_NTASKS`,
@@ -10,6 +12,11 @@
 
 use crate::error::LaunchError;
 use core::fmt;
+
+#[cfg(feature = "verbs")]
+mod start;
+#[cfg(feature = "verbs")]
+pub use start::{connect_launch, HostDevice, Launch, DEVICE_VAR};
 
 /// Where the rank and world size came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

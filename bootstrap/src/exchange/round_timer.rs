@@ -3,14 +3,15 @@
 use core::time::Duration;
 use std::time::Instant;
 
-/// Start and deadline of one exchange or round.
+/// Start and deadline of one exchange or round (not a clock: it reads the system's
+/// monotonic time, and only says how long is left and how long it has been).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Clock {
+pub(super) struct RoundTimer {
     pub(super) start: Instant,
     pub(super) deadline: Instant,
 }
 
-impl Clock {
+impl RoundTimer {
     pub(super) fn start(total: Duration) -> Self {
         let start = Instant::now();
         let deadline = start

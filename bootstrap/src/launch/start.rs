@@ -1,10 +1,9 @@
-//! How a rank finds its world: a cluster file and a rank, or the launcher's PMIx server and
-//! the host's own RDMA device.
+//! Starting a rank: [`Launch::detect`] chooses how, [`connect_launch`] connects.
 
+use super::resolve;
 use crate::config::ClusterConfig;
 use crate::connect::{connect, ConnectOptions, Connected};
 use crate::error::{BootstrapError, LaunchError, Result};
-use crate::launcher;
 use crate::pmix::LauncherEnv;
 
 /// The variable that names the RDMA device of a rank started without a cluster file.
@@ -78,18 +77,18 @@ impl HostDevice {
 
 impl<'a> Launch<'a> {
     /// Chooses the start: with a cluster file, [`Launch::Config`] with the rank from `rank`
-    /// or the launcher's environment ([`launcher::resolve`], checked against the file);
+    /// or the launcher's environment ([`resolve`](super::resolve), checked against the file);
     /// without one, [`Launch::Pmix`] ([`HostDevice::from_env`]) when a PMIx launcher started
     /// the process.
     ///
     /// # Errors
-    /// The launcher errors of [`launcher::resolve`] and [`ClusterConfig::check_launch`];
+    /// The launcher errors of [`resolve`](super::resolve) and [`ClusterConfig::check_launch`];
     /// [`LaunchError::NoLauncher`] without a file when no PMIx launcher is there (naming
     /// the launcher that is, and what to do), or when a rank is given without a file.
     pub fn detect(config: Option<&'a ClusterConfig>, rank: Option<u32>) -> Result<Self> {
         match config {
             Some(config) => {
-                let me = launcher::resolve(rank, rank.map(|_| config.world_size()))?;
+                let me = resolve(rank, rank.map(|_| config.world_size()))?;
                 config.check_launch(&me)?;
                 Ok(Self::Config {
                     config,
