@@ -338,7 +338,7 @@ fn full(
             }
             let m = [msg_mr.sge(0..8).unwrap()];
             node.multi()
-                .multicast_send((0..world).filter(|&r| r != rank), &m)
+                .send_to_each((0..world).filter(|&r| r != rank), &m)
                 .unwrap();
             // scatter_send: a distinct 8-byte message to every peer.
             for r in 0..w {

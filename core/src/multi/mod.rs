@@ -510,8 +510,12 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.post_each_then_wait(ops, |b, s| b.send(s).map(|_| ()))
     }
 
-    /// Sends the same `sges` to every rank in `ranks`, then waits. Does not allocate.
-    pub fn multicast_send<'a, I>(&mut self, ranks: I, sges: &'a [Sge<'a>]) -> Result<(), MultiError>
+    /// Sends the same `sges` to every rank in `ranks`, one send on each rank's channel, then
+    /// waits for all: a fan-out over reliable connections, not a multicast (for one post
+    /// that the fabric delivers to every member of a group, see
+    /// [`Datagram`](crate::datagram::Datagram) and [`Group`](crate::datagram::Group)). Does
+    /// not allocate.
+    pub fn send_to_each<'a, I>(&mut self, ranks: I, sges: &'a [Sge<'a>]) -> Result<(), MultiError>
     where
         I: IntoIterator<Item = u32>,
     {

@@ -804,7 +804,7 @@ fn multicast(
     let mut buf = msg.to_vec();
     let mr = pd.register(&mut buf, AccessFlags::LOCAL_WRITE)?;
     let sge = [mr.sge(0..msg.len()).ok_or("range")?];
-    node.multi().multicast_send(1..world, &sge)?;
+    node.multi().send_to_each(1..world, &sge)?;
     Ok(())
 }
 
@@ -901,7 +901,7 @@ fn print_summary(args: &Args, device: &str, reports: &[Report]) {
         .iter()
         .map(|r| r.checks.iter().filter(|c| c.1).count())
         .sum();
-    println!("data checks (scatter_write, gather_read, multicast_send; bytes compared): {ok} of {checks} passed");
+    println!("data checks (scatter_write, gather_read, send_to_each; bytes compared): {ok} of {checks} passed");
     print_counters(reports);
     let readmitted: Vec<u64> = reports
         .iter()
