@@ -59,6 +59,9 @@
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
+//! Every word these modules use (rank, post, ticket, region, window, failure, wake-up, ...)
+//! has one meaning, defined in the repository's `docs/glossary.md`.
+//!
 //! # Cargo features
 //! - `verbs` (default): the device layer, linking libibverbs through `ibverbs-sys`.
 //!   Implies `alloc` (reference-counted setup-time handles; never touched on the data path).
