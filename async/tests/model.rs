@@ -22,34 +22,13 @@ use rverbs_async::{AsyncChannel, AsyncError, AsyncRing, YieldEvents};
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{StaticClock, StepClock};
+
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(crate) struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    pub(crate) fn allocs() -> u64 {
-        ALLOCS.with(Cell::get)
-    }
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
+use rverbs_testkit::clock;
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -59,13 +38,6 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
 fn fabric<'m>() -> SoftFabric<'m> {
     let caps = QpCaps::queues(16, 16).with_sges(2);
     SoftFabric::new(caps, RnrRetry::Times(3), RetryCount::new(3).unwrap())
-}
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
 }
 
 /// A region that says when it is dropped (when the async layer released it).
@@ -473,7 +445,7 @@ fn an_operation_allocates_nothing() {
     let mut before = 0;
     for i in 0..51 {
         if i == 1 {
-            before = counting::allocs(); // after a warm-up round
+            before = rverbs_testkit::allocs(); // after a warm-up round
         }
         let (r, b) = block_on(a.write(buf, 0..32, remote));
         r.unwrap();
@@ -482,7 +454,7 @@ fn an_operation_allocates_nothing() {
         buf = b;
     }
     assert_eq!(
-        counting::allocs() - before,
+        rverbs_testkit::allocs() - before,
         0,
         "allocations in 100 operations"
     );

@@ -26,44 +26,16 @@ use rverbs_core::datagram::{
 };
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{Mtu, QpCaps};
-use rverbs_core::poll::{Deadline, StaticClock, StepClock};
+use rverbs_core::poll::{Deadline, StaticClock};
 use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(crate) struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    pub(crate) fn allocs() -> u64 {
-        ALLOCS.with(Cell::get)
-    }
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
+use rverbs_testkit::clock;
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 const SLOTS: u32 = 4;
 const GROUP: [u8; 4] = [239, 1, 2, 3];
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
 
 fn net<'m>(nodes: u32) -> SoftNet<'m> {
     let caps = QpCaps {
@@ -161,7 +133,7 @@ fn a_subscriber_awaits_a_sequenced_multicast_stream_in_order_without_allocating(
     let mut before = 0;
     for i in 0..N {
         if i == 1 {
-            before = counting::allocs(); // after one round: nothing is set up lazily
+            before = rverbs_testkit::allocs(); // after one round: nothing is set up lazily
         }
         let h = seq.stamp();
         publisher.send_parts(&to, &[&h, &i.to_le_bytes()]).unwrap();
@@ -184,7 +156,7 @@ fn a_subscriber_awaits_a_sequenced_multicast_stream_in_order_without_allocating(
         }
     }
     assert_eq!(
-        counting::allocs() - before,
+        rverbs_testkit::allocs() - before,
         0,
         "allocations in {} receives and {} sends",
         2 * (N - 1),
