@@ -11,11 +11,9 @@
 )]
 
 use std::cell::Cell;
-use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use rverbs_async::{AsyncChannel, AsyncError, AsyncRing, YieldEvents};
@@ -24,8 +22,7 @@ use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
-use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-use rverbs_testkit::clock;
+use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
 #[global_allocator]
 static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
@@ -41,75 +38,10 @@ fn fabric<'m>() -> SoftFabric<'m> {
 }
 
 /// A region that says when it is dropped (when the async layer released it).
-struct Tracked<'f> {
-    region: SoftRegion<'f>,
-    dropped: Rc<Cell<bool>>,
-}
-
-impl Drop for Tracked<'_> {
-    fn drop(&mut self) {
-        self.dropped.set(true);
-    }
-}
-
-// SAFETY: forwards to the software-model region, which borrows its memory for the fabric's
-// whole life (leaking it leaks nothing the device can reach after the fabric).
-unsafe impl Region for Tracked<'_> {
-    fn len(&self) -> usize {
-        self.region.len()
-    }
-    fn remote(&self) -> RemoteMemory {
-        self.region.remote()
-    }
-    fn access(&self) -> AccessFlags {
-        self.region.access()
-    }
-    fn load_u64(&self, offset: usize) -> Option<u64> {
-        self.region.load_u64(offset)
-    }
-    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        self.region.read_into(offset, dst)
-    }
-    fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        self.region.write_from(offset, src)
-    }
-    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.region.sge(range)
-    }
-    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.region.sge_mut(range)
-    }
-    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        unsafe { self.region.slice_unchecked(range) }
-    }
-}
-
-fn tracked(region: SoftRegion<'_>) -> (Tracked<'_>, Rc<Cell<bool>>) {
+fn tracked(region: SoftRegion<'_>) -> (impl Region + '_, Rc<Cell<bool>>) {
     let dropped = Rc::new(Cell::new(false));
-    (
-        Tracked {
-            region,
-            dropped: dropped.clone(),
-        },
-        dropped,
-    )
-}
-
-/// Polls `fut` once with a waker that does nothing.
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
-    fut.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Polls `fut` to completion (YieldEvents wakes at once, so polling again is what the
-/// waker asks for); at most `limit` polls.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    for _ in 0..1_000_000 {
-        if let Poll::Ready(v) = poll_once(fut.as_mut()) {
-            return v;
-        }
-    }
-    panic!("the future did not finish within a million polls");
+    let flag = dropped.clone();
+    (OnDrop::new(region, move |_| flag.set(true)), dropped)
 }
 
 /// Memory for atomics: RDMA atomics need 8-aligned words (Miri places plain arrays anywhere).

@@ -2,7 +2,8 @@
 //! global allocator ([`Counting`]), clocks ([`WALL`], [`clock!`]), queue sizes ([`caps`]),
 //! software-model worlds ([`fabric`], [`net`], [`nodes`], [`barrier_answers`]), the test
 //! device ([`device`]) and a child-process harness ([`child_command`], [`Peer`],
-//! [`run_children`]).
+//! [`run_children`]), and for async tests, futures polled by hand ([`block_on`]) and regions
+//! that say when they are dropped ([`OnDrop`]).
 //!
 //! A dev-dependency of the workspace's crates, never published. Integration tests link the
 //! same `rverbs-core` as the kit, so its types are theirs; a crate's unit tests (inside
@@ -20,12 +21,16 @@ mod child;
 mod clock;
 mod counting;
 mod device;
+mod future;
+mod region;
 mod soft;
 
 pub use child::{child_command, hex, required_env, run_children, say, scratch_dir, unhex, Peer};
 pub use clock::{Wall, WALL};
 pub use counting::{allocs, allocs_all, counted, Counting};
 pub use device::{device, test_device};
+pub use future::{block_on, poll_once};
+pub use region::OnDrop;
 pub use soft::{barrier_answers, caps, fabric, net, nodes, CAPS};
 
 /// The kit's own `rverbs-core`, for its macros.
