@@ -17,48 +17,8 @@ use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, QpConfig};
 use rverbs_core::wire::Endpoint;
 use rverbs_std_shim::MONOTONIC;
 
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(crate) struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    pub(crate) fn allocs() -> u64 {
-        ALLOCS.with(Cell::get)
-    }
-    // SAFETY: forwards to the system allocator; only counts.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-            // SAFETY: same contract as ours.
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            // SAFETY: same contract as ours.
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
-
-fn device(test: &str) -> Option<String> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "{test}: RVERBS_TEST_DEVICE is not set and CI=true; device tests must run on a \
-                 device in CI (tools/test-all runs them inside the SoftRoCE VM)"
-            );
-            eprintln!("{test}: SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
-}
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 type Chan = AsyncChannel<VerbsProvider, OwnedRegion, TokioEvents>;
 
@@ -68,7 +28,9 @@ const MSG: usize = 64;
 #[test]
 fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation() {
     let test = "tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation";
-    let Some(name) = device(test) else { return };
+    let Some(name) = rverbs_testkit::test_device(test) else {
+        return;
+    };
     let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
     let pd = ctx.alloc_pd().unwrap();
     let qp = QpConfig::default();
@@ -112,7 +74,7 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
         let mut before = 0;
         for i in 0..ROUNDS {
             if i == 1 {
-                before = counting::allocs(); // after the first round (tokio's timer, once)
+                before = rverbs_testkit::allocs(); // after the first round (tokio's timer, once)
             }
             // A pings, B receives; B pongs, A receives. Both sides are futures of this one
             // task: whichever waits sleeps on its completion channel.
@@ -132,7 +94,7 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
             assert_eq!(u64::from_le_bytes(got), i + 1_000_000, "pong {i}");
             (abuf, bbuf) = (ab, bb);
         }
-        ALLOCS_IN_LOOP.store(counting::allocs() - before, Ordering::Relaxed);
+        ALLOCS_IN_LOOP.store(rverbs_testkit::allocs() - before, Ordering::Relaxed);
         (a, b)
     });
     let took = t0.elapsed();
@@ -157,7 +119,7 @@ fn barrier_loop<E: rverbs_async::Events>(
     use rverbs_core::node::{NodeConfig, PreparedNode};
     use rverbs_core::poll::Spin;
 
-    let name = device(test)?;
+    let name = rverbs_testkit::test_device(test)?;
     let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
     const WORLD: u32 = 3;
     const BARRIERS: u32 = 100;
@@ -337,7 +299,7 @@ fn multicast_stream<E: rverbs_async::Events>(
     use rverbs_core::poll::Deadline;
     use rverbs_core::provider::datagram::DatagramProvider;
 
-    let name = device(test)?;
+    let name = rverbs_testkit::test_device(test)?;
     let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
     let group = Group::ipv4(GROUP).unwrap();
     const N: u64 = BURSTS * BURST;
@@ -387,7 +349,7 @@ fn multicast_stream<E: rverbs_async::Events>(
         let mut slowest = Duration::ZERO;
         for i in 0..N {
             if i == 1 {
-                before = counting::allocs();
+                before = rverbs_testkit::allocs();
             }
             let t = Instant::now();
             let (sequence, n, body_ok, grp, qpn) = sub
@@ -416,7 +378,7 @@ fn multicast_stream<E: rverbs_async::Events>(
             assert_eq!(grp, Some(group.gid()), "datagram {i} not from the group");
             assert_eq!(qpn, from, "datagram {i} not from the publisher");
         }
-        let allocs = counting::allocs() - before;
+        let allocs = rverbs_testkit::allocs() - before;
         // Nothing more comes: the wait ends at its deadline.
         let t = Instant::now();
         let r = sub
@@ -527,7 +489,9 @@ fn atomics_and_a_receive_ring_awaited_on_completion_events() {
     use rverbs_core::channel::RecvRing;
 
     let test = "atomics_and_a_receive_ring_awaited_on_completion_events";
-    let Some(name) = device(test) else { return };
+    let Some(name) = rverbs_testkit::test_device(test) else {
+        return;
+    };
     let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
     let pd = ctx.alloc_pd().unwrap();
     let qp = QpConfig::default();

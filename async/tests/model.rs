@@ -11,45 +11,21 @@
 )]
 
 use std::cell::Cell;
-use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use rverbs_async::{AsyncChannel, AsyncError, AsyncRing, YieldEvents};
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{StaticClock, StepClock};
+
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
-use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(crate) struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    pub(crate) fn allocs() -> u64 {
-        ALLOCS.with(Cell::get)
-    }
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
+use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -61,83 +37,11 @@ fn fabric<'m>() -> SoftFabric<'m> {
     SoftFabric::new(caps, RnrRetry::Times(3), RetryCount::new(3).unwrap())
 }
 
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
-
 /// A region that says when it is dropped (when the async layer released it).
-struct Tracked<'f> {
-    region: SoftRegion<'f>,
-    dropped: Rc<Cell<bool>>,
-}
-
-impl Drop for Tracked<'_> {
-    fn drop(&mut self) {
-        self.dropped.set(true);
-    }
-}
-
-// SAFETY: forwards to the software-model region, which borrows its memory for the fabric's
-// whole life (leaking it leaks nothing the device can reach after the fabric).
-unsafe impl Region for Tracked<'_> {
-    fn len(&self) -> usize {
-        self.region.len()
-    }
-    fn remote(&self) -> RemoteMemory {
-        self.region.remote()
-    }
-    fn access(&self) -> AccessFlags {
-        self.region.access()
-    }
-    fn load_u64(&self, offset: usize) -> Option<u64> {
-        self.region.load_u64(offset)
-    }
-    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        self.region.read_into(offset, dst)
-    }
-    fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        self.region.write_from(offset, src)
-    }
-    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.region.sge(range)
-    }
-    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.region.sge_mut(range)
-    }
-    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        unsafe { self.region.slice_unchecked(range) }
-    }
-}
-
-fn tracked(region: SoftRegion<'_>) -> (Tracked<'_>, Rc<Cell<bool>>) {
+fn tracked(region: SoftRegion<'_>) -> (impl Region + '_, Rc<Cell<bool>>) {
     let dropped = Rc::new(Cell::new(false));
-    (
-        Tracked {
-            region,
-            dropped: dropped.clone(),
-        },
-        dropped,
-    )
-}
-
-/// Polls `fut` once with a waker that does nothing.
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
-    fut.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Polls `fut` to completion (YieldEvents wakes at once, so polling again is what the
-/// waker asks for); at most `limit` polls.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    for _ in 0..1_000_000 {
-        if let Poll::Ready(v) = poll_once(fut.as_mut()) {
-            return v;
-        }
-    }
-    panic!("the future did not finish within a million polls");
+    let flag = dropped.clone();
+    (OnDrop::new(region, move |_| flag.set(true)), dropped)
 }
 
 /// Memory for atomics: RDMA atomics need 8-aligned words (Miri places plain arrays anywhere).
@@ -473,7 +377,7 @@ fn an_operation_allocates_nothing() {
     let mut before = 0;
     for i in 0..51 {
         if i == 1 {
-            before = counting::allocs(); // after a warm-up round
+            before = rverbs_testkit::allocs(); // after a warm-up round
         }
         let (r, b) = block_on(a.write(buf, 0..32, remote));
         r.unwrap();
@@ -482,7 +386,7 @@ fn an_operation_allocates_nothing() {
         buf = b;
     }
     assert_eq!(
-        counting::allocs() - before,
+        rverbs_testkit::allocs() - before,
         0,
         "allocations in 100 operations"
     );

@@ -13,11 +13,9 @@
 )]
 
 use std::cell::Cell;
-use std::future::Future;
-use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use rverbs_async::{AsyncDatagram, YieldEvents};
@@ -26,44 +24,15 @@ use rverbs_core::datagram::{
 };
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{Mtu, QpCaps};
-use rverbs_core::poll::{Deadline, StaticClock, StepClock};
+use rverbs_core::poll::{Deadline, StaticClock};
 use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
-use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(crate) struct Counting;
-    thread_local! {
-        static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    }
-    pub(crate) fn allocs() -> u64 {
-        ALLOCS.with(Cell::get)
-    }
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
+use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
 #[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 const SLOTS: u32 = 4;
 const GROUP: [u8; 4] = [239, 1, 2, 3];
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
 
 fn net<'m>(nodes: u32) -> SoftNet<'m> {
     let caps = QpCaps {
@@ -101,23 +70,6 @@ fn endpoint<'n, M: Region>(
 
 fn region<'n, 'm>(net: &'n SoftNet<'m>, node: u32, m: &'m mut [u8]) -> NetRegion<'n> {
     net.register(node, m, AccessFlags::LOCAL_WRITE).unwrap()
-}
-
-/// Polls `fut` once with a waker that does nothing.
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>) -> Poll<F::Output> {
-    fut.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Polls `fut` to completion (YieldEvents wakes at once, so polling again is what the
-/// waker asks for); at most a million polls.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    for _ in 0..1_000_000 {
-        if let Poll::Ready(v) = poll_once(fut.as_mut()) {
-            return v;
-        }
-    }
-    panic!("the future did not finish within a million polls");
 }
 
 /// A datagram copied out of its slot: the payload's first bytes and its length.
@@ -161,7 +113,7 @@ fn a_subscriber_awaits_a_sequenced_multicast_stream_in_order_without_allocating(
     let mut before = 0;
     for i in 0..N {
         if i == 1 {
-            before = counting::allocs(); // after one round: nothing is set up lazily
+            before = rverbs_testkit::allocs(); // after one round: nothing is set up lazily
         }
         let h = seq.stamp();
         publisher.send_parts(&to, &[&h, &i.to_le_bytes()]).unwrap();
@@ -184,7 +136,7 @@ fn a_subscriber_awaits_a_sequenced_multicast_stream_in_order_without_allocating(
         }
     }
     assert_eq!(
-        counting::allocs() - before,
+        rverbs_testkit::allocs() - before,
         0,
         "allocations in {} receives and {} sends",
         2 * (N - 1),
@@ -263,53 +215,6 @@ fn a_receive_dropped_at_every_await_point_loses_no_datagram() {
     for polls in 0..4 {
         drop_recv_after(polls, false);
         drop_recv_after(polls, true);
-    }
-}
-
-/// A region that says when it is dropped, and whether the queue pair that received into it
-/// was gone by then (the subscriber had left the group).
-struct Tracked<'n> {
-    region: NetRegion<'n>,
-    net: &'n SoftNet<'n>,
-    dropped: Rc<Cell<Option<usize>>>,
-}
-
-impl Drop for Tracked<'_> {
-    fn drop(&mut self) {
-        let members = self.net.group_members(Group::ipv4(GROUP).unwrap().gid());
-        self.dropped.set(Some(members));
-    }
-}
-
-// SAFETY: forwards to the model's region, which borrows its memory for the net's whole
-// life (leaking it leaks nothing the device can reach after the net).
-unsafe impl Region for Tracked<'_> {
-    fn len(&self) -> usize {
-        self.region.len()
-    }
-    fn remote(&self) -> RemoteMemory {
-        self.region.remote()
-    }
-    fn access(&self) -> AccessFlags {
-        self.region.access()
-    }
-    fn load_u64(&self, offset: usize) -> Option<u64> {
-        self.region.load_u64(offset)
-    }
-    fn read_into(&self, offset: usize, dst: &mut [u8]) -> bool {
-        self.region.read_into(offset, dst)
-    }
-    fn write_from(&self, offset: usize, src: &[u8]) -> bool {
-        self.region.write_from(offset, src)
-    }
-    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.region.sge(range)
-    }
-    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.region.sge_mut(range)
-    }
-    unsafe fn slice_unchecked(&self, range: Range<usize>) -> Option<&[u8]> {
-        unsafe { self.region.slice_unchecked(range) }
     }
 }
 
@@ -402,13 +307,14 @@ fn an_aborted_task_and_a_runtime_shut_down_drop_the_endpoint_queue_pair_first() 
         let n: *mut SoftNet<'static> = Box::into_raw(Box::new(net(2)));
         let net: &'static SoftNet<'static> = unsafe { &*n };
         let dropped = Rc::new(Cell::new(None));
-        let tracked = Tracked {
-            region: net
-                .register(1, unsafe { &mut *m1 }, AccessFlags::LOCAL_WRITE)
+        // Says when it is dropped, and whether the queue pair that received into it was gone
+        // by then (the subscriber had left the group).
+        let seen = dropped.clone();
+        let tracked = OnDrop::new(
+            net.register(1, unsafe { &mut *m1 }, AccessFlags::LOCAL_WRITE)
                 .unwrap(),
-            net,
-            dropped: dropped.clone(),
-        };
+            move |_| seen.set(Some(net.group_members(Group::ipv4(GROUP).unwrap().gid()))),
+        );
         let mut sub = AsyncDatagram::new(
             endpoint(net, 1, tracked, Duration::from_secs(60), clock!()),
             YieldEvents,

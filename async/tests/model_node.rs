@@ -4,8 +4,7 @@
 #![allow(clippy::std_instead_of_core)]
 
 use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use rverbs_async::{AsyncNode, YieldEvents};
@@ -13,34 +12,19 @@ use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
-use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_testkit::{block_on, CAPS};
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 const TIMEOUT: Duration = Duration::from_secs(60);
 const SLOT: usize = 32;
 const SLOTS: usize = 4;
 
-fn caps() -> QpCaps {
-    QpCaps::queues(16, 16)
-}
-
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    let mut cx = Context::from_waker(Waker::noop());
-    for _ in 0..1_000_000 {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-    panic!("the future did not finish within a million polls");
-}
-
 #[test]
 fn barriers_and_messages_awaited_with_cancellation() {
     let clock: StaticClock = &CLOCK;
-    let net = SoftNet::new(SoftNetConfig::new(4, caps()));
+    let net = SoftNet::new(SoftNetConfig::new(4, CAPS));
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let mut mem = vec![0u8; 4 * 3 * SLOTS * SLOT];
     let mut nodes = soft_world_receiving(

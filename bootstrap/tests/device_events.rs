@@ -20,44 +20,14 @@ use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::verbs::{open_device, AccessFlags, Context, Pd, QpConfig};
 use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
+use rverbs_testkit::counted;
 
 type Chan = Channel<VerbsProvider, StdBackoff>;
 
-/// Counts the allocations of the threads that turned counting on: the blocking waits (arm,
-/// sleep, take and acknowledge events) must not allocate.
-struct Counting;
-
-static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; the counter is a side effect only.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        // SAFETY: the caller's layout contract is forwarded unchanged.
-        unsafe { std::alloc::System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: ptr came from System.alloc with this layout.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
-    }
-}
-
+// The blocking waits (arm, sleep, take and acknowledge events) must not allocate: counted
+// per thread around them.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Runs `f` with this thread's allocations counted.
-fn counted<T>(f: impl FnOnce() -> T) -> T {
-    COUNTING.with(|c| c.set(true));
-    let out = f();
-    COUNTING.with(|c| c.set(false));
-    out
-}
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 /// Block at once: every wait that does not find its completion on the first poll sleeps.
 const BLOCK: WaitPolicy = WaitPolicy::Block { spins: 0 };
@@ -293,7 +263,7 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let stalls = std::sync::atomic::AtomicU64::new(0);
     let t0 = Instant::now();
-    std::thread::scope(|s| {
+    let allocations = std::thread::scope(|s| {
         s.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let t = Instant::now();
@@ -303,7 +273,7 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
                 }
             }
         });
-        s.spawn(|| {
+        let ponger = s.spawn(|| {
             counted(|| {
                 for i in 0..round_trips {
                     let d = b.recv(&mut [bmr.sge_mut(0..64).unwrap()]).unwrap();
@@ -311,8 +281,9 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
                     b.send_inline(&i.to_le_bytes()).unwrap();
                 }
             })
+            .1
         });
-        counted(|| {
+        let ((), pinger) = counted(|| {
             for i in 0..round_trips {
                 // Post the receive for the answer first, then ping, then block for the pong.
                 let mut scatter = [amr.sge_mut(0..64).unwrap()];
@@ -327,6 +298,7 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
             }
         });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        pinger + ponger.join().expect("the ponger thread")
     });
     let elapsed = t0.elapsed();
     let stalls = stalls.load(std::sync::atomic::Ordering::Relaxed);
@@ -343,7 +315,6 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
         "lost wake-ups: {} sleeps ran out, {stalls} VM stalls to explain them: {sa:?} {sb:?}",
         sa.expired + sb.expired
     );
-    let allocations = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
         allocations, 0,
         "blocking waits allocated {allocations} times"

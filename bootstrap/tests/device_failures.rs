@@ -15,7 +15,7 @@ mod support;
 use support::device;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, ConnectOptions};
@@ -30,19 +30,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Barriers every rank runs before the parent kills the victim.
 const WARM: u64 = 50;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
-}
-
 fn spawn(scenario: &str, rank: u32, port: u16, dev: &str, dir: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_rank",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    support::child_command("child_rank")
         .env("RVERBS_FAIL_SCENARIO", scenario)
         .env("RVERBS_FAIL_RANK", rank.to_string())
         .env("RVERBS_FAIL_PORT", port.to_string())
@@ -58,9 +47,7 @@ fn kill_mid_loop(scenario: &str, port: u16) {
     let Some(dev) = device() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("rverbs-failures-{}-{port}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch_dir(&format!("failures-{port}"));
     let mut kids: Vec<Child> = (0..WORLD)
         .map(|r| spawn(scenario, r, port, &dev, &dir))
         .collect();
@@ -147,11 +134,11 @@ const GAVE_UP_BOUND: Duration = Duration::from_millis(100);
 #[test]
 #[ignore = "a child rank of the tests above, started by them"]
 fn child_rank() {
-    let scenario = env("RVERBS_FAIL_SCENARIO");
-    let rank: u32 = env("RVERBS_FAIL_RANK").parse().unwrap();
-    let port: u16 = env("RVERBS_FAIL_PORT").parse().unwrap();
-    let dir = PathBuf::from(env("RVERBS_FAIL_DIR"));
-    let dev = env("RVERBS_TEST_DEVICE");
+    let scenario = support::required_env("RVERBS_FAIL_SCENARIO");
+    let rank: u32 = support::required_env("RVERBS_FAIL_RANK").parse().unwrap();
+    let port: u16 = support::required_env("RVERBS_FAIL_PORT").parse().unwrap();
+    let dir = PathBuf::from(support::required_env("RVERBS_FAIL_DIR"));
+    let dev = support::required_env("RVERBS_TEST_DEVICE");
     let config = support::local_config(WORLD, port, &dev, format!("failures-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = match scenario.as_str() {

@@ -24,7 +24,7 @@ use std::cell::{Cell, RefCell};
 use std::os::unix::process::ExitStatusExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, ConnectOptions, OutOfBand};
@@ -61,14 +61,7 @@ struct Kid {
 
 impl Kid {
     fn spawn(scenario: &str, rank: u32, port: u16, dev: &str, mark: &Path) -> Self {
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_rank",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let child = support::child_command("child_rank")
             .env("RVERBS_FAULT_SCENARIO", scenario)
             .env("RVERBS_FAULT_RANK", rank.to_string())
             .env("RVERBS_FAULT_PORT", port.to_string())
@@ -122,23 +115,12 @@ impl Drop for Kid {
     }
 }
 
-/// A scratch directory the ranks of one world leave marker files in.
-fn mark_dir(port: u16) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "rverbs-device-faults-{}-{port}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// One world of 2: rank 0 (the survivor) blocks in `wait` on rank 1 (for `send_to_dead`: waits
 /// for the kill, then sends); rank 1 (the victim) is killed meanwhile. The survivor checks its
 /// own error, timing and buffers and exits 0; here we check that its error came after the
 /// kill.
 fn kill_peer_during(wait: &str, port: u16, dev: &str) -> Result<(), String> {
-    let mark = mark_dir(port);
+    let mark = support::scratch_dir(&format!("device-faults-{port}"));
     let mut survivor = Kid::spawn(wait, 0, port, dev, &mark);
     let mut victim = Kid::spawn(wait, 1, port, dev, &mark);
     let blocked = mark.join("blocked");
@@ -239,7 +221,7 @@ fn messaging_survives_a_panicking_handler() {
         return;
     };
     let port = 22100;
-    let mark = mark_dir(port);
+    let mark = support::scratch_dir(&format!("device-faults-{port}"));
     let start = Instant::now();
     let mut kids: Vec<Kid> = (0..2)
         .map(|r| Kid::spawn("messaging", r, port, &dev, &mark))
@@ -257,18 +239,14 @@ fn messaging_survives_a_panicking_handler() {
     assert!(failed.is_empty(), "{failed:?}");
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
-}
-
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
-    let scenario = env("RVERBS_FAULT_SCENARIO");
-    let rank: u32 = env("RVERBS_FAULT_RANK").parse().unwrap();
-    let port: u16 = env("RVERBS_FAULT_PORT").parse().unwrap();
-    let mark = PathBuf::from(env("RVERBS_FAULT_MARK"));
-    let dev = env("RVERBS_TEST_DEVICE");
+    let scenario = support::required_env("RVERBS_FAULT_SCENARIO");
+    let rank: u32 = support::required_env("RVERBS_FAULT_RANK").parse().unwrap();
+    let port: u16 = support::required_env("RVERBS_FAULT_PORT").parse().unwrap();
+    let mark = PathBuf::from(support::required_env("RVERBS_FAULT_MARK"));
+    let dev = support::required_env("RVERBS_TEST_DEVICE");
     let config = support::local_config(2, port, &dev, format!("faults-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.channel.timeout = TIMEOUT;

@@ -10,8 +10,6 @@
 mod support;
 use support::device;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, ConnectOptions};
@@ -20,35 +18,12 @@ use rverbs_core::node::NodeError;
 use rverbs_core::sge::{Sge, SgeMut};
 use rverbs_core::verbs::AccessFlags;
 use rverbs_std_shim::StdBackoff;
+use rverbs_testkit::allocs_all;
 
-struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
+// Counts every thread's allocations: a child rank runs one test alone, and the library's
+// own threads (if any) must not allocate either.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 /// Runs `world` child processes of `scenario` and asserts they all succeed.
 fn run_world(scenario: &str, world: u32, port: u16) {
@@ -202,7 +177,7 @@ fn full(
     let group: Vec<u32> = (0..world).filter(|r| r % 2 == rank % 2).collect();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(rank + 1);
 
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = allocs_all();
     // 1. Barriers, every algorithm, with random per-rank delays; every 500th barrier checks
     // that nobody left early: each rank publishes its epoch before the barrier and reads
     // everyone's after it.
@@ -410,12 +385,12 @@ fn full(
     // 4. Messaging through the event loop: rounds of SLOTS/2 inline messages to every peer,
     // each checked for sender, round and order. Starting it allocates (setup) and hands the
     // receive queues to the node, so it comes after the phases that post receives themselves.
-    let allocs_before_messaging = ALLOCS.load(Ordering::SeqCst) - before;
+    let allocs_before_messaging = allocs_all() - before;
     const SLOTS: usize = 16;
     node.start_messaging(SLOTS, 256).unwrap();
     // Every ring is posted before anyone sends.
     node.barrier(clock, tmo).unwrap();
-    let messaging_start = ALLOCS.load(Ordering::SeqCst);
+    let messaging_start = allocs_all();
     let rounds = 50u32;
     let per_round = (SLOTS / 2) as u32;
     let mut next_from = [0u32; 8];
@@ -483,7 +458,7 @@ fn full(
     );
     node.barrier(clock, tmo).unwrap();
 
-    let allocs = allocs_before_messaging + (ALLOCS.load(Ordering::SeqCst) - messaging_start);
+    let allocs = allocs_before_messaging + (allocs_all() - messaging_start);
     eprintln!("rank {rank}: {allocs} allocations after connecting (messaging setup excluded)");
     assert_eq!(
         allocs, 0,

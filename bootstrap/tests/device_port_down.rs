@@ -28,10 +28,6 @@ const WORLD: u32 = 2;
 const TIMEOUT: Duration = Duration::from_secs(30);
 const PORT: u16 = 23300;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
-}
-
 fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
@@ -89,9 +85,7 @@ fn a_port_going_down_is_named_by_each_rank_at_once_and_its_return_reported() {
         return;
     };
     let netdev = netdev_of(&dev);
-    let dir = std::env::temp_dir().join(format!("rverbs-port-down-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch_dir("port-down");
     let mut guard = Restore {
         dev: dev.clone(),
         netdev: netdev.clone(),
@@ -99,14 +93,7 @@ fn a_port_going_down_is_named_by_each_rank_at_once_and_its_return_reported() {
     };
     for r in 0..WORLD {
         guard.kids.push(
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "child_rank",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            support::child_command("child_rank")
                 .env("RVERBS_PD_RANK", r.to_string())
                 .env("RVERBS_PD_DIR", &dir)
                 .env("RVERBS_TEST_DEVICE", &dev)
@@ -157,9 +144,9 @@ fn a_port_going_down_is_named_by_each_rank_at_once_and_its_return_reported() {
 #[test]
 #[ignore = "a child rank of the test above, started by it"]
 fn child_rank() {
-    let rank: u32 = env("RVERBS_PD_RANK").parse().unwrap();
-    let dir = PathBuf::from(env("RVERBS_PD_DIR"));
-    let dev = env("RVERBS_TEST_DEVICE");
+    let rank: u32 = support::required_env("RVERBS_PD_RANK").parse().unwrap();
+    let dir = PathBuf::from(support::required_env("RVERBS_PD_DIR"));
+    let dev = support::required_env("RVERBS_TEST_DEVICE");
     let config = support::local_config(WORLD, PORT, &dev, "port-down".to_owned());
     let mut opts = ConnectOptions::for_config(&config);
     opts.wait = WaitPolicy::Block { spins: 64 };

@@ -14,7 +14,7 @@ mod support;
 use support::device;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, rejoin, ConnectOptions};
@@ -34,23 +34,12 @@ const WARM: u64 = 30;
 /// Barriers of each algorithm every rank runs at the end.
 const FINAL: u64 = 100;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
-}
-
 fn now_ns() -> u64 {
     MONOTONIC.now().as_nanos()
 }
 
 fn spawn(rank: u32, phase: usize, port: u16, dev: &str, dir: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_rank",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    support::child_command("child_rank")
         .env("RVERBS_REJOIN_RANK", rank.to_string())
         .env("RVERBS_REJOIN_PHASE", phase.to_string())
         .env("RVERBS_REJOIN_PORT", port.to_string())
@@ -77,9 +66,7 @@ fn a_killed_rank_restarted_with_the_same_config_rejoins_and_barriers_continue() 
         return;
     };
     let port = 23300;
-    let dir = std::env::temp_dir().join(format!("rverbs-rejoin-{}-{port}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch_dir(&format!("rejoin-{port}"));
     let start = Instant::now();
     let mut kids: Vec<Child> = (0..WORLD).map(|r| spawn(r, 0, port, &dev, &dir)).collect();
     let mut killed_at = Vec::new();
@@ -161,11 +148,13 @@ fn a_killed_rank_restarted_with_the_same_config_rejoins_and_barriers_continue() 
 #[test]
 #[ignore = "a child rank of the test above, started by it"]
 fn child_rank() {
-    let rank: u32 = env("RVERBS_REJOIN_RANK").parse().unwrap();
-    let first: usize = env("RVERBS_REJOIN_PHASE").parse().unwrap();
-    let port: u16 = env("RVERBS_REJOIN_PORT").parse().unwrap();
-    let dir = PathBuf::from(env("RVERBS_REJOIN_DIR"));
-    let dev = env("RVERBS_TEST_DEVICE");
+    let rank: u32 = support::required_env("RVERBS_REJOIN_RANK").parse().unwrap();
+    let first: usize = support::required_env("RVERBS_REJOIN_PHASE")
+        .parse()
+        .unwrap();
+    let port: u16 = support::required_env("RVERBS_REJOIN_PORT").parse().unwrap();
+    let dir = PathBuf::from(support::required_env("RVERBS_REJOIN_DIR"));
+    let dev = support::required_env("RVERBS_TEST_DEVICE");
     let write = |name: String, text: String| std::fs::write(dir.join(name), text).unwrap();
     let config = support::local_config(WORLD, port, &dev, format!("rejoin-{port}"));
     let mut opts = ConnectOptions::for_config(&config);

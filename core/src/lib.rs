@@ -59,6 +59,9 @@
 //! - [`wire`]: the bytes exchanged with peers; [`params`]: typed QP knobs;
 //!   [`poll`]: clocks, deadlines and back-off.
 //!
+//! Every word these modules use (rank, post, ticket, region, window, failure, wake-up, ...)
+//! has one meaning, defined in the repository's `docs/glossary.md`.
+//!
 //! # Layers
 //! Bottom first. A module uses only the modules before it in this list, never one after,
 //! so no two modules form a circle; `tools/layers` checks it in CI (a link in a doc comment

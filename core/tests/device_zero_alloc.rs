@@ -4,41 +4,13 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::verbs::{AccessFlags, QpConfig};
+use rverbs_testkit::allocs_all;
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
+// Counts every thread's allocations: the device library's, if it had threads, count too.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 #[test]
 fn hundred_thousand_mixed_operations_allocate_nothing() {
@@ -67,7 +39,7 @@ fn hundred_thousand_mixed_operations_allocate_nothing() {
         core::array::from_fn(|i| [src_mr.sge(i * 64..(i + 1) * 64).unwrap()]);
 
     const OPS: u64 = 100_000;
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = allocs_all();
     let mut ops = 0u64;
     let mut round = 0u64;
     while ops < OPS {
@@ -106,13 +78,13 @@ fn hundred_thousand_mixed_operations_allocate_nothing() {
         }
         round += 1;
     }
-    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
+    let allocs = allocs_all() - before;
     eprintln!("{ops} operations in {round} rounds: {allocs} heap allocations");
     assert_eq!(allocs, 0, "the data path allocated");
     // The counter is live: an allocation now is seen.
     let probe = std::hint::black_box(vec![1u8; 16]);
     assert!(
-        ALLOCS.load(Ordering::SeqCst) > before + allocs,
+        allocs_all() > before + allocs,
         "counting allocator is not installed"
     );
     drop(probe);

@@ -4,19 +4,18 @@
 //! remote atomic access). Runs under Miri.
 #![allow(clippy::std_instead_of_core)]
 
-use std::time::Duration;
-
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
 use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::Spin;
 use rverbs_core::provider::shared::{RoutedQp, SharedCqs};
 use rverbs_core::provider::soft::{NetCq, NetQp, Side, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::provider::{Provider, QueuePair};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::wr::{AtomicFault, AtomicOp, Opcode, SendFlags, WorkRequest};
+use rverbs_testkit::clock;
 
 /// Remote atomic access (and local write, which the device requires with it).
 const ATOMIC: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_ATOMIC);
@@ -37,13 +36,6 @@ fn caps() -> QpCaps {
 
 fn fabric<'m>() -> SoftFabric<'m> {
     SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap())
-}
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
 }
 
 /// Binds `$f`, a fabric; `$res`, an `$n`-byte local result region on side A; `$word`, an

@@ -13,9 +13,10 @@ use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done, WrFailure
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::Spin;
 use rverbs_core::provider::soft::{Side, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
+use rverbs_testkit::clock;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -37,16 +38,6 @@ fn bytes<const N: usize>(r: &SoftRegion<'_>, offset: usize) -> [u8; N] {
 
 fn pattern<const N: usize>(seed: u8) -> [u8; N] {
     core::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
-}
-
-/// A clock of its own for each call site, moving 1 ms on every read: a `static` per site,
-/// so channels of tests running in parallel do not share one (and nothing is leaked, which
-/// Miri would report).
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
 }
 
 #[test]

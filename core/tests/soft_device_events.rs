@@ -9,16 +9,11 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{FailureCause, QpFault};
 use rverbs_core::node::{soft_world, soft_world_bytes, NodeError};
-use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_core::verbs::AsyncEvent;
+use rverbs_testkit::net;
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
-
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
-}
 
 #[test]
 fn a_fatal_queue_pair_names_its_peer_and_a_port_down_names_this_rank() {

@@ -7,25 +7,17 @@
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::node::{soft_world, soft_world_bytes, NodeError, SoftNode};
-use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_core::node::{soft_world_bytes, NodeError, SoftNode};
+use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::provider::soft::SoftNet;
+use rverbs_testkit::clock;
+use rverbs_testkit::{barrier_answers, net, nodes};
 
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
-        &CLOCK as StaticClock
-    }};
-}
+/// How far the step clocks move at each reading.
+const STEP: Duration = Duration::from_micros(1);
 
 const WORLD: u32 = if cfg!(miri) { 5 } else { 64 };
-
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
-}
 
 fn world<'n, 'm: 'n>(
     net: &'n SoftNet<'m>,
@@ -33,44 +25,13 @@ fn world<'n, 'm: 'n>(
     clock: StaticClock,
     alg: BarrierAlgorithm,
 ) -> Vec<SoftNode<'n, Spin>> {
-    let mut nodes = soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock).unwrap();
+    let mut nodes = nodes(net, arena, alg, clock);
     for n in &mut nodes {
         // The model's retries run out within a few hundred polls; a step clock advances 1 us
         // per reading.
         n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
     }
     nodes
-}
-
-/// Starts a barrier on every rank but `dead` and polls them in turn until each has an answer.
-fn survivors_answer(
-    nodes: &mut [SoftNode<'_, Spin>],
-    dead: u32,
-    clock: StaticClock,
-    timeout: Duration,
-) -> Vec<(u32, Result<(), NodeError>)> {
-    let mut open = Vec::new();
-    let mut answers = Vec::new();
-    for n in nodes.iter_mut().filter(|n| n.rank() != dead) {
-        match n.barrier_start(&clock, timeout) {
-            Ok(()) => open.push(n.rank()),
-            Err(e) => answers.push((n.rank(), Err(e))),
-        }
-    }
-    while !open.is_empty() {
-        open.retain(|&r| match nodes[r as usize].barrier_poll(&clock) {
-            Ok(false) => true,
-            Ok(true) => {
-                answers.push((r, Ok(())));
-                false
-            }
-            Err(e) => {
-                answers.push((r, Err(e)));
-                false
-            }
-        });
-    }
-    answers
 }
 
 fn assert_all_name(answers: &[(u32, Result<(), NodeError>)], dead: u32, alg: BarrierAlgorithm) {
@@ -101,14 +62,18 @@ fn a_rank_killed_mid_barrier_is_named_by_every_survivor() {
         for &dead in victims {
             let net = net(WORLD);
             let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
-            let clock = clock!();
+            let clock = clock!(STEP);
             let mut nodes = world(&net, &mut arena, clock, alg);
             // One good barrier first, so the failure lands in a world that worked.
-            let all = survivors_answer(&mut nodes, u32::MAX, clock, Duration::from_secs(1));
+            let all = barrier_answers(&mut nodes, clock, Duration::from_secs(1));
             assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
             net.kill(dead);
             let timeout = Duration::from_millis(if cfg!(miri) { 1 } else { 5 });
-            let answers = survivors_answer(&mut nodes, dead, clock, timeout);
+            let answers = barrier_answers(
+                nodes.iter_mut().filter(|n| n.rank() != dead),
+                clock,
+                timeout,
+            );
             assert_eq!(answers.len(), WORLD as usize - 1);
             assert_all_name(&answers, dead, alg);
             // Every survivor knows, and the node stays poisoned until a rejoin.
@@ -127,7 +92,7 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
     let world_size = if cfg!(miri) { 4 } else { 16 };
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Centralized);
     let stalled = world_size - 1;
     let answers: Vec<_> = {
@@ -164,7 +129,7 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     let world_size = 4;
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
     // A rank outside the world is not news.
     let other = nodes[3].failure_alarm();
@@ -209,7 +174,7 @@ fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
     let world_size = 4;
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
     net.kill(2);
     let news = Failure {
@@ -248,7 +213,7 @@ fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
     let world_size = 4;
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
     net.kill(3);
     assert!(nodes[0].failure_alarm().raise(Failure {

@@ -15,11 +15,12 @@ use rverbs_core::completion::{Completion, WcStatus};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::Spin;
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
 use rverbs_core::provider::{Provider, ProviderError, QueuePair, Verb};
 use rverbs_core::sge::Sge;
 use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+use rverbs_testkit::clock;
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -29,16 +30,6 @@ const CAPS: QpCaps = QpCaps::queues(16, 16).with_sges(2);
 
 /// 1 ms per clock read, and a 50 ms timeout: a wait gives up after about 50 reads.
 const TIMEOUT: Duration = Duration::from_millis(50);
-
-/// A clock of its own for each call site, moving 1 ms on every read: a `static` per site,
-/// so channels of tests running in parallel do not share one (and nothing is leaked, which
-/// Miri would report).
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
 
 fn cfg(peer: u32) -> ChannelConfig {
     let mut c = ChannelConfig::with_timeout(TIMEOUT);

@@ -9,14 +9,13 @@
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world, soft_world_bytes, NodeError, SoftNode};
-use rverbs_core::params::QpCaps;
+use rverbs_core::node::{soft_world_bytes, NodeError, SoftNode};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_core::provider::soft::SoftNet;
 use rverbs_core::wire::notice;
+use rverbs_testkit::{net, nodes};
 
 fn clock() -> StaticClock {
     static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
@@ -25,16 +24,12 @@ fn clock() -> StaticClock {
 
 const LONG: Duration = Duration::from_secs(3600);
 
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
-}
-
 fn world<'n, 'm: 'n>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
     alg: BarrierAlgorithm,
 ) -> Vec<SoftNode<'n, Spin>> {
-    soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock()).unwrap()
+    nodes(net, arena, alg, clock())
 }
 
 /// Rank `from` writes `word` at byte `offset` of rank `to`'s flag array, and waits for it.

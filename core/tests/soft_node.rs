@@ -12,18 +12,16 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
-    soft_world, soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
+    soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
 };
 use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_testkit::clock;
+use rverbs_testkit::{net, nodes};
 
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
-        &CLOCK as StaticClock
-    }};
-}
+/// How far the step clocks move at each reading.
+const STEP: Duration = Duration::from_micros(1);
 
 const WORLD: u32 = if cfg!(miri) { 5 } else { 256 };
 const TIMEOUT: Duration = Duration::from_secs(3600);
@@ -44,25 +42,12 @@ fn caps() -> QpCaps {
     QpCaps::queues(16, 16)
 }
 
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(world, caps()))
-}
-
 fn world<'n, 'm: 'n>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
     clock: StaticClock,
 ) -> Vec<SoftNode<'n, Spin>> {
-    soft_world(
-        net,
-        arena,
-        64,
-        ChannelConfig::default(),
-        BarrierAlgorithm::default(),
-        Spin,
-        clock,
-    )
-    .unwrap()
+    nodes(net, arena, BarrierAlgorithm::default(), clock)
 }
 
 /// Runs one barrier over `members` with ranks starting in random order and polled in random
@@ -114,7 +99,7 @@ fn barrier_in_random_order(
 fn every_algorithm_at_256_ranks_with_random_arrivals() {
     let net = net(WORLD);
     let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     let all: Vec<u32> = (0..WORLD).collect();
     let mut rng = Rng(0x5eed_1234);
@@ -138,7 +123,7 @@ fn every_algorithm_at_256_ranks_with_random_arrivals() {
 fn sub_groups_run_side_by_side() {
     let net = net(WORLD);
     let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     let evens: Vec<u32> = (0..WORLD).step_by(2).collect();
     let odds: Vec<u32> = (1..WORLD).step_by(2).collect();
@@ -163,7 +148,7 @@ fn a_rank_that_stops_is_named_by_the_timeout() {
     let world_size = if cfg!(miri) { 4 } else { 32 };
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     let stopped = world_size - 1;
     let timeout = Duration::from_millis(5);
@@ -234,7 +219,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
         _ => (POOL, POOL * SLOT),
     };
     let mut rings = vec![0u8; world_size as usize * mem_len];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = soft_world_receiving(
         &net,
         &mut arena,
@@ -397,7 +382,7 @@ fn messages_per_barrier_per_algorithm() {
     for &n in sizes {
         let net = net(n);
         let mut arena = vec![0u8; soft_world_bytes(n, 64)];
-        let clock = clock!();
+        let clock = clock!(STEP);
         let mut nodes = world(&net, &mut arena, clock);
         let all: Vec<u32> = (0..n).collect();
         let mut rng = Rng(3);
@@ -436,7 +421,7 @@ fn messages_per_barrier_per_algorithm() {
 fn a_barrier_is_polled_only_with_the_members_it_started_with() {
     let net = net(4);
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     nodes[0]
         .barrier_group_start(&[0, 1], BarrierAlgorithm::BinaryTree, &clock, TIMEOUT)
@@ -466,7 +451,7 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     for n in nodes.iter_mut() {
         assert!(!n.barrier_wakeups());
@@ -544,7 +529,7 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
     // re-posted, or the sixteenth barrier's notification finds none.
     let net = net(2);
     let mut arena = vec![0u8; soft_world_bytes(2, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     for n in nodes.iter_mut() {
         n.enable_barrier_wakeups().unwrap();
@@ -560,7 +545,7 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
 fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
     let net = net(3);
     let mut arena = vec![0u8; soft_world_bytes(3, 64)];
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
     for n in nodes.iter_mut() {
         n.enable_barrier_wakeups().unwrap();
@@ -606,7 +591,7 @@ fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
     let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = world(&net, &mut arena, clock!());
+    let mut nodes = world(&net, &mut arena, clock!(STEP));
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)

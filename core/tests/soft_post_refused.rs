@@ -14,20 +14,13 @@ use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramErr
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
 use rverbs_core::provider::soft::{
     NetAddress, NetDatagram, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
 };
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
 use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
+use rverbs_testkit::clock;
 
 /// The model's end, refusing the next send post (taking nothing, `ENOMEM`) when told to:
 /// what a device does with a request it cannot take at the head of a chain.

@@ -15,28 +15,20 @@ use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
     soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, NodeError, ReadmitError, SoftNode,
 };
-use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
+use rverbs_testkit::clock;
+use rverbs_testkit::{barrier_answers, net};
 
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
-        &CLOCK as StaticClock
-    }};
-}
+/// How far the step clocks move at each reading.
+const STEP: Duration = Duration::from_micros(1);
 
 const WORLD: u32 = 4;
 const WINDOW: usize = 64;
 /// Barriers of each algorithm between two failures.
 const ROUNDS: usize = if cfg!(miri) { 2 } else { 20 };
 const TIMEOUT_OK: Duration = Duration::from_secs(3600);
-
-fn net<'m>(world: u32) -> SoftNet<'m> {
-    SoftNet::new(SoftNetConfig::new(world, QpCaps::queues(16, 16)))
-}
 
 /// One barrier with `alg` on every rank in `nodes`, polled in turn until all complete; the
 /// answers by rank.
@@ -46,30 +38,10 @@ fn barrier_all(
     clock: StaticClock,
     timeout: Duration,
 ) -> Vec<(u32, Result<(), NodeError>)> {
-    let mut open = Vec::new();
-    let mut answers = Vec::new();
-    for (i, n) in nodes.iter_mut().enumerate() {
+    for n in nodes.iter_mut() {
         n.set_algorithm(alg);
-        match n.barrier_start(&clock, timeout) {
-            Ok(()) => open.push(i),
-            Err(e) => answers.push((n.rank(), Err(e))),
-        }
     }
-    while !open.is_empty() {
-        open.retain(|&i| match nodes[i].barrier_poll(&clock) {
-            Ok(false) => true,
-            Ok(true) => {
-                answers.push((nodes[i].rank(), Ok(())));
-                false
-            }
-            Err(e) => {
-                answers.push((nodes[i].rank(), Err(e)));
-                false
-            }
-        });
-    }
-    answers.sort_by_key(|(r, _)| *r);
-    answers
+    barrier_answers(nodes, clock, timeout)
 }
 
 /// [`ROUNDS`] barriers of every algorithm over every rank, each of which must pass.
@@ -99,7 +71,7 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
         .collect();
     let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
     let net = net(WORLD);
-    let clock = clock!();
+    let clock = clock!(STEP);
     let cfg = ChannelConfig::default();
     let mut nodes = soft_world(
         &net,
@@ -189,7 +161,7 @@ fn what_cannot_be_readmitted_says_why() {
     let mut ring = vec![0u8; (WORLD as usize - 1) * 4 * 64];
     let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
     let net = net(WORLD);
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut nodes = soft_world(
         &net,
         &mut arena,
@@ -334,7 +306,7 @@ fn a_restarted_soft_node_keeps_nothing_of_its_old_life() {
 fn readmission_shuts_the_queue_pair_to_the_failed_rank_at_once() {
     let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
     let net = net(WORLD);
-    let clock = clock!();
+    let clock = clock!(STEP);
     let mut cfg = ChannelConfig::default();
     cfg.timeout = Duration::from_millis(50);
     let mut nodes = soft_world(

@@ -8,18 +8,11 @@ use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::provider::soft::{Side, SoftFabric};
+use rverbs_testkit::clock;
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
-
-macro_rules! clock {
-    () => {{
-        static CLOCK: StepClock = StepClock::new(Duration::from_millis(1));
-        &CLOCK as StaticClock
-    }};
-}
 
 fn fabric<'m>() -> SoftFabric<'m> {
     let caps = QpCaps::queues(16, 8);

@@ -3,48 +3,17 @@
 //! A counting global allocator tallies allocations per thread, so the test harness's own
 //! threads cannot disturb the count.
 
-use core::alloc::{GlobalAlloc, Layout};
-use core::cell::Cell;
 use core::time::Duration;
-use std::alloc::System;
 
 use rverbs_core::poll::{Backoff, Clock, Deadline};
 use rverbs_std_shim::{StdClock, WaitPolicy};
 
-struct Counting;
-
-std::thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: defers every operation to `System` unchanged; the counter is a thread-local `Cell`
-// with a const initialiser and no destructor, so touching it never allocates or recurses.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we forward.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout, as the caller guarantees.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded unchanged under the caller's guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
-fn allocations_during(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
+/// The allocations this thread makes while running `f`.
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    rverbs_testkit::counted(f).1
 }
 
 #[test]

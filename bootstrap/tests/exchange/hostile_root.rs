@@ -1,0 +1,176 @@
+//! A rank 0 that misbehaves against a real peer: closing, garbage, a huge table, a table that
+//! does not echo the peer or is of the wrong size or job, silence, no rendezvous at all;
+//! each ends in an error that names rank 0 and the cause.
+
+use super::*;
+use rverbs_bootstrap::ExchangeError;
+
+#[test]
+fn a_root_that_closes_without_answering_is_retried_until_the_timeout() {
+    // A rank 0 that closes without answering is tried again (it may have shed
+    // the connection under load) until the deadline, and the error says so.
+    let (port, fake) = fake_root(|_, _| {});
+    let (err, took) = peer_error(port);
+    fake.join().unwrap();
+    match &err {
+        BootstrapError::Exchange(ExchangeError::Timeout {
+            rank: 1,
+            missing,
+            detail,
+            ..
+        }) => {
+            assert_eq!(missing, &[0]);
+            assert!(
+                detail.contains("closed the connection before answering")
+                    && detail.contains("overloaded"),
+                "{err}"
+            );
+        }
+        other => panic!("expected a timeout naming rank 0, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+#[test]
+fn a_root_sending_garbage_is_a_protocol_error() {
+    let (port, fake) = fake_root(|stream, _| {
+        stream.write_all(&[0xab; 64]).unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Exchange(ExchangeError::Protocol {
+                source: WireError::BadMagic { .. },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_root_announcing_a_huge_table_is_refused_before_reading_it() {
+    let (port, fake) = fake_root(|stream, header| {
+        let mut head = wire::Header {
+            kind: FrameKind::Table,
+            payload_len: u32::MAX,
+            sender: 0,
+            ..header
+        }
+        .encode();
+        head[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        stream.write_all(&head).unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            BootstrapError::Exchange(ExchangeError::Protocol {
+                source: WireError::PayloadTooLarge { .. },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_root_that_does_not_echo_our_blob_is_refused() {
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[b"root".as_slice(), b"forged"]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("echo")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_table_of_the_wrong_size_or_job_is_refused() {
+    let (port, fake) = fake_root(|stream, header| {
+        let table = wire::encode_table(&[b"root".as_slice()]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("1 entries")),
+        "{err:?}"
+    );
+    let (port, fake) = fake_root(|stream, _| {
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        stream
+            .write_all(&frame(FrameKind::Table, 1, 0, 2, &table))
+            .unwrap();
+    });
+    let (err, _) = peer_error(port);
+    fake.join().unwrap();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Unexpected { .. })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_peer_reconnects_when_reset_before_an_answer() {
+    let (listener, port) = listener();
+    let fake = thread::spawn(move || {
+        // Dropping a connection with its hello unread makes the kernel reset it,
+        // as it does to connections a flooded listen queue could not keep.
+        let (mut first, _) = listener.accept().unwrap();
+        first.write_all(&plain_challenge()).unwrap();
+        let mut part = [0u8; 10];
+        first.read_exact(&mut part).unwrap();
+        drop(first);
+        let (mut second, _) = listener.accept().unwrap();
+        second.write_all(&plain_challenge()).unwrap();
+        let (challenge, _) = read_frame(&mut second).unwrap();
+        assert_eq!(challenge.kind, FrameKind::Challenge);
+        let (header, payload) = read_frame(&mut second).unwrap();
+        assert_eq!((header.kind, header.sender), (FrameKind::Hello, 1));
+        assert_eq!(payload, b"one");
+        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
+        second
+            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
+            .unwrap();
+    });
+    let (_, blobs) = exchange_at(at(port), 1, 2, b"one", &quick()).unwrap();
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    fake.join().unwrap();
+}
+
+#[test]
+fn a_root_that_never_answers_is_named_in_the_timeout() {
+    let (port, fake) = fake_root(|_, _| thread::sleep(Duration::from_secs(3)));
+    let (err, took) = peer_error(port);
+    assert!(
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Timeout { rank: 1, missing, .. }) if missing == &vec![0]),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    fake.join().unwrap();
+}
+
+#[test]
+fn no_rendezvous_at_the_address_is_a_connect_error_naming_it() {
+    let port = listener().1;
+    let (err, took) = peer_error(port);
+    assert!(
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Connect { rank: 1, addr, .. }) if addr == &format!("127.0.0.1:{port}")),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}

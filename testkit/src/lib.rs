@@ -1,0 +1,45 @@
+//! What rverbs' own tests share, so that each test file holds only its test: a counting
+//! global allocator ([`Counting`]), clocks ([`WALL`], [`clock!`]), queue sizes ([`caps`]),
+//! software-model worlds ([`fabric`], [`net`], [`nodes`], [`barrier_answers`]), the test
+//! device ([`device`]) and a child-process harness ([`child_command`], [`Peer`],
+//! [`run_children`]), and for async tests, futures polled by hand ([`block_on`]) and regions
+//! that say when they are dropped ([`OnDrop`]).
+//!
+//! A dev-dependency of the workspace's crates, never published. Integration tests link the
+//! same `rverbs-core` as the kit, so its types are theirs; a crate's unit tests (inside
+//! `src/`) see two copies of that crate and must not use the kit.
+//!
+//! # Device tests
+//!
+//! The device comes from `RVERBS_TEST_DEVICE` (`rxe0` inside the SoftRoCE VM, `mlx5_0` on real
+//! hardware). Without it a device test is skipped with a message, except under `CI=true`,
+//! where a missing device fails the test: CI must never pass device tests that did not run.
+// Test code: std throughout, and every helper is someone's, not every test's.
+#![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)]
+
+mod child;
+mod clock;
+mod counting;
+mod device;
+mod future;
+mod region;
+mod soft;
+
+pub use child::{child_command, hex, required_env, run_children, say, scratch_dir, unhex, Peer};
+pub use clock::{Wall, WALL};
+pub use counting::{allocs, allocs_all, counted, Counting};
+pub use device::{device, test_device};
+pub use future::{block_on, poll_once};
+pub use region::OnDrop;
+pub use soft::{barrier_answers, caps, fabric, net, nodes, CAPS};
+
+/// The kit's own `rverbs-core`, for its macros.
+#[doc(hidden)]
+pub use rverbs_core as __core;
+
+/// A deterministic byte pattern of `len` bytes, different for each `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}

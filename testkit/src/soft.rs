@@ -1,0 +1,79 @@
+//! Worlds on the software model: a fabric of two ends, a network of ranks, and nodes over it
+//! with the sizes most tests need.
+
+use std::time::Duration;
+
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::channel::ChannelConfig;
+use rverbs_core::node::{soft_world, NodeError, SoftNode};
+use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::provider::soft::{SoftFabric, SoftNet, SoftNetConfig};
+
+/// The queue sizes most tests use: 16 send and 16 receive requests of one entry each.
+pub const CAPS: QpCaps = QpCaps::queues(16, 16);
+
+/// `send` send and `recv` receive requests, each of up to `sges` entries.
+pub const fn caps(send: u32, recv: u32, sges: u32) -> QpCaps {
+    QpCaps::queues(send, recv).with_sges(sges)
+}
+
+/// A fabric of two ends with queues of `caps`, three receiver-not-ready retries and three
+/// transport retries: a peer that does not answer fails within a few polls.
+pub fn fabric<'m>(caps: QpCaps) -> SoftFabric<'m> {
+    SoftFabric::new(
+        caps,
+        RnrRetry::Times(3),
+        RetryCount::new(3).expect("3 is a valid retry count"),
+    )
+}
+
+/// A network of `world` ranks with queues of [`CAPS`].
+pub fn net<'m>(world: u32) -> SoftNet<'m> {
+    SoftNet::new(SoftNetConfig::new(world, CAPS))
+}
+
+/// Every rank of `net` as a node, fully connected, with windows of 64 bytes, default
+/// channels, barriers by `alg`, spinning, on `clock`; memory from `arena` (at least
+/// `soft_world_bytes(world, 64)` long).
+pub fn nodes<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    alg: BarrierAlgorithm,
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock)
+        .expect("a world of the model's own ranks connects")
+}
+
+/// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
+/// each has an answer; the answers by rank, in rank order.
+pub fn barrier_answers<'a, 'n: 'a>(
+    nodes: impl IntoIterator<Item = &'a mut SoftNode<'n, Spin>>,
+    clock: StaticClock,
+    timeout: Duration,
+) -> Vec<(u32, Result<(), NodeError>)> {
+    let mut open = Vec::new();
+    let mut answers = Vec::new();
+    for n in nodes {
+        match n.barrier_start(&clock, timeout) {
+            Ok(()) => open.push(n),
+            Err(e) => answers.push((n.rank(), Err(e))),
+        }
+    }
+    while !open.is_empty() {
+        open.retain_mut(|n| match n.barrier_poll(&clock) {
+            Ok(false) => true,
+            Ok(true) => {
+                answers.push((n.rank(), Ok(())));
+                false
+            }
+            Err(e) => {
+                answers.push((n.rank(), Err(e)));
+                false
+            }
+        });
+    }
+    answers.sort_by_key(|(r, _)| *r);
+    answers
+}
