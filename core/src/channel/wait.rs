@@ -10,6 +10,7 @@ use crate::completion::WcStatus;
 use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
+use crate::verb::ProviderError;
 use crate::wr::{Opcode, SendFlags, WorkRequest};
 
 /// Settles the channel when dropped: held from a post until its wait returned, so that if
@@ -142,52 +143,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Moves the queue pair to the error state and polls until everything the channel
-    /// posted has completed (flushed). Returns only when the device can no longer touch any
-    /// buffer named by this channel's requests; aborts the process if the queue pair cannot
-    /// be moved to the error state or the flush does not drain within the flush timeout.
+    /// posted has completed (flushed): [`crate::poll::drain`]. Returns only when the device
+    /// can no longer touch any buffer named by this channel's requests; aborts the process
+    /// if the queue pair cannot be moved to the error state or the flush does not drain
+    /// within the flush timeout.
     pub(super) fn flush_and_drain(&mut self) {
-        let set = self.p.set_error();
-        if set.is_ok() && self.outstanding_sends() > 0 {
-            self.post_drain_request();
-        }
-        if let Err(e) = set {
-            if !self.all_done() {
-                crate::fatal::abort(format_args!(
-                    "{}: {e}: cannot flush {} send and {} receive requests in flight",
-                    PeerName(self.peer),
-                    self.outstanding_sends(),
-                    self.outstanding_recvs()
-                ));
-            }
-            return;
-        }
-        let (clock, limit) = (self.clock, self.flush_timeout);
-        let mut patience = Patience::lazy(limit);
-        let mut last_err = None;
-        // The drain calls the caller's clock and back-off; if one of them panics, the flush
-        // is not drained and the process must not go on.
-        let guard = crate::fatal::AbortOnUnwind("a panic while draining a flushed queue pair");
-        while !self.all_done() {
-            if patience.run_out(clock) {
-                crate::fatal::abort(format_args!(
-                    "{}: the device did not flush {} send and {} receive requests within {:?} \
-                     (last poll error: {:?})",
-                    PeerName(self.peer),
-                    self.outstanding_sends(),
-                    self.outstanding_recvs(),
-                    limit,
-                    last_err
-                ));
-            }
-            match self.poll_once() {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                // Keep trying until the flush deadline: a poll may fail transiently.
-                Err(e) => last_err = Some(e),
-            }
-            self.backoff.snooze();
-        }
-        core::mem::forget(guard);
+        let who = PeerName(self.peer);
+        crate::poll::drain::flush_and_drain(self, &who);
     }
 
     /// Forgets the results of the receives `seqs` that nobody asked for (a scope that ended).
@@ -416,6 +378,35 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Ok(()) => self.recv_result(r),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl<P: Provider, B: Backoff, const R: usize> crate::poll::drain::Drain for Channel<P, B, R> {
+    fn set_error(&mut self) -> Result<(), ProviderError> {
+        self.p.set_error()
+    }
+
+    fn in_flight(&self) -> (u64, u64) {
+        (
+            self.next_seq.saturating_sub(self.done_seq),
+            self.recv_next.saturating_sub(self.recv_done),
+        )
+    }
+
+    fn post_drain_request(&mut self) {
+        Channel::post_drain_request(self);
+    }
+
+    fn poll_once(&mut self) -> Result<usize, ProviderError> {
+        Channel::poll_once(self)
+    }
+
+    fn snooze(&mut self) {
+        self.backoff.snooze();
+    }
+
+    fn flush_limit(&self) -> (crate::poll::StaticClock, core::time::Duration) {
+        (self.clock, self.flush_timeout)
     }
 }
 

@@ -520,48 +520,13 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     }
 
     /// Moves the queue pair to the error state and polls until everything this endpoint
-    /// posted has completed; aborts the process if that cannot be done within the flush
-    /// timeout. Returns only when the device can no longer touch the memory.
+    /// posted has completed ([`crate::poll::drain`]); aborts the process if that cannot be
+    /// done within the flush timeout. Returns only when the device can no longer touch the
+    /// memory.
     fn flush_and_drain(&mut self) {
-        let set = self.p.set_error();
-        if let Err(e) = set {
-            if !self.all_done() {
-                crate::fatal::abort(format_args!(
-                    "datagram queue pair {}: {e}: cannot flush {} sends and {} receives in flight",
-                    self.qp_num,
-                    self.outstanding_sends(),
-                    self.recv_outstanding
-                ));
-            }
-            return;
-        }
-        if self.outstanding_sends() > 0 {
-            self.post_drain_request();
-        }
-        let (clock, limit) = (self.clock, self.flush_timeout);
-        let mut patience = crate::poll::Patience::lazy(limit);
-        let mut last_err = None;
-        // The drain calls the caller's clock and back-off: a panic there must not let the
-        // memory go while the device may still write it.
-        let guard = crate::fatal::AbortOnUnwind("a panic while draining a flushed queue pair");
-        while !self.all_done() {
-            if patience.run_out(clock) {
-                crate::fatal::abort(format_args!(
-                    "datagram queue pair {}: the device did not flush {} sends and {} receives \
-                     within {limit:?} (last poll error: {last_err:?})",
-                    self.qp_num,
-                    self.outstanding_sends(),
-                    self.recv_outstanding
-                ));
-            }
-            match self.poll_once() {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                Err(e) => last_err = Some(e),
-            }
-            self.backoff.snooze();
-        }
-        core::mem::forget(guard);
+        let qp_num = self.qp_num;
+        let who = format_args!("datagram queue pair {qp_num}");
+        crate::poll::drain::flush_and_drain(self, &who);
     }
 
     fn all_done(&self) -> bool {
@@ -571,6 +536,37 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// Marks the endpoint broken (keeping the first cause).
     fn break_with(&mut self, recv: bool, status: WcStatus) {
         self.broken.get_or_insert(Broke { recv, status });
+    }
+}
+
+impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> crate::poll::drain::Drain
+    for Datagram<P, M, B, N>
+{
+    fn set_error(&mut self) -> Result<(), crate::verb::ProviderError> {
+        self.p.set_error()
+    }
+
+    fn in_flight(&self) -> (u64, u64) {
+        (
+            self.next_seq.saturating_sub(self.done_seq),
+            self.recv_outstanding as u64,
+        )
+    }
+
+    fn post_drain_request(&mut self) {
+        Datagram::post_drain_request(self);
+    }
+
+    fn poll_once(&mut self) -> Result<usize, crate::verb::ProviderError> {
+        Datagram::poll_once(self)
+    }
+
+    fn snooze(&mut self) {
+        self.backoff.snooze();
+    }
+
+    fn flush_limit(&self) -> (StaticClock, Duration) {
+        (self.clock, self.flush_timeout)
     }
 }
 

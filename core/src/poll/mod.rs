@@ -2,6 +2,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub(crate) mod drain;
 pub mod patience;
 
 pub use backoff::{Backoff, Spin, SpinThen, Wakeup};
