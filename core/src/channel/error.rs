@@ -96,6 +96,10 @@ pub enum ChannelError {
     RecvQueueFull,
     /// A ticket was waited on a channel that did not issue it (nothing was waited for).
     ForeignTicket,
+    /// The channel a receive ring (or a node's messaging) was built on was swapped for
+    /// another through `&mut` access: its receives are posted on the displaced channel, so
+    /// it refuses to read or re-post them (and leaks their memory rather than free it).
+    Replaced,
     /// A wait passed its deadline: the peer did not answer in time (it may be dead).
     /// Outstanding requests were flushed and drained, and the channel is broken.
     TimedOut {
@@ -140,6 +144,9 @@ impl fmt::Display for ChannelError {
             Self::BatchFull { max } => write!(f, "a batch holds at most {max} requests"),
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
             Self::ForeignTicket => f.write_str("the ticket belongs to another channel"),
+            Self::Replaced => f.write_str(
+                "the channel was swapped for another: the receives posted on it are out of reach",
+            ),
             Self::InvalidRing { what } => write!(f, "receive ring: {what}"),
             Self::InvalidAtomic(e) => write!(f, "atomic refused before posting: {e}"),
             Self::TimedOut { peer } => write!(

@@ -26,7 +26,7 @@ use crate::provider::Provider;
 ///   the provider does on drop; a panic in the middle leaves at worst a slot un-posted;
 /// - [`RecvRing::channel`] hands out `&mut Channel` (to send and write): if the caller swaps
 ///   that channel for another, the ring notices (its tickets name the channel), refuses to
-///   go on ([`ChannelError::ForeignTicket`]), and on drop leaks the memory rather than free
+///   go on ([`ChannelError::Replaced`]), and on drop leaks the memory rather than free
 ///   it while the displaced channel may still receive into it.
 ///
 /// Do not post receives of your own on a ring's channel: the peer's messages consume
@@ -180,7 +180,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     /// Re-posts the slot lent out by the previous call.
     fn give_back(&mut self) -> Result<(), ChannelError> {
         if self.chan.id != self.chan_id {
-            return Err(ChannelError::ForeignTicket);
+            return Err(ChannelError::Replaced);
         }
         if let Some(i) = self.lent {
             // Forgotten only once posted: a failed post leaves it for the next call.

@@ -531,7 +531,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     if chan.id() != rings.chan_ids[p] {
         // The caller swapped this peer's channel out: its ring slots are posted on another
         // channel, so none of them may be read or re-posted again.
-        fail(rings, ChannelError::ForeignTicket, &mut handed);
+        fail(rings, ChannelError::Replaced, &mut handed);
         return Ok(handed);
     }
     if let Some(error) = chan.failure() {

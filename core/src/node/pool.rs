@@ -140,7 +140,7 @@ fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
         Some(c) if Some(c.id()) == rings.chan_ids.first().copied() => Ok(c),
         _ => Err(NodeError::Channel {
             rank,
-            error: ChannelError::ForeignTicket,
+            error: ChannelError::Replaced,
         }),
     }
 }
