@@ -154,10 +154,7 @@ fn a_swapped_channel_is_noticed_and_its_ring_memory_never_freed_under_it() {
     let mut other = Channel::new(other, cfg(), clock!());
     std::mem::swap(ring.channel(), &mut other);
     assert_eq!(ring.recv().unwrap_err(), ChannelError::Replaced);
-    assert!(matches!(
-        ring.try_recv(),
-        Some(Err(ChannelError::Replaced))
-    ));
+    assert!(matches!(ring.try_recv(), Some(Err(ChannelError::Replaced))));
     // Dropping the ring leaks its region (the displaced channel still has receives in it),
     // so a message that arrives later still lands in registered memory.
     drop(ring);

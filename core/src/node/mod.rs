@@ -127,6 +127,15 @@ pub enum NodeError {
         /// The verb error.
         error: VerbsError,
     },
+    /// The node's shared completion queues refused the queue pair to a peer (queues deeper
+    /// than they hold, a queue pair not on the node's shared receive queue, ...).
+    #[cfg(feature = "verbs")]
+    SharedCq {
+        /// The peer.
+        rank: u32,
+        /// Why.
+        error: crate::provider::shared::SharedCqError,
+    },
     /// The rank is not below the world size, or the world size is 0 or above
     /// [`MAX_WORLD`](crate::wire::MAX_WORLD).
     InvalidWorld {
@@ -202,6 +211,11 @@ impl fmt::Display for NodeError {
             }
             #[cfg(feature = "verbs")]
             Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
+            #[cfg(feature = "verbs")]
+            Self::SharedCq { rank, error } => write!(
+                f,
+                "the queue pair to rank {rank}: the shared completion queues refused it: {error}"
+            ),
             Self::InvalidWorld { rank, world } => write!(
                 f,
                 "rank {rank} of a world of {world}: the rank must be below the world size, \

@@ -257,20 +257,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             let qp = qp
                 .handshake(&ep)
                 .map_err(|error| NodeError::Connect { rank, error })?;
-            let p = shared.add(qp).map_err(|(_, e)| NodeError::Connect {
-                rank,
-                error: VerbsError::InvalidArgument {
-                    what: match e {
-                        crate::provider::shared::SharedCqError::TooSmall { .. } => {
-                            "the device granted deeper queues than the shared CQs hold"
-                        }
-                        crate::provider::shared::SharedCqError::NotOnTheSrq => {
-                            "the queue pair is not on the node's shared receive queue"
-                        }
-                        _ => "the shared completion queues refused the queue pair",
-                    },
-                },
-            })?;
+            let p = shared
+                .add(qp)
+                .map_err(|(_, error)| NodeError::SharedCq { rank, error })?;
             let mut ccfg = self.cfg.channel;
             ccfg.peer = Some(rank);
             channels.push(Channel::with_backoff(p, ccfg, backoff.clone(), self.clock));
