@@ -53,7 +53,7 @@ extern "C" {
 /// other than an interrupted wait, which counts as a wake-up.
 pub(crate) fn wait_readable(fd: c_int, timeout_ms: c_int) -> Result<(), i32> {
     const POLLIN: i16 = 1;
-    const EINTR: i32 = 4;
+    use crate::verb::errno::EINTR;
     let mut p = PollFd {
         fd,
         events: POLLIN,
