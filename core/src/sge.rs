@@ -34,6 +34,35 @@ pub struct SgeMut<'a> {
 static_assertions::assert_eq_size!(Sge<'static>, [u64; 2]);
 static_assertions::assert_eq_size!(SgeMut<'static>, [u64; 2]);
 
+/// The accessors [`Sge`] and [`SgeMut`] share (one layout, two kinds of access).
+macro_rules! sge_accessors {
+    () => {
+        /// Start address.
+        #[inline]
+        pub const fn addr(&self) -> u64 {
+            self.addr
+        }
+
+        /// Length in bytes.
+        #[inline]
+        pub const fn len(&self) -> u32 {
+            self.len
+        }
+
+        /// Whether the entry is empty.
+        #[inline]
+        pub const fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// Local key of the region.
+        #[inline]
+        pub const fn lkey(&self) -> u32 {
+            self.lkey
+        }
+    };
+}
+
 impl<'a> Sge<'a> {
     /// An entry from raw parts.
     ///
@@ -50,29 +79,7 @@ impl<'a> Sge<'a> {
         }
     }
 
-    /// Start address.
-    #[inline]
-    pub const fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// Length in bytes.
-    #[inline]
-    pub const fn len(&self) -> u32 {
-        self.len
-    }
-
-    /// Whether the entry is empty.
-    #[inline]
-    pub const fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Local key of the region.
-    #[inline]
-    pub const fn lkey(&self) -> u32 {
-        self.lkey
-    }
+    sge_accessors!();
 }
 
 impl<'a> SgeMut<'a> {
@@ -92,29 +99,7 @@ impl<'a> SgeMut<'a> {
         }
     }
 
-    /// Start address.
-    #[inline]
-    pub const fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// Length in bytes.
-    #[inline]
-    pub const fn len(&self) -> u32 {
-        self.len
-    }
-
-    /// Whether the entry is empty.
-    #[inline]
-    pub const fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Local key of the region.
-    #[inline]
-    pub const fn lkey(&self) -> u32 {
-        self.lkey
-    }
+    sge_accessors!();
 
     /// Reborrows the entry for a shorter time, so it can be posted again later.
     #[inline]

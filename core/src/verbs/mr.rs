@@ -246,30 +246,37 @@ impl Pd {
     }
 }
 
+/// The accessors every region type here shares: what its registration says.
+macro_rules! registration_accessors {
+    () => {
+        /// Length in bytes.
+        #[inline]
+        pub fn len(&self) -> usize {
+            self.reg.len
+        }
+
+        /// Whether the region is empty (never: registration rejects zero length).
+        #[inline]
+        pub fn is_empty(&self) -> bool {
+            self.reg.len == 0
+        }
+
+        /// Local key.
+        #[inline]
+        pub fn lkey(&self) -> u32 {
+            self.reg.lkey
+        }
+
+        /// Access the region was registered with.
+        #[inline]
+        pub fn access(&self) -> AccessFlags {
+            self.reg.access
+        }
+    };
+}
+
 impl MemoryRegion<'_> {
-    /// Length in bytes.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.reg.len
-    }
-
-    /// Whether the region is empty (never: registration rejects zero length).
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
-    }
-
-    /// Local key.
-    #[inline]
-    pub fn lkey(&self) -> u32 {
-        self.reg.lkey
-    }
-
-    /// Access the region was registered with.
-    #[inline]
-    pub fn access(&self) -> AccessFlags {
-        self.reg.access
-    }
+    registration_accessors!();
 
     /// The bytes. Borrowing them shares the region, so no [`SgeMut`] can be outstanding.
     #[inline]
@@ -362,29 +369,7 @@ impl SharedRegion<'_> {
         &self.reg.pd
     }
 
-    /// Length in bytes.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.reg.len
-    }
-
-    /// Whether the region is empty.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
-    }
-
-    /// Local key.
-    #[inline]
-    pub fn lkey(&self) -> u32 {
-        self.reg.lkey
-    }
-
-    /// Access the region was registered with.
-    #[inline]
-    pub fn access(&self) -> AccessFlags {
-        self.reg.access
-    }
+    registration_accessors!();
 
     /// The descriptor peers need to RDMA this region.
     #[inline]
