@@ -64,9 +64,9 @@ use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::{poll_completions, POLL_BATCH};
 use crate::verbs::ffi::sys;
 use crate::verbs::qp::post_recv_chain;
-use crate::verbs::send_chain::{post_send_chain, SendChain};
-use crate::verbs::VerbsError;
-use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
+use crate::verbs::send_ex::{ConnectedSender, DatagramSender};
+use crate::verbs::{PostPath, VerbsError};
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 const ENOMEM: c_int = 12;
 
@@ -132,10 +132,26 @@ impl Ring {
     }
 }
 
-/// A queue pair's driver state: the receives it holds and whether it is in the error state.
+/// A queue pair's driver state: the receives it holds, whether it is in the error state, and
+/// the requests of the `ibv_wr_*` critical section under way.
 struct QpState {
     recvs: Vec<u64>,
     error: bool,
+    /// Built since `wr_start`, run at `wr_complete` (nothing runs before it).
+    pending: Vec<Pending>,
+    /// How many of them are signaled.
+    pending_signaled: usize,
+    /// The first failure of the section (reported by `wr_complete`), or 0.
+    pending_err: c_int,
+}
+
+/// A request built in an `ibv_wr_*` critical section, as the driver keeps it until
+/// `wr_complete`: what its completion needs.
+#[derive(Clone, Copy)]
+struct Pending {
+    wr_id: u64,
+    opcode: u32,
+    signaled: bool,
 }
 
 /// The completion opcode of a send opcode.
@@ -250,6 +266,207 @@ unsafe extern "C" fn drv_poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::i
     }
 }
 
+/// The driver state behind an extended queue pair.
+///
+/// # Safety
+/// `q` is one of this module's queue pairs, and no other reference to its state is alive.
+#[inline(always)]
+unsafe fn ex_state<'a>(q: *mut sys::ibv_qp_ex) -> &'a mut QpState {
+    // SAFETY: the caller's contract: the context pointer leads to our state.
+    unsafe { &mut *(*q).qp_base.qp_context.cast::<QpState>() }
+}
+
+/// The driver's `wr_start`: opens a critical section (nothing built yet).
+///
+/// # Safety
+/// As for [`ex_state`].
+unsafe extern "C" fn drv_wr_start(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    let st = unsafe { ex_state(q) };
+    st.pending.clear();
+    st.pending_signaled = 0;
+    st.pending_err = 0;
+}
+
+/// What every builder does: takes the id and flags the caller set in the `ibv_qp_ex` and
+/// keeps the request for `wr_complete` (a full section fails it with `ENOMEM`).
+///
+/// # Safety
+/// As for [`ex_state`], inside a critical section.
+#[inline(always)]
+unsafe fn drv_build(q: *mut sys::ibv_qp_ex, opcode: u32) {
+    // SAFETY: the caller's contract; the id and flags are plain fields of the struct.
+    let (st, wr_id, flags) = unsafe { (ex_state(q), (*q).wr_id, (*q).wr_flags) };
+    if st.pending.len() == st.pending.capacity() {
+        st.pending_err = ENOMEM;
+        return;
+    }
+    let signaled = flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+    st.pending_signaled += usize::from(signaled);
+    st.pending.push(Pending {
+        wr_id,
+        opcode,
+        signaled,
+    });
+}
+
+/// The driver's `wr_rdma_write` (remote memory is never reached).
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_write(q: *mut sys::ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE) }
+}
+
+/// The driver's `wr_rdma_write_imm`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_write_imm(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _imm: u32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE) }
+}
+
+/// The driver's `wr_rdma_read` (brings nothing).
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_read(q: *mut sys::ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_READ) }
+}
+
+/// The driver's `wr_send`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_send(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_SEND) }
+}
+
+/// The driver's `wr_send_imm`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_send_imm(q: *mut sys::ibv_qp_ex, _imm: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_SEND) }
+}
+
+/// The driver's `wr_atomic_cmp_swp`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_atomic_cmp_swp(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _compare: u64,
+    _swap: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_COMP_SWAP) }
+}
+
+/// The driver's `wr_atomic_fetch_add`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_atomic_fetch_add(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _add: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_FETCH_ADD) }
+}
+
+/// The driver's `wr_set_sge_list`: the device touches no memory, so it keeps nothing of the
+/// list (as its `post_send` reads no `sg_list`).
+unsafe extern "C" fn drv_wr_set_sge_list(
+    _q: *mut sys::ibv_qp_ex,
+    _n: usize,
+    _list: *const sys::ibv_sge,
+) {
+}
+
+/// The driver's `wr_set_inline_data`: nothing is copied (nothing would be delivered).
+unsafe extern "C" fn drv_wr_set_inline_data(
+    _q: *mut sys::ibv_qp_ex,
+    _addr: *mut c_void,
+    _len: usize,
+) {
+}
+
+/// The driver's `wr_set_ud_addr`.
+unsafe extern "C" fn drv_wr_set_ud_addr(
+    _q: *mut sys::ibv_qp_ex,
+    _ah: *mut sys::ibv_ah,
+    _qpn: u32,
+    _qkey: u32,
+) {
+}
+
+/// The driver's `wr_complete`: runs the section's requests (a completion for each signaled
+/// one; every one, flushed, in the error state) or, on a failure while building or without
+/// room for the completions, none of them, returning the errno.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
+    // SAFETY: the caller's contract: our state, and the send CQ's ring, which nothing else
+    // accesses during this call (one thread).
+    unsafe {
+        let st = ex_state(q);
+        let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
+        let qp_num = (*q).qp_base.qp_num;
+        let need = if st.error {
+            st.pending.len()
+        } else {
+            st.pending_signaled
+        };
+        let err = if st.pending_err != 0 {
+            st.pending_err
+        } else if ring.wc.len() - ring.len < need {
+            ENOMEM
+        } else {
+            0
+        };
+        if err == 0 {
+            for p in &st.pending {
+                if p.signaled || st.error {
+                    ring.push(RawWc {
+                        wr_id: p.wr_id,
+                        status: if st.error { FLUSHED } else { 0 },
+                        opcode: p.opcode,
+                        qp_num,
+                        ..RawWc::default()
+                    });
+                }
+            }
+        }
+        st.pending.clear();
+        err
+    }
+}
+
+/// The driver's `wr_abort`: the section's requests are dropped.
+///
+/// # Safety
+/// As for [`ex_state`].
+unsafe extern "C" fn drv_wr_abort(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { ex_state(q) }.pending.clear();
+}
+
 /// A heap value the driver reaches through raw pointers (an `ibv_qp`'s context, a CQ's
 /// ring): kept as the raw pointer `Box::into_raw` gave, never moved or reborrowed through a
 /// `Box`, so the pointers handed to the driver stay valid (a `Box` that moves asserts
@@ -277,6 +494,8 @@ impl<T> Drop for Heap<T> {
 
 struct DeviceInner {
     ctx: Heap<sys::ibv_context>,
+    /// Whether its queue pairs have the extended `ibv_wr_*` entry points.
+    extended: bool,
     next_qpn: core::cell::Cell<u32>,
     next_key: core::cell::Cell<u32>,
 }
@@ -308,8 +527,22 @@ fn zeroed<T>() -> T {
 }
 
 impl InstantDevice {
-    /// A device. Allocates (setup).
+    /// A device whose queue pairs have the extended entry points (`ibv_wr_start`,
+    /// `ibv_wr_*`, `ibv_wr_complete`), as rxe and current hardware providers do: rverbs
+    /// posts through them. Allocates (setup).
     pub fn new() -> Self {
+        Self::with_extended(true)
+    }
+
+    /// A device whose queue pairs lack the extended entry points (their `ibv_qp_ex` has none
+    /// set, as with a provider without them): rverbs falls back to `ibv_post_send` chains
+    /// and says why ([`InstantProvider::post_path`]). So both paths can be measured.
+    /// Allocates (setup).
+    pub fn legacy() -> Self {
+        Self::with_extended(false)
+    }
+
+    fn with_extended(extended: bool) -> Self {
         let mut ctx: sys::ibv_context = zeroed();
         ctx.ops.post_send = Some(drv_post_send);
         ctx.ops.post_recv = Some(drv_post_recv);
@@ -319,6 +552,7 @@ impl InstantDevice {
         Self {
             inner: Rc::new(DeviceInner {
                 ctx: Heap::new(ctx),
+                extended,
                 next_qpn: core::cell::Cell::new(0x100),
                 next_key: core::cell::Cell::new(0x1000),
             }),
@@ -355,18 +589,41 @@ impl InstantDevice {
         let state = Rc::new(Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
+            pending: Vec::with_capacity((caps.max_send_wr as usize).max(MAX_BATCH)),
+            pending_signaled: 0,
+            pending_err: 0,
         }));
-        let mut raw: sys::ibv_qp = zeroed();
-        raw.context = self.ctx();
-        raw.qp_context = state.get().cast::<c_void>();
-        raw.send_cq = send_cq.raw();
-        raw.recv_cq = recv_cq.raw();
-        raw.qp_num = qp_num;
-        raw.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        let mut raw: sys::ibv_qp_ex = zeroed();
+        let base = &mut raw.qp_base;
+        base.context = self.ctx();
+        base.qp_context = state.get().cast::<c_void>();
+        base.send_cq = send_cq.raw();
+        base.recv_cq = recv_cq.raw();
+        base.qp_num = qp_num;
+        base.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        if self.inner.extended {
+            raw.wr_start = Some(drv_wr_start);
+            raw.wr_complete = Some(drv_wr_complete);
+            raw.wr_abort = Some(drv_wr_abort);
+            raw.wr_rdma_write = Some(drv_wr_rdma_write);
+            raw.wr_rdma_write_imm = Some(drv_wr_rdma_write_imm);
+            raw.wr_rdma_read = Some(drv_wr_rdma_read);
+            raw.wr_send = Some(drv_wr_send);
+            raw.wr_send_imm = Some(drv_wr_send_imm);
+            raw.wr_atomic_cmp_swp = Some(drv_wr_atomic_cmp_swp);
+            raw.wr_atomic_fetch_add = Some(drv_wr_atomic_fetch_add);
+            raw.wr_set_sge_list = Some(drv_wr_set_sge_list);
+            raw.wr_set_inline_data = Some(drv_wr_set_inline_data);
+            raw.wr_set_ud_addr = Some(drv_wr_set_ud_addr);
+        }
+        let raw = Heap::new(raw);
+        // SAFETY: the extended queue pair is ours and lives as long as the InstantQp (the
+        // sender is dropped with it).
+        let sender = unsafe { ConnectedSender::new(Ok(raw.0)) };
         InstantQp {
-            raw: Heap::new(raw),
+            raw,
             state,
-            chain: SendChain::new(),
+            sender,
             caps,
             _cqs: [send_cq.inner.clone(), recv_cq.inner.clone()],
         }
@@ -461,11 +718,12 @@ impl CompletionQueue for InstantCq {
 
 /// A queue pair of the instant device.
 pub struct InstantQp {
-    // Field order is drop order: the QP struct goes before the state it points at.
-    raw: Heap<sys::ibv_qp>,
+    // Field order is drop order: the sender (which points at the QP struct) goes first, the
+    // QP struct before the state it points at.
+    sender: ConnectedSender,
+    raw: Heap<sys::ibv_qp_ex>,
     // Shared with the queue pair's [`Arrivals`], which may outlive it.
     state: Rc<Heap<QpState>>,
-    chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
 }
@@ -483,7 +741,19 @@ impl InstantQp {
     /// The `ibv_qp` a hand-written poster passes to `ops.post_send`: valid while this handle
     /// lives.
     pub fn raw(&self) -> *mut sys::ibv_qp {
-        self.raw.get()
+        // SAFETY: in bounds of the live struct (its first field); no reference is made.
+        unsafe { &raw mut (*self.raw.get()).qp_base }
+    }
+
+    /// The `ibv_qp_ex` a hand-written poster calls the `ibv_wr_*` entry points of, or
+    /// `None` on a [legacy](InstantDevice::legacy) device: valid while this handle lives.
+    pub fn raw_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.post_path().is_extended().then(|| self.raw.get())
+    }
+
+    /// How rverbs posts to this queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
     }
 
     /// A handle that plays a peer's sends arriving at this queue pair (the instant device
@@ -555,13 +825,13 @@ impl QueuePair for InstantQp {
     #[inline]
     fn qp_num(&self) -> u32 {
         // SAFETY: the struct lives as long as self; only the driver writes other fields.
-        unsafe { (*self.raw.get()).qp_num }
+        unsafe { (*self.raw()).qp_num }
     }
 
     #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
-        unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
+        unsafe { self.sender.post(self.raw(), wrs) }
     }
 
     fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
@@ -617,6 +887,16 @@ impl InstantProvider {
     /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
     pub fn raw_qp(&self) -> *mut sys::ibv_qp {
         self.qp.raw()
+    }
+
+    /// The queue pair's `ibv_qp_ex` (see [`InstantQp::raw_ex`]).
+    pub fn raw_qp_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.qp.raw_ex()
+    }
+
+    /// How rverbs posts to the queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.qp.post_path()
     }
 
     /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
@@ -870,6 +1150,8 @@ impl InstantAddress {
 /// [`UdQp::post_send`](crate::verbs::UdQp::post_send) does (the same fields, the same
 /// chain), less the address handle's protection-domain check (the device has none).
 pub struct InstantDatagram {
+    // Field order is drop order: the sender points at the queue pair's struct.
+    sender: DatagramSender,
     qp: InstantQp,
     send_cq: InstantCq,
     recv_cq: InstantCq,
@@ -895,7 +1177,10 @@ impl InstantDevice {
         let qp = self.qp(&send_cq, &recv_cq, caps);
         // SAFETY: the struct is ours and nothing else reads it now.
         unsafe { (*qp.raw()).qp_type = sys::ibv_qp_type::IBV_QPT_UD };
+        // SAFETY: the extended queue pair lives as long as `qp`, dropped after the sender.
+        let sender = unsafe { DatagramSender::new(Ok(qp.raw.0)) };
         InstantDatagram {
+            sender,
             qp,
             send_cq,
             recv_cq,
@@ -909,6 +1194,16 @@ impl InstantDatagram {
     /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
     pub fn raw_qp(&self) -> *mut sys::ibv_qp {
         self.qp.raw()
+    }
+
+    /// The queue pair's `ibv_qp_ex` (see [`InstantQp::raw_ex`]).
+    pub fn raw_qp_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.post_path().is_extended().then(|| self.qp.raw.get())
+    }
+
+    /// How rverbs posts to the queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
     }
 
     /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
@@ -965,10 +1260,20 @@ impl DatagramProvider for InstantDatagram {
         wrs: &[DatagramRequest<'_, InstantAddress>],
     ) -> Result<(), PostFailure> {
         let qp = self.qp.raw();
+        if let Some(wr) = self.sender.extended() {
+            // SAFETY: the QP is live; the address handles are alive (borrowed by the
+            // requests); the device touches no memory.
+            match unsafe { wr.post(wrs, |dest| Ok(dest.raw())) } {
+                Ok(()) => return Ok(()),
+                Err(Some(f)) => return Err(f),
+                // A request of several entries: the batch goes through the chain.
+                Err(None) => {}
+            }
+        }
         // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
         // the device touches no memory; the index is below wrs.len() == n.
         unsafe {
-            self.qp.chain.post(qp, wrs.len(), |i, wr| {
+            self.sender.chain.post(qp, wrs.len(), |i, wr| {
                 let w = wrs.get_unchecked(i);
                 wr.wr_id = w.wr_id;
                 // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
