@@ -66,7 +66,7 @@ use crate::verbs::ffi::sys;
 use crate::verbs::qp::post_recv_chain;
 use crate::verbs::send_ex::{ConnectedSender, DatagramSender};
 use crate::verbs::{PostPath, VerbsError};
-use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 const ENOMEM: c_int = 12;
 
@@ -137,21 +137,12 @@ impl Ring {
 struct QpState {
     recvs: Vec<u64>,
     error: bool,
-    /// Built since `wr_start`, run at `wr_complete` (nothing runs before it).
-    pending: Vec<Pending>,
-    /// How many of them are signaled.
-    pending_signaled: usize,
+    /// Completions the requests built since `wr_start` will make, written into the send
+    /// queue's ring behind its last entry and published by `wr_complete` (as a driver
+    /// writes work queue entries and then rings the doorbell): nothing runs before it.
+    staged: usize,
     /// The first failure of the section (reported by `wr_complete`), or 0.
-    pending_err: c_int,
-}
-
-/// A request built in an `ibv_wr_*` critical section, as the driver keeps it until
-/// `wr_complete`: what its completion needs.
-#[derive(Clone, Copy)]
-struct Pending {
-    wr_id: u64,
-    opcode: u32,
-    signaled: bool,
+    staged_err: c_int,
 }
 
 /// The completion opcode of a send opcode.
@@ -283,31 +274,43 @@ unsafe fn ex_state<'a>(q: *mut sys::ibv_qp_ex) -> &'a mut QpState {
 unsafe extern "C" fn drv_wr_start(q: *mut sys::ibv_qp_ex) {
     // SAFETY: the caller's contract.
     let st = unsafe { ex_state(q) };
-    st.pending.clear();
-    st.pending_signaled = 0;
-    st.pending_err = 0;
+    st.staged = 0;
+    st.staged_err = 0;
 }
 
-/// What every builder does: takes the id and flags the caller set in the `ibv_qp_ex` and
-/// keeps the request for `wr_complete` (a full section fails it with `ENOMEM`).
+/// What every builder does: takes the id and flags the caller set in the `ibv_qp_ex` and,
+/// for a request that completes (signaled, or any in the error state), writes its
+/// completion behind the ring's last entry, unpublished. No room fails the section with
+/// `ENOMEM`. One section at a time per ring (the device is for one thread).
 ///
 /// # Safety
 /// As for [`ex_state`], inside a critical section.
 #[inline(always)]
 unsafe fn drv_build(q: *mut sys::ibv_qp_ex, opcode: u32) {
-    // SAFETY: the caller's contract; the id and flags are plain fields of the struct.
-    let (st, wr_id, flags) = unsafe { (ex_state(q), (*q).wr_id, (*q).wr_flags) };
-    if st.pending.len() == st.pending.capacity() {
-        st.pending_err = ENOMEM;
-        return;
+    // SAFETY: the caller's contract: our state and the send CQ's ring, which nothing else
+    // accesses during this call; the id and flags are plain fields of the struct.
+    unsafe {
+        let st = ex_state(q);
+        let signaled = (*q).wr_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+        if !(signaled || st.error) || st.staged_err != 0 {
+            return;
+        }
+        let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
+        let cap = ring.wc.len();
+        if ring.len + st.staged >= cap {
+            st.staged_err = ENOMEM;
+            return;
+        }
+        let at = (ring.head + ring.len + st.staged) % cap;
+        *ring.wc.get_unchecked_mut(at) = RawWc {
+            wr_id: (*q).wr_id,
+            status: if st.error { FLUSHED } else { 0 },
+            opcode,
+            qp_num: (*q).qp_base.qp_num,
+            ..RawWc::default()
+        };
+        st.staged += 1;
     }
-    let signaled = flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
-    st.pending_signaled += usize::from(signaled);
-    st.pending.push(Pending {
-        wr_id,
-        opcode,
-        signaled,
-    });
 }
 
 /// The driver's `wr_rdma_write` (remote memory is never reached).
@@ -398,6 +401,17 @@ unsafe extern "C" fn drv_wr_set_sge_list(
 ) {
 }
 
+/// The driver's `wr_set_sge`: as [`drv_wr_set_sge_list`].
+unsafe extern "C" fn drv_wr_set_sge(_q: *mut sys::ibv_qp_ex, _lkey: u32, _addr: u64, _len: u32) {}
+
+/// The driver's `wr_set_inline_data_list`: as [`drv_wr_set_inline_data`].
+unsafe extern "C" fn drv_wr_set_inline_data_list(
+    _q: *mut sys::ibv_qp_ex,
+    _n: usize,
+    _list: *const sys::ibv_data_buf,
+) {
+}
+
 /// The driver's `wr_set_inline_data`: nothing is copied (nothing would be delivered).
 unsafe extern "C" fn drv_wr_set_inline_data(
     _q: *mut sys::ibv_qp_ex,
@@ -415,9 +429,9 @@ unsafe extern "C" fn drv_wr_set_ud_addr(
 ) {
 }
 
-/// The driver's `wr_complete`: runs the section's requests (a completion for each signaled
-/// one; every one, flushed, in the error state) or, on a failure while building or without
-/// room for the completions, none of them, returning the errno.
+/// The driver's `wr_complete`: publishes the section's completions (each signaled request
+/// completes; every one, flushed, in the error state) or, after a failure while building
+/// (no room for them), none, returning the errno: nothing of a failed section runs.
 ///
 /// # Safety
 /// As for [`drv_build`].
@@ -426,34 +440,12 @@ unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
     // accesses during this call (one thread).
     unsafe {
         let st = ex_state(q);
-        let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
-        let qp_num = (*q).qp_base.qp_num;
-        let need = if st.error {
-            st.pending.len()
-        } else {
-            st.pending_signaled
-        };
-        let err = if st.pending_err != 0 {
-            st.pending_err
-        } else if ring.wc.len() - ring.len < need {
-            ENOMEM
-        } else {
-            0
-        };
+        let err = st.staged_err;
         if err == 0 {
-            for p in &st.pending {
-                if p.signaled || st.error {
-                    ring.push(RawWc {
-                        wr_id: p.wr_id,
-                        status: if st.error { FLUSHED } else { 0 },
-                        opcode: p.opcode,
-                        qp_num,
-                        ..RawWc::default()
-                    });
-                }
-            }
+            let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
+            ring.len += st.staged;
         }
-        st.pending.clear();
+        st.staged = 0;
         err
     }
 }
@@ -464,7 +456,7 @@ unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
 /// As for [`ex_state`].
 unsafe extern "C" fn drv_wr_abort(q: *mut sys::ibv_qp_ex) {
     // SAFETY: the caller's contract.
-    unsafe { ex_state(q) }.pending.clear();
+    unsafe { ex_state(q) }.staged = 0;
 }
 
 /// A heap value the driver reaches through raw pointers (an `ibv_qp`'s context, a CQ's
@@ -589,9 +581,8 @@ impl InstantDevice {
         let state = Rc::new(Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
-            pending: Vec::with_capacity((caps.max_send_wr as usize).max(MAX_BATCH)),
-            pending_signaled: 0,
-            pending_err: 0,
+            staged: 0,
+            staged_err: 0,
         }));
         let mut raw: sys::ibv_qp_ex = zeroed();
         let base = &mut raw.qp_base;
@@ -612,7 +603,9 @@ impl InstantDevice {
             raw.wr_send_imm = Some(drv_wr_send_imm);
             raw.wr_atomic_cmp_swp = Some(drv_wr_atomic_cmp_swp);
             raw.wr_atomic_fetch_add = Some(drv_wr_atomic_fetch_add);
+            raw.wr_set_sge = Some(drv_wr_set_sge);
             raw.wr_set_sge_list = Some(drv_wr_set_sge_list);
+            raw.wr_set_inline_data_list = Some(drv_wr_set_inline_data_list);
             raw.wr_set_inline_data = Some(drv_wr_set_inline_data);
             raw.wr_set_ud_addr = Some(drv_wr_set_ud_addr);
         }
@@ -1191,6 +1184,42 @@ impl InstantDevice {
 }
 
 impl InstantDatagram {
+    /// Posts `wrs` as one `ibv_send_wr` chain, filling each entry the way
+    /// [`UdQp::post_send`](crate::verbs::UdQp::post_send) does: on a legacy device, or for a
+    /// batch the extended path handed over. Out of line: the extended path is the common one.
+    ///
+    /// # Safety
+    /// As for [`DatagramProvider::post_send`].
+    #[inline(never)]
+    unsafe fn post_chain(
+        &mut self,
+        wrs: &[DatagramRequest<'_, InstantAddress>],
+    ) -> Result<(), PostFailure> {
+        let qp = self.qp.raw();
+        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
+        // the device touches no memory; the index is below wrs.len() == n.
+        unsafe {
+            self.sender.chain.post(qp, wrs.len(), |i, wr| {
+                let w = wrs.get_unchecked(i);
+                wr.wr_id = w.wr_id;
+                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+                wr.num_sge = w.sges.len() as c_int;
+                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
+                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
+                };
+                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
+                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: w.dest.raw(),
+                    remote_qpn: w.remote_qpn,
+                    remote_qkey: w.remote_qkey,
+                };
+                Ok(())
+            })
+        }
+    }
+
     /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
     pub fn raw_qp(&self) -> *mut sys::ibv_qp {
         self.qp.raw()
@@ -1259,7 +1288,6 @@ impl DatagramProvider for InstantDatagram {
         &mut self,
         wrs: &[DatagramRequest<'_, InstantAddress>],
     ) -> Result<(), PostFailure> {
-        let qp = self.qp.raw();
         if let Some(wr) = self.sender.extended() {
             // SAFETY: the QP is live; the address handles are alive (borrowed by the
             // requests); the device touches no memory.
@@ -1270,28 +1298,8 @@ impl DatagramProvider for InstantDatagram {
                 Err(None) => {}
             }
         }
-        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
-        // the device touches no memory; the index is below wrs.len() == n.
-        unsafe {
-            self.sender.chain.post(qp, wrs.len(), |i, wr| {
-                let w = wrs.get_unchecked(i);
-                wr.wr_id = w.wr_id;
-                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
-                wr.num_sge = w.sges.len() as c_int;
-                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
-                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
-                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
-                };
-                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
-                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah: w.dest.raw(),
-                    remote_qpn: w.remote_qpn,
-                    remote_qkey: w.remote_qkey,
-                };
-                Ok(())
-            })
-        }
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(wrs) }
     }
 
     #[inline]

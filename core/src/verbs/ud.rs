@@ -373,7 +373,6 @@ impl UdQp {
         wrs: &[DatagramRequest<'_, AddressHandle>],
     ) -> core::result::Result<(), PostFailure> {
         let pd = self.pd.as_raw();
-        let qp = self.as_raw();
         if let Some(wr) = self.sender.extended() {
             // SAFETY: the QP is live; the address handles are alive (borrowed by the
             // requests); forwarded contract for the buffers.
@@ -393,6 +392,23 @@ impl UdQp {
                 Err(None) => {}
             }
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(wrs) }
+    }
+
+    /// Posts `wrs` as one `ibv_send_wr` chain: without the extended entry points, or for a
+    /// batch the extended path handed over. Out of line: where they exist, the extended path
+    /// is the common one.
+    ///
+    /// # Safety
+    /// As for [`UdQp::post_send`].
+    #[inline(never)]
+    unsafe fn post_chain(
+        &mut self,
+        wrs: &[DatagramRequest<'_, AddressHandle>],
+    ) -> core::result::Result<(), PostFailure> {
+        let pd = self.pd.as_raw();
+        let qp = self.as_raw();
         // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
         // forwarded contract for the buffers; the index is below wrs.len() == n.
         unsafe {
