@@ -1283,7 +1283,7 @@ impl DatagramProvider for InstantDatagram {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(
         &mut self,
         wrs: &[DatagramRequest<'_, InstantAddress>],

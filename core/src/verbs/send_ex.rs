@@ -229,17 +229,25 @@ fn need<T>(f: Option<T>, op: &'static str) -> Result<T, LegacyReason> {
     f.ok_or(LegacyReason::MissingOp { op })
 }
 
-/// The entry points every extended queue pair posts through, copied out of its `ibv_qp_ex`
-/// once (the provider sets them when the queue pair is created and never changes them).
+/// Calls the `ibv_qp_ex` entry point `$op` of `$q` as `verbs.h`'s inline `ibv_wr_*` do:
+/// loaded from the struct at each call (the provider's functions may change the struct, so
+/// the compiler keeps no copies of them across calls), without a check.
+///
+/// Only inside an `unsafe` block whose SAFETY says the queue pair is live and `$op` was
+/// present when it was checked (`WrBase::new` and the types' `new`): providers set the entry
+/// points once, when they create the queue pair, and never unset them.
+macro_rules! wr_call {
+    ($q:expr, $op:ident $(, $arg:expr)*) => {{
+        let q: *mut sys::ibv_qp_ex = $q;
+        ((*q).$op.unwrap_unchecked())(q $(, $arg)*)
+    }};
+}
+
+/// An extended queue pair whose entry points every kind posts through (start, complete,
+/// abort, send, send with immediate, the entry list and inline data setters) were checked
+/// present.
 struct WrBase {
     qpx: NonNull<sys::ibv_qp_ex>,
-    start: unsafe extern "C" fn(*mut sys::ibv_qp_ex),
-    complete: unsafe extern "C" fn(*mut sys::ibv_qp_ex) -> c_int,
-    abort: unsafe extern "C" fn(*mut sys::ibv_qp_ex),
-    send: unsafe extern "C" fn(*mut sys::ibv_qp_ex),
-    send_imm: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32),
-    set_sge_list: unsafe extern "C" fn(*mut sys::ibv_qp_ex, usize, *const sys::ibv_sge),
-    set_inline_data: unsafe extern "C" fn(*mut sys::ibv_qp_ex, *mut c_void, usize),
 }
 
 impl WrBase {
@@ -248,16 +256,14 @@ impl WrBase {
     unsafe fn new(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason> {
         // SAFETY: the caller's contract.
         let q = unsafe { &*qpx.as_ptr() };
-        Ok(Self {
-            qpx,
-            start: need(q.wr_start, "wr_start")?,
-            complete: need(q.wr_complete, "wr_complete")?,
-            abort: need(q.wr_abort, "wr_abort")?,
-            send: need(q.wr_send, "wr_send")?,
-            send_imm: need(q.wr_send_imm, "wr_send_imm")?,
-            set_sge_list: need(q.wr_set_sge_list, "wr_set_sge_list")?,
-            set_inline_data: need(q.wr_set_inline_data, "wr_set_inline_data")?,
-        })
+        need(q.wr_start, "wr_start")?;
+        need(q.wr_complete, "wr_complete")?;
+        need(q.wr_abort, "wr_abort")?;
+        need(q.wr_send, "wr_send")?;
+        need(q.wr_send_imm, "wr_send_imm")?;
+        need(q.wr_set_sge_list, "wr_set_sge_list")?;
+        need(q.wr_set_inline_data, "wr_set_inline_data")?;
+        Ok(Self { qpx })
     }
 
     /// Sets the id and flags the next builder reads.
@@ -294,15 +300,16 @@ impl WrBase {
         unsafe {
             if flags.contains(SendFlags::INLINE) {
                 match sges.first() {
-                    Some(s) => (self.set_inline_data)(
+                    Some(s) => wr_call!(
                         q,
+                        wr_set_inline_data,
                         ptr::with_exposed_provenance_mut(s.addr() as usize),
-                        s.len() as usize,
+                        s.len() as usize
                     ),
-                    None => (self.set_inline_data)(q, ptr::null_mut(), 0),
+                    None => wr_call!(q, wr_set_inline_data, ptr::null_mut(), 0),
                 }
             } else {
-                (self.set_sge_list)(q, sges.len(), sges.as_ptr().cast())
+                wr_call!(q, wr_set_sge_list, sges.len(), sges.as_ptr().cast())
             }
         }
         true
@@ -315,7 +322,7 @@ impl WrBase {
     #[inline(always)]
     unsafe fn complete(&self, n: usize) -> Result<(), PostFailure> {
         // SAFETY: the caller's contract.
-        let rc = unsafe { (self.complete)(self.qpx.as_ptr()) };
+        let rc = unsafe { wr_call!(self.qpx.as_ptr(), wr_complete) };
         if rc == 0 {
             Ok(())
         } else {
@@ -331,7 +338,7 @@ impl WrBase {
     #[inline(never)]
     unsafe fn abort(&self) {
         // SAFETY: the caller's contract.
-        unsafe { (self.abort)(self.qpx.as_ptr()) }
+        unsafe { wr_call!(self.qpx.as_ptr(), wr_abort) }
     }
 }
 
@@ -356,14 +363,10 @@ fn too_many() -> PostFailure {
     }
 }
 
-/// The extended entry points of a connected queue pair.
+/// A connected extended queue pair whose entry points rverbs posts through were checked
+/// present.
 pub(crate) struct WrConnected {
     base: WrBase,
-    rdma_write: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32, u64),
-    rdma_write_imm: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32, u64, u32),
-    rdma_read: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32, u64),
-    cmp_swp: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32, u64, u64, u64),
-    fetch_add: unsafe extern "C" fn(*mut sys::ibv_qp_ex, u32, u64, u64),
 }
 
 impl WrConnected {
@@ -371,16 +374,15 @@ impl WrConnected {
     /// `qpx` is a live extended queue pair, alive as long as the value.
     pub(crate) unsafe fn new(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason> {
         // SAFETY: the caller's contract.
+        let base = unsafe { WrBase::new(qpx) }?;
+        // SAFETY: as above.
         let q = unsafe { &*qpx.as_ptr() };
-        Ok(Self {
-            // SAFETY: as above.
-            base: unsafe { WrBase::new(qpx) }?,
-            rdma_write: need(q.wr_rdma_write, "wr_rdma_write")?,
-            rdma_write_imm: need(q.wr_rdma_write_imm, "wr_rdma_write_imm")?,
-            rdma_read: need(q.wr_rdma_read, "wr_rdma_read")?,
-            cmp_swp: need(q.wr_atomic_cmp_swp, "wr_atomic_cmp_swp")?,
-            fetch_add: need(q.wr_atomic_fetch_add, "wr_atomic_fetch_add")?,
-        })
+        need(q.wr_rdma_write, "wr_rdma_write")?;
+        need(q.wr_rdma_write_imm, "wr_rdma_write_imm")?;
+        need(q.wr_rdma_read, "wr_rdma_read")?;
+        need(q.wr_atomic_cmp_swp, "wr_atomic_cmp_swp")?;
+        need(q.wr_atomic_fetch_add, "wr_atomic_fetch_add")?;
+        Ok(Self { base })
     }
 
     /// Posts `wrs` in one critical section (one doorbell); `Ok` or what failed. A request of
@@ -405,24 +407,28 @@ impl WrConnected {
         }
         let b = &self.base;
         let q = b.qpx.as_ptr();
-        // SAFETY: the queue pair is live (the caller's contract); the critical section is
-        // opened here and closed by complete or abort on every path out; the posting
-        // contract is the caller's.
+        // SAFETY: the queue pair is live (the caller's contract) and has every entry point
+        // called (checked in `new`); the critical section is opened here and closed by
+        // complete or abort on every path out; the posting contract is the caller's.
         unsafe {
-            (b.start)(q);
+            wr_call!(q, wr_start);
             for w in wrs {
                 b.header(w.wr_id, w.flags);
                 let (rkey, addr) = (w.remote.rkey, w.remote.addr);
                 match w.opcode {
-                    Opcode::Write => (self.rdma_write)(q, rkey, addr),
-                    Opcode::WriteImm(imm) => (self.rdma_write_imm)(q, rkey, addr, imm.to_be()),
-                    Opcode::Send => (b.send)(q),
-                    Opcode::SendImm(imm) => (b.send_imm)(q, imm.to_be()),
-                    Opcode::Read => (self.rdma_read)(q, rkey, addr),
-                    Opcode::Atomic(AtomicOp::CompareSwap { compare, swap }) => {
-                        (self.cmp_swp)(q, rkey, addr, compare, swap)
+                    Opcode::Write => wr_call!(q, wr_rdma_write, rkey, addr),
+                    Opcode::WriteImm(imm) => {
+                        wr_call!(q, wr_rdma_write_imm, rkey, addr, imm.to_be())
                     }
-                    Opcode::Atomic(AtomicOp::FetchAdd(add)) => (self.fetch_add)(q, rkey, addr, add),
+                    Opcode::Send => wr_call!(q, wr_send),
+                    Opcode::SendImm(imm) => wr_call!(q, wr_send_imm, imm.to_be()),
+                    Opcode::Read => wr_call!(q, wr_rdma_read, rkey, addr),
+                    Opcode::Atomic(AtomicOp::CompareSwap { compare, swap }) => {
+                        wr_call!(q, wr_atomic_cmp_swp, rkey, addr, compare, swap)
+                    }
+                    Opcode::Atomic(AtomicOp::FetchAdd(add)) => {
+                        wr_call!(q, wr_atomic_fetch_add, rkey, addr, add)
+                    }
                 }
                 if !b.data(w.flags, w.sges) {
                     b.abort();
@@ -449,10 +455,10 @@ unsafe fn post_legacy(
     unsafe { post_send_chain(qp, chain, wrs) }
 }
 
-/// The extended entry points of a datagram queue pair.
+/// A datagram extended queue pair whose entry points rverbs posts through were checked
+/// present.
 pub(crate) struct WrDatagram {
     base: WrBase,
-    set_ud_addr: unsafe extern "C" fn(*mut sys::ibv_qp_ex, *mut sys::ibv_ah, u32, u32),
 }
 
 impl WrDatagram {
@@ -460,12 +466,10 @@ impl WrDatagram {
     /// `qpx` is a live extended queue pair, alive as long as the value.
     pub(crate) unsafe fn new(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason> {
         // SAFETY: the caller's contract.
-        let q = unsafe { &*qpx.as_ptr() };
-        Ok(Self {
-            // SAFETY: as above.
-            base: unsafe { WrBase::new(qpx) }?,
-            set_ud_addr: need(q.wr_set_ud_addr, "wr_set_ud_addr")?,
-        })
+        let base = unsafe { WrBase::new(qpx) }?;
+        // SAFETY: as above.
+        need(unsafe { (*qpx.as_ptr()).wr_set_ud_addr }, "wr_set_ud_addr")?;
+        Ok(Self { base })
     }
 
     /// Posts datagram sends `wrs` in one critical section, each to the address handle
@@ -494,7 +498,7 @@ impl WrDatagram {
         let q = b.qpx.as_ptr();
         // SAFETY: as in WrConnected::post; the handles are live (the caller's contract).
         unsafe {
-            (b.start)(q);
+            wr_call!(q, wr_start);
             for w in wrs {
                 let ah = match check(w.dest) {
                     Ok(ah) => ah,
@@ -506,10 +510,10 @@ impl WrDatagram {
                 let flags = w.flags & !SendFlags::FENCE;
                 b.header(w.wr_id, flags);
                 match w.imm {
-                    None => (b.send)(q),
-                    Some(imm) => (b.send_imm)(q, imm.to_be()),
+                    None => wr_call!(q, wr_send),
+                    Some(imm) => wr_call!(q, wr_send_imm, imm.to_be()),
                 }
-                (self.set_ud_addr)(q, ah, w.remote_qpn, w.remote_qkey);
+                wr_call!(q, wr_set_ud_addr, ah, w.remote_qpn, w.remote_qkey);
                 if !b.data(flags, w.sges) {
                     b.abort();
                     return Err(None);

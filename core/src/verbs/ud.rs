@@ -367,7 +367,7 @@ impl UdQp {
     /// The [posting contract](crate#the-posting-contract) for the buffers the requests name
     /// (inline ones are copied during the post). The address handles must stay alive until
     /// the post returns (the borrow in each request sees to it).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn post_send(
         &mut self,
         wrs: &[DatagramRequest<'_, AddressHandle>],
