@@ -292,24 +292,19 @@ impl WrBase {
     #[inline(always)]
     unsafe fn data(&self, flags: SendFlags, sges: &[crate::sge::Sge<'_>]) -> bool {
         let q = self.qpx.as_ptr();
-        if sges.len() > 1 {
-            return false;
-        }
         // SAFETY: the caller's contract. Sge is #[repr(C)] with the layout of ibv_sge
         // (checked in verbs::mod); an inline entry's bytes are read during the call only.
         unsafe {
-            if flags.contains(SendFlags::INLINE) {
-                match sges.first() {
-                    Some(s) => wr_call!(
-                        q,
-                        wr_set_inline_data,
-                        ptr::with_exposed_provenance_mut(s.addr() as usize),
-                        s.len() as usize
-                    ),
-                    None => wr_call!(q, wr_set_inline_data, ptr::null_mut(), 0),
-                }
-            } else {
-                wr_call!(q, wr_set_sge_list, sges.len(), sges.as_ptr().cast())
+            match sges {
+                [s] if flags.contains(SendFlags::INLINE) => wr_call!(
+                    q,
+                    wr_set_inline_data,
+                    ptr::with_exposed_provenance_mut(s.addr() as usize),
+                    s.len() as usize
+                ),
+                // No entry (a zero-length request, inline or not) is an empty list.
+                [] | [_] => wr_call!(q, wr_set_sge_list, sges.len(), sges.as_ptr().cast()),
+                _ => return false,
             }
         }
         true
