@@ -4,19 +4,25 @@
 //! and converting completions, and the channel's bookkeeping (feature `instant`).
 //!
 //! It is a device at the level a driver plugs into libibverbs: a context whose operations
-//! table has `post_send`, `post_recv` and `poll_cq` of its own, and queue pairs and
+//! table has `post_send`, `post_recv` and `poll_cq` of its own, queue pairs that are the
+//! `ibv_qp_ex` a driver hands out, with the extended entry points (`wr_start`, the builders
+//! such as `wr_rdma_write`, the data setters, `wr_complete`, `wr_abort`) of its own, and
 //! completion queues that are the C structures libibverbs hands to a driver. rverbs posts to
 //! it and polls it through exactly the code it uses for a real device
-//! ([`Qp::post_send`](crate::verbs::Qp::post_send)'s chain builder and
+//! ([`Qp::post_send`](crate::verbs::Qp::post_send)'s extended path, `verbs::send_ex`, and
 //! [`Cq::poll`](crate::verbs::Cq::poll)'s conversion); only the driver differs. The driver
 //! reads each request's id, opcode and flags (as a driver reads them to build its work queue
 //! entries) and, for each signaled one, writes a successful completion into the queue's
-//! ring. Receives stay posted until the queue pair moves to the error state, which flushes
+//! ring: through `ibv_post_send`, at once; through the extended entry points, staged behind
+//! the ring's last entry and published by `wr_complete` (a failed section publishes none).
+//! [`InstantDevice::legacy`] makes queue pairs without the extended entry points, on which
+//! rverbs falls back to its `ibv_send_wr` chain (and says so), so both paths can be measured. Receives stay posted until the queue pair moves to the error state, which flushes
 //! them. Remote memory is never reached: an RDMA write goes nowhere, a read brings nothing.
 //!
-//! Its raw handles ([`InstantProvider::raw_qp`], [`InstantCq::raw`]) let a baseline post
-//! hand-built `ibv_send_wr` chains to the same driver and poll the same rings, so the two
-//! can be compared: `benches/benches/library.rs` (time) and `benches/benches/cost.rs`
+//! Its raw handles ([`InstantProvider::raw_qp`], [`InstantProvider::raw_qp_ex`],
+//! [`InstantCq::raw`]) let a baseline post hand-built `ibv_send_wr` chains or hand-written
+//! `ibv_wr_*` sequences to the same driver and poll the same rings, so the two can be
+//! compared: `benches/benches/library.rs` (time) and `benches/benches/cost.rs`
 //! (instructions, `tools/cost`). [`Arrivals`] plays a peer's sends arriving (it completes
 //! the oldest posted receive), so receive paths can be measured too; [`InstantDatagram`] is
 //! a datagram queue pair on the same driver.
