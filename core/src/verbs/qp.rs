@@ -664,7 +664,8 @@ pub struct Qp {
 
 // SAFETY: a QP may be posted to from any thread; Qp owns its handle and posting needs &mut
 // (its send chain holds pointers only the posting thread writes and the driver reads during
-// a post).
+// a post; its extended queue pair's `wr_id`/`wr_flags` and critical sections are used only
+// inside a post).
 unsafe impl Send for Qp {}
 
 impl fmt::Debug for Qp {
