@@ -16,8 +16,10 @@
 //! ring: through `ibv_post_send`, at once; through the extended entry points, staged behind
 //! the ring's last entry and published by `wr_complete` (a failed section publishes none).
 //! [`InstantDevice::legacy`] makes queue pairs without the extended entry points, on which
-//! rverbs falls back to its `ibv_send_wr` chain (and says so), so both paths can be measured. Receives stay posted until the queue pair moves to the error state, which flushes
-//! them. Remote memory is never reached: an RDMA write goes nowhere, a read brings nothing.
+//! rverbs falls back to its `ibv_send_wr` chain (and says so), so both paths can be
+//! measured. Receives stay posted until the queue pair moves to the error state, which
+//! flushes them. Remote memory is never reached: an RDMA write goes nowhere, a read brings
+//! nothing.
 //!
 //! Its raw handles ([`InstantProvider::raw_qp`], [`InstantProvider::raw_qp_ex`],
 //! [`InstantCq::raw`]) let a baseline post hand-built `ibv_send_wr` chains or hand-written

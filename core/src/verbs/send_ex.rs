@@ -19,9 +19,9 @@
 //! One more reason to take the legacy chain, per post: a request with more than one
 //! scatter/gather entry (or an inline request gathered from several). rxe's
 //! `wr_set_sge_list` sums the entries' lengths without advancing through the list and its
-//! `wr_set_inline_data_list` never adds them up (fixed in rdma-core in 2026; the distributions'
-//! libraries still have it), so such a request would move the wrong number of bytes. Legacy
-//! and extended posts may interleave outside each other's critical sections
+//! `wr_set_inline_data_list` never adds them up (rdma-core 55 has both; a fix of the first
+//! was posted to linux-rdma in May 2026), so such a request would move the wrong number of
+//! bytes. Legacy and extended posts may interleave outside each other's critical sections
 //! (ibv_wr_post(3)), so the batch is handed to `ibv_post_send` whole instead: the common
 //! one-entry request stays on the extended path.
 
