@@ -6,9 +6,14 @@
 //! `instant`): a driver behind libibverbs' operations table that completes each request when
 //! it is posted and never touches memory. The `raw` side of a case does the same work by
 //! hand, as a C program on the legacy verbs would: it fills `ibv_send_wr`/`ibv_recv_wr`
-//! lists itself and calls the driver's `post_send`, `post_recv` and `poll_cq` directly (the
-//! extended `ibv_wr_*` entry points do not exist on the instant device yet, so no case has
-//! that baseline). The driver's own instructions are in both columns.
+//! lists itself and calls the driver's `post_send`, `post_recv` and `poll_cq` directly. The
+//! `raw_wr` side of the cases that post ([`WR_CASES`]) posts as a C program on the extended
+//! verbs would: `ibv_wr_start`, per request the `wr_id`/`wr_flags` fields, one builder
+//! (`ibv_wr_rdma_write`, ...) and one data setter (`ibv_wr_set_sge`,
+//! `ibv_wr_set_inline_data`), then `ibv_wr_complete`, each called through the `ibv_qp_ex`
+//! entry points as `verbs.h`'s inline functions do (rverbs posts through the same entry
+//! points of the instant device's queue pairs). `tools/cost` compares rverbs with the
+//! cheaper of the two. The driver's own instructions are in every column.
 //!
 //! `cost <case> <side> <n>` sets the case up, then calls [`measured`] three times: `n`
 //! operations to warm up, then `n`, then `2n`. Under `valgrind --tool=callgrind
@@ -48,6 +53,15 @@ use rverbs_std_shim::MONOTONIC;
 
 const MSG: usize = 64;
 const BATCH: usize = 32;
+/// The cases with a hand-written `ibv_wr_*` side (`raw_wr`).
+const WR_CASES: &[&str] = &[
+    "blocking_write",
+    "unpolled_inline_write",
+    "batch_32",
+    "datagram_send",
+    "atomic",
+];
+
 /// The channel's default signaling interval, used by both sides.
 const SIGNAL_EVERY: u64 = 16;
 /// Receive slots of a ring (both sides).
@@ -116,6 +130,8 @@ fn run<F: FnMut()>(mut op: F, n: u64) {
 /// index; with one, the compiler removes the indexing).
 struct Raw<const Q: usize = 1> {
     qps: [*mut sys::ibv_qp; Q],
+    /// The queue pairs' extended form (null where the bench posts only the legacy way).
+    qpx: [*mut sys::ibv_qp_ex; Q],
     cq: *mut sys::ibv_cq,
     /// The chain's `BATCH` requests, on the heap and reached only through this pointer (a
     /// reference to the array, taken anew for each request, would invalidate the `next`
@@ -140,6 +156,7 @@ impl<const Q: usize> Raw<Q> {
         let chain = Box::into_raw(chain).cast::<sys::ibv_send_wr>();
         Self {
             qps,
+            qpx: [core::ptr::null_mut(); Q],
             cq,
             chain,
             sge: sys::ibv_sge {
@@ -170,6 +187,7 @@ impl<const Q: usize> Raw<Q> {
         signaled: bool,
     ) -> &mut sys::ibv_send_wr {
         let base = self.chain;
+        let (id, flags) = self.next_id(q, inline.is_some(), signaled);
         let sg_list = match inline {
             Some(d) => {
                 self.isge.addr = d.as_ptr() as u64;
@@ -178,16 +196,6 @@ impl<const Q: usize> Raw<Q> {
             }
             None => &raw mut self.sge,
         };
-        let mut flags = if inline.is_some() {
-            sys::ibv_send_flags::IBV_SEND_INLINE.0
-        } else {
-            0
-        };
-        if signaled {
-            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        let id = (q as u64) << QP_SHIFT | self.next[q];
-        self.next[q] += 1;
         // SAFETY: i < BATCH (the callers' loops), so i and i - 1 are inside the chain, which
         // only `self.chain` reaches; no reference into it outlives the caller's use of the
         // one returned, and the link to request i is made from the chain's pointer.
@@ -212,6 +220,84 @@ impl<const Q: usize> Raw<Q> {
         let w = self.build(q, i, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, inline, sig);
         w.wr.rdma.remote_addr = to.addr;
         w.wr.rdma.rkey = to.rkey;
+    }
+
+    /// Queue pair `q`'s next request id, and the `IBV_SEND_*` flags of a request.
+    #[inline]
+    fn next_id(&mut self, q: usize, inline: bool, signaled: bool) -> (u64, u32) {
+        let mut flags = if inline {
+            sys::ibv_send_flags::IBV_SEND_INLINE.0
+        } else {
+            0
+        };
+        if signaled {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        let id = (q as u64) << QP_SHIFT | self.next[q];
+        self.next[q] += 1;
+        (id, flags)
+    }
+
+    /// `ibv_wr_start` on queue pair `q`.
+    #[inline]
+    fn wr_start(&mut self, q: usize) {
+        let x = self.qpx[q];
+        // SAFETY: the extended QP lives as long as the device the bench keeps and has its
+        // entry points (checked when it was set); as verbs.h's inline function, no check.
+        unsafe { ((*x).wr_start.unwrap_unchecked())(x) }
+    }
+
+    /// The `wr_id` and `wr_flags` of queue pair `q`'s next request, set before its builder.
+    #[inline]
+    fn wr_header(&mut self, q: usize, inline: bool, signaled: bool) -> *mut sys::ibv_qp_ex {
+        let (id, flags) = self.next_id(q, inline, signaled);
+        let x = self.qpx[q];
+        // SAFETY: as in wr_start.
+        unsafe {
+            (*x).wr_id = id;
+            (*x).wr_flags = flags;
+        }
+        x
+    }
+
+    /// Our entry (or `inline` bytes) as the data of the request just built.
+    #[inline]
+    fn wr_data(&mut self, x: *mut sys::ibv_qp_ex, inline: Option<&[u8]>) {
+        // SAFETY: as in wr_start; the inline bytes are copied during the call (the instant
+        // device copies nothing), our entry names the bench's region.
+        unsafe {
+            match inline {
+                Some(d) => ((*x).wr_set_inline_data.unwrap_unchecked())(
+                    x,
+                    d.as_ptr().cast_mut().cast(),
+                    d.len(),
+                ),
+                None => ((*x).wr_set_sge.unwrap_unchecked())(
+                    x,
+                    self.sge.lkey,
+                    self.sge.addr,
+                    self.sge.length,
+                ),
+            }
+        }
+    }
+
+    /// `ibv_wr_rdma_write` to `to` on queue pair `q`, inside a section.
+    #[inline]
+    fn wr_write(&mut self, q: usize, to: RemoteMemory, inline: Option<&[u8]>, sig: bool) {
+        let x = self.wr_header(q, inline.is_some(), sig);
+        // SAFETY: as in wr_start.
+        unsafe { ((*x).wr_rdma_write.unwrap_unchecked())(x, to.rkey, to.addr) };
+        self.wr_data(x, inline);
+    }
+
+    /// `ibv_wr_complete` on queue pair `q`.
+    #[inline]
+    fn wr_complete(&mut self, q: usize) {
+        let x = self.qpx[q];
+        // SAFETY: as in wr_start.
+        let rc = unsafe { ((*x).wr_complete.unwrap_unchecked())(x) };
+        assert_eq!(rc, 0, "ibv_wr_complete");
     }
 
     /// Whether queue pair `q`'s next request is one the signaling interval signals.
@@ -483,7 +569,9 @@ fn barrier<const R: usize>(dev: &InstantDevice, world: u32, raw: bool, n: u64) {
     );
 }
 
-fn case(name: &str, raw: bool, n: u64) {
+/// Runs case `name` on one side: rverbs, or by hand (`raw`) on the legacy verbs or (`wr`)
+/// on the extended ones.
+fn case(name: &str, raw: bool, wr: bool, n: u64) {
     let dev = InstantDevice::new();
     let src = dev.region(MSG * BATCH, RW);
     let dst = dev.region(MSG * BATCH, RW);
@@ -499,7 +587,97 @@ fn case(name: &str, raw: bool, n: u64) {
             .expect("in bounds")
     });
     let mut r = Raw::new([prov.raw_qp()], prov.raw_send_cq(), sge);
+    if wr {
+        assert!(
+            raw && WR_CASES.contains(&name),
+            "no ibv_wr_* side for {name}"
+        );
+        r.qpx = [prov
+            .raw_qp_ex()
+            .expect("the instant device's QPs are extended")];
+    }
     match (name, raw) {
+        ("blocking_write", true) if wr => run(
+            || {
+                let seq = r.next[0];
+                r.wr_start(0);
+                r.wr_write(0, black_box(to), None, true);
+                r.wr_complete(0);
+                r.wait(0, seq);
+            },
+            n,
+        ),
+        ("unpolled_inline_write", true) if wr => run(
+            || {
+                r.room(0, 1);
+                let sig = r.signal_due(0);
+                r.wr_start(0);
+                r.wr_write(0, black_box(word), Some(&data), sig);
+                r.wr_complete(0);
+            },
+            n,
+        ),
+        ("batch_32", true) if wr => run(
+            || {
+                r.wr_start(0);
+                for (i, to) in remotes.iter().enumerate() {
+                    let sig = r.signal_due(0) || i + 1 == BATCH;
+                    r.wr_write(0, black_box(*to), None, sig);
+                }
+                let last = r.next[0] - 1;
+                r.wr_complete(0);
+                r.wait(0, last);
+            },
+            n,
+        ),
+        ("datagram_send", true) if wr => {
+            let mut dg = dev.datagram(caps());
+            let ah = dg.address(Destination::Lid(dg.lid())).expect("address");
+            let (qpn, qkey) = (dg.qp_num(), dg.qkey());
+            let mut r = Raw::new([dg.raw_qp()], dg.raw_send_cq(), sge);
+            r.qpx = [dg.raw_qp_ex().expect("extended")];
+            run(
+                || {
+                    r.room(0, 1);
+                    let sig = r.signal_due(0);
+                    r.wr_start(0);
+                    let x = r.wr_header(0, true, sig);
+                    // SAFETY: as in Raw::wr_start; the address handle lives as long as `ah`.
+                    unsafe {
+                        ((*x).wr_send.unwrap_unchecked())(x);
+                        ((*x).wr_set_ud_addr.unwrap_unchecked())(x, ah.raw(), qpn, qkey);
+                    }
+                    r.wr_data(x, Some(black_box(&data)));
+                    r.wr_complete(0);
+                },
+                n,
+            );
+        }
+        ("atomic", true) if wr => {
+            let result = dev.region(8, RW);
+            let rs = result.sge(0..8).expect("in bounds");
+            r.sge = sys::ibv_sge {
+                addr: rs.addr(),
+                length: 8,
+                lkey: rs.lkey(),
+            };
+            run(
+                || {
+                    let seq = r.next[0];
+                    let to = black_box(word);
+                    r.wr_start(0);
+                    let x = r.wr_header(0, false, true);
+                    // SAFETY: as in Raw::wr_start.
+                    unsafe {
+                        ((*x).wr_atomic_fetch_add.unwrap_unchecked())(x, to.rkey, to.addr, 1)
+                    };
+                    r.wr_data(x, None);
+                    r.wr_complete(0);
+                    r.wait(0, seq);
+                },
+                n,
+            );
+        }
         ("blocking_write", false) => {
             let mut chan = Channel::new(prov, ChannelConfig::default(), &MONOTONIC);
             run(|| chan.write(black_box(&g), to).expect("write"), n);
@@ -777,17 +955,25 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["--list"] => CASES.iter().for_each(|c| println!("{c}")),
-        [name, side @ ("rverbs" | "raw"), n] => {
+        ["--list-wr"] => WR_CASES.iter().for_each(|c| println!("{c}")),
+        [name, side @ ("rverbs" | "raw" | "raw_wr"), n] => {
             let n: u64 = n.parse().expect("n: a number");
-            case(name, side == "raw", n);
+            case(name, side != "rverbs", side == "raw_wr", n);
         }
         // `cargo bench` (which passes `--bench`) or no arguments: every case, briefly.
         _ => {
             for c in CASES {
-                case(c, false, 64);
-                case(c, true, 64);
+                case(c, false, false, 64);
+                case(c, true, false, 64);
             }
-            println!("cost: {} cases ran on both sides", CASES.len());
+            for c in WR_CASES {
+                case(c, true, true, 64);
+            }
+            println!(
+                "cost: {} cases ran on both sides, {} on the ibv_wr_* side too",
+                CASES.len(),
+                WR_CASES.len()
+            );
         }
     }
 }

@@ -263,7 +263,10 @@ pub struct DatagramRequest<'a, A> {
 /// A post that the device refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PostFailure {
-    /// How many requests of the batch were posted before the one that failed.
+    /// How many requests of the batch were posted (the device may run them): those before
+    /// the one that failed, or every one when the failure names none (a failed
+    /// `ibv_wr_complete`, an `ibv_post_send` that names no request: the device may hold
+    /// them all, so the caller must flush and wait before reusing their buffers).
     pub posted: usize,
     /// The errno (`ENOMEM`: queue full; `EINVAL`: a bad request).
     pub errno: i32,

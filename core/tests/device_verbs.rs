@@ -318,3 +318,90 @@ fn two_qps_on_one_shared_receive_queue_take_their_receives_from_it() {
     drop((r1, r2));
     assert!(probe.is_gone());
 }
+
+/// rxe offers the extended verbs (rdma-core's providers/rxe: `rxe_create_qp_ex` takes
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` with every send operation rverbs posts on RC, and sends
+/// on UD), so both kinds of queue pair post through `ibv_wr_*`; and through them a one-entry
+/// write, an inline write, and a write of two entries (which rverbs hands to `ibv_post_send`:
+/// rxe's `wr_set_sge_list` miscounts a list's length) each land the bytes they name.
+#[test]
+fn rxe_queue_pairs_post_through_the_extended_verbs() {
+    use rverbs_core::verbs::{PostPath, UdConfig};
+
+    let Some(ctx) = support::open("rxe_queue_pairs_post_through_the_extended_verbs") else {
+        return;
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(64).unwrap();
+    let cfg = QpConfig::default();
+    let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let b = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.handshake(&eb).unwrap();
+    let b = b.handshake(&ea).unwrap();
+    let ud = pd.create_ud_qp(&cq, &cq, &UdConfig::default()).unwrap();
+    eprintln!(
+        "{}: RC posts through {}; UD through {}",
+        ctx.name(),
+        a.post_path(),
+        ud.post_path()
+    );
+    if ctx.name().starts_with("rxe") {
+        assert_eq!(a.post_path(), PostPath::Extended);
+        assert_eq!(b.post_path(), PostPath::Extended);
+        assert_eq!(ud.post_path(), PostPath::Extended);
+    }
+
+    let mut src: Vec<u8> = (0..256u32).map(|i| (i * 13 + 1) as u8).collect();
+    let expected = src.clone();
+    let dst = vec![0u8; 256].into_boxed_slice();
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd
+        .register_shared(dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let remote = dst_mr.remote();
+    let one = [src_mr.sge(0..64).unwrap()];
+    let inline = [src_mr.sge(64..72).unwrap()];
+    let two = [src_mr.sge(72..100).unwrap(), src_mr.sge(100..160).unwrap()];
+    let wrs = [
+        WorkRequest {
+            wr_id: 1,
+            opcode: Opcode::Write,
+            flags: SendFlags::SIGNALED,
+            sges: &one,
+            remote: remote.slice(0, 64).unwrap(),
+        },
+        WorkRequest {
+            wr_id: 2,
+            opcode: Opcode::Write,
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            sges: &inline,
+            remote: remote.slice(64, 8).unwrap(),
+        },
+    ];
+    // SAFETY: src_mr and dst_mr outlive the polls below and are not touched until then.
+    unsafe { a.post_send(&wrs) }.unwrap();
+    let gathered = [WorkRequest {
+        wr_id: 3,
+        opcode: Opcode::Write,
+        flags: SendFlags::SIGNALED,
+        sges: &two,
+        remote: remote.slice(72, 88).unwrap(),
+    }];
+    // SAFETY: as above.
+    unsafe { a.post_send(&gathered) }.unwrap();
+    let wc = support::poll_n(&mut cq, 3, Duration::from_secs(10));
+    let mut ids: Vec<_> = wc.iter().map(|c| c.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3]);
+    assert!(wc.iter().all(|c| c.status == WcStatus::Success), "{wc:?}");
+    let mut got = vec![0u8; 160];
+    assert!(dst_mr.read_into(0, &mut got));
+    assert_eq!(got, expected[..160], "the written bytes");
+    let mut rest = vec![0u8; 96];
+    assert!(dst_mr.read_into(160, &mut rest));
+    assert!(
+        rest.iter().all(|&x| x == 0),
+        "nothing past what was written"
+    );
+}

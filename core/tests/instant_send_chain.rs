@@ -1,15 +1,31 @@
-//! The send chain (`verbs/send_chain.rs`) through the instant device's driver, which walks
-//! the `ibv_send_wr` list it is given the way a real driver does: every post hands the
-//! driver exactly its own requests (the list ends after the last one, whatever longer post
-//! came before), with their ids and opcodes, and a post longer than a chain is refused
-//! whole. And the device's `Arrivals`, with which the cost bench plays a peer's sends.
+//! Both send paths through the instant device's driver: the extended one
+//! (`verbs/send_ex.rs`: `ibv_wr_start`, a builder per request, `ibv_wr_complete`) on
+//! `InstantDevice::new`, and the legacy send chain (`verbs/send_chain.rs`) on
+//! `InstantDevice::legacy`, whose driver walks the `ibv_send_wr` list it is given the way a
+//! real driver does. On both, every post hands the driver exactly its own requests (the list
+//! ends after the last one, whatever longer post came before), with their ids and opcodes,
+//! and a post longer than a chain is refused whole. The legacy device says why it falls back;
+//! a failed `ibv_wr_complete` runs nothing and counts the batch posted. And the device's
+//! `Arrivals`, with which the cost bench plays a peer's sends.
 
 use rverbs_core::completion::{Completion, CompletionKind};
 use rverbs_core::params::QpCaps;
 use rverbs_core::provider::instant::InstantDevice;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::sge::RemoteMemory;
-use rverbs_core::wr::{AtomicOp, Opcode, SendFlags, WorkRequest, MAX_BATCH};
+use rverbs_core::verbs::{LegacyReason, PostPath};
+use rverbs_core::wr::{AtomicOp, Opcode, PostFailure, SendFlags, WorkRequest, MAX_BATCH};
+
+/// Both kinds of instant device, and the path rverbs must take on each.
+fn devices() -> [(InstantDevice, PostPath); 2] {
+    [
+        (InstantDevice::new(), PostPath::Extended),
+        (
+            InstantDevice::legacy(),
+            PostPath::Legacy(LegacyReason::MissingOp { op: "wr_start" }),
+        ),
+    ]
+}
 
 fn caps() -> QpCaps {
     QpCaps {
@@ -51,10 +67,16 @@ fn drain(cq: &mut impl CompletionQueue) -> Vec<Completion> {
 
 #[test]
 fn each_post_hands_the_driver_exactly_its_requests() {
-    let dev = InstantDevice::new();
+    for (dev, path) in devices() {
+        each_post_hands_the_driver_exactly_its_requests_on(&dev, path);
+    }
+}
+
+fn each_post_hands_the_driver_exactly_its_requests_on(dev: &InstantDevice, path: PostPath) {
     let mut send_cq = dev.cq(1024);
     let recv_cq = dev.cq(16);
     let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+    assert_eq!(qp.post_path(), path);
     let ids = |c: &[Completion]| c.iter().map(|c| c.wr_id).collect::<Vec<_>>();
 
     // A full chain, then shorter ones: a list not ended after its last request would run on
@@ -106,10 +128,16 @@ fn ids_of(wrs: &[WorkRequest<'_>]) -> Vec<u64> {
 
 #[test]
 fn every_opcode_reaches_the_driver_as_its_verb() {
-    let dev = InstantDevice::new();
+    for (dev, path) in devices() {
+        every_opcode_reaches_the_driver_as_its_verb_on(&dev, path);
+    }
+}
+
+fn every_opcode_reaches_the_driver_as_its_verb_on(dev: &InstantDevice, path: PostPath) {
     let mut send_cq = dev.cq(64);
     let recv_cq = dev.cq(16);
     let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+    assert_eq!(qp.post_path(), path);
     let cases = [
         (Opcode::Send, CompletionKind::Send),
         (Opcode::SendImm(5), CompletionKind::Send),
@@ -193,14 +221,20 @@ fn arrivals_complete_the_oldest_posted_receive() {
 /// nothing ever arrives, multicast is refused, and dropping the endpoint drains it.
 #[test]
 fn datagram_sends_complete_on_the_instant_device() {
+    for (dev, path) in devices() {
+        datagram_sends_complete_on(&dev, path);
+    }
+}
+
+fn datagram_sends_complete_on(dev: &InstantDevice, path: PostPath) {
     use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
     use rverbs_core::memory::AccessFlags;
     use rverbs_core::poll::StepClock;
     use rverbs_core::provider::datagram::DatagramProvider;
 
     static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
-    let dev = InstantDevice::new();
     let dg = dev.datagram(caps());
+    assert_eq!(dg.post_path(), path);
     let mut cfg = DatagramConfig::default();
     cfg.recv_slots = 8;
     let mem = dev.region(memory_needed(dg.mtu(), &cfg), AccessFlags::LOCAL_WRITE);
@@ -221,4 +255,124 @@ fn datagram_sends_complete_on_the_instant_device() {
     );
     assert!(ep.join(Group::ipv4([239, 1, 2, 3]).unwrap()).is_err());
     drop(ep);
+}
+
+/// The legacy device models a provider whose queue pairs lack the `ibv_wr_*` entry points:
+/// rverbs says so (the first one it missed) and posts through `ibv_post_send`, and a channel
+/// on it works as on the extended device.
+#[test]
+fn the_legacy_fallback_works_and_says_why() {
+    use rverbs_core::channel::{Channel, ChannelConfig};
+    use rverbs_core::memory::AccessFlags;
+    use rverbs_core::poll::StepClock;
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    let dev = InstantDevice::legacy();
+    let prov = dev.provider(caps());
+    let why = PostPath::Legacy(LegacyReason::MissingOp { op: "wr_start" });
+    assert_eq!(prov.post_path(), why);
+    assert!(prov.raw_qp_ex().is_none());
+    assert_eq!(
+        why.to_string(),
+        "legacy verbs (ibv_post_send): the provider's queue pair has no wr_start"
+    );
+    let src = dev.region(64, AccessFlags::LOCAL_WRITE);
+    let dst = dev.region(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    let mut chan = Channel::new(prov, ChannelConfig::default(), &CLOCK);
+    for _ in 0..40 {
+        chan.write(&[src.sge(0..8).unwrap()], dst.remote().slice(0, 8).unwrap())
+            .unwrap();
+        chan.write_inline(b"12345678", dst.remote().slice(8, 8).unwrap())
+            .unwrap();
+    }
+    assert_eq!(chan.outstanding_sends(), 0);
+    assert_eq!(chan.counters().requests_posted, 80);
+
+    let ext = InstantDevice::new().provider(caps());
+    assert_eq!(ext.post_path(), PostPath::Extended);
+    assert!(ext.raw_qp_ex().is_some());
+}
+
+/// A post the driver cannot take whole (no room in the send completion queue for its
+/// completions): on the extended path `ibv_wr_complete` fails and runs none of it, and rverbs
+/// counts the whole batch posted (rxe's `wr_complete` can fail after publishing it: see
+/// `verbs::send_ex`); on the legacy path the driver names the first request it refused and
+/// has run those before it.
+#[test]
+fn a_refused_post_reports_what_the_device_may_run() {
+    for (dev, path) in devices() {
+        let mut send_cq = dev.cq(2);
+        let recv_cq = dev.cq(16);
+        let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+        let wrs: Vec<_> = (0..3).map(|i| signaled(i, Opcode::Write)).collect();
+        // SAFETY: the instant device touches no memory.
+        let f = unsafe { qp.post_send(&wrs) }.unwrap_err();
+        let done = drain(&mut send_cq);
+        if path.is_extended() {
+            assert_eq!(
+                f,
+                PostFailure {
+                    posted: 3,
+                    errno: 12
+                }
+            );
+            assert!(done.is_empty(), "nothing of a failed section runs");
+        } else {
+            assert_eq!(
+                f,
+                PostFailure {
+                    posted: 2,
+                    errno: 12
+                }
+            );
+            assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [0, 1]);
+        }
+        // The queue pair takes posts again afterwards.
+        // SAFETY: as above.
+        unsafe { qp.post_send(&wrs[..1]) }.unwrap();
+        assert_eq!(drain(&mut send_cq).len(), 1);
+    }
+}
+
+/// A request of several gather entries goes through the legacy chain even on the extended
+/// path (rxe sums an entry list wrongly in `wr_set_sge_list`: see `verbs::send_ex`); the
+/// batch it is in completes whole, and the next one-entry post is extended again.
+#[test]
+fn a_many_entry_request_is_posted_whole() {
+    use rverbs_core::memory::AccessFlags;
+
+    let dev = InstantDevice::new();
+    let mut send_cq = dev.cq(64);
+    let recv_cq = dev.cq(16);
+    let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+    let src = dev.region(64, AccessFlags::LOCAL_WRITE);
+    let two = [src.sge(0..8).unwrap(), src.sge(8..16).unwrap()];
+    let one = [src.sge(0..8).unwrap()];
+    let mut wrs = [
+        signaled(1, Opcode::Write),
+        signaled(2, Opcode::Send),
+        signaled(3, Opcode::Write),
+    ];
+    wrs[0].sges = &one;
+    wrs[1].sges = &two;
+    wrs[2].sges = &one;
+    // SAFETY: the instant device touches no memory.
+    unsafe { qp.post_send(&wrs) }.unwrap();
+    assert_eq!(
+        drain(&mut send_cq)
+            .iter()
+            .map(|c| c.wr_id)
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    // SAFETY: as above.
+    unsafe { qp.post_send(&wrs[2..]) }.unwrap();
+    assert_eq!(
+        drain(&mut send_cq)
+            .iter()
+            .map(|c| c.wr_id)
+            .collect::<Vec<_>>(),
+        [3]
+    );
+    assert_eq!(qp.post_path(), PostPath::Extended);
 }

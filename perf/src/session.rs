@@ -47,6 +47,8 @@ pub(crate) struct Session {
     device: String,
     route: Route,
     mtu: Mtu,
+    /// How the queue pair posts (extended `ibv_wr_*`, or `ibv_post_send` and why).
+    post_path: rverbs_core::verbs::PostPath,
 }
 
 impl std::fmt::Debug for Session {
@@ -129,6 +131,7 @@ impl Session {
         let theirs = link.exchange(&mine)?;
         let provider = prepared.handshake(&theirs.endpoint)?;
         let mtu = provider.path_mtu();
+        let post_path = provider.qp().post_path();
         let mut ccfg = ChannelConfig::with_timeout(PATIENCE);
         ccfg.signal_every = plan.cq_mod;
         ccfg.peer = Some(u32::from(server));
@@ -163,6 +166,7 @@ impl Session {
             device,
             route,
             mtu,
+            post_path,
         })
     }
 
@@ -214,6 +218,7 @@ impl Session {
         );
         println!(" Device         : {}", self.device);
         println!(" Transport      : RC");
+        println!(" Post path      : {}", self.post_path);
         println!(
             " GID index      : {} ({:?})",
             self.route.gid_index, self.route.gid
@@ -249,6 +254,7 @@ impl Session {
             "tx_depth": p.tx_depth,
             "inline_size": p.inline,
             "inline_used": self.inline(),
+            "post_path": self.post_path.to_string(),
             "results": results,
         })
     }

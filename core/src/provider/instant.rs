@@ -4,19 +4,27 @@
 //! and converting completions, and the channel's bookkeeping (feature `instant`).
 //!
 //! It is a device at the level a driver plugs into libibverbs: a context whose operations
-//! table has `post_send`, `post_recv` and `poll_cq` of its own, and queue pairs and
+//! table has `post_send`, `post_recv` and `poll_cq` of its own, queue pairs that are the
+//! `ibv_qp_ex` a driver hands out, with the extended entry points (`wr_start`, the builders
+//! such as `wr_rdma_write`, the data setters, `wr_complete`, `wr_abort`) of its own, and
 //! completion queues that are the C structures libibverbs hands to a driver. rverbs posts to
 //! it and polls it through exactly the code it uses for a real device
-//! ([`Qp::post_send`](crate::verbs::Qp::post_send)'s chain builder and
+//! ([`Qp::post_send`](crate::verbs::Qp::post_send)'s extended path, `verbs::send_ex`, and
 //! [`Cq::poll`](crate::verbs::Cq::poll)'s conversion); only the driver differs. The driver
 //! reads each request's id, opcode and flags (as a driver reads them to build its work queue
 //! entries) and, for each signaled one, writes a successful completion into the queue's
-//! ring. Receives stay posted until the queue pair moves to the error state, which flushes
-//! them. Remote memory is never reached: an RDMA write goes nowhere, a read brings nothing.
+//! ring: through `ibv_post_send`, at once; through the extended entry points, staged behind
+//! the ring's last entry and published by `wr_complete` (a failed section publishes none).
+//! [`InstantDevice::legacy`] makes queue pairs without the extended entry points, on which
+//! rverbs falls back to its `ibv_send_wr` chain (and says so), so both paths can be
+//! measured. Receives stay posted until the queue pair moves to the error state, which
+//! flushes them. Remote memory is never reached: an RDMA write goes nowhere, a read brings
+//! nothing.
 //!
-//! Its raw handles ([`InstantProvider::raw_qp`], [`InstantCq::raw`]) let a baseline post
-//! hand-built `ibv_send_wr` chains to the same driver and poll the same rings, so the two
-//! can be compared: `benches/benches/library.rs` (time) and `benches/benches/cost.rs`
+//! Its raw handles ([`InstantProvider::raw_qp`], [`InstantProvider::raw_qp_ex`],
+//! [`InstantCq::raw`]) let a baseline post hand-built `ibv_send_wr` chains or hand-written
+//! `ibv_wr_*` sequences to the same driver and poll the same rings, so the two can be
+//! compared: `benches/benches/library.rs` (time) and `benches/benches/cost.rs`
 //! (instructions, `tools/cost`). [`Arrivals`] plays a peer's sends arriving (it completes
 //! the oldest posted receive), so receive paths can be measured too; [`InstantDatagram`] is
 //! a datagram queue pair on the same driver.
@@ -64,8 +72,8 @@ use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::{poll_completions, POLL_BATCH};
 use crate::verbs::ffi::sys;
 use crate::verbs::qp::post_recv_chain;
-use crate::verbs::send_chain::{post_send_chain, SendChain};
-use crate::verbs::VerbsError;
+use crate::verbs::send_ex::{ConnectedSender, DatagramSender};
+use crate::verbs::{PostPath, VerbsError};
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 const ENOMEM: c_int = 12;
@@ -132,10 +140,17 @@ impl Ring {
     }
 }
 
-/// A queue pair's driver state: the receives it holds and whether it is in the error state.
+/// A queue pair's driver state: the receives it holds, whether it is in the error state, and
+/// the requests of the `ibv_wr_*` critical section under way.
 struct QpState {
     recvs: Vec<u64>,
     error: bool,
+    /// Completions the requests built since `wr_start` will make, written into the send
+    /// queue's ring behind its last entry and published by `wr_complete` (as a driver
+    /// writes work queue entries and then rings the doorbell): nothing runs before it.
+    staged: usize,
+    /// The first failure of the section (reported by `wr_complete`), or 0.
+    staged_err: c_int,
 }
 
 /// The completion opcode of a send opcode.
@@ -250,6 +265,208 @@ unsafe extern "C" fn drv_poll_cq(cq: *mut sys::ibv_cq, n: c_int, wc: *mut sys::i
     }
 }
 
+/// The driver state behind an extended queue pair.
+///
+/// # Safety
+/// `q` is one of this module's queue pairs, and no other reference to its state is alive.
+#[inline(always)]
+unsafe fn ex_state<'a>(q: *mut sys::ibv_qp_ex) -> &'a mut QpState {
+    // SAFETY: the caller's contract: the context pointer leads to our state.
+    unsafe { &mut *(*q).qp_base.qp_context.cast::<QpState>() }
+}
+
+/// The driver's `wr_start`: opens a critical section (nothing built yet).
+///
+/// # Safety
+/// As for [`ex_state`].
+unsafe extern "C" fn drv_wr_start(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    let st = unsafe { ex_state(q) };
+    st.staged = 0;
+    st.staged_err = 0;
+}
+
+/// What every builder does: takes the id and flags the caller set in the `ibv_qp_ex` and,
+/// for a request that completes (signaled, or any in the error state), writes its
+/// completion behind the ring's last entry, unpublished. No room fails the section with
+/// `ENOMEM`. One section at a time per ring (the device is for one thread).
+///
+/// # Safety
+/// As for [`ex_state`], inside a critical section.
+#[inline(always)]
+unsafe fn drv_build(q: *mut sys::ibv_qp_ex, opcode: u32) {
+    // SAFETY: the caller's contract: our state and the send CQ's ring, which nothing else
+    // accesses during this call; the id and flags are plain fields of the struct.
+    unsafe {
+        let st = ex_state(q);
+        let signaled = (*q).wr_flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+        if !(signaled || st.error) || st.staged_err != 0 {
+            return;
+        }
+        let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
+        let cap = ring.wc.len();
+        if ring.len + st.staged >= cap {
+            st.staged_err = ENOMEM;
+            return;
+        }
+        let at = (ring.head + ring.len + st.staged) % cap;
+        *ring.wc.get_unchecked_mut(at) = RawWc {
+            wr_id: (*q).wr_id,
+            status: if st.error { FLUSHED } else { 0 },
+            opcode,
+            qp_num: (*q).qp_base.qp_num,
+            ..RawWc::default()
+        };
+        st.staged += 1;
+    }
+}
+
+/// The driver's `wr_rdma_write` (remote memory is never reached).
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_write(q: *mut sys::ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE) }
+}
+
+/// The driver's `wr_rdma_write_imm`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_write_imm(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _imm: u32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_WRITE) }
+}
+
+/// The driver's `wr_rdma_read` (brings nothing).
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_rdma_read(q: *mut sys::ibv_qp_ex, _rkey: u32, _addr: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_RDMA_READ) }
+}
+
+/// The driver's `wr_send`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_send(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_SEND) }
+}
+
+/// The driver's `wr_send_imm`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_send_imm(q: *mut sys::ibv_qp_ex, _imm: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_SEND) }
+}
+
+/// The driver's `wr_atomic_cmp_swp`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_atomic_cmp_swp(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _compare: u64,
+    _swap: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_COMP_SWAP) }
+}
+
+/// The driver's `wr_atomic_fetch_add`.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_atomic_fetch_add(
+    q: *mut sys::ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _add: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { drv_build(q, sys::ibv_wc_opcode::IBV_WC_FETCH_ADD) }
+}
+
+/// The driver's `wr_set_sge_list`: the device touches no memory, so it keeps nothing of the
+/// list (as its `post_send` reads no `sg_list`).
+unsafe extern "C" fn drv_wr_set_sge_list(
+    _q: *mut sys::ibv_qp_ex,
+    _n: usize,
+    _list: *const sys::ibv_sge,
+) {
+}
+
+/// The driver's `wr_set_sge`: as [`drv_wr_set_sge_list`].
+unsafe extern "C" fn drv_wr_set_sge(_q: *mut sys::ibv_qp_ex, _lkey: u32, _addr: u64, _len: u32) {}
+
+/// The driver's `wr_set_inline_data_list`: as [`drv_wr_set_inline_data`].
+unsafe extern "C" fn drv_wr_set_inline_data_list(
+    _q: *mut sys::ibv_qp_ex,
+    _n: usize,
+    _list: *const sys::ibv_data_buf,
+) {
+}
+
+/// The driver's `wr_set_inline_data`: nothing is copied (nothing would be delivered).
+unsafe extern "C" fn drv_wr_set_inline_data(
+    _q: *mut sys::ibv_qp_ex,
+    _addr: *mut c_void,
+    _len: usize,
+) {
+}
+
+/// The driver's `wr_set_ud_addr`.
+unsafe extern "C" fn drv_wr_set_ud_addr(
+    _q: *mut sys::ibv_qp_ex,
+    _ah: *mut sys::ibv_ah,
+    _qpn: u32,
+    _qkey: u32,
+) {
+}
+
+/// The driver's `wr_complete`: publishes the section's completions (each signaled request
+/// completes; every one, flushed, in the error state) or, after a failure while building
+/// (no room for them), none, returning the errno: nothing of a failed section runs.
+///
+/// # Safety
+/// As for [`drv_build`].
+unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
+    // SAFETY: the caller's contract: our state, and the send CQ's ring, which nothing else
+    // accesses during this call (one thread).
+    unsafe {
+        let st = ex_state(q);
+        let err = st.staged_err;
+        if err == 0 {
+            let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
+            ring.len += st.staged;
+        }
+        st.staged = 0;
+        err
+    }
+}
+
+/// The driver's `wr_abort`: the section's requests are dropped.
+///
+/// # Safety
+/// As for [`ex_state`].
+unsafe extern "C" fn drv_wr_abort(q: *mut sys::ibv_qp_ex) {
+    // SAFETY: the caller's contract.
+    unsafe { ex_state(q) }.staged = 0;
+}
+
 /// A heap value the driver reaches through raw pointers (an `ibv_qp`'s context, a CQ's
 /// ring): kept as the raw pointer `Box::into_raw` gave, never moved or reborrowed through a
 /// `Box`, so the pointers handed to the driver stay valid (a `Box` that moves asserts
@@ -277,6 +494,8 @@ impl<T> Drop for Heap<T> {
 
 struct DeviceInner {
     ctx: Heap<sys::ibv_context>,
+    /// Whether its queue pairs have the extended `ibv_wr_*` entry points.
+    extended: bool,
     next_qpn: core::cell::Cell<u32>,
     next_key: core::cell::Cell<u32>,
 }
@@ -308,8 +527,22 @@ fn zeroed<T>() -> T {
 }
 
 impl InstantDevice {
-    /// A device. Allocates (setup).
+    /// A device whose queue pairs have the extended entry points (`ibv_wr_start`,
+    /// `ibv_wr_*`, `ibv_wr_complete`), as rxe and current hardware providers do: rverbs
+    /// posts through them. Allocates (setup).
     pub fn new() -> Self {
+        Self::with_extended(true)
+    }
+
+    /// A device whose queue pairs lack the extended entry points (their `ibv_qp_ex` has none
+    /// set, as with a provider without them): rverbs falls back to `ibv_post_send` chains
+    /// and says why ([`InstantProvider::post_path`]). So both paths can be measured.
+    /// Allocates (setup).
+    pub fn legacy() -> Self {
+        Self::with_extended(false)
+    }
+
+    fn with_extended(extended: bool) -> Self {
         let mut ctx: sys::ibv_context = zeroed();
         ctx.ops.post_send = Some(drv_post_send);
         ctx.ops.post_recv = Some(drv_post_recv);
@@ -319,6 +552,7 @@ impl InstantDevice {
         Self {
             inner: Rc::new(DeviceInner {
                 ctx: Heap::new(ctx),
+                extended,
                 next_qpn: core::cell::Cell::new(0x100),
                 next_key: core::cell::Cell::new(0x1000),
             }),
@@ -355,18 +589,42 @@ impl InstantDevice {
         let state = Rc::new(Heap::new(QpState {
             recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
+            staged: 0,
+            staged_err: 0,
         }));
-        let mut raw: sys::ibv_qp = zeroed();
-        raw.context = self.ctx();
-        raw.qp_context = state.get().cast::<c_void>();
-        raw.send_cq = send_cq.raw();
-        raw.recv_cq = recv_cq.raw();
-        raw.qp_num = qp_num;
-        raw.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        let mut raw: sys::ibv_qp_ex = zeroed();
+        let base = &mut raw.qp_base;
+        base.context = self.ctx();
+        base.qp_context = state.get().cast::<c_void>();
+        base.send_cq = send_cq.raw();
+        base.recv_cq = recv_cq.raw();
+        base.qp_num = qp_num;
+        base.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        if self.inner.extended {
+            raw.wr_start = Some(drv_wr_start);
+            raw.wr_complete = Some(drv_wr_complete);
+            raw.wr_abort = Some(drv_wr_abort);
+            raw.wr_rdma_write = Some(drv_wr_rdma_write);
+            raw.wr_rdma_write_imm = Some(drv_wr_rdma_write_imm);
+            raw.wr_rdma_read = Some(drv_wr_rdma_read);
+            raw.wr_send = Some(drv_wr_send);
+            raw.wr_send_imm = Some(drv_wr_send_imm);
+            raw.wr_atomic_cmp_swp = Some(drv_wr_atomic_cmp_swp);
+            raw.wr_atomic_fetch_add = Some(drv_wr_atomic_fetch_add);
+            raw.wr_set_sge = Some(drv_wr_set_sge);
+            raw.wr_set_sge_list = Some(drv_wr_set_sge_list);
+            raw.wr_set_inline_data_list = Some(drv_wr_set_inline_data_list);
+            raw.wr_set_inline_data = Some(drv_wr_set_inline_data);
+            raw.wr_set_ud_addr = Some(drv_wr_set_ud_addr);
+        }
+        let raw = Heap::new(raw);
+        // SAFETY: the extended queue pair is ours and lives as long as the InstantQp (the
+        // sender is dropped with it).
+        let sender = unsafe { ConnectedSender::new(Ok(raw.0)) };
         InstantQp {
-            raw: Heap::new(raw),
+            raw,
             state,
-            chain: SendChain::new(),
+            sender,
             caps,
             _cqs: [send_cq.inner.clone(), recv_cq.inner.clone()],
         }
@@ -461,11 +719,12 @@ impl CompletionQueue for InstantCq {
 
 /// A queue pair of the instant device.
 pub struct InstantQp {
-    // Field order is drop order: the QP struct goes before the state it points at.
-    raw: Heap<sys::ibv_qp>,
+    // Field order is drop order: the sender (which points at the QP struct) goes first, the
+    // QP struct before the state it points at.
+    sender: ConnectedSender,
+    raw: Heap<sys::ibv_qp_ex>,
     // Shared with the queue pair's [`Arrivals`], which may outlive it.
     state: Rc<Heap<QpState>>,
-    chain: SendChain,
     caps: QpCaps,
     _cqs: [Rc<CqInner>; 2],
 }
@@ -483,7 +742,19 @@ impl InstantQp {
     /// The `ibv_qp` a hand-written poster passes to `ops.post_send`: valid while this handle
     /// lives.
     pub fn raw(&self) -> *mut sys::ibv_qp {
-        self.raw.get()
+        // SAFETY: in bounds of the live struct (its first field); no reference is made.
+        unsafe { &raw mut (*self.raw.get()).qp_base }
+    }
+
+    /// The `ibv_qp_ex` a hand-written poster calls the `ibv_wr_*` entry points of, or
+    /// `None` on a [legacy](InstantDevice::legacy) device: valid while this handle lives.
+    pub fn raw_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.post_path().is_extended().then(|| self.raw.get())
+    }
+
+    /// How rverbs posts to this queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
     }
 
     /// A handle that plays a peer's sends arriving at this queue pair (the instant device
@@ -555,13 +826,13 @@ impl QueuePair for InstantQp {
     #[inline]
     fn qp_num(&self) -> u32 {
         // SAFETY: the struct lives as long as self; only the driver writes other fields.
-        unsafe { (*self.raw.get()).qp_num }
+        unsafe { (*self.raw()).qp_num }
     }
 
     #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the QP is live; the device touches no memory, the contract is forwarded.
-        unsafe { post_send_chain(self.raw.get(), &mut self.chain, wrs) }
+        unsafe { self.sender.post(self.raw(), wrs) }
     }
 
     fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
@@ -617,6 +888,16 @@ impl InstantProvider {
     /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
     pub fn raw_qp(&self) -> *mut sys::ibv_qp {
         self.qp.raw()
+    }
+
+    /// The queue pair's `ibv_qp_ex` (see [`InstantQp::raw_ex`]).
+    pub fn raw_qp_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.qp.raw_ex()
+    }
+
+    /// How rverbs posts to the queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.qp.post_path()
     }
 
     /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
@@ -870,6 +1151,8 @@ impl InstantAddress {
 /// [`UdQp::post_send`](crate::verbs::UdQp::post_send) does (the same fields, the same
 /// chain), less the address handle's protection-domain check (the device has none).
 pub struct InstantDatagram {
+    // Field order is drop order: the sender points at the queue pair's struct.
+    sender: DatagramSender,
     qp: InstantQp,
     send_cq: InstantCq,
     recv_cq: InstantCq,
@@ -895,7 +1178,10 @@ impl InstantDevice {
         let qp = self.qp(&send_cq, &recv_cq, caps);
         // SAFETY: the struct is ours and nothing else reads it now.
         unsafe { (*qp.raw()).qp_type = sys::ibv_qp_type::IBV_QPT_UD };
+        // SAFETY: the extended queue pair lives as long as `qp`, dropped after the sender.
+        let sender = unsafe { DatagramSender::new(Ok(qp.raw.0)) };
         InstantDatagram {
+            sender,
             qp,
             send_cq,
             recv_cq,
@@ -906,9 +1192,55 @@ impl InstantDevice {
 }
 
 impl InstantDatagram {
+    /// Posts `wrs` as one `ibv_send_wr` chain, filling each entry the way
+    /// [`UdQp::post_send`](crate::verbs::UdQp::post_send) does: on a legacy device, or for a
+    /// batch the extended path handed over. Out of line: the extended path is the common one.
+    ///
+    /// # Safety
+    /// As for [`DatagramProvider::post_send`].
+    #[inline(never)]
+    unsafe fn post_chain(
+        &mut self,
+        wrs: &[DatagramRequest<'_, InstantAddress>],
+    ) -> Result<(), PostFailure> {
+        let qp = self.qp.raw();
+        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
+        // the device touches no memory; the index is below wrs.len() == n.
+        unsafe {
+            self.sender.chain.post(qp, wrs.len(), |i, wr| {
+                let w = wrs.get_unchecked(i);
+                wr.wr_id = w.wr_id;
+                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+                wr.num_sge = w.sges.len() as c_int;
+                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
+                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
+                };
+                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
+                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: w.dest.raw(),
+                    remote_qpn: w.remote_qpn,
+                    remote_qkey: w.remote_qkey,
+                };
+                Ok(())
+            })
+        }
+    }
+
     /// The queue pair's `ibv_qp` (see [`InstantQp::raw`]).
     pub fn raw_qp(&self) -> *mut sys::ibv_qp {
         self.qp.raw()
+    }
+
+    /// The queue pair's `ibv_qp_ex` (see [`InstantQp::raw_ex`]).
+    pub fn raw_qp_ex(&self) -> Option<*mut sys::ibv_qp_ex> {
+        self.post_path().is_extended().then(|| self.qp.raw.get())
+    }
+
+    /// How rverbs posts to the queue pair (see [`InstantDevice::legacy`]).
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
     }
 
     /// The send completion queue's `ibv_cq` (see [`InstantCq::raw`]).
@@ -959,34 +1291,23 @@ impl DatagramProvider for InstantDatagram {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(
         &mut self,
         wrs: &[DatagramRequest<'_, InstantAddress>],
     ) -> Result<(), PostFailure> {
-        let qp = self.qp.raw();
-        // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
-        // the device touches no memory; the index is below wrs.len() == n.
-        unsafe {
-            self.qp.chain.post(qp, wrs.len(), |i, wr| {
-                let w = wrs.get_unchecked(i);
-                wr.wr_id = w.wr_id;
-                // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
-                wr.sg_list = w.sges.as_ptr().cast_mut().cast();
-                wr.num_sge = w.sges.len() as c_int;
-                (wr.opcode, wr.__bindgen_anon_1.imm_data) = match w.imm {
-                    Some(imm) => (sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm.to_be()),
-                    None => (sys::ibv_wr_opcode::IBV_WR_SEND, 0),
-                };
-                wr.send_flags = (w.flags & !SendFlags::FENCE).bits();
-                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah: w.dest.raw(),
-                    remote_qpn: w.remote_qpn,
-                    remote_qkey: w.remote_qkey,
-                };
-                Ok(())
-            })
+        if let Some(wr) = self.sender.extended() {
+            // SAFETY: the QP is live; the address handles are alive (borrowed by the
+            // requests); the device touches no memory.
+            match unsafe { wr.post(wrs, |dest| Ok(dest.raw())) } {
+                Ok(()) => return Ok(()),
+                Err(Some(f)) => return Err(f),
+                // A request of several entries: the batch goes through the chain.
+                Err(None) => {}
+            }
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(wrs) }
     }
 
     #[inline]

@@ -685,7 +685,7 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
     fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_send(wrs) }

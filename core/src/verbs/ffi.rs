@@ -5,8 +5,9 @@
 //! (`ibv_alloc_pd`/`ibv_dealloc_pd`), `mr.rs` (`ibv_reg_mr`/`ibv_dereg_mr`), `dmabuf.rs`
 //! (`ibv_reg_dmabuf_mr`), `cq.rs`
 //! (`ibv_create_cq`/`ibv_destroy_cq`), `event.rs` (completion channels and events), `qp.rs`
-//! (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`), `srq.rs` (`ibv_create_srq`,
-//! `ibv_modify_srq`, `ibv_destroy_srq`). This file re-exports the bindings and implements the
+//! (`ibv_modify_qp`, `ibv_destroy_qp`), `send_ex.rs` (`ibv_create_qp_ex`, `ibv_create_qp`,
+//! `ibv_qp_to_qp_ex`, and the `static inline` `ibv_wr_*` as calls through the `ibv_qp_ex`
+//! entry points), `srq.rs` (`ibv_create_srq`, `ibv_modify_srq`, `ibv_destroy_srq`). This file re-exports the bindings and implements the
 //! five that are `static inline` in `verbs.h` (`ibv_post_send`, `ibv_post_recv`,
 //! `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`): calls through the context's
 //! `ops` table. Everything above `verbs` is written against the

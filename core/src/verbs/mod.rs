@@ -5,7 +5,8 @@
 //! channels and events in [`event`]; the device's asynchronous events (port down, queue pair
 //! fatal, ...) in [`async_event`]; RC queue pairs and posting in [`qp`]; shared receive
 //! queues in [`srq`] (the receive chain both kinds of queue post is built in `recv_chain.rs`,
-//! the send chain of connected and datagram queue pairs in `send_chain.rs`);
+//! the send chain of connected and datagram queue pairs in `send_chain.rs`, their
+//! extended `ibv_wr_*` path and its fallback to that chain in `send_ex.rs`);
 //! datagram (UD) queue pairs and multicast attach in [`ud`], their address handles in
 //! [`ah`], and the IP-layer membership RoCE v2 multicast needs in [`mcast`]; destroys the
 //! device refused are counted in [`destroy`]. Every wrapper hands out its raw handle
@@ -26,6 +27,7 @@ pub mod pd;
 pub mod qp;
 mod recv_chain;
 pub(crate) mod send_chain;
+pub(crate) mod send_ex;
 pub mod srq;
 pub mod ud;
 
@@ -45,6 +47,7 @@ pub use mcast::IpMembership;
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
 pub use pd::Pd;
 pub use qp::{PreparedQp, Qp, QpConfig, RdAtomic, Transport};
+pub use send_ex::{LegacyReason, PostPath};
 pub use srq::Srq;
 pub use ud::{UdConfig, UdQp, DEFAULT_QKEY, GRH_LEN, MULTICAST_QPN};
 

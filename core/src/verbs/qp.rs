@@ -10,11 +10,11 @@ use alloc::sync::Arc;
 use super::cq::{Cq, CqInner};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
-use super::ffi::{self, errno, sys};
+use super::ffi::{self, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
 use super::recv_chain::post_recv_wrs;
-use super::send_chain::{post_send_chain, SendChain};
+use super::send_ex::{self, ConnectedSender, LegacyReason, PostPath};
 use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, PsnSource, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
@@ -183,6 +183,8 @@ pub struct PreparedQp {
     srq: Option<Arc<SrqInner>>,
     srq_wr: u32,
     pd: Pd,
+    /// The queue pair's extended form (`ibv_qp_to_qp_ex`), or why it has none.
+    ex: core::result::Result<NonNull<sys::ibv_qp_ex>, LegacyReason>,
 }
 
 // SAFETY: a QP may be used from any thread; PreparedQp owns its handle exclusively.
@@ -361,11 +363,13 @@ impl Pd {
         };
         // SAFETY: the PD, both CQs and the SRQ are live (we hold them); init is fully
         // initialised.
-        let raw = unsafe { sys::ibv_create_qp(self.as_raw(), &mut init) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::CreateQp,
-            errno: errno(),
-        })?;
+        let created =
+            unsafe { send_ex::create_qp(self.as_raw(), &mut init, send_ex::CONNECTED_SEND_OPS) }
+                .map_err(|errno| VerbsError::Call {
+                    verb: Verb::CreateQp,
+                    errno,
+                })?;
+        let raw = created.raw;
         let handle = QpHandle { raw };
         // On an SRQ the queue pair's own receive queue takes nothing, whatever it reports.
         let own_recv = |n: u32| if srq.is_some() { 0 } else { n };
@@ -411,6 +415,7 @@ impl Pd {
             srq: srq.map(Srq::keep_alive),
             srq_wr: srq.map_or(0, Srq::max_wr),
             pd: self.clone(),
+            ex: created.ex,
         })
     }
 }
@@ -525,7 +530,8 @@ impl PreparedQp {
             srq: self.srq,
             srq_wr: self.srq_wr,
             _pd: self.pd,
-            chain: SendChain::new(),
+            // SAFETY: the extended form lives as long as the queue pair, which the Qp owns.
+            sender: unsafe { ConnectedSender::new(self.ex) },
         })
     }
 }
@@ -632,7 +638,8 @@ impl PreparedQp {
             srq: self.srq,
             srq_wr: self.srq_wr,
             _pd: self.pd,
-            chain: SendChain::new(),
+            // SAFETY: the extended form lives as long as the queue pair, which the Qp owns.
+            sender: unsafe { ConnectedSender::new(self.ex) },
         })
     }
 }
@@ -652,12 +659,13 @@ pub struct Qp {
     srq: Option<Arc<SrqInner>>,
     srq_wr: u32,
     _pd: Pd,
-    chain: SendChain,
+    sender: ConnectedSender,
 }
 
 // SAFETY: a QP may be posted to from any thread; Qp owns its handle and posting needs &mut
 // (its send chain holds pointers only the posting thread writes and the driver reads during
-// a post).
+// a post; its extended queue pair's `wr_id`/`wr_flags` and critical sections are used only
+// inside a post).
 unsafe impl Send for Qp {}
 
 impl fmt::Debug for Qp {
@@ -797,8 +805,13 @@ impl Qp {
         )
     }
 
-    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) send-queue requests as one chain: one doorbell.
-    /// Does not allocate.
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) send-queue requests with one doorbell:
+    /// in one `ibv_wr_start`/`ibv_wr_complete` section, or as one `ibv_post_send` chain
+    /// ([`Qp::post_path`]). Does not allocate.
+    ///
+    /// On failure, [`PostFailure::posted`] counts the requests the device may run: those
+    /// ahead of the one `ibv_post_send` names, or the whole batch when `ibv_wr_complete`
+    /// fails or `ibv_post_send` names none (see `verbs::send_ex`).
     ///
     /// # Safety
     /// The [posting contract](crate#the-posting-contract): every buffer the requests name
@@ -810,7 +823,13 @@ impl Qp {
         wrs: &[WorkRequest<'_>],
     ) -> core::result::Result<(), PostFailure> {
         // SAFETY: the QP is live; forwarded contract.
-        unsafe { post_send_chain(self.handle.raw.as_ptr(), &mut self.chain, wrs) }
+        unsafe { self.sender.post(self.handle.raw.as_ptr(), wrs) }
+    }
+
+    /// How this queue pair posts: through the extended `ibv_wr_*` entry points, or through
+    /// `ibv_post_send` and why (the provider lacks them). Decided once, when it was created.
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
     }
 
     /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) receives as one chain. Does not allocate.

@@ -25,7 +25,7 @@
 //! ```
 
 use core::fmt;
-use core::ptr::{self, NonNull};
+use core::ptr;
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -34,10 +34,10 @@ use super::ah::AddressHandle;
 use super::cq::{Cq, CqInner};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
-use super::ffi::{errno, sys, EINVAL};
+use super::ffi::{sys, EINVAL};
 use super::pd::Pd;
 use super::qp::{modify, post_recv_chain, zeroed_attr, QpHandle};
-use super::send_chain::SendChain;
+use super::send_ex::{self, DatagramSender, PostPath};
 use crate::gid::Gid;
 use crate::params::{Mtu, QpCaps};
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags};
@@ -105,7 +105,7 @@ pub struct UdQp {
     /// The groups attached (GID and LID), detached on drop: the kernel refuses to destroy a
     /// queue pair still attached to one.
     attached: Vec<(Gid, u16)>,
-    chain: SendChain,
+    sender: DatagramSender,
     // Field order is drop order: the QP goes before its CQs and PD.
     handle: QpHandle,
     _send_cq: Arc<CqInner>,
@@ -163,11 +163,13 @@ impl Pd {
             sq_sig_all: 0,
         };
         // SAFETY: the PD and both CQs are live (we hold them); init is fully initialised.
-        let raw = unsafe { sys::ibv_create_qp(self.as_raw(), &mut init) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::CreateQp,
-            errno: errno(),
-        })?;
+        let created =
+            unsafe { send_ex::create_qp(self.as_raw(), &mut init, send_ex::DATAGRAM_SEND_OPS) }
+                .map_err(|errno| VerbsError::Call {
+                    verb: Verb::CreateQp,
+                    errno,
+                })?;
+        let raw = created.raw;
         let handle = QpHandle { raw };
         use sys::ibv_qp_attr_mask as m;
         let mut attr = zeroed_attr();
@@ -211,7 +213,8 @@ impl Pd {
             lid: port.lid,
             mtu: port.active_mtu,
             attached: Vec::new(),
-            chain: SendChain::new(),
+            // SAFETY: the extended form lives as long as the queue pair, which the UdQp owns.
+            sender: unsafe { DatagramSender::new(created.ex) },
             handle,
             _send_cq: send_cq.keep_alive(),
             _recv_cq: recv_cq.keep_alive(),
@@ -346,7 +349,14 @@ impl UdQp {
         )
     }
 
-    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) datagram sends as one chain: one doorbell. Does not
+    /// How this queue pair posts: through the extended `ibv_wr_*` entry points, or through
+    /// `ibv_post_send` and why. Decided once, when it was created.
+    pub fn post_path(&self) -> PostPath {
+        self.sender.path()
+    }
+
+    /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) datagram sends with one doorbell (one
+    /// `ibv_wr_*` section or one `ibv_post_send` chain: [`UdQp::post_path`]). Does not
     /// allocate.
     ///
     /// An address handle made on another protection domain than the queue pair's is refused
@@ -357,8 +367,43 @@ impl UdQp {
     /// The [posting contract](crate#the-posting-contract) for the buffers the requests name
     /// (inline ones are copied during the post). The address handles must stay alive until
     /// the post returns (the borrow in each request sees to it).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn post_send(
+        &mut self,
+        wrs: &[DatagramRequest<'_, AddressHandle>],
+    ) -> core::result::Result<(), PostFailure> {
+        let pd = self.pd.as_raw();
+        if let Some(wr) = self.sender.extended() {
+            // SAFETY: the QP is live; the address handles are alive (borrowed by the
+            // requests); forwarded contract for the buffers.
+            let r = unsafe {
+                wr.post(wrs, |dest| {
+                    if dest.pd_raw() == pd {
+                        Ok(dest.as_raw())
+                    } else {
+                        Err(EINVAL)
+                    }
+                })
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                Err(Some(f)) => return Err(f),
+                // A request of several entries: the batch goes through the chain.
+                Err(None) => {}
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.post_chain(wrs) }
+    }
+
+    /// Posts `wrs` as one `ibv_send_wr` chain: without the extended entry points, or for a
+    /// batch the extended path handed over. Out of line: where they exist, the extended path
+    /// is the common one.
+    ///
+    /// # Safety
+    /// As for [`UdQp::post_send`].
+    #[inline(never)]
+    unsafe fn post_chain(
         &mut self,
         wrs: &[DatagramRequest<'_, AddressHandle>],
     ) -> core::result::Result<(), PostFailure> {
@@ -367,7 +412,7 @@ impl UdQp {
         // SAFETY: the QP is live; the address handles are alive (borrowed by the requests);
         // forwarded contract for the buffers; the index is below wrs.len() == n.
         unsafe {
-            self.chain.post(qp, wrs.len(), |i, wr| {
+            self.sender.chain.post(qp, wrs.len(), |i, wr| {
                 let w = wrs.get_unchecked(i);
                 if w.dest.pd_raw() != pd {
                     return Err(EINVAL);
