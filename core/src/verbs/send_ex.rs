@@ -21,7 +21,11 @@
 //! `wr_set_sge_list` sums the entries' lengths without advancing through the list and its
 //! `wr_set_inline_data_list` never adds them up (rdma-core 55 has both; a fix of the first
 //! was posted to linux-rdma in May 2026), so such a request would move the wrong number of
-//! bytes. Legacy and extended posts may interleave outside each other's critical sections
+//! bytes. Shown with a C program in the VM (`tools/rxe-proofs/wr_sge_list.c`, Debian's
+//! rdma-core 44): a write of two entries of 8 and 4 bytes completes with "local QP operation
+//! error" through `ibv_wr_set_sge_list` and writes nothing, and "successfully" writes nothing
+//! through `ibv_wr_set_inline_data_list`, where the same requests through `ibv_post_send`
+//! write the 12 bytes. Legacy and extended posts may interleave outside each other's critical sections
 //! (ibv_wr_post(3)), so the batch is handed to `ibv_post_send` whole instead: the common
 //! one-entry request stays on the extended path.
 
