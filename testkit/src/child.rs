@@ -6,7 +6,7 @@
 //! child's first line with them). Binary values (endpoints, remote memory) travel as hex.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,58 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create a scratch directory");
     dir
+}
+
+/// Starts rank `rank` of a world of child processes: the ignored `child_rank` entry point,
+/// told its rank, the bootstrap port, a scratch directory and the device through
+/// `{prefix}RANK`, `{prefix}PORT`, `{prefix}DIR` and `RVERBS_TEST_DEVICE`, and each
+/// `(name, value)` of `extra` as `{prefix}{name}`. The child reads them with [`rank_env`].
+pub fn spawn_rank(
+    prefix: &str,
+    rank: u32,
+    port: u16,
+    dev: &str,
+    dir: &Path,
+    extra: &[(&str, &str)],
+) -> Child {
+    let mut c = child_command("child_rank");
+    c.env(format!("{prefix}RANK"), rank.to_string())
+        .env(format!("{prefix}PORT"), port.to_string())
+        .env(format!("{prefix}DIR"), dir)
+        .env("RVERBS_TEST_DEVICE", dev);
+    for (name, value) in extra {
+        c.env(format!("{prefix}{name}"), value);
+    }
+    c.spawn()
+        .unwrap_or_else(|e| panic!("start rank {rank}: {e}"))
+}
+
+/// What [`spawn_rank`] told a child rank.
+#[derive(Debug)]
+pub struct RankEnv {
+    /// This child's rank.
+    pub rank: u32,
+    /// The bootstrap port.
+    pub port: u16,
+    /// The scratch directory parent and children share.
+    pub dir: PathBuf,
+    /// The device to run on.
+    pub dev: String,
+}
+
+/// In a child started by [`spawn_rank`] with `prefix`: what it was told.
+pub fn rank_env(prefix: &str) -> RankEnv {
+    let number = |name: &str| {
+        let v = required_env(&format!("{prefix}{name}"));
+        v.parse::<u32>()
+            .unwrap_or_else(|e| panic!("{prefix}{name}={v}: {e}"))
+    };
+    RankEnv {
+        rank: number("RANK"),
+        port: u16::try_from(number("PORT")).expect("a TCP port"),
+        dir: PathBuf::from(required_env(&format!("{prefix}DIR"))),
+        dev: required_env("RVERBS_TEST_DEVICE"),
+    }
 }
 
 /// Runs `world` child processes of `scenario` on `dev`, each running the ignored

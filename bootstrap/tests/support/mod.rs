@@ -10,7 +10,9 @@
 
 use rverbs_bootstrap::{ClusterConfig, RankConfig};
 
-pub use rverbs_testkit::{child_command, device, required_env, run_children, scratch_dir};
+pub use rverbs_testkit::{
+    child_command, device, rank_env, required_env, run_children, scratch_dir, spawn_rank, RankEnv,
+};
 
 /// A world of `world` ranks on this host, all on device `dev`, rank `r` listening on
 /// `port + r`, under the job name `job` (which sets the job id, so worlds of different tests
