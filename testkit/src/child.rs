@@ -29,6 +29,12 @@ pub fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
 }
 
+/// The environment variable `name`, which must be a number.
+fn env_number(name: &str) -> u32 {
+    let v = required_env(name);
+    v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}"))
+}
+
 /// An empty directory of its own under the system's temporary directory, for `name` (which
 /// should name the test and its port) in this process: where parent and children leave
 /// each other marks.
@@ -78,11 +84,7 @@ pub struct RankEnv {
 
 /// In a child started by [`spawn_rank`] with `prefix`: what it was told.
 pub fn rank_env(prefix: &str) -> RankEnv {
-    let number = |name: &str| {
-        let v = required_env(&format!("{prefix}{name}"));
-        v.parse::<u32>()
-            .unwrap_or_else(|e| panic!("{prefix}{name}={v}: {e}"))
-    };
+    let number = |name: &str| env_number(&format!("{prefix}{name}"));
     RankEnv {
         rank: number("RANK"),
         port: u16::try_from(number("PORT")).expect("a TCP port"),
@@ -134,6 +136,33 @@ pub fn run_children(
         }
     }
     (failed, start.elapsed())
+}
+
+/// What [`run_children`] told a child rank.
+#[derive(Debug)]
+pub struct WorldEnv {
+    /// The scenario to run.
+    pub scenario: String,
+    /// This child's rank.
+    pub rank: u32,
+    /// The world size.
+    pub world: u32,
+    /// The bootstrap port.
+    pub port: u16,
+    /// The device to run on.
+    pub dev: String,
+}
+
+/// In a child started by [`run_children`] with `prefix`: what it was told.
+pub fn world_env(prefix: &str) -> WorldEnv {
+    let number = |name: &str| env_number(&format!("{prefix}{name}"));
+    WorldEnv {
+        scenario: required_env(&format!("{prefix}SCENARIO")),
+        rank: number("RANK"),
+        world: number("WORLD"),
+        port: u16::try_from(number("PORT")).expect("a TCP port"),
+        dev: required_env("RVERBS_TEST_DEVICE"),
+    }
 }
 
 /// A child process and the parent's ends of its pipes.

@@ -28,7 +28,7 @@ mod soft;
 
 pub use child::{
     child_command, hex, rank_env, required_env, run_children, say, scratch_dir, spawn_rank, unhex,
-    Peer, RankEnv,
+    world_env, Peer, RankEnv, WorldEnv,
 };
 pub use clock::{Wall, WALL};
 pub use counting::{allocs, allocs_all, counted, Counting};
