@@ -58,24 +58,7 @@ struct OversizeFlood<'n> {
 
 impl DatagramProvider for OversizeFlood<'_> {
     type Address = NetAddress;
-    fn caps(&self) -> QpCaps {
-        self.qp.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
-    }
-    fn qkey(&self) -> u32 {
-        self.qp.qkey()
-    }
-    fn gid(&self) -> Gid {
-        self.qp.gid()
-    }
-    fn lid(&self) -> u16 {
-        self.qp.lid()
-    }
-    fn mtu(&self) -> u32 {
-        self.qp.mtu()
-    }
+    rverbs_testkit::forward_datagram_identity!(qp);
     fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
         self.qp.address(to)
     }
@@ -363,22 +346,13 @@ struct ForeignFlood<'f> {
 }
 
 impl rverbs_core::provider::QueuePair for ForeignFlood<'_> {
-    fn caps(&self) -> QpCaps {
-        self.end.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        rverbs_core::provider::QueuePair::qp_num(&self.end)
-    }
+    rverbs_testkit::forward_queue_pair!(end);
     unsafe fn post_send(
         &mut self,
         wrs: &[rverbs_core::wr::WorkRequest<'_>],
     ) -> Result<(), PostFailure> {
         // SAFETY: forwarded posting contract.
         unsafe { self.end.post_send(wrs) }
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.end.post_recv(wrs) }
     }
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.flushing = true;
@@ -451,24 +425,7 @@ fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_com
     struct Stuck<'n>(OversizeFlood<'n>);
     impl DatagramProvider for Stuck<'_> {
         type Address = NetAddress;
-        fn caps(&self) -> QpCaps {
-            self.0.caps()
-        }
-        fn qp_num(&self) -> u32 {
-            self.0.qp_num()
-        }
-        fn qkey(&self) -> u32 {
-            self.0.qkey()
-        }
-        fn gid(&self) -> Gid {
-            self.0.gid()
-        }
-        fn lid(&self) -> u16 {
-            self.0.lid()
-        }
-        fn mtu(&self) -> u32 {
-            self.0.mtu()
-        }
+        rverbs_testkit::forward_datagram_identity!(0);
         fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
             self.0.address(to)
         }
@@ -597,24 +554,7 @@ struct LateLookup<'n> {
 
 impl DatagramProvider for LateLookup<'_> {
     type Address = std::rc::Rc<u32>;
-    fn caps(&self) -> QpCaps {
-        self.qp.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
-    }
-    fn qkey(&self) -> u32 {
-        self.qp.qkey()
-    }
-    fn gid(&self) -> Gid {
-        self.qp.gid()
-    }
-    fn lid(&self) -> u16 {
-        self.qp.lid()
-    }
-    fn mtu(&self) -> u32 {
-        self.qp.mtu()
-    }
+    rverbs_testkit::forward_datagram_identity!(qp);
     fn address(&mut self, _to: Destination) -> Result<std::rc::Rc<u32>, ProviderError> {
         Ok(std::rc::Rc::new(7))
     }

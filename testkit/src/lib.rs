@@ -30,7 +30,7 @@ pub use child::{
     child_command, hex, rank_env, required_env, run_children, say, scratch_dir, spawn_rank, unhex,
     world_env, Peer, RankEnv, WorldEnv,
 };
-pub use clock::{Wall, WALL};
+pub use clock::{PanicAfter, Wall, WALL};
 pub use counting::{allocs, allocs_all, counted, Counting};
 pub use device::{device, test_device};
 pub use future::{block_on, poll_once};

@@ -77,3 +77,52 @@ pub fn barrier_answers<'a, 'n: 'a>(
     answers.sort_by_key(|(r, _)| *r);
     answers
 }
+
+/// Inside an `impl QueuePair for Stub`, where the field `$inner` is itself a `QueuePair`: the
+/// methods that say which queue pair this is (`caps`, `qp_num`) and `post_recv`, forwarded to
+/// it. A stub writes only the methods it changes.
+#[macro_export]
+macro_rules! forward_queue_pair {
+    ($inner:tt) => {
+        fn caps(&self) -> $crate::__core::params::QpCaps {
+            $crate::__core::provider::QueuePair::caps(&self.$inner)
+        }
+        fn qp_num(&self) -> u32 {
+            $crate::__core::provider::QueuePair::qp_num(&self.$inner)
+        }
+        unsafe fn post_recv(
+            &mut self,
+            wrs: &[$crate::__core::wr::RecvRequest<'_>],
+        ) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe { $crate::__core::provider::QueuePair::post_recv(&mut self.$inner, wrs) }
+        }
+    };
+}
+
+/// Inside an `impl DatagramProvider for Stub`, where the field `$inner` is itself a
+/// `DatagramProvider`: the methods that say which queue pair this is (`caps`, `qp_num`,
+/// `qkey`, `gid`, `lid`, `mtu`), forwarded to it.
+#[macro_export]
+macro_rules! forward_datagram_identity {
+    ($inner:tt) => {
+        fn caps(&self) -> $crate::__core::params::QpCaps {
+            $crate::__core::provider::datagram::DatagramProvider::caps(&self.$inner)
+        }
+        fn qp_num(&self) -> u32 {
+            $crate::__core::provider::datagram::DatagramProvider::qp_num(&self.$inner)
+        }
+        fn qkey(&self) -> u32 {
+            $crate::__core::provider::datagram::DatagramProvider::qkey(&self.$inner)
+        }
+        fn gid(&self) -> $crate::__core::gid::Gid {
+            $crate::__core::provider::datagram::DatagramProvider::gid(&self.$inner)
+        }
+        fn lid(&self) -> u16 {
+            $crate::__core::provider::datagram::DatagramProvider::lid(&self.$inner)
+        }
+        fn mtu(&self) -> u32 {
+            $crate::__core::provider::datagram::DatagramProvider::mtu(&self.$inner)
+        }
+    };
+}
