@@ -132,12 +132,8 @@ const GAVE_UP_BOUND: Duration = Duration::from_millis(100);
 #[ignore = "a child rank of the tests above, started by them"]
 fn child_rank() {
     let scenario = support::required_env("RVERBS_FAIL_SCENARIO");
-    let support::RankEnv {
-        rank,
-        port,
-        dir,
-        dev,
-    } = support::rank_env("RVERBS_FAIL_");
+    let env = support::rank_env("RVERBS_FAIL_");
+    let (rank, port, dir, dev) = (env.rank, env.port, env.dir, env.dev);
     let config = support::local_config(WORLD, port, &dev, format!("failures-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = match scenario.as_str() {

@@ -243,12 +243,8 @@ fn messaging_survives_a_panicking_handler() {
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
     let scenario = support::required_env("RVERBS_FAULT_SCENARIO");
-    let support::RankEnv {
-        rank,
-        port,
-        dir: mark,
-        dev,
-    } = support::rank_env("RVERBS_FAULT_");
+    let env = support::rank_env("RVERBS_FAULT_");
+    let (rank, port, mark, dev) = (env.rank, env.port, env.dir, env.dev);
     let config = support::local_config(2, port, &dev, format!("faults-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.channel.timeout = TIMEOUT;

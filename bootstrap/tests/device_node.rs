@@ -71,13 +71,7 @@ fn next(x: &mut u64) -> u64 {
 #[test]
 #[ignore = "child-process entry point; the world_of_* tests run it"]
 fn child_rank() {
-    let support::WorldEnv {
-        scenario,
-        rank,
-        world,
-        port,
-        dev,
-    } = support::world_env("RVERBS_NODE_");
+    let (scenario, rank, world, port, dev) = support::world_env("RVERBS_NODE_");
     let config = support::local_config(world, port, &dev, format!("{scenario}-{world}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     // gather_receive posts its receives when it is called; senders that get there first

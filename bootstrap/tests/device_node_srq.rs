@@ -87,13 +87,7 @@ fn a_pool_that_runs_low_raises_the_devices_limit_event() {
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
-    let support::WorldEnv {
-        scenario,
-        rank,
-        world,
-        port,
-        dev,
-    } = support::world_env("RVERBS_SRQ_");
+    let (scenario, rank, world, port, dev) = support::world_env("RVERBS_SRQ_");
     let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.receive = Receive::Shared { slots: POOL };

@@ -143,12 +143,8 @@ fn a_killed_rank_restarted_with_the_same_config_rejoins_and_barriers_continue() 
 #[test]
 #[ignore = "a child rank of the test above, started by it"]
 fn child_rank() {
-    let support::RankEnv {
-        rank,
-        port,
-        dir,
-        dev,
-    } = support::rank_env("RVERBS_REJOIN_");
+    let env = support::rank_env("RVERBS_REJOIN_");
+    let (rank, port, dir, dev) = (env.rank, env.port, env.dir, env.dev);
     let first: usize = support::required_env("RVERBS_REJOIN_PHASE")
         .parse()
         .unwrap();

@@ -138,31 +138,17 @@ pub fn run_children(
     (failed, start.elapsed())
 }
 
-/// What [`run_children`] told a child rank.
-#[derive(Debug)]
-pub struct WorldEnv {
-    /// The scenario to run.
-    pub scenario: String,
-    /// This child's rank.
-    pub rank: u32,
-    /// The world size.
-    pub world: u32,
-    /// The bootstrap port.
-    pub port: u16,
-    /// The device to run on.
-    pub dev: String,
-}
-
-/// In a child started by [`run_children`] with `prefix`: what it was told.
-pub fn world_env(prefix: &str) -> WorldEnv {
+/// In a child started by [`run_children`] with `prefix`: what it was told, as
+/// `(scenario, rank, world, port, device)`.
+pub fn world_env(prefix: &str) -> (String, u32, u32, u16, String) {
     let number = |name: &str| env_number(&format!("{prefix}{name}"));
-    WorldEnv {
-        scenario: required_env(&format!("{prefix}SCENARIO")),
-        rank: number("RANK"),
-        world: number("WORLD"),
-        port: u16::try_from(number("PORT")).expect("a TCP port"),
-        dev: required_env("RVERBS_TEST_DEVICE"),
-    }
+    (
+        required_env(&format!("{prefix}SCENARIO")),
+        number("RANK"),
+        number("WORLD"),
+        u16::try_from(number("PORT")).expect("a TCP port"),
+        required_env("RVERBS_TEST_DEVICE"),
+    )
 }
 
 /// A child process and the parent's ends of its pipes.

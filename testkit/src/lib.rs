@@ -28,7 +28,7 @@ mod soft;
 
 pub use child::{
     child_command, hex, rank_env, required_env, run_children, say, scratch_dir, spawn_rank, unhex,
-    world_env, Peer, RankEnv, WorldEnv,
+    world_env, Peer, RankEnv,
 };
 pub use clock::{PanicAfter, Wall, WALL};
 pub use counting::{allocs, allocs_all, counted, Counting};

@@ -7,18 +7,20 @@ use std::time::{Duration, Instant};
 /// The network interface under `dev`'s port 1 (`gid_attrs/ndevs/0` in sysfs); panics naming
 /// the device when it has none (not RoCE?).
 pub fn netdev_of(dev: &str) -> String {
-    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{dev} has no network interface ({path}: {e}); not RoCE?"))
-        .trim()
-        .to_owned()
+    port_file(dev, "gid_attrs/ndevs/0", "no network interface; not RoCE?")
 }
 
 /// The state of `dev`'s port 1 as sysfs prints it (`4: ACTIVE`).
 pub fn port_state(dev: &str) -> String {
-    let path = format!("/sys/class/infiniband/{dev}/ports/1/state");
+    port_file(dev, "state", "no port state")
+}
+
+/// The file `name` under `dev`'s port 1 in sysfs, trimmed; panics naming the device and
+/// `missing` when it cannot be read.
+fn port_file(dev: &str, name: &str, missing: &str) -> String {
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/{name}");
     std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .unwrap_or_else(|e| panic!("{dev}: {missing} ({path}: {e})"))
         .trim()
         .to_owned()
 }

@@ -106,23 +106,19 @@ macro_rules! forward_queue_pair {
 #[macro_export]
 macro_rules! forward_datagram_identity {
     ($inner:tt) => {
-        fn caps(&self) -> $crate::__core::params::QpCaps {
-            $crate::__core::provider::datagram::DatagramProvider::caps(&self.$inner)
-        }
-        fn qp_num(&self) -> u32 {
-            $crate::__core::provider::datagram::DatagramProvider::qp_num(&self.$inner)
-        }
-        fn qkey(&self) -> u32 {
-            $crate::__core::provider::datagram::DatagramProvider::qkey(&self.$inner)
-        }
-        fn gid(&self) -> $crate::__core::gid::Gid {
-            $crate::__core::provider::datagram::DatagramProvider::gid(&self.$inner)
-        }
-        fn lid(&self) -> u16 {
-            $crate::__core::provider::datagram::DatagramProvider::lid(&self.$inner)
-        }
-        fn mtu(&self) -> u32 {
-            $crate::__core::provider::datagram::DatagramProvider::mtu(&self.$inner)
-        }
+        $crate::forward_datagram_identity!(@each $inner;
+            caps -> $crate::__core::params::QpCaps,
+            qp_num -> u32,
+            qkey -> u32,
+            gid -> $crate::__core::gid::Gid,
+            lid -> u16,
+            mtu -> u32);
+    };
+    (@each $inner:tt; $($name:ident -> $ty:ty),*) => {
+        $(
+            fn $name(&self) -> $ty {
+                $crate::__core::provider::datagram::DatagramProvider::$name(&self.$inner)
+            }
+        )*
     };
 }

@@ -12,7 +12,7 @@ use rverbs_bootstrap::{ClusterConfig, RankConfig};
 
 pub use rverbs_testkit::{
     child_command, device, rank_env, required_env, run_children, scratch_dir, spawn_rank,
-    world_env, RankEnv, WorldEnv,
+    world_env, RankEnv,
 };
 
 /// A world of `world` ranks on this host, all on device `dev`, rank `r` listening on
