@@ -1,8 +1,8 @@
 //! Endpoint exchange on 127.0.0.1, each rank on its own thread, plus fake peers and fake
-//! rendezvous that misbehave on purpose. One test binary of a module per theme: every test
-//! drives the same loopback harness (ports, options, fake clients and roots, kept here), and
-//! one integration-test binary links and starts once, which keeps the host-test step of CI
-//! short.
+//! rendezvous that misbehave on purpose, and the session watch that follows an exchange.
+//! One test binary of a module per theme: every test drives the same loopback harness
+//! (ports, options, fake clients and roots, kept here), and one integration-test binary
+//! links and starts once, which keeps the host-test step of CI short.
 
 use core::time::Duration;
 use std::io::{Read, Write};
@@ -25,6 +25,7 @@ mod hostile_peers;
 mod hostile_root;
 mod node_blobs;
 mod secrets;
+mod watch;
 mod worlds;
 
 type Outcome = Result<(Session, Vec<Vec<u8>>), BootstrapError>;
