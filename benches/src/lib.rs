@@ -1,6 +1,6 @@
 //! Criterion benchmarks for rverbs; the benchmarks themselves live in `benches/`:
 //! - `wire`: endpoint encode/decode and node blob decode (world 64);
-//! - `engine`: the [`Channel`](rverbs_core::channel::Channel) engine over the in-memory
+//! - `engine`: the [`Channel`] engine over the in-memory
 //!   provider, per operation and per work request;
 //! - `library` (feature `instant`): rverbs beside hand-written raw verbs on the instant
 //!   device, timed by criterion;
