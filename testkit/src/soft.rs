@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
-use rverbs_core::node::{soft_world, NodeError, SoftNode};
+use rverbs_core::node::{soft_world, soft_world_receiving, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftFabric, SoftNet, SoftNetConfig};
@@ -44,6 +44,25 @@ pub fn nodes<'n, 'm: 'n>(
 ) -> Vec<SoftNode<'n, Spin>> {
     soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock)
         .expect("a world of the model's own ranks connects")
+}
+
+/// As [`nodes`], with the default barrier algorithm and messages received as `receive`
+/// says (a ring per peer, or one shared pool).
+pub fn nodes_receiving<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    receive: Receive,
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    soft_world_receiving(
+        net,
+        arena,
+        64,
+        ChannelConfig::default(),
+        (BarrierAlgorithm::default(), Spin, clock),
+        receive,
+    )
+    .expect("a world of the model's own ranks connects")
 }
 
 /// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
