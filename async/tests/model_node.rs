@@ -8,11 +8,9 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use rverbs_async::{AsyncNode, YieldEvents};
-use rverbs_core::barrier::BarrierAlgorithm;
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::node::{soft_world_bytes, Event, Receive};
+use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_testkit::{block_on, CAPS};
 
@@ -27,15 +25,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     let net = SoftNet::new(SoftNetConfig::new(4, CAPS));
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let mut mem = vec![0u8; 4 * 3 * SLOTS * SLOT];
-    let mut nodes = soft_world_receiving(
-        &net,
-        &mut arena,
-        64,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::default(), Spin, clock),
-        Receive::PerPeer,
-    )
-    .unwrap();
+    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, Receive::PerPeer, clock);
     for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(3 * SLOTS * SLOT)) {
         let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
         n.start_messaging_in(region, SLOTS, SLOT).unwrap();

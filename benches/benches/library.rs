@@ -32,10 +32,9 @@ use core::mem::MaybeUninit;
 use core::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{Node, NodeParts};
+use rverbs_core::node::Node;
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::instant::{InstantDevice, InstantProvider, InstantRegion};
@@ -425,18 +424,13 @@ fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::provider::in
     let hand = flags.peer_hand();
     let window = dev.region(64, RW);
     let peer_flags = vec![flags.remote(), dev.region(64, RW).remote()];
-    let node = Node::from_parts(NodeParts {
-        rank: 0,
+    let node = rverbs_benches::rank_zero(
         world,
-        channels: vec![Channel::with_backoff(routed, cfg, Spin, &MONOTONIC)],
+        vec![Channel::with_backoff(routed, cfg, Spin, &MONOTONIC)],
         flags,
         window,
-        peer_flags: peer_flags.clone(),
-        peer_windows: peer_flags,
-        algorithm: BarrierAlgorithm::Dissemination,
-        backoff: Spin,
-    })
-    .expect("node");
+        peer_flags,
+    );
     (node, hand)
 }
 

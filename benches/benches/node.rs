@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{Node, NodeParts, SoftNode};
+use rverbs_core::node::SoftNode;
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::shared::SharedCqs;
@@ -73,18 +73,7 @@ fn star<'n, 'm: 'n>(
         let routed = shared.add(near).map_err(|(_, e)| e).expect("route");
         channels.push(Channel::with_backoff(routed, cfg, Spin, &MONOTONIC));
     }
-    let node = Node::from_parts(NodeParts {
-        rank: 0,
-        world,
-        channels,
-        flags,
-        window,
-        peer_flags: peer_flags.clone(),
-        peer_windows: peer_flags,
-        algorithm: BarrierAlgorithm::Dissemination,
-        backoff: Spin,
-    })
-    .expect("node");
+    let node = rverbs_benches::rank_zero(world, channels, flags, window, peer_flags);
     (
         node,
         Star {

@@ -1,6 +1,6 @@
 //! Criterion benchmarks for rverbs; the benchmarks themselves live in `benches/`:
 //! - `wire`: endpoint encode/decode and node blob decode (world 64);
-//! - `engine`: the [`Channel`](rverbs_core::channel::Channel) engine over the in-memory
+//! - `engine`: the [`Channel`] engine over the in-memory
 //!   provider, per operation and per work request;
 //! - `library` (feature `instant`): rverbs beside hand-written raw verbs on the instant
 //!   device, timed by criterion;
@@ -15,3 +15,35 @@
 //! ```sh
 //! cargo bench -p rverbs-benches
 //! ```
+
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::channel::Channel;
+use rverbs_core::memory::Region;
+use rverbs_core::node::{Node, NodeParts};
+use rverbs_core::poll::Spin;
+use rverbs_core::provider::Provider;
+use rverbs_core::sge::RemoteMemory;
+
+/// Rank 0 of a `world` whose peers are played by the bench: a node over `channels` (one
+/// per peer), dissemination barriers, spinning; each peer's flag array doubles as its
+/// window (the benches write neither). Setup only: what the benches share of a node.
+pub fn rank_zero<P: Provider, M: Region>(
+    world: u32,
+    channels: Vec<Channel<P, Spin>>,
+    flags: M,
+    window: M,
+    peer_flags: Vec<RemoteMemory>,
+) -> Node<P, M, Spin> {
+    Node::from_parts(NodeParts {
+        rank: 0,
+        world,
+        channels,
+        flags,
+        window,
+        peer_flags: peer_flags.clone(),
+        peer_windows: peer_flags,
+        algorithm: BarrierAlgorithm::Dissemination,
+        backoff: Spin,
+    })
+    .expect("a node of well-formed parts")
+}

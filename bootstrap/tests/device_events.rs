@@ -333,21 +333,14 @@ fn no_lost_wake_up_in_100_000_block_wake_cycles() {
 fn failure_news_wakes_a_node_asleep_in_a_barrier() {
     use rverbs_core::barrier::BarrierError;
     use rverbs_core::failure::{Failure, FailureCause};
-    use rverbs_core::node::{NodeConfig, NodeError, PreparedNode};
+    use rverbs_core::node::{NodeConfig, NodeError};
 
     let Some(ctx) = open("failure_news_wakes_a_node_asleep_in_a_barrier") else {
         return;
     };
     let mut cfg = NodeConfig::default();
     cfg.completion_events = true;
-    let prepared: Vec<_> = (0..2)
-        .map(|r| PreparedNode::new(&ctx, r, 2, cfg, BLOCK.backoff(), &MONOTONIC).unwrap())
-        .collect();
-    let blobs: Vec<Vec<u8>> = prepared.iter().map(|p| p.blob()).collect();
-    let mut nodes: Vec<_> = prepared
-        .into_iter()
-        .map(|p| p.handshake(&blobs).unwrap())
-        .collect();
+    let mut nodes = support::loopback_nodes(&ctx, 2, cfg, BLOCK.backoff());
     let mut node = nodes.remove(0);
     let _silent = nodes.remove(0); // rank 1 never joins the barrier
     assert!(node.backoff().has_wakeup());

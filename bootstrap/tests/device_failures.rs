@@ -14,7 +14,6 @@
 mod support;
 use support::device;
 
-use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -30,17 +29,6 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Barriers every rank runs before the parent kills the victim.
 const WARM: u64 = 50;
 
-fn spawn(scenario: &str, rank: u32, port: u16, dev: &str, dir: &Path) -> Child {
-    support::child_command("child_rank")
-        .env("RVERBS_FAIL_SCENARIO", scenario)
-        .env("RVERBS_FAIL_RANK", rank.to_string())
-        .env("RVERBS_FAIL_PORT", port.to_string())
-        .env("RVERBS_FAIL_DIR", dir)
-        .env("RVERBS_TEST_DEVICE", dev)
-        .spawn()
-        .unwrap()
-}
-
 /// Runs the world, kills the victim after every rank ran [`WARM`] barriers, and checks
 /// every survivor's answer.
 fn kill_mid_loop(scenario: &str, port: u16) {
@@ -49,7 +37,16 @@ fn kill_mid_loop(scenario: &str, port: u16) {
     };
     let dir = support::scratch_dir(&format!("failures-{port}"));
     let mut kids: Vec<Child> = (0..WORLD)
-        .map(|r| spawn(scenario, r, port, &dev, &dir))
+        .map(|r| {
+            support::spawn_rank(
+                "RVERBS_FAIL_",
+                r,
+                port,
+                &dev,
+                &dir,
+                &[("SCENARIO", scenario)],
+            )
+        })
         .collect();
     let start = Instant::now();
     let warmed = |r: u32| dir.join(format!("warm.{r}")).exists();
@@ -135,10 +132,8 @@ const GAVE_UP_BOUND: Duration = Duration::from_millis(100);
 #[ignore = "a child rank of the tests above, started by them"]
 fn child_rank() {
     let scenario = support::required_env("RVERBS_FAIL_SCENARIO");
-    let rank: u32 = support::required_env("RVERBS_FAIL_RANK").parse().unwrap();
-    let port: u16 = support::required_env("RVERBS_FAIL_PORT").parse().unwrap();
-    let dir = PathBuf::from(support::required_env("RVERBS_FAIL_DIR"));
-    let dev = support::required_env("RVERBS_TEST_DEVICE");
+    let env = support::rank_env("RVERBS_FAIL_");
+    let (rank, port, dir, dev) = (env.rank, env.port, env.dir, env.dev);
     let config = support::local_config(WORLD, port, &dev, format!("failures-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = match scenario.as_str() {

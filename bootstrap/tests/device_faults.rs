@@ -23,7 +23,7 @@ use support::device;
 use std::cell::{Cell, RefCell};
 use std::os::unix::process::ExitStatusExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -61,14 +61,14 @@ struct Kid {
 
 impl Kid {
     fn spawn(scenario: &str, rank: u32, port: u16, dev: &str, mark: &Path) -> Self {
-        let child = support::child_command("child_rank")
-            .env("RVERBS_FAULT_SCENARIO", scenario)
-            .env("RVERBS_FAULT_RANK", rank.to_string())
-            .env("RVERBS_FAULT_PORT", port.to_string())
-            .env("RVERBS_FAULT_MARK", mark)
-            .env("RVERBS_TEST_DEVICE", dev)
-            .spawn()
-            .unwrap();
+        let child = support::spawn_rank(
+            "RVERBS_FAULT_",
+            rank,
+            port,
+            dev,
+            mark,
+            &[("SCENARIO", scenario)],
+        );
         Self {
             rank,
             child,
@@ -243,10 +243,8 @@ fn messaging_survives_a_panicking_handler() {
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
     let scenario = support::required_env("RVERBS_FAULT_SCENARIO");
-    let rank: u32 = support::required_env("RVERBS_FAULT_RANK").parse().unwrap();
-    let port: u16 = support::required_env("RVERBS_FAULT_PORT").parse().unwrap();
-    let mark = PathBuf::from(support::required_env("RVERBS_FAULT_MARK"));
-    let dev = support::required_env("RVERBS_TEST_DEVICE");
+    let env = support::rank_env("RVERBS_FAULT_");
+    let (rank, port, mark, dev) = (env.rank, env.port, env.dir, env.dev);
     let config = support::local_config(2, port, &dev, format!("faults-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.channel.timeout = TIMEOUT;

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use rverbs_bootstrap::{connect, ConnectOptions};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::memory::PageMemory;
-use rverbs_core::node::{NodeConfig, PreparedNode, VerbsNode};
+use rverbs_core::node::{NodeConfig, VerbsNode};
 use rverbs_core::params::PsnSource;
 use rverbs_core::poll::{Deadline, Spin};
 use rverbs_core::provider::datagram::DatagramProvider;
@@ -232,14 +232,7 @@ fn a_forged_write_lands_at_a_predictable_psn_but_not_on_a_torn_down_queue_pair()
     let ctx = open_device(DEV).unwrap();
     let cfg = NodeConfig::default();
     assert_eq!(cfg.qp.send_psn, PsnSource::Predictable);
-    let prepared: Vec<_> = (0..3)
-        .map(|r| PreparedNode::new(&ctx, r, 3, cfg, Spin, &MONOTONIC).unwrap())
-        .collect();
-    let blobs: Vec<Vec<u8>> = prepared.iter().map(|p| p.blob()).collect();
-    let mut nodes: Vec<_> = prepared
-        .into_iter()
-        .map(|p| p.handshake(&blobs).unwrap())
-        .collect();
+    let mut nodes = support::loopback_nodes(&ctx, 3, cfg, Spin);
     let victim = &mut nodes[1];
     let win = victim.window().remote();
     let (qpn, sender, expected) = qp_towards(victim, 0);

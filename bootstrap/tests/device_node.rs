@@ -60,13 +60,6 @@ fn barrier_times_out_naming_the_rank_that_never_arrives() {
     run_world("timeout", 3, 21400);
 }
 
-fn env_u32(name: &str) -> u32 {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} not set"))
-        .parse()
-        .unwrap()
-}
-
 /// A tiny deterministic generator for per-rank delays.
 fn next(x: &mut u64) -> u64 {
     *x ^= *x << 13;
@@ -78,11 +71,7 @@ fn next(x: &mut u64) -> u64 {
 #[test]
 #[ignore = "child-process entry point; the world_of_* tests run it"]
 fn child_rank() {
-    let scenario = std::env::var("RVERBS_NODE_SCENARIO").expect("run by the parent tests");
-    let rank = env_u32("RVERBS_NODE_RANK");
-    let world = env_u32("RVERBS_NODE_WORLD");
-    let port = env_u32("RVERBS_NODE_PORT") as u16;
-    let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
+    let (scenario, rank, world, port, dev) = support::world_env("RVERBS_NODE_");
     let config = support::local_config(world, port, &dev, format!("{scenario}-{world}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     // gather_receive posts its receives when it is called; senders that get there first

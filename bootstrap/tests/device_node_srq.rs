@@ -84,21 +84,10 @@ fn a_pool_that_runs_low_raises_the_devices_limit_event() {
     }
 }
 
-fn env_u32(name: &str) -> u32 {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} not set"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
-    let scenario = std::env::var("RVERBS_SRQ_SCENARIO").expect("run by the parent tests");
-    let rank = env_u32("RVERBS_SRQ_RANK");
-    let world = env_u32("RVERBS_SRQ_WORLD");
-    let port = env_u32("RVERBS_SRQ_PORT") as u16;
-    let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
+    let (scenario, rank, world, port, dev) = support::world_env("RVERBS_SRQ_");
     let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.receive = Receive::Shared { slots: POOL };

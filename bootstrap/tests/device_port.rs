@@ -9,34 +9,10 @@ mod support;
 use rverbs_bootstrap::RdmaError;
 use support::device;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, BootstrapError, ConnectOptions};
-
-/// The network interface under `dev`'s port 1 (rxe: its netdev), from sysfs.
-fn netdev_of(dev: &str) -> String {
-    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .to_owned()
-}
-
-fn port_state(dev: &str) -> String {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"))
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
-fn link(netdev: &str, up: bool) {
-    let st = Command::new("ip")
-        .args(["link", "set", netdev, if up { "up" } else { "down" }])
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip link set {netdev}: {st}");
-}
+use rverbs_testkit::{netdev_of, port_state, set_link};
 
 /// Waits until the port's state (as sysfs prints it, `4: ACTIVE`) contains `want`.
 fn wait_state(dev: &str, want: &str) {
@@ -57,13 +33,13 @@ fn connecting_with_the_local_port_down_names_the_port() {
         return;
     };
     let netdev = netdev_of(&dev);
-    link(&netdev, false);
+    set_link(&netdev, "down");
     wait_state(&dev, "DOWN");
     // Bring the link back whatever happens below, so later tests find it up.
     struct Up(String, String);
     impl Drop for Up {
         fn drop(&mut self) {
-            link(&self.0, true);
+            set_link(&self.0, "up");
             wait_state(&self.1, "ACTIVE");
         }
     }

@@ -14,8 +14,10 @@
 mod support;
 use support::device;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::Child;
+
+use rverbs_testkit::{ip_link, netdev_of, wait_for};
 use std::time::{Duration, Instant};
 
 use rverbs_bootstrap::{connect, ConnectOptions};
@@ -27,29 +29,6 @@ const WORLD: u32 = 2;
 /// Barrier timeout: the port's failure must come long before it.
 const TIMEOUT: Duration = Duration::from_secs(30);
 const PORT: u16 = 23300;
-
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn netdev_of(dev: &str) -> String {
-    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{dev} has no network interface ({path}: {e})"))
-        .trim()
-        .to_owned()
-}
-
-fn ip_link(netdev: &str, state: &str) -> bool {
-    Command::new("ip")
-        .args(["link", "set", "dev", netdev, state])
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// Brings the link up however the test ends and waits until the port is ACTIVE again.
 struct Restore {
@@ -92,14 +71,9 @@ fn a_port_going_down_is_named_by_each_rank_at_once_and_its_return_reported() {
         kids: Vec::new(),
     };
     for r in 0..WORLD {
-        guard.kids.push(
-            support::child_command("child_rank")
-                .env("RVERBS_PD_RANK", r.to_string())
-                .env("RVERBS_PD_DIR", &dir)
-                .env("RVERBS_TEST_DEVICE", &dev)
-                .spawn()
-                .unwrap(),
-        );
+        guard
+            .kids
+            .push(support::spawn_rank("RVERBS_PD_", r, PORT, &dev, &dir, &[]));
     }
     wait_for("every rank warm", Duration::from_secs(120), || {
         (0..WORLD).all(|r| dir.join(format!("warm.{r}")).exists())
@@ -144,9 +118,7 @@ fn a_port_going_down_is_named_by_each_rank_at_once_and_its_return_reported() {
 #[test]
 #[ignore = "a child rank of the test above, started by it"]
 fn child_rank() {
-    let rank: u32 = support::required_env("RVERBS_PD_RANK").parse().unwrap();
-    let dir = PathBuf::from(support::required_env("RVERBS_PD_DIR"));
-    let dev = support::required_env("RVERBS_TEST_DEVICE");
+    let support::RankEnv { rank, dir, dev, .. } = support::rank_env("RVERBS_PD_");
     let config = support::local_config(WORLD, PORT, &dev, "port-down".to_owned());
     let mut opts = ConnectOptions::for_config(&config);
     opts.wait = WaitPolicy::Block { spins: 64 };

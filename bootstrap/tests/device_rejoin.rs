@@ -13,7 +13,7 @@
 mod support;
 use support::device;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -38,15 +38,10 @@ fn now_ns() -> u64 {
     MONOTONIC.now().as_nanos()
 }
 
+/// Starts rank `rank` from phase `phase` on.
 fn spawn(rank: u32, phase: usize, port: u16, dev: &str, dir: &Path) -> Child {
-    support::child_command("child_rank")
-        .env("RVERBS_REJOIN_RANK", rank.to_string())
-        .env("RVERBS_REJOIN_PHASE", phase.to_string())
-        .env("RVERBS_REJOIN_PORT", port.to_string())
-        .env("RVERBS_REJOIN_DIR", dir)
-        .env("RVERBS_TEST_DEVICE", dev)
-        .spawn()
-        .unwrap()
+    let phase = phase.to_string();
+    support::spawn_rank("RVERBS_REJOIN_", rank, port, dev, dir, &[("PHASE", &phase)])
 }
 
 fn read(dir: &Path, name: &str) -> String {
@@ -148,13 +143,11 @@ fn a_killed_rank_restarted_with_the_same_config_rejoins_and_barriers_continue() 
 #[test]
 #[ignore = "a child rank of the test above, started by it"]
 fn child_rank() {
-    let rank: u32 = support::required_env("RVERBS_REJOIN_RANK").parse().unwrap();
+    let env = support::rank_env("RVERBS_REJOIN_");
+    let (rank, port, dir, dev) = (env.rank, env.port, env.dir, env.dev);
     let first: usize = support::required_env("RVERBS_REJOIN_PHASE")
         .parse()
         .unwrap();
-    let port: u16 = support::required_env("RVERBS_REJOIN_PORT").parse().unwrap();
-    let dir = PathBuf::from(support::required_env("RVERBS_REJOIN_DIR"));
-    let dev = support::required_env("RVERBS_TEST_DEVICE");
     let write = |name: String, text: String| std::fs::write(dir.join(name), text).unwrap();
     let config = support::local_config(WORLD, port, &dev, format!("rejoin-{port}"));
     let mut opts = ConnectOptions::for_config(&config);

@@ -10,10 +10,10 @@
 mod support;
 
 use std::os::raw::c_int;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rverbs_core::verbs::{AsyncEvent, AsyncEvents, Context};
+use rverbs_testkit::{ip_link, netdev_of, set_link};
 
 #[repr(C)]
 struct PollFd {
@@ -72,26 +72,6 @@ fn wait_for_event(
     }
 }
 
-/// The network interface under `dev`'s port 1 (`gid_attrs/ndevs/0` in sysfs).
-fn netdev_of(dev: &str) -> String {
-    let path = format!("/sys/class/infiniband/{dev}/ports/1/gid_attrs/ndevs/0");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{dev} has no network interface ({path}: {e}); not RoCE?"))
-        .trim()
-        .to_owned()
-}
-
-fn ip_link(netdev: &str, state: &str) {
-    let ok = Command::new("ip")
-        .args(["link", "set", "dev", netdev, state])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "ip link set dev {netdev} {state} failed (this test needs root)"
-    );
-}
-
 /// Brings the link back up however the test ends, and waits (bounded) until the port is
 /// ACTIVE again, so the device tests that follow find it as they expect.
 struct LinkRestored<'a> {
@@ -101,9 +81,7 @@ struct LinkRestored<'a> {
 
 impl Drop for LinkRestored<'_> {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "set", "dev", &self.netdev, "up"])
-            .status();
+        let _ = ip_link(&self.netdev, "up");
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if self.ctx.query_port(1).is_ok_and(|p| p.active) {
@@ -139,7 +117,7 @@ fn port_down_and_up_are_named_by_events() {
     };
 
     let t0 = Instant::now();
-    ip_link(&netdev, "down");
+    set_link(&netdev, "down");
     let t_cmd = t0.elapsed();
     let mut seen = Vec::new();
     let down_at = wait_for_event(
@@ -155,7 +133,7 @@ fn port_down_and_up_are_named_by_events() {
     );
 
     let t1 = Instant::now();
-    ip_link(&netdev, "up");
+    set_link(&netdev, "up");
     let up_at = wait_for_event(
         &events,
         AsyncEvent::PortActive { port: 1 },

@@ -12,6 +12,7 @@
 //! and one command per line). The parent is the sender.
 #![allow(clippy::std_instead_of_core)] // test code
 
+#[macro_use]
 mod support;
 
 use std::io::BufRead;
@@ -288,10 +289,7 @@ fn multicast_to_three_receivers_in_order_late_joiner_and_leave() {
 /// an address made from its completion and network header (`ibv_init_ah_from_wc`).
 #[test]
 fn an_address_from_a_completion_answers_the_sender() {
-    let Some(ctx) = support::open("an_address_from_a_completion_answers_the_sender") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("an_address_from_a_completion_answers_the_sender");
     let cfg = UdConfig::default();
     let (scq_a, mut rcq_a) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
     let (scq_b, mut rcq_b) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
@@ -572,10 +570,7 @@ fn a_peer_dropped_right_after_its_send_still_gets_every_datagram() {
 /// refused, by the endpoint and by the provider.
 #[test]
 fn an_ipv4_group_needs_an_ipv4_route() {
-    let Some(ctx) = support::open("an_ipv4_group_needs_an_ipv4_route") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("an_ipv4_group_needs_an_ipv4_route");
     let mut ud = UdConfig::default();
     ud.gid_index = Some(0);
     let qp = VerbsDatagram::new(&ctx, &pd, &ud).unwrap();

@@ -10,6 +10,7 @@
 //! ignored `child` entry point, driven over its stdin and stdout.
 #![allow(clippy::std_instead_of_core)] // test code
 
+#[macro_use]
 mod support;
 
 use std::io::BufRead;
@@ -224,10 +225,7 @@ fn connect_transfer_both_ways_and_disconnect_from_either_side() {
 
 #[test]
 fn a_connect_to_a_port_nobody_listens_on_is_refused_and_waits_end() {
-    let Some(ctx) = support::open("a_connect_to_a_port_nobody_listens_on_is_refused") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("a_connect_to_a_port_nobody_listens_on_is_refused");
     let ip = device_ip(&ctx);
     let cfg = CmConfig::with_timeout(Duration::from_secs(5));
     // A port that was free a moment ago, and that nobody listens on any more.

@@ -2,6 +2,7 @@
 //! queue pairs connected to each other that move 4 KiB by RDMA WRITE.
 #![allow(clippy::std_instead_of_core)] // test code: std is the natural vocabulary here
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -49,10 +50,7 @@ fn device_is_listed_and_port_is_active() {
 
 #[test]
 fn two_connected_qps_rdma_write_4k() {
-    let Some(ctx) = support::open("two_connected_qps_rdma_write_4k") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("two_connected_qps_rdma_write_4k");
     let mut cq = ctx.create_cq(64).unwrap();
     let cfg = QpConfig::default();
     let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
@@ -102,10 +100,7 @@ fn two_connected_qps_rdma_write_4k() {
 /// `ibv_query_qp` after RTS): on rxe every code is kept.
 #[test]
 fn the_device_keeps_the_transport_settings_asked_for() {
-    let Some(ctx) = support::open("the_device_keeps_the_transport_settings_asked_for") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("the_device_keeps_the_transport_settings_asked_for");
     let cq = ctx.create_cq(16).unwrap();
     let mut cfg = QpConfig::default();
     cfg.ack_timeout = AckTimeout::from_code(18).unwrap();

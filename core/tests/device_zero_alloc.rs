@@ -2,6 +2,7 @@
 //! mixed operations (blocking, scoped, batched) on a real device after connecting.
 #![allow(clippy::std_instead_of_core)] // test code
 
+#[macro_use]
 mod support;
 
 use rverbs_core::channel::ChannelConfig;
@@ -14,10 +15,7 @@ static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 #[test]
 fn hundred_thousand_mixed_operations_allocate_nothing() {
-    let Some(ctx) = support::open("hundred_thousand_mixed_operations_allocate_nothing") else {
-        return;
-    };
-    let pd = ctx.alloc_pd().unwrap();
+    let (ctx, pd) = setup!("hundred_thousand_mixed_operations_allocate_nothing");
     let (mut a, mut b) =
         support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
     let mut src = support::pattern(4096, 11);

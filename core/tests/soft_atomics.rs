@@ -207,7 +207,7 @@ fn a_counter_three_ranks_increment_at_once_ends_exact() {
 }
 
 #[test]
-fn multichannel_atomics_by_rank() {
+fn a_multichannel_runs_atomics_addressed_by_rank() {
     let mut words = [Words::<8>::new(), Words::<8>::new(), Words::<8>::new()];
     let mut mine = Words::<8>::new();
     let net = SoftNet::new(SoftNetConfig::new(4, caps()));

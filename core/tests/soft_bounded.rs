@@ -15,7 +15,7 @@ use rverbs_core::completion::{Completion, DatagramCompletion, WcStatus};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, NodeError, Receive};
+use rverbs_core::node::{soft_world_bytes, Event, NodeError, Receive};
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Deadline, Spin, StaticClock, StepClock};
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
@@ -58,24 +58,7 @@ struct OversizeFlood<'n> {
 
 impl DatagramProvider for OversizeFlood<'_> {
     type Address = NetAddress;
-    fn caps(&self) -> QpCaps {
-        self.qp.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
-    }
-    fn qkey(&self) -> u32 {
-        self.qp.qkey()
-    }
-    fn gid(&self) -> Gid {
-        self.qp.gid()
-    }
-    fn lid(&self) -> u16 {
-        self.qp.lid()
-    }
-    fn mtu(&self) -> u32 {
-        self.qp.mtu()
-    }
+    rverbs_testkit::forward_datagram_identity!(qp);
     fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
         self.qp.address(to)
     }
@@ -168,15 +151,7 @@ macro_rules! world {
         let $net = SoftNet::new(SoftNetConfig::new(2, caps()));
         let mut $arena = vec![0u8; soft_world_bytes(2, 64)];
         let mut $mem = vec![0u8; 2 * $slots * $slot];
-        let mut $nodes = soft_world_receiving(
-            &$net,
-            &mut $arena,
-            64,
-            ChannelConfig::default(),
-            (BarrierAlgorithm::default(), Spin, clock()),
-            $receive,
-        )
-        .unwrap();
+        let mut $nodes = rverbs_testkit::nodes_receiving(&$net, &mut $arena, $receive, clock());
         for (n, m) in $nodes.iter_mut().zip($mem.chunks_mut($slots * $slot)) {
             let region = $net
                 .register(n.rank(), m, AccessFlags::LOCAL_WRITE)
@@ -363,22 +338,13 @@ struct ForeignFlood<'f> {
 }
 
 impl rverbs_core::provider::QueuePair for ForeignFlood<'_> {
-    fn caps(&self) -> QpCaps {
-        self.end.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        rverbs_core::provider::QueuePair::qp_num(&self.end)
-    }
+    rverbs_testkit::forward_queue_pair!(end);
     unsafe fn post_send(
         &mut self,
         wrs: &[rverbs_core::wr::WorkRequest<'_>],
     ) -> Result<(), PostFailure> {
         // SAFETY: forwarded posting contract.
         unsafe { self.end.post_send(wrs) }
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.end.post_recv(wrs) }
     }
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.flushing = true;
@@ -451,24 +417,7 @@ fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_com
     struct Stuck<'n>(OversizeFlood<'n>);
     impl DatagramProvider for Stuck<'_> {
         type Address = NetAddress;
-        fn caps(&self) -> QpCaps {
-            self.0.caps()
-        }
-        fn qp_num(&self) -> u32 {
-            self.0.qp_num()
-        }
-        fn qkey(&self) -> u32 {
-            self.0.qkey()
-        }
-        fn gid(&self) -> Gid {
-            self.0.gid()
-        }
-        fn lid(&self) -> u16 {
-            self.0.lid()
-        }
-        fn mtu(&self) -> u32 {
-            self.0.mtu()
-        }
+        rverbs_testkit::forward_datagram_identity!(0);
         fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
             self.0.address(to)
         }
@@ -597,24 +546,7 @@ struct LateLookup<'n> {
 
 impl DatagramProvider for LateLookup<'_> {
     type Address = std::rc::Rc<u32>;
-    fn caps(&self) -> QpCaps {
-        self.qp.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
-    }
-    fn qkey(&self) -> u32 {
-        self.qp.qkey()
-    }
-    fn gid(&self) -> Gid {
-        self.qp.gid()
-    }
-    fn lid(&self) -> u16 {
-        self.qp.lid()
-    }
-    fn mtu(&self) -> u32 {
-        self.qp.mtu()
-    }
+    rverbs_testkit::forward_datagram_identity!(qp);
     fn address(&mut self, _to: Destination) -> Result<std::rc::Rc<u32>, ProviderError> {
         Ok(std::rc::Rc::new(7))
     }

@@ -98,7 +98,7 @@ fn send_and_recv_move_the_bytes() {
 }
 
 #[test]
-fn write_read_and_write_imm() {
+fn writes_reads_and_writes_with_immediate_move_the_bytes() {
     let (mut abuf, mut bbuf) = ([0u8; 64], [0u8; 64]);
     let f = fabric(16);
     let mut am = f.register(Side::A, &mut abuf, RW).unwrap();
@@ -143,7 +143,7 @@ fn write_read_and_write_imm() {
 }
 
 #[test]
-fn multi_sge_gather_and_scatter() {
+fn a_send_gathers_from_several_entries_and_a_receive_scatters_into_several() {
     let (mut x, mut y, mut z, mut r) = ([0u8; 8], [0u8; 8], [0u8; 8], [0u8; 32]);
     let f = fabric(16);
     let (xm, ym, zm) = (
@@ -192,7 +192,7 @@ fn multi_sge_gather_and_scatter() {
 }
 
 #[test]
-fn inline_send_and_write() {
+fn inline_sends_and_writes_carry_their_bytes() {
     let mut r = [0u8; 64];
     let f = fabric(16);
     let mut rm = f.register(Side::B, &mut r, RW).unwrap();
@@ -433,7 +433,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
 }
 
 #[test]
-fn rnr_retries_exceeded() {
+fn a_send_to_a_peer_without_receives_fails_with_rnr_retries_exceeded() {
     let mut sbuf = [0u8; 16];
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();
@@ -447,7 +447,7 @@ fn rnr_retries_exceeded() {
 }
 
 #[test]
-fn dead_peer_is_retry_exceeded() {
+fn a_send_to_a_dead_peer_fails_with_retries_exceeded() {
     let (mut sbuf, mut dbuf) = ([0u8; 16], [0u8; 16]);
     let f = fabric(16);
     let src = f.register(Side::A, &mut sbuf, RW).unwrap();

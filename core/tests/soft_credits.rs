@@ -6,14 +6,10 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use rverbs_core::barrier::BarrierAlgorithm;
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, PeerCounters, Receive,
-};
+use rverbs_core::node::{soft_world_bytes, Event, NodeError, PeerCounters, Receive};
 use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 
 const SLOTS: usize = 4;
@@ -53,15 +49,7 @@ fn run(receive: Receive, answer: bool) -> Run {
         _ => SLOTS,
     };
     let mut mem = vec![0u8; 2 * slots * SLOT];
-    let mut nodes = soft_world_receiving(
-        &net,
-        &mut arena,
-        64,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::default(), Spin, clock()),
-        receive,
-    )
-    .unwrap();
+    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, receive, clock());
     for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(slots * SLOT)) {
         let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
         n.start_messaging_in(region, slots, SLOT).unwrap();

@@ -17,6 +17,7 @@ use rverbs_core::params::{Mtu, QpCaps};
 use rverbs_core::poll::StepClock;
 use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
+use rverbs_testkit::PanicAfter;
 use support::allocs;
 
 #[global_allocator]
@@ -593,17 +594,6 @@ fn a_controlled_qkey_is_refused_as_on_a_device() {
     let net = SoftNet::new(SoftNetConfig::new(1, CAPS));
     assert!(net.create_datagram(0, 0x8000_0001, MTU).is_none());
     assert!(net.create_datagram(0, 0x7fff_ffff, MTU).is_some());
-}
-
-/// A back-off that panics after `n` empty polls: caller code that runs inside every wait.
-struct PanicAfter(u32);
-
-impl rverbs_core::poll::Backoff for PanicAfter {
-    fn snooze(&mut self) {
-        self.0 = self.0.saturating_sub(1);
-        assert!(self.0 > 0, "the caller's back-off panics");
-    }
-    fn reset(&mut self) {}
 }
 
 #[test]

@@ -19,8 +19,8 @@ use rverbs_core::poll::Spin;
 use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric};
 use rverbs_core::provider::{Provider, ProviderError, QueuePair, Verb};
 use rverbs_core::sge::Sge;
-use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
-use rverbs_testkit::clock;
+use rverbs_core::wr::{PostFailure, WorkRequest};
+use rverbs_testkit::{clock, PanicAfter};
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -266,13 +266,7 @@ impl<P> Faulty<P> {
 }
 
 impl<P: Provider> QueuePair for Faulty<P> {
-    fn caps(&self) -> QpCaps {
-        self.inner.caps()
-    }
-
-    fn qp_num(&self) -> u32 {
-        self.inner.qp_num()
-    }
+    rverbs_testkit::forward_queue_pair!(inner);
 
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         if let Some(k) = self.post_prefix.take() {
@@ -286,11 +280,6 @@ impl<P: Provider> QueuePair for Faulty<P> {
         }
         // SAFETY: forwarded contract.
         unsafe { self.inner.post_send(wrs) }
-    }
-
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded contract.
-        unsafe { self.inner.post_recv(wrs) }
     }
 
     fn set_error(&mut self) -> Result<(), ProviderError> {
@@ -421,17 +410,6 @@ fn unflushable_child() {
     let mut a = Channel::new(faulty, cfg(6), clock!());
     let _ = a.recv(&mut [m.sge_mut(0..16).unwrap()]);
     eprintln!("returned with a buffer in flight");
-}
-
-/// A back-off that panics after `n` empty polls: caller code that runs inside every wait.
-struct PanicAfter(u32);
-
-impl rverbs_core::poll::Backoff for PanicAfter {
-    fn snooze(&mut self) {
-        self.0 = self.0.saturating_sub(1);
-        assert!(self.0 > 0, "the caller's back-off panics");
-    }
-    fn reset(&mut self) {}
 }
 
 #[test]

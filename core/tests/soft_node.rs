@@ -9,11 +9,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
-};
+use rverbs_core::node::{soft_world_bytes, Event, NodeError, Receive, SoftNode};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -220,15 +217,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
     };
     let mut rings = vec![0u8; world_size as usize * mem_len];
     let clock = clock!(STEP);
-    let mut nodes = soft_world_receiving(
-        &net,
-        &mut arena,
-        64,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::default(), Spin, clock),
-        receive,
-    )
-    .unwrap();
+    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, receive, clock);
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)

@@ -30,12 +30,7 @@ struct Refusing<'f> {
 }
 
 impl QueuePair for Refusing<'_> {
-    fn caps(&self) -> QpCaps {
-        self.end.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        QueuePair::qp_num(&self.end)
-    }
+    rverbs_testkit::forward_queue_pair!(end);
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         if self.refuse.replace(false) {
             return Err(PostFailure {
@@ -45,10 +40,6 @@ impl QueuePair for Refusing<'_> {
         }
         // SAFETY: forwarded posting contract.
         unsafe { self.end.post_send(wrs) }
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.end.post_recv(wrs) }
     }
     fn set_error(&mut self) -> Result<(), ProviderError> {
         self.end.set_error()
@@ -133,24 +124,7 @@ struct TakesButFails<'n> {
 
 impl DatagramProvider for TakesButFails<'_> {
     type Address = NetAddress;
-    fn caps(&self) -> QpCaps {
-        self.qp.caps()
-    }
-    fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
-    }
-    fn qkey(&self) -> u32 {
-        self.qp.qkey()
-    }
-    fn gid(&self) -> Gid {
-        self.qp.gid()
-    }
-    fn lid(&self) -> u16 {
-        self.qp.lid()
-    }
-    fn mtu(&self) -> u32 {
-        self.qp.mtu()
-    }
+    rverbs_testkit::forward_datagram_identity!(qp);
     fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
         self.qp.address(to)
     }

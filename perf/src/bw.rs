@@ -8,10 +8,7 @@
 
 use std::time::Instant;
 
-use rverbs_core::channel::RecvRing;
-use rverbs_core::memory::PageMemory;
 use rverbs_core::sge::SgeMut;
-use rverbs_core::verbs::AccessFlags;
 use rverbs_core::wr::MAX_BATCH;
 
 use crate::report::{BwReport, BwTimes};
@@ -37,12 +34,7 @@ fn send_bw(s: &mut Session) -> Res<Option<BwReport>> {
         s.sync()?;
         return stream(s, Test::SendBw).map(Some);
     }
-    let slots = (s.plan.rx_depth as usize).min(iters as usize);
-    let ring_mem = s.pd().register_shared(
-        PageMemory::zeroed(slots * size).ok_or("cannot allocate the receive ring")?,
-        AccessFlags::LOCAL_WRITE,
-    )?;
-    let mut ring = RecvRing::new(s.take_chan(), ring_mem, size)?;
+    let mut ring = s.take_ring()?;
     s.sync()?;
     for i in 0..iters {
         let m = ring.recv()?;

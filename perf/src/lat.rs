@@ -3,10 +3,6 @@
 
 use std::time::Instant;
 
-use rverbs_core::channel::RecvRing;
-use rverbs_core::memory::PageMemory;
-use rverbs_core::verbs::AccessFlags;
-
 use crate::report::LatReport;
 use crate::session::{Session, PATIENCE};
 use crate::Res;
@@ -94,19 +90,14 @@ fn spin_for(
 }
 
 /// `ib_send_lat`: a send/receive ping-pong. Each side keeps `-r` receives posted (a
-/// [`RecvRing`], which re-posts each slot after its message was read); the client sends
+/// [`RecvRing`](rverbs_core::channel::RecvRing), which re-posts each slot after its message was read); the client sends
 /// first; each side sends after it received. Sends are signaled every `-Q` and that
 /// completion is waited for, as perftest polls it. Inline when `size` fits `-I`.
 pub(crate) fn send_lat(s: &mut Session) -> Res<Option<LatReport>> {
     let (size, iters) = (s.plan.size, s.plan.iters);
-    let slots = (s.plan.rx_depth as usize).min(iters as usize);
     let inline = s.inline();
     let payload = vec![7u8; size];
-    let ring_mem = s.pd().register_shared(
-        PageMemory::zeroed(slots * size).ok_or("cannot allocate the receive ring")?,
-        AccessFlags::LOCAL_WRITE,
-    )?;
-    let mut ring = RecvRing::new(s.take_chan(), ring_mem, size)?;
+    let mut ring = s.take_ring()?;
     // The peer's receives must be posted before the first send.
     s.sync()?;
     let sge = [s.mem.sge(0..size).ok_or("buffer too small")?];

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
 use rverbs_core::memory::PageMemory;
 use rverbs_core::params::Mtu;
 use rverbs_core::poll::Spin;
@@ -23,6 +23,8 @@ pub(crate) const MAX_RX: usize = 512;
 /// The channel type every test runs on: a device queue pair, spinning waits, room for
 /// [`MAX_RX`] receives.
 pub(crate) type Chan = Channel<VerbsProvider, Spin, MAX_RX>;
+/// A send test's receive side ([`Session::take_ring`]).
+pub(crate) type Ring = RecvRing<VerbsProvider, SharedRegion<'static>, Spin, MAX_RX>;
 
 /// How long any wait of a test may take before it fails (a dead peer, a lost message).
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
@@ -175,9 +177,16 @@ impl Session {
         self.chan.take().expect("the channel is taken once")
     }
 
-    /// The protection domain (for the receive ring's memory).
-    pub(crate) fn pd(&self) -> &Pd {
-        &self.pd
+    /// Takes the channel into a receive ring of `size`-byte slots: as many as the receive
+    /// depth allows, and no more than one per iteration.
+    pub(crate) fn take_ring(&mut self) -> Res<Ring> {
+        let (size, iters) = (self.plan.size, self.plan.iters);
+        let slots = (self.plan.rx_depth as usize).min(iters as usize);
+        let mem = self.pd.register_shared(
+            PageMemory::zeroed(slots * size).ok_or("cannot allocate the receive ring")?,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        Ok(RecvRing::new(self.take_chan(), mem, size)?)
     }
 
     /// The `size` bytes of the peer's buffer this side targets.

@@ -10,21 +10,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use rverbs_testkit::device;
 use serde_json::Value;
-
-fn device() -> Option<String> {
-    match std::env::var("RVERBS_TEST_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                !std::env::var("CI").is_ok_and(|v| v == "true"),
-                "RVERBS_TEST_DEVICE is not set and CI=true; device tests must run on a device"
-            );
-            eprintln!("device_perf: SKIPPED: RVERBS_TEST_DEVICE is not set");
-            None
-        }
-    }
-}
 
 /// Runs `test` with `args` as server and client on `port`; returns the client's JSON.
 fn run(dev: &str, port: u16, test: &str, args: &[&str]) -> Value {

@@ -6,7 +6,7 @@
 //! child's first line with them). Binary values (endpoints, remote memory) travel as hex.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,12 @@ pub fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
 }
 
+/// The environment variable `name`, which must be a number.
+fn env_number(name: &str) -> u32 {
+    let v = required_env(name);
+    v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}"))
+}
+
 /// An empty directory of its own under the system's temporary directory, for `name` (which
 /// should name the test and its port) in this process: where parent and children leave
 /// each other marks.
@@ -37,6 +43,54 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create a scratch directory");
     dir
+}
+
+/// Starts rank `rank` of a world of child processes: the ignored `child_rank` entry point,
+/// told its rank, the bootstrap port, a scratch directory and the device through
+/// `{prefix}RANK`, `{prefix}PORT`, `{prefix}DIR` and `RVERBS_TEST_DEVICE`, and each
+/// `(name, value)` of `extra` as `{prefix}{name}`. The child reads them with [`rank_env`].
+pub fn spawn_rank(
+    prefix: &str,
+    rank: u32,
+    port: u16,
+    dev: &str,
+    dir: &Path,
+    extra: &[(&str, &str)],
+) -> Child {
+    let mut c = child_command("child_rank");
+    c.env(format!("{prefix}RANK"), rank.to_string())
+        .env(format!("{prefix}PORT"), port.to_string())
+        .env(format!("{prefix}DIR"), dir)
+        .env("RVERBS_TEST_DEVICE", dev);
+    for (name, value) in extra {
+        c.env(format!("{prefix}{name}"), value);
+    }
+    c.spawn()
+        .unwrap_or_else(|e| panic!("start rank {rank}: {e}"))
+}
+
+/// What [`spawn_rank`] told a child rank.
+#[derive(Debug)]
+pub struct RankEnv {
+    /// This child's rank.
+    pub rank: u32,
+    /// The bootstrap port.
+    pub port: u16,
+    /// The scratch directory parent and children share.
+    pub dir: PathBuf,
+    /// The device to run on.
+    pub dev: String,
+}
+
+/// In a child started by [`spawn_rank`] with `prefix`: what it was told.
+pub fn rank_env(prefix: &str) -> RankEnv {
+    let number = |name: &str| env_number(&format!("{prefix}{name}"));
+    RankEnv {
+        rank: number("RANK"),
+        port: u16::try_from(number("PORT")).expect("a TCP port"),
+        dir: PathBuf::from(required_env(&format!("{prefix}DIR"))),
+        dev: required_env("RVERBS_TEST_DEVICE"),
+    }
 }
 
 /// Runs `world` child processes of `scenario` on `dev`, each running the ignored
@@ -82,6 +136,19 @@ pub fn run_children(
         }
     }
     (failed, start.elapsed())
+}
+
+/// In a child started by [`run_children`] with `prefix`: what it was told, as
+/// `(scenario, rank, world, port, device)`.
+pub fn world_env(prefix: &str) -> (String, u32, u32, u16, String) {
+    let number = |name: &str| env_number(&format!("{prefix}{name}"));
+    (
+        required_env(&format!("{prefix}SCENARIO")),
+        number("RANK"),
+        number("WORLD"),
+        u16::try_from(number("PORT")).expect("a TCP port"),
+        required_env("RVERBS_TEST_DEVICE"),
+    )
 }
 
 /// A child process and the parent's ends of its pipes.

@@ -1,5 +1,6 @@
-//! Clocks for tests: the wall clock for channels on a device, and a step clock per call site
-//! for the software model, where time must advance by itself however fast the test polls.
+//! Time for tests: the wall clock for channels on a device, a step clock per call site for
+//! the software model (where time must advance by itself however fast the test polls), and
+//! a back-off that panics.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -39,4 +40,17 @@ macro_rules! clock {
         static CLOCK: $crate::__core::poll::StepClock = $crate::__core::poll::StepClock::new($step);
         &CLOCK as $crate::__core::poll::StaticClock
     }};
+}
+
+/// A back-off that panics after `n` empty polls: caller code that runs inside every wait,
+/// for the tests proving a wait that unwinds leaves nothing posted behind.
+#[derive(Debug)]
+pub struct PanicAfter(pub u32);
+
+impl rverbs_core::poll::Backoff for PanicAfter {
+    fn snooze(&mut self) {
+        self.0 = self.0.saturating_sub(1);
+        assert!(self.0 > 0, "the caller's back-off panics");
+    }
+    fn reset(&mut self) {}
 }

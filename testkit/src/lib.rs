@@ -22,16 +22,21 @@ mod clock;
 mod counting;
 mod device;
 mod future;
+mod link;
 mod region;
 mod soft;
 
-pub use child::{child_command, hex, required_env, run_children, say, scratch_dir, unhex, Peer};
-pub use clock::{Wall, WALL};
+pub use child::{
+    child_command, hex, rank_env, required_env, run_children, say, scratch_dir, spawn_rank, unhex,
+    world_env, Peer, RankEnv,
+};
+pub use clock::{PanicAfter, Wall, WALL};
 pub use counting::{allocs, allocs_all, counted, Counting};
 pub use device::{device, test_device};
 pub use future::{block_on, poll_once};
+pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
 pub use region::OnDrop;
-pub use soft::{barrier_answers, caps, fabric, net, nodes, CAPS};
+pub use soft::{barrier_answers, caps, fabric, net, nodes, nodes_receiving, CAPS};
 
 /// The kit's own `rverbs-core`, for its macros.
 #[doc(hidden)]

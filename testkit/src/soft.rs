@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
-use rverbs_core::node::{soft_world, NodeError, SoftNode};
+use rverbs_core::node::{soft_world, soft_world_receiving, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftFabric, SoftNet, SoftNetConfig};
@@ -46,6 +46,25 @@ pub fn nodes<'n, 'm: 'n>(
         .expect("a world of the model's own ranks connects")
 }
 
+/// As [`nodes`], with the default barrier algorithm and messages received as `receive`
+/// says (a ring per peer, or one shared pool).
+pub fn nodes_receiving<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    receive: Receive,
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    soft_world_receiving(
+        net,
+        arena,
+        64,
+        ChannelConfig::default(),
+        (BarrierAlgorithm::default(), Spin, clock),
+        receive,
+    )
+    .expect("a world of the model's own ranks connects")
+}
+
 /// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
 /// each has an answer; the answers by rank, in rank order.
 pub fn barrier_answers<'a, 'n: 'a>(
@@ -76,4 +95,49 @@ pub fn barrier_answers<'a, 'n: 'a>(
     }
     answers.sort_by_key(|(r, _)| *r);
     answers
+}
+
+/// Inside an `impl QueuePair for Stub`, where the field `$inner` is itself a `QueuePair`: the
+/// methods that say which queue pair this is (`caps`, `qp_num`) and `post_recv`, forwarded to
+/// it. A stub writes only the methods it changes.
+#[macro_export]
+macro_rules! forward_queue_pair {
+    ($inner:tt) => {
+        fn caps(&self) -> $crate::__core::params::QpCaps {
+            $crate::__core::provider::QueuePair::caps(&self.$inner)
+        }
+        fn qp_num(&self) -> u32 {
+            $crate::__core::provider::QueuePair::qp_num(&self.$inner)
+        }
+        unsafe fn post_recv(
+            &mut self,
+            wrs: &[$crate::__core::wr::RecvRequest<'_>],
+        ) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe { $crate::__core::provider::QueuePair::post_recv(&mut self.$inner, wrs) }
+        }
+    };
+}
+
+/// Inside an `impl DatagramProvider for Stub`, where the field `$inner` is itself a
+/// `DatagramProvider`: the methods that say which queue pair this is (`caps`, `qp_num`,
+/// `qkey`, `gid`, `lid`, `mtu`), forwarded to it.
+#[macro_export]
+macro_rules! forward_datagram_identity {
+    ($inner:tt) => {
+        $crate::forward_datagram_identity!(@each $inner;
+            caps -> $crate::__core::params::QpCaps,
+            qp_num -> u32,
+            qkey -> u32,
+            gid -> $crate::__core::gid::Gid,
+            lid -> u16,
+            mtu -> u32);
+    };
+    (@each $inner:tt; $($name:ident -> $ty:ty),*) => {
+        $(
+            fn $name(&self) -> $ty {
+                $crate::__core::provider::datagram::DatagramProvider::$name(&self.$inner)
+            }
+        )*
+    };
 }

@@ -17,11 +17,7 @@ fn a_flood_of_idle_connections_does_not_keep_a_real_rank_out() {
     raise_fd_limit();
     // Idle clients would hold their place for io_timeout; the real rank must get
     // in well before that, because rank 0 closes the oldest idle ones for it.
-    let options = ExchangeOptions {
-        timeout: Duration::from_secs(20),
-        io_timeout: Duration::from_secs(3),
-        ..quick()
-    };
+    let options = quick_within(Duration::from_secs(20), Duration::from_secs(3));
     let (port, root) = root(2, options.clone());
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -98,11 +94,7 @@ fn drip_feeding_clients_do_not_keep_a_real_rank_out() {
     // Each client sends one byte of a valid frame every 200 ms, well inside the
     // 1 s that used to be allowed between two bytes; 260 of them held every
     // reader rank 0 had until the exchange timed out.
-    let options = ExchangeOptions {
-        timeout: Duration::from_secs(20),
-        io_timeout: Duration::from_secs(1),
-        ..quick()
-    };
+    let options = quick_within(Duration::from_secs(20), Duration::from_secs(1));
     let (port, root) = root(2, options.clone());
     let valid = from_client(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"drip"));
     let stop = std::sync::Arc::new(core::sync::atomic::AtomicBool::new(false));
@@ -149,11 +141,7 @@ fn drip_feeding_clients_do_not_keep_a_real_rank_out() {
 
 #[test]
 fn a_drip_fed_hello_is_cut_off_at_io_timeout() {
-    let options = ExchangeOptions {
-        timeout: Duration::from_secs(3),
-        io_timeout: Duration::from_secs(1),
-        ..quick()
-    };
+    let options = quick_within(Duration::from_secs(3), Duration::from_secs(1));
     let (port, handle) = root(2, options);
     let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let start = Instant::now();

@@ -6,11 +6,7 @@ use super::*;
 use rverbs_bootstrap::ExchangeError;
 
 fn expect_refused(bytes: &[u8], needle: &str) {
-    let options = ExchangeOptions {
-        timeout: Duration::from_secs(1),
-        io_timeout: Duration::from_millis(500),
-        ..quick()
-    };
+    let options = quick_within(Duration::from_secs(1), Duration::from_millis(500));
     let (port, handle) = root(2, options);
     let mut fake = TcpStream::connect(("127.0.0.1", port)).unwrap();
     fake.write_all(&from_client(bytes)).unwrap();
@@ -28,11 +24,7 @@ fn foreign_bytes_are_refused() {
 #[test]
 fn a_client_that_does_not_open_with_a_challenge_is_refused() {
     // What a version-1 rank (no challenges) sends.
-    let options = ExchangeOptions {
-        timeout: Duration::from_secs(1),
-        io_timeout: Duration::from_millis(500),
-        ..quick()
-    };
+    let options = quick_within(Duration::from_secs(1), Duration::from_millis(500));
     let (port, handle) = root(2, options);
     let mut old = TcpStream::connect(("127.0.0.1", port)).unwrap();
     old.write_all(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"x"))

@@ -80,10 +80,7 @@ fn a_root_announcing_a_huge_table_is_refused_before_reading_it() {
 #[test]
 fn a_root_that_does_not_echo_our_blob_is_refused() {
     let (port, fake) = fake_root(|stream, header| {
-        let table = wire::encode_table(&[b"root".as_slice(), b"forged"]).unwrap();
-        stream
-            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
-            .unwrap();
+        send_table(stream, header.job_id, &[b"root".as_slice(), b"forged"]);
     });
     let (err, _) = peer_error(port);
     fake.join().unwrap();
@@ -96,10 +93,7 @@ fn a_root_that_does_not_echo_our_blob_is_refused() {
 #[test]
 fn a_table_of_the_wrong_size_or_job_is_refused() {
     let (port, fake) = fake_root(|stream, header| {
-        let table = wire::encode_table(&[b"root".as_slice()]).unwrap();
-        stream
-            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
-            .unwrap();
+        send_table(stream, header.job_id, &[b"root".as_slice()]);
     });
     let (err, _) = peer_error(port);
     fake.join().unwrap();
@@ -108,10 +102,7 @@ fn a_table_of_the_wrong_size_or_job_is_refused() {
         "{err:?}"
     );
     let (port, fake) = fake_root(|stream, _| {
-        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
-        stream
-            .write_all(&frame(FrameKind::Table, 1, 0, 2, &table))
-            .unwrap();
+        send_table(stream, 1, &[b"root".as_slice(), b"one"]);
     });
     let (err, _) = peer_error(port);
     fake.join().unwrap();
@@ -142,10 +133,7 @@ fn a_peer_reconnects_when_reset_before_an_answer() {
         let (header, payload) = read_frame(&mut second).unwrap();
         assert_eq!((header.kind, header.sender), (FrameKind::Hello, 1));
         assert_eq!(payload, b"one");
-        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
-        second
-            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
-            .unwrap();
+        send_table(&mut second, header.job_id, &[b"root".as_slice(), b"one"]);
     });
     let (_, blobs) = exchange_at(at(port), 1, 2, b"one", &quick()).unwrap();
     assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);

@@ -1,8 +1,8 @@
 //! Endpoint exchange on 127.0.0.1, each rank on its own thread, plus fake peers and fake
-//! rendezvous that misbehave on purpose. One test binary of a module per theme: every test
-//! drives the same loopback harness (ports, options, fake clients and roots, kept here), and
-//! one integration-test binary links and starts once, which keeps the host-test step of CI
-//! short.
+//! rendezvous that misbehave on purpose, and the session watch that follows an exchange.
+//! One test binary of a module per theme: every test drives the same loopback harness
+//! (ports, options, fake clients and roots, kept here), and one integration-test binary
+//! links and starts once, which keeps the host-test step of CI short.
 
 use core::time::Duration;
 use rverbs_bootstrap::ExchangeError;
@@ -26,6 +26,7 @@ mod hostile_peers;
 mod hostile_root;
 mod node_blobs;
 mod secrets;
+mod watch;
 mod worlds;
 
 type Outcome = Result<(Session, Vec<Vec<u8>>), BootstrapError>;
@@ -79,11 +80,7 @@ fn run_ranks(
             continue;
         }
         let options = options.clone();
-        let rendezvous = if rank == 0 {
-            Rendezvous::Listener(listener.try_clone().unwrap())
-        } else {
-            at(port)
-        };
+        let rendezvous = rendezvous_of(rank, &listener, port);
         handles.push(Some(thread::spawn(move || {
             exchange_at(rendezvous, rank, n, &blob(rank), &options)
         })));
@@ -238,6 +235,34 @@ fn fake_root(
         act(&mut stream, header);
     });
     (port, handle)
+}
+
+/// Writes a table frame of `entries` from rank 0 of 2 under `job_id`: what a fake rank 0
+/// answers with.
+fn send_table<E: AsRef<[u8]>>(stream: &mut TcpStream, job_id: u64, entries: &[E]) {
+    let table = wire::encode_table(entries).unwrap();
+    stream
+        .write_all(&frame(FrameKind::Table, job_id, 0, 2, &table))
+        .unwrap();
+}
+
+/// The rendezvous of `rank`: rank 0 listens on (a clone of) `listener`, the others connect
+/// to `port`.
+fn rendezvous_of(rank: u32, listener: &TcpListener, port: u16) -> Rendezvous {
+    if rank == 0 {
+        Rendezvous::Listener(listener.try_clone().unwrap())
+    } else {
+        at(port)
+    }
+}
+
+/// [`quick`] with a shorter `timeout` and `io_timeout`: for tests that expect one.
+fn quick_within(timeout: Duration, io_timeout: Duration) -> ExchangeOptions {
+    ExchangeOptions {
+        timeout,
+        io_timeout,
+        ..quick()
+    }
 }
 
 fn peer_error(port: u16) -> (BootstrapError, Duration) {

@@ -39,20 +39,15 @@ fn check_node_table(me: u32, world: u32, blobs: &[Vec<u8>]) -> usize {
 /// Exchanges node blobs among `n` ranks on threads; every rank checks its table
 /// and drops it. Returns the table frame size rank 1 saw.
 fn node_exchange(n: u32) -> usize {
-    let options = personalized(ExchangeOptions {
-        timeout: Duration::from_secs(120),
-        io_timeout: Duration::from_secs(60),
-        ..quick()
-    });
+    let options = personalized(quick_within(
+        Duration::from_secs(120),
+        Duration::from_secs(60),
+    ));
     let (listener, port) = listener();
     let handles: Vec<_> = (0..n)
         .map(|rank| {
             let options = options.clone();
-            let rendezvous = if rank == 0 {
-                Rendezvous::Listener(listener.try_clone().unwrap())
-            } else {
-                at(port)
-            };
+            let rendezvous = rendezvous_of(rank, &listener, port);
             // Small stacks: a thousand threads of the default 2 MiB reserve 2 GiB.
             thread::Builder::new()
                 .stack_size(256 * 1024)
@@ -96,11 +91,7 @@ fn plain_rounds_follow_a_node_blob_exchange() {
     let (listener, port) = listener();
     let handles: Vec<_> = (0..n)
         .map(|rank| {
-            let rendezvous = if rank == 0 {
-                Rendezvous::Listener(listener.try_clone().unwrap())
-            } else {
-                at(port)
-            };
+            let rendezvous = rendezvous_of(rank, &listener, port);
             thread::spawn(move || {
                 let options = personalized(quick_long());
                 let (mut session, blobs) =
@@ -202,10 +193,7 @@ fn an_oversized_or_mislabelled_node_blob_is_refused() {
 fn a_personalized_peer_refuses_a_plain_or_oversized_table() {
     // A personalized table leaves rank 1's own entry empty.
     let (port, fake) = fake_root(|stream, header| {
-        let table = wire::encode_table(&[b"root".as_slice(), b"one"]).unwrap();
-        stream
-            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
-            .unwrap();
+        send_table(stream, header.job_id, &[b"root".as_slice(), b"one"]);
     });
     let err = node_peer_error(port);
     fake.join().unwrap();
@@ -215,10 +203,7 @@ fn a_personalized_peer_refuses_a_plain_or_oversized_table() {
     );
     // An entry longer than an addressed blob.
     let (port, fake) = fake_root(|stream, header| {
-        let table = wire::encode_table(&[node_blob(0, 2), Vec::new()]).unwrap();
-        stream
-            .write_all(&frame(FrameKind::Table, header.job_id, 0, 2, &table))
-            .unwrap();
+        send_table(stream, header.job_id, &[node_blob(0, 2), Vec::new()]);
     });
     let err = node_peer_error(port);
     fake.join().unwrap();

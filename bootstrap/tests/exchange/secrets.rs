@@ -23,11 +23,7 @@ fn matching_secrets_connect_and_prove_every_round() {
     let (listener, port) = listener();
     let handles: Vec<_> = (0..n)
         .map(|rank| {
-            let rendezvous = if rank == 0 {
-                Rendezvous::Listener(listener.try_clone().unwrap())
-            } else {
-                at(port)
-            };
+            let rendezvous = rendezvous_of(rank, &listener, port);
             let options = options.clone();
             thread::spawn(move || {
                 let (mut session, blobs) =

@@ -10,7 +10,10 @@
 
 use rverbs_bootstrap::{ClusterConfig, RankConfig};
 
-pub use rverbs_testkit::{child_command, device, required_env, run_children, scratch_dir};
+pub use rverbs_testkit::{
+    child_command, device, rank_env, required_env, run_children, scratch_dir, spawn_rank,
+    world_env, RankEnv,
+};
 
 /// A world of `world` ranks on this host, all on device `dev`, rank `r` listening on
 /// `port + r`, under the job name `job` (which sets the job id, so worlds of different tests
@@ -28,4 +31,33 @@ pub fn local_config(world: u32, port: u16, dev: &str, job: String) -> ClusterCon
         })
         .collect();
     ClusterConfig::new("test", Some(job), ranks).unwrap()
+}
+
+/// `world` nodes on one device, connected to each other in this process (each rank's blob
+/// handed to all), on the wall clock.
+#[cfg(feature = "verbs")]
+pub fn loopback_nodes<B: rverbs_core::poll::Backoff + Clone>(
+    ctx: &rverbs_core::verbs::Context,
+    world: u32,
+    cfg: rverbs_core::node::NodeConfig,
+    backoff: B,
+) -> Vec<rverbs_core::node::VerbsNode<B>> {
+    let prepared: Vec<_> = (0..world)
+        .map(|r| {
+            rverbs_core::node::PreparedNode::new(
+                ctx,
+                r,
+                world,
+                cfg,
+                backoff.clone(),
+                &rverbs_std_shim::MONOTONIC,
+            )
+            .unwrap()
+        })
+        .collect();
+    let blobs: Vec<Vec<u8>> = prepared.iter().map(|p| p.blob()).collect();
+    prepared
+        .into_iter()
+        .map(|p| p.handshake(&blobs).unwrap())
+        .collect()
 }

@@ -50,13 +50,7 @@ fn main() -> ExitCode {
             TokioEvents::new(p.completion_events().expect("queues on a channel"))
         })
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("async_pingpong: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("async_pingpong", r)
 }
 
 fn run<E: Events + 'static>(

@@ -45,16 +45,10 @@ struct Args {
     warmup: u32,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 fn main() -> ExitCode {
-    match run(&Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("atomic_lat: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("atomic_lat", run(&Args::parse()))
 }
 
 fn run(args: &Args) -> Res<()> {

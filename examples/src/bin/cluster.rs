@@ -230,7 +230,7 @@ fn main() -> ExitCode {
     }
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 /// Writes a config for `--ranks` local ranks and runs one child process per rank.
 fn launch_local(args: &Args) -> Res<()> {

@@ -100,7 +100,7 @@ struct Args {
     phases: String,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 /// Writes one line to stderr in a single write (two ranks share the console).
 macro_rules! say {

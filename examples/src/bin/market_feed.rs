@@ -104,7 +104,7 @@ struct Args {
     publisher: String,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 type Endpoint = Datagram<VerbsDatagram, OwnedRegion, StdBackoff, SLOTS>;
 
 fn main() -> ExitCode {
@@ -113,13 +113,8 @@ fn main() -> ExitCode {
         Role::Publisher => publish(&args),
         Role::Subscriber => subscribe(&args),
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("market-feed ({:?} {}): {e}", args.role, args.index);
-            ExitCode::FAILURE
-        }
-    }
+    let who = format!("market-feed ({:?} {})", args.role, args.index);
+    rverbs_examples::exit_code(&who, r)
 }
 
 fn endpoint(args: &Args) -> Res<Endpoint> {

@@ -88,7 +88,7 @@ struct RankReport {
     credit_writes: u64,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 const SLOT: usize = 64;
 
@@ -98,13 +98,7 @@ fn main() -> ExitCode {
         (Some(path), Some(rank)) => run_rank(&args, path, rank),
         _ => launch(&args),
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("messaging_soak: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("messaging_soak: error", r)
 }
 
 fn secs(args: &Args) -> u64 {

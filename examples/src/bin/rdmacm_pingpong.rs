@@ -63,7 +63,7 @@ struct Args {
     timeout_secs: f64,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 type Ring = RecvRing<Connection, OwnedRegion, StdBackoff, 64>;
 
 /// The most a write carries, and so the window each side offers.
@@ -71,13 +71,7 @@ const WINDOW: usize = 1 << 16;
 const SLOT: usize = 64;
 
 fn main() -> ExitCode {
-    match run(&Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rdmacm_pingpong: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("rdmacm_pingpong", run(&Args::parse()))
 }
 
 fn region(pd: &Pd, len: usize, access: AccessFlags) -> Res<OwnedRegion> {

@@ -37,7 +37,7 @@ struct Args {
     secs: u64,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 fn ports(ctx: &Context) -> Res<u8> {
     Ok(ctx.query_device()?.phys_port_cnt)
@@ -143,12 +143,5 @@ fn run(args: &Args) -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rverbs-info: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("rverbs-info", run(&Args::parse()))
 }

@@ -58,16 +58,10 @@ struct Args {
     dump: bool,
 }
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use rverbs_examples::Res;
 
 fn main() -> ExitCode {
-    match run(&Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ud_pingpong: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rverbs_examples::exit_code("ud_pingpong", run(&Args::parse()))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -3,23 +3,18 @@
 //! that closes on purpose is not; rounds still work while a watch runs. With a job secret,
 //! only a goodbye whose MAC proves it counts: a forged or stale one is a failure.
 
-use core::time::Duration;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
-use std::thread;
 
-use rverbs_bootstrap::wire::{self, Frame, FrameKind, Seal, HEADER_LEN, MAC_LEN};
-use rverbs_bootstrap::{exchange_at, Departure, ExchangeOptions, JobSecret, Rendezvous, Session};
+use rverbs_bootstrap::wire::{Frame, Seal, MAC_LEN};
+use rverbs_bootstrap::Departure;
+
+use super::*;
 
 fn options() -> ExchangeOptions {
     ExchangeOptions {
         job_id: 0x3a7c,
-        timeout: Duration::from_secs(20),
         io_timeout: Duration::from_secs(5),
-        retry_interval: Duration::from_millis(20),
-        progress: false,
-        ..ExchangeOptions::default()
+        ..quick_long()
     }
 }
 
@@ -41,18 +36,10 @@ fn with_secret() -> ExchangeOptions {
 
 /// A connected world of `n` sessions, by rank, exchanged with `options`.
 fn world_with(n: u32, options: ExchangeOptions) -> Vec<Session> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
+    let (listener, port) = listener();
     let mut handles = Vec::new();
     for rank in 0..n {
-        let rendezvous = if rank == 0 {
-            Rendezvous::Listener(listener.try_clone().unwrap())
-        } else {
-            Rendezvous::Address {
-                host: "127.0.0.1".into(),
-                port,
-            }
-        };
+        let rendezvous = rendezvous_of(rank, &listener, port);
         let options = options.clone();
         handles.push(thread::spawn(move || {
             exchange_at(rendezvous, rank, n, &[rank as u8], &options)
