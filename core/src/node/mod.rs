@@ -11,11 +11,11 @@
 //! reuse what setup made.
 //!
 //! # The flag array
-//! Every rank registers `16 * world` bytes peers may write: slot `r` (bytes `8r..8r+8`)
-//! holds the count of barrier notifications rank `r` sent us; slot `world + r` how many of
-//! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress));
-//! the last 8 bytes hold the [failure notice](crate::wire::notice) a peer writes when it sees a
-//! rank fail. Every peer holds the array's key and may write any bytes anywhere in it, so no
+//! Every rank registers a small array peers may write, laid out once in
+//! [`crate::wire::flags`] ([`FlagLayout`]): per rank, the count of barrier notifications it
+//! sent us and how many of our messages it has consumed (its credit return, see
+//! [`messaging`](Node::progress)); then the [failure notice](crate::wire::notice) a peer
+//! writes when it sees a rank fail. Every peer holds the array's key and may write any bytes anywhere in it, so no
 //! word is taken on trust: a barrier count above what its rank could have reached fails the
 //! barrier ([`BarrierError::ImplausibleArrival`]), a credit word above what we sent counts as
 //! nothing, and a notice that is not one, names a rank outside the world or names this node is
@@ -79,12 +79,13 @@ use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge};
 #[cfg(feature = "verbs")]
 use crate::verbs::VerbsError;
+use crate::wire::flags::{FlagLayout, SLOT_LEN};
 use crate::wire::node::NodeBlobError;
 
-/// Bytes of a world's flag array: barrier counters, then credit returns, then the failure
-/// notice.
+/// Bytes of a world's flag array ([`FlagLayout`]: barrier counters, then credit returns, then
+/// the failure notice).
 pub(crate) const fn flags_len(world: u32) -> usize {
-    failure::notice_offset(world) + 8
+    FlagLayout::new(world).len()
 }
 
 /// How long a barrier keeps waiting after its deadline, once it probed the ranks it misses,
@@ -262,7 +263,7 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// One connected channel per other rank, each naming its rank
     /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
     pub channels: Vec<Channel<P, B>>,
-    /// Our flag array: at least [`16 * world + 8`](self#the-flag-array) bytes, 8-aligned, with
+    /// Our flag array: at least [`FlagLayout::len`] bytes, 8-aligned, with
     /// local and remote write access, zeroed.
     pub flags: M,
     /// Our data window (peers write and read it).
@@ -339,6 +340,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
 
 struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     me: u32,
+    world: u32,
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
@@ -375,11 +377,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         let slot = self
             .peer_flags
             .get(rank as usize)
-            .and_then(|f| f.slice(u64::from(self.me) * 8, 8))
+            .zip(FlagLayout::new(self.world).arrivals(self.me))
+            .and_then(|(f, at)| f.slice(at as u64, SLOT_LEN as u64))
             .ok_or(BarrierError::RankOutOfRange(rank))?;
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
-        let data = count.to_le_bytes();
+        let data = FlagLayout::bytes(count);
         let posted = if !self.wakeups.as_ref().is_some_and(|w| w.live) {
             self.multi
                 .post_write_inline(rank, &data, slot)
@@ -399,7 +402,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn arrived(&self, rank: u32) -> u64 {
-        self.flags.load_u64(rank as usize * 8).unwrap_or(0)
+        FlagLayout::new(self.world)
+            .arrivals(rank)
+            .and_then(|at| self.flags.load_u64(at))
+            .unwrap_or(0)
     }
 
     #[inline]
@@ -478,7 +484,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let need = flags_len(world);
         if flags.len() < need || !flags.access().contains(FLAG_ACCESS) {
-            return bad("the flag array needs 16 bytes per rank and local and remote write");
+            return bad("the flag array needs FlagLayout::len bytes and local and remote write");
         }
         for (r, f) in peer_flags.iter().enumerate() {
             if r as u32 != rank && (f.len as usize) < need {
@@ -841,6 +847,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<T, NodeError> {
         let Self {
             rank,
+            world,
             multi,
             barrier,
             all,
@@ -864,6 +871,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let mut t = Transport {
             me: *rank,
+            world: *world,
             multi,
             flags,
             peer_flags,

@@ -27,6 +27,7 @@ use crate::poll::Backoff;
 use crate::provider::shared::{RoutedQp, SharedCqError};
 use crate::provider::{CompletionQueue, Provider, QueuePair};
 use crate::sge::RemoteMemory;
+use crate::wire::flags::FlagLayout;
 use crate::wire::node::NodeBlobError;
 
 /// Why a node cannot readmit a rank ([`NodeError::Readmit`]).
@@ -203,9 +204,8 @@ where
         self.peer_flags[rank as usize] = flags;
         self.peer_windows[rank as usize] = window;
         self.barrier.reset();
-        let zero = [0u8; 8];
-        for at in (0..flags_len(self.world)).step_by(8) {
-            self.flags.write_from(at, &zero);
+        for at in FlagLayout::new(self.world).slots() {
+            self.flags.write_from(at, &FlagLayout::bytes(0));
         }
         self.failures.forget(rank);
         self.readmitting = None;
