@@ -153,9 +153,9 @@ fn barrier_loop<E: rverbs_async::Events>(
         for i in 0..BARRIERS {
             let t = Instant::now();
             let (ra, rb, rc) = tokio::join!(
-                a.barrier(&MONOTONIC, timeout),
-                b.barrier(&MONOTONIC, timeout),
-                c.barrier(&MONOTONIC, timeout)
+                a.barrier_timeout(timeout),
+                b.barrier_timeout(timeout),
+                c.barrier_timeout(timeout)
             );
             ra.unwrap_or_else(|e| panic!("barrier {i}, rank 0: {e}"));
             rb.unwrap_or_else(|e| panic!("barrier {i}, rank 1: {e}"));

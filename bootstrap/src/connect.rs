@@ -3,6 +3,7 @@
 
 use crate::error::{BootstrapError, ExchangeError, RdmaError, Result};
 use core::time::Duration;
+use rverbs_core::node::Members;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
@@ -266,16 +267,21 @@ impl Connected {
         self.watch = None;
         // The watch names queue pairs by a table taken at start: the new one is not in it.
         self.device_watch = None;
-        let (node, qp, clock, algorithm) = (&mut self.node, &self.qp, &self.clock, self.algorithm);
+        let (node, qp, algorithm) = (&mut self.node, &self.qp, self.algorithm);
         let result = (|| {
             let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
             let theirs = session.readmit(rank, &blob, timeout)?;
             node.readmit_connect(prepared, &theirs).map_err(rdma)?;
             // Nobody starts a barrier before every rank has reset its counters.
             session.allgather(b"readmitted")?;
+            // A list of every rank, not `Members::World`: the same barrier every rank runs
+            // after readmission, whatever its node's own algorithm setting.
             let members: Vec<u32> = (0..node.world_size()).collect();
-            node.barrier_group(&members, algorithm, clock, timeout)
-                .map_err(rdma)
+            let alg = node.algorithm();
+            node.set_algorithm(algorithm);
+            let r = node.barrier_timeout(&members, timeout).map_err(rdma);
+            node.set_algorithm(alg);
+            r
         })();
         self.device_watch = watch_device(&self.node, self.qp.port, self.on_device_event);
         let probe = crate::device_watch::link_probe(self.node.pd().context(), self.qp.port);
@@ -559,7 +565,7 @@ where
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected").map_err(ours)?;
     let clock = MONOTONIC;
-    node.barrier(&clock, opts.first_barrier_timeout)
+    node.barrier_timeout(Members::World, opts.first_barrier_timeout)
         .map_err(|e| ours(rdma(e)))?;
     let departures = Departures::default();
     let watch = watch_session(

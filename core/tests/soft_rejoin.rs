@@ -15,7 +15,7 @@ use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
     soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, NodeError, ReadmitError, SoftNode,
 };
-use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::poll::Spin;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 use rverbs_testkit::clock;
@@ -35,20 +35,19 @@ const TIMEOUT_OK: Duration = Duration::from_secs(3600);
 fn barrier_all(
     nodes: &mut [SoftNode<'_, Spin>],
     alg: BarrierAlgorithm,
-    clock: StaticClock,
     timeout: Duration,
 ) -> Vec<(u32, Result<(), NodeError>)> {
     for n in nodes.iter_mut() {
         n.set_algorithm(alg);
     }
-    barrier_answers(nodes, clock, timeout)
+    barrier_answers(nodes, timeout)
 }
 
 /// [`ROUNDS`] barriers of every algorithm over every rank, each of which must pass.
-fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock, when: &str) {
+fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], when: &str) {
     for _ in 0..ROUNDS {
         for alg in BarrierAlgorithm::ALL {
-            let answers = barrier_all(nodes, alg, clock, TIMEOUT_OK);
+            let answers = barrier_all(nodes, alg, TIMEOUT_OK);
             assert_eq!(answers.len(), nodes.len());
             for (r, a) in answers {
                 if let Err(e) = a {
@@ -86,7 +85,7 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
     for n in &mut nodes {
         n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
     }
-    barriers_pass(&mut nodes, clock, "before any failure");
+    barriers_pass(&mut nodes, "before any failure");
 
     for (life, (&dead, mem)) in victims.iter().zip(lives.iter_mut()).enumerate() {
         net.kill(dead);
@@ -96,7 +95,6 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
         let answers = barrier_all(
             &mut nodes[..],
             alg,
-            clock,
             Duration::from_millis(if cfg!(miri) { 1 } else { 5 }),
         )
         .into_iter()
@@ -134,7 +132,7 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
             );
             assert!(!n.is_poisoned(), "rank {} is still poisoned", n.rank());
         }
-        barriers_pass(&mut nodes, clock, &format!("after rank {dead} rejoined"));
+        barriers_pass(&mut nodes, &format!("after rank {dead} rejoined"));
 
         // The new process's window is the one its peers write.
         let from = (dead + 1) % WORLD;

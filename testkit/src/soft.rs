@@ -1,6 +1,7 @@
 //! Worlds on the software model: a fabric of two ends, a network of ranks, and nodes over it
 //! with the sizes most tests need.
 
+use rverbs_core::node::Members;
 use std::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
@@ -50,19 +51,18 @@ pub fn nodes<'n, 'm: 'n>(
 /// each has an answer; the answers by rank, in rank order.
 pub fn barrier_answers<'a, 'n: 'a>(
     nodes: impl IntoIterator<Item = &'a mut SoftNode<'n, Spin>>,
-    clock: StaticClock,
     timeout: Duration,
 ) -> Vec<(u32, Result<(), NodeError>)> {
     let mut open = Vec::new();
     let mut answers = Vec::new();
     for n in nodes {
-        match n.barrier_start(&clock, timeout) {
+        match n.barrier_start_timeout(Members::World, timeout) {
             Ok(()) => open.push(n),
             Err(e) => answers.push((n.rank(), Err(e))),
         }
     }
     while !open.is_empty() {
-        open.retain_mut(|n| match n.barrier_poll(&clock) {
+        open.retain_mut(|n| match n.barrier_poll() {
             Ok(false) => true,
             Ok(true) => {
                 answers.push((n.rank(), Ok(())));

@@ -44,7 +44,7 @@ use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock, Deadline, Patience};
+use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
@@ -385,14 +385,25 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
-    /// fails with a timeout at `deadline`. Does not allocate.
-    pub fn progress_until<C: Clock>(
+    /// fails with a timeout after the node's [timeout](Node::timeout). Does not allocate.
+    pub fn progress_wait(
         &mut self,
-        clock: &C,
+        handler: impl FnMut(Event<'_>),
+        done: impl FnMut() -> bool,
+    ) -> Result<(), NodeError> {
+        let deadline = Deadline::after(self.clock, self.timeout);
+        self.progress_until(deadline, handler, done)
+    }
+
+    /// [`Node::progress_wait`], failing with a timeout at `deadline` (on the node's
+    /// [clock](Node::clock)). Does not allocate.
+    pub fn progress_until(
+        &mut self,
         deadline: Deadline,
         mut handler: impl FnMut(Event<'_>),
         mut done: impl FnMut() -> bool,
     ) -> Result<(), NodeError> {
+        let clock = self.clock;
         let mut backoff = self.backoff.clone();
         backoff.reset();
         let mut patience = Patience::until(deadline);

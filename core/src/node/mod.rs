@@ -59,6 +59,7 @@ pub use counters::PeerCounters;
 #[cfg(feature = "verbs")]
 pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
+
 pub use readmit::ReadmitError;
 pub use soft::{
     soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_receiving, SoftNode,
@@ -74,7 +75,7 @@ use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransp
 use crate::channel::{Channel, ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock};
+use crate::poll::{Backoff, Deadline, StaticClock};
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge};
 #[cfg(feature = "verbs")]
@@ -253,8 +254,49 @@ impl From<BarrierError> for NodeError {
     }
 }
 
+/// Who takes part in a barrier: every rank of the world, or the ranks listed (sorted, no
+/// repeats, this rank among them). Every member names the same members.
+///
+/// A list converts on its own, so `node.barrier(&[0, 2])` and `node.barrier(Members::World)`
+/// both read as what they do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Members<'a> {
+    /// Every rank, `0..world` (the common barrier, and the cheapest: it needs no checking).
+    #[default]
+    World,
+    /// These ranks.
+    Ranks(&'a [u32]),
+}
+
+impl<'a> Members<'a> {
+    /// The listed ranks, or `None` for the whole world.
+    fn ranks(self) -> Option<&'a [u32]> {
+        match self {
+            Self::World => None,
+            Self::Ranks(r) => Some(r),
+        }
+    }
+}
+
+impl<'a> From<&'a [u32]> for Members<'a> {
+    fn from(ranks: &'a [u32]) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for Members<'a> {
+    fn from(ranks: &'a [u32; N]) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for Members<'a> {
+    fn from(ranks: &'a Vec<u32>) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
 /// What a node is made of, for [`Node::from_parts`].
-#[derive(Debug)]
 pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// This rank.
     pub rank: u32,
@@ -276,6 +318,22 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     pub algorithm: BarrierAlgorithm,
     /// What waits do between empty polls.
     pub backoff: B,
+    /// The clock the node's waits are measured on (its channels').
+    pub clock: StaticClock,
+    /// How long a bare wait of the node waits ([`Node::timeout`]).
+    pub timeout: Duration,
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for NodeParts<P, M, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeParts")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("channels", &self.channels.len())
+            .field("algorithm", &self.algorithm)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 // A node moves to the thread that will poll it (and so does each of its channels).
@@ -305,6 +363,12 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     window: M,
     /// Barriers that timed out still waiting for each rank (indexed by rank).
     barrier_timeouts: Vec<u32>,
+    clock: StaticClock,
+    timeout: Duration,
+    /// The members of the barrier [`Node::barrier_start`] began, if a group (room for
+    /// `world` ranks made at build, so starting one does not allocate).
+    polled: Vec<u32>,
+    polled_group: bool,
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Drop for Node<P, M, B> {
@@ -468,6 +532,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             peer_windows,
             algorithm,
             backoff,
+            clock,
+            timeout,
         } = parts;
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
             return Err(NodeError::InvalidWorld { rank, world });
@@ -531,6 +597,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             window,
             barrier_timeouts: alloc::vec![0; world as usize],
+            clock,
+            timeout,
+            polled: Vec::with_capacity(world as usize),
+            polled_group: false,
         })
     }
 
@@ -720,91 +790,130 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
     }
 
-    /// Barrier over all ranks with the default algorithm. Does not allocate.
-    pub fn barrier<C: Clock>(&mut self, clock: &C, timeout: Duration) -> Result<(), NodeError> {
-        let alg = self.algorithm;
-        self.run_barrier(None, alg, clock, timeout)
+    /// The clock the node measures its timeouts on: its channels'.
+    pub fn clock(&self) -> StaticClock {
+        self.clock
     }
 
-    /// Barrier over `members` (sorted, no repeats, containing this rank) with `alg`.
-    /// Every member must call it with the same list and algorithm. Does not allocate.
-    pub fn barrier_group<C: Clock>(
-        &mut self,
-        members: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.run_barrier(Some(members), alg, clock, timeout)
+    /// How long a bare wait of the node (`barrier`, `barrier_start`, `progress_wait`) waits
+    /// before it gives up: [`NodeParts::timeout`] (on a device and on the model, the
+    /// channels' [`ChannelConfig::timeout`](crate::channel::ChannelConfig::timeout)) until
+    /// [`Node::set_timeout`] changes it.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
-    /// Starts a barrier over all ranks with the default algorithm without waiting: call
-    /// [`Node::barrier_poll`] until it answers `true`. For a thread that has other work
-    /// while the barrier completes (and for simulating many ranks on one thread). Does not
-    /// allocate.
-    pub fn barrier_start<C: Clock>(
+    /// Sets the default timeout of the node's bare waits (see [`Node::timeout`]).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Barrier over `members` with the node's algorithm ([`Node::set_algorithm`]), giving
+    /// up after the node's [timeout](Node::timeout). Every member must call it with the same
+    /// members and algorithm. Does not allocate.
+    ///
+    /// ```
+    /// # use rverbs_core::node::{soft_world, soft_world_bytes, Members};
+    /// # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+    /// # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
+    /// # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    /// # let mut arena = vec![0u8; soft_world_bytes(1, 64)];
+    /// # let net = SoftNet::new(SoftNetConfig::new(1, QpCaps::queues(16, 16)));
+    /// # let cfg = ChannelConfig::default();
+    /// # let mut node = soft_world(&net, &mut arena, 64, cfg, Default::default(), Spin, &CLOCK)
+    /// #     .unwrap().remove(0);
+    /// for step in 0..3 {
+    ///     // ... this step's work ...
+    ///     node.barrier(Members::World)?;
+    /// }
+    /// # Ok::<(), rverbs_core::node::NodeError>(())
+    /// ```
+    pub fn barrier<'a>(&mut self, members: impl Into<Members<'a>>) -> Result<(), NodeError> {
+        let timeout = self.timeout;
+        self.barrier_timeout(members, timeout)
+    }
+
+    /// [`Node::barrier`], giving up after `timeout`. Does not allocate.
+    pub fn barrier_timeout<'a>(
         &mut self,
-        clock: &C,
+        members: impl Into<Members<'a>>,
         timeout: Duration,
     ) -> Result<(), NodeError> {
-        let alg = self.algorithm;
-        self.barrier_step(None, Some((alg, timeout)), clock)
-            .map(|_| ())
+        let members = members.into().ranks();
+        let (alg, clock) = (self.algorithm, self.clock);
+        self.with_barrier(members, |barrier, t, m, backoff| match members {
+            None => barrier.run_world(t, m, alg, &clock, timeout, backoff),
+            Some(_) => barrier.run(t, m, alg, &clock, timeout, backoff),
+        })?;
+        self.barrier_completed(members);
+        Ok(())
+    }
+
+    /// [`Node::barrier`], giving up at `deadline` (on the node's [clock](Node::clock)).
+    /// Does not allocate.
+    pub fn barrier_until<'a>(
+        &mut self,
+        members: impl Into<Members<'a>>,
+        deadline: Deadline,
+    ) -> Result<(), NodeError> {
+        let timeout = deadline.remaining(self.clock);
+        self.barrier_timeout(members, timeout)
+    }
+
+    /// Starts a barrier over `members` with the node's algorithm without waiting: call
+    /// [`Node::barrier_poll`] until it answers `true`. It gives up after the node's
+    /// [timeout](Node::timeout). For a thread that has other work while the barrier
+    /// completes (and for simulating many ranks on one thread). The node remembers the
+    /// members (copied into room made at build), so the poll needs none. Does not allocate.
+    pub fn barrier_start<'a>(&mut self, members: impl Into<Members<'a>>) -> Result<(), NodeError> {
+        let timeout = self.timeout;
+        self.barrier_start_timeout(members, timeout)
+    }
+
+    /// [`Node::barrier_start`], giving up after `timeout`. Does not allocate.
+    pub fn barrier_start_timeout<'a>(
+        &mut self,
+        members: impl Into<Members<'a>>,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        let members = members.into().ranks();
+        let (alg, clock) = (self.algorithm, self.clock);
+        // Remember the members for the polls, unless a barrier is in progress (the start
+        // fails then, and the one in progress keeps its own).
+        let remember = !self.barrier.is_pending();
+        let done = self.with_barrier(members, |barrier, t, m, _| match members {
+            None => barrier.start_world(t, m, alg, &clock, timeout),
+            Some(_) => barrier.start(t, m, alg, &clock, timeout),
+        });
+        if remember && done.is_ok() {
+            self.polled.clear();
+            if let Some(m) = members {
+                // `validate` held: at most `world` distinct ranks, which the room holds.
+                self.polled.extend_from_slice(m);
+            }
+            self.polled_group = members.is_some();
+        }
+        done
     }
 
     /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
-    /// every rank it waits for arrived; [`BarrierError::PeerFailed`] as soon as a member is
-    /// known to have failed; a timeout error (naming the ranks still missing) once its
-    /// deadline and then the [probe grace](Node::set_probe_grace) passed. Does not allocate.
-    pub fn barrier_poll<C: Clock>(&mut self, clock: &C) -> Result<bool, NodeError> {
-        self.barrier_step(None, None, clock)
-    }
-
-    /// [`Node::barrier_start`] over `members` (sorted, containing this rank) with `alg`.
-    pub fn barrier_group_start<C: Clock>(
-        &mut self,
-        members: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.barrier_step(Some(members), Some((alg, timeout)), clock)
-            .map(|_| ())
-    }
-
-    /// [`Node::barrier_poll`] for a barrier begun with [`Node::barrier_group_start`]; pass
-    /// the same members.
-    pub fn barrier_group_poll<C: Clock>(
-        &mut self,
-        members: &[u32],
-        clock: &C,
-    ) -> Result<bool, NodeError> {
-        self.barrier_step(Some(members), None, clock)
-    }
-
-    /// Starts (with `start`) or advances the non-blocking barrier over `members` (every rank
-    /// when `None`).
-    fn barrier_step<C: Clock>(
-        &mut self,
-        members: Option<&[u32]>,
-        start: Option<(BarrierAlgorithm, Duration)>,
-        clock: &C,
-    ) -> Result<bool, NodeError> {
-        let whole = members.is_none();
-        let done = self.with_barrier(members, |barrier, t, m, _| match (start, whole) {
-            (Some((alg, timeout)), true) => barrier
-                .start_world(t, m, alg, clock, timeout)
-                .map(|()| false),
-            (Some((alg, timeout)), false) => {
-                barrier.start(t, m, alg, clock, timeout).map(|()| false)
-            }
-            (None, true) => barrier.poll_world(t, m, clock),
-            (None, false) => barrier.poll(t, m, clock),
-        })?;
-        if done {
+    /// every rank it waits for arrived (and when none is in progress); [`BarrierError::PeerFailed`]
+    /// as soon as a member is known to have failed; a timeout error (naming the ranks still
+    /// missing) once its deadline and then the [probe grace](Node::set_probe_grace) passed.
+    /// Does not allocate.
+    pub fn barrier_poll(&mut self) -> Result<bool, NodeError> {
+        let clock = self.clock;
+        let polled = core::mem::take(&mut self.polled);
+        let members = self.polled_group.then_some(&polled[..]);
+        let done = self.with_barrier(members, |barrier, t, m, _| match members {
+            None => barrier.poll_world(t, m, &clock),
+            Some(_) => barrier.poll(t, m, &clock),
+        });
+        if let Ok(true) = done {
             self.barrier_completed(members);
         }
-        Ok(done)
+        self.polled = polled;
+        done
     }
 
     /// After a barrier over `members` (every rank when `None`) completed: a full barrier
@@ -815,22 +924,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 w.live = true;
             }
         }
-    }
-
-    /// Runs a barrier over `members`, or over every rank when `None`.
-    fn run_barrier<C: Clock>(
-        &mut self,
-        members: Option<&[u32]>,
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.with_barrier(members, |barrier, t, m, backoff| match members {
-            None => barrier.run_world(t, m, alg, clock, timeout, backoff),
-            Some(_) => barrier.run(t, m, alg, clock, timeout, backoff),
-        })?;
-        self.barrier_completed(members);
-        Ok(())
     }
 
     /// Lends `f` the barrier state, a transport over the node's channels and flag arrays, the

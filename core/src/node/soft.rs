@@ -27,7 +27,8 @@ pub const fn soft_world_bytes(world: u32, window_len: usize) -> usize {
 
 /// Builds all `net.nodes()` nodes of a world, fully connected, with the flag arrays and
 /// windows (`window_len` bytes each) carved out of `arena` (at least [`soft_world_bytes`]
-/// long). Every channel gets `cfg` with its peer's rank, a clone of `backoff` and `clock`.
+/// long). Every channel gets `cfg` with its peer's rank, a clone of `backoff` and `clock`;
+/// the node keeps `clock` and takes `cfg.timeout` as its default [timeout](Node::timeout).
 /// Messages land in a ring per peer ([`Receive::PerPeer`]; see [`soft_world_receiving`]).
 /// Allocates (setup).
 pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
@@ -179,6 +180,8 @@ pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
             peer_windows: peer_windows.clone(),
             algorithm,
             backoff: backoff.clone(),
+            clock,
+            timeout: cfg.timeout,
         })?);
     }
     Ok(nodes)
@@ -204,7 +207,7 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// ```
 /// use rverbs_core::barrier::BarrierAlgorithm;
 /// use rverbs_core::channel::ChannelConfig;
-/// use rverbs_core::node::{soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes};
+/// use rverbs_core::node::{soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, Members};
 /// use rverbs_core::params::QpCaps;
 /// use rverbs_core::poll::{Spin, StepClock};
 /// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -225,9 +228,9 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// nodes.insert(1, reborn);
 /// // Counts start again from zero on every rank: barriers over all three work.
 /// for n in nodes.iter_mut() {
-///     n.barrier_start(&&CLOCK, core::time::Duration::from_secs(1)).unwrap();
+///     n.barrier_start(Members::World).unwrap();
 /// }
-/// while !nodes.iter_mut().all(|n| n.barrier_poll(&&CLOCK).unwrap()) {}
+/// while !nodes.iter_mut().all(|n| n.barrier_poll().unwrap()) {}
 /// ```
 pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
     net: &'n SoftNet<'m>,
@@ -310,6 +313,8 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
         peer_windows,
         algorithm,
         backoff,
+        clock,
+        timeout: cfg.timeout,
     })?;
     for (s, qp) in survivors.iter_mut().zip(theirs) {
         s.readmit_finish(rank, qp, my_flags, my_window)?;

@@ -287,6 +287,8 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             peer_windows,
             algorithm: self.cfg.algorithm,
             backoff,
+            clock: self.clock,
+            timeout: self.cfg.channel.timeout,
         })?;
         node.wakeup = self.wakeup;
         if self.cfg.barrier_wakeups {

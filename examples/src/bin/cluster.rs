@@ -22,6 +22,7 @@
 //!    every rank runs `--barriers` of each algorithm again; reports how long it took.
 #![allow(clippy::std_instead_of_core)] // a std program
 
+use rverbs_core::node::Members;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -457,7 +458,6 @@ fn with_departures(c: &Connected, e: Box<dyn std::error::Error>) -> Box<dyn std:
 fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> Res<Report> {
     // The watch (in `c`) stays alive until the end: a rank that dies is named by every
     // survivor.
-    let clock = c.clock;
     let port = c.port();
     let (node, session) = (&mut c.node, &mut c.session);
     let (rank, world) = (session.rank(), session.world_size());
@@ -520,7 +520,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         } else {
             None
         };
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         r
     };
 
@@ -558,7 +558,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         } else {
             None
         };
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         if rank == 0 {
             let sges: Vec<[Sge<'_>; 1]> = (0..world)
                 .map(|r| {
@@ -598,7 +598,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
             checks.push(("gather_read bytes from every peer".to_owned(), ok));
             multicast(node, &pd, msg, world)?;
         }
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         if let Some(t) = pending {
             let info = node.wait(t)?;
             let ok = info.byte_len as usize == msg.len() && &msg_mr.as_slice()[..msg.len()] == msg;
@@ -610,7 +610,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
                 got == pat(rank, 1),
             ));
         }
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
     }
 
     // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it: they must
@@ -622,11 +622,11 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
     let mut barriers = Vec::new();
     for alg in BarrierAlgorithm::ALL {
         node.set_algorithm(alg);
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         let mut h = hist();
         for _ in 0..args.barriers {
             let t = Instant::now();
-            node.barrier(&clock, timeout)?;
+            node.barrier_timeout(Members::World, timeout)?;
             h.record((t.elapsed().as_nanos() as u64).max(1))?;
         }
         barriers.push((alg.name().to_owned(), Pct::of(&h)));
@@ -634,9 +634,10 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
     let evens: Vec<u32> = (0..world).step_by(2).collect();
     let group_barriers = if rank % 2 == 0 && evens.len() > 1 {
         let mut h = hist();
+        node.set_algorithm(BarrierAlgorithm::Dissemination);
         for _ in 0..args.barriers.min(200) {
             let t = Instant::now();
-            node.barrier_group(&evens, BarrierAlgorithm::Dissemination, &clock, timeout)?;
+            node.barrier_timeout(&evens, timeout)?;
             h.record((t.elapsed().as_nanos() as u64).max(1))?;
         }
         Some(Pct::of(&h))
@@ -644,7 +645,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         None
     };
     node.set_algorithm(BarrierAlgorithm::Dissemination);
-    node.barrier(&clock, timeout)?;
+    node.barrier_timeout(Members::World, timeout)?;
 
     // 4. A rank that rejoins.
     let rejoin_ms = match &args.rejoin_dir {
@@ -692,14 +693,14 @@ fn survive_a_rejoin(
     timeout: Duration,
     checks: &mut Vec<(String, bool)>,
 ) -> Res<u64> {
-    let (rank, clock) = (c.node.rank(), c.clock);
+    let rank = c.node.rank();
     c.session.allgather(b"rejoin loop")?;
     let mut done = 0u32;
     let error = loop {
         // Every rank runs barrier `done` of the loop with the same algorithm.
         c.node
             .set_algorithm(BarrierAlgorithm::ALL[done as usize % 3]);
-        if let Err(e) = c.node.barrier(&clock, timeout) {
+        if let Err(e) = c.node.barrier_timeout(Members::World, timeout) {
             break e;
         }
         done += 1;
@@ -729,11 +730,10 @@ fn survive_a_rejoin(
 
 /// `barriers` of each algorithm over all ranks; whether every one completed.
 fn barriers_again(c: &mut Connected, barriers: u32, timeout: Duration) -> Res<bool> {
-    let clock = c.clock;
     for alg in BarrierAlgorithm::ALL {
         c.node.set_algorithm(alg);
         for _ in 0..barriers {
-            c.node.barrier(&clock, timeout)?;
+            c.node.barrier_timeout(Members::World, timeout)?;
         }
     }
     c.node.set_algorithm(BarrierAlgorithm::Dissemination);

@@ -16,6 +16,7 @@
 //! ```
 #![allow(clippy::std_instead_of_core)] // a std program
 
+use rverbs_core::node::Members;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -267,7 +268,7 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
         Receive::PerPeer
     };
     let c = connect(&config, rank, &opts)?;
-    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
+    let (mut node, mut session) = (c.node, c.session);
     let slots = if args.shared {
         args.pool_slots
     } else {
@@ -275,7 +276,7 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
     } as usize;
     node.start_messaging(slots, SLOT)?;
     // Nobody sends before every ring (or pool) is posted.
-    node.barrier(&clock, Duration::from_secs(60))?;
+    node.barrier_timeout(Members::World, Duration::from_secs(60))?;
     let peers: Vec<u32> = (0..world).filter(|&r| r != rank).collect();
     let w = world as usize;
     let mut sent = vec![0u64; w];
