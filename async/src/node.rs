@@ -20,7 +20,7 @@ use crate::events::Events;
 /// instead of starting another.
 ///
 /// A barrier sleeps on the events only once the node's barrier notifications raise
-/// completions at their receivers (`NodeConfig::barrier_wakeups`, live after the first
+/// completions at their receivers (`Components::barrier_wakeups`, live after the first
 /// barrier over the whole world: [`Node::barrier_wakeups_live`]); before that, and on a node
 /// without wake-ups, it re-polls on every turn, because a plain write wakes nobody.
 ///

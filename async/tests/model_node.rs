@@ -11,7 +11,7 @@ use rverbs_async::{AsyncNode, YieldEvents};
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
+use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, Receive};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_testkit::{block_on, CAPS};
@@ -27,7 +27,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     let net = SoftNet::new(SoftNetConfig::new(4, CAPS));
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let mut mem = vec![0u8; 4 * 3 * SLOTS * SLOT];
-    let mut nodes = soft_world_receiving(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         64,

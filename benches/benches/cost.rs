@@ -29,6 +29,7 @@
 use core::hint::black_box;
 use core::mem::MaybeUninit;
 use core::time::Duration;
+use rverbs_core::node::Components;
 use rverbs_core::node::Members;
 use rverbs_core::wire::FlagLayout;
 
@@ -410,6 +411,7 @@ fn node(dev: &InstantDevice, world: u32) -> (InstantNode, PeerHand, Arrivals) {
         backoff: Spin,
         clock: &MONOTONIC,
         timeout: Duration::from_secs(10),
+        components: Components::default(),
     })
     .expect("node");
     (node, hand, arrivals)

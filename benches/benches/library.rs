@@ -26,6 +26,7 @@
 use core::hint::black_box;
 use core::mem::MaybeUninit;
 use core::time::Duration;
+use rverbs_core::node::Components;
 use rverbs_core::node::Members;
 use rverbs_core::wire::FlagLayout;
 
@@ -347,6 +348,7 @@ fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::provider::in
         backoff: Spin,
         clock: &MONOTONIC,
         timeout: cfg.timeout,
+        components: Components::default(),
     })
     .expect("node");
     (node, hand)

@@ -9,6 +9,7 @@
 #![allow(missing_docs)] // criterion_main! generates an undocumented `main`.
 
 use core::time::Duration;
+use rverbs_core::node::Components;
 use rverbs_core::node::Members;
 use rverbs_core::wire::FlagLayout;
 
@@ -87,6 +88,7 @@ fn star<'n, 'm: 'n>(
         backoff: Spin,
         clock: &MONOTONIC,
         timeout: Duration::from_secs(3600),
+        components: Components::default(),
     })
     .expect("node");
     (

@@ -7,7 +7,7 @@ use rverbs_core::node::Members;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, ReadmitError, Receive, VerbsNode};
+use rverbs_core::node::{Component, NodeConfig, NodeError, PreparedNode, VerbsNode};
 use rverbs_core::params::PsnSource;
 use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC, PSN_SOURCE};
@@ -232,8 +232,8 @@ impl Connected {
     /// # Errors
     /// [`ExchangeError::Readmit`] when it cannot work, saying why: `rank` is 0 (the
     /// rendezvous died with it), the job was started under a PMIx launcher (no rendezvous),
-    /// or the node uses messaging or barrier wake-ups ([`BootstrapError::Rdma`] with
-    /// [`ReadmitError`]); the errors of the exchange when the new process or a survivor does
+    /// or the node was built without readmission ([`BootstrapError::Rdma`] with
+    /// [`NodeError::NotBuiltWith`]; choose it in `NodeConfig::components`); the errors of the exchange when the new process or a survivor does
     /// not come in time (rank 0's names them); [`BootstrapError::Rdma`] for the queue pairs
     /// and the closing barrier. After an error the node stays poisoned and the session is
     /// poisoned: restart every rank.
@@ -426,8 +426,8 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
 ///
 /// # Errors
 /// Those of [`connect`], and [`ExchangeError::Readmit`] for rank 0 (the rendezvous died
-/// with it: restart every rank) and for options a survivor cannot readmit (barrier
-/// wake-ups, a shared receive queue). A rank 0 that turns the hello away says why
+/// with it: restart every rank) and for options that do not choose readmission
+/// (`NodeConfig::components`, as every rank of a world that readmits). A rank 0 that turns the hello away says why
 /// ([`ExchangeError::Rejected`]: another job, another world size, the old process still
 /// connected, ...); one whose survivors do not readmit this rank in time leaves it with a
 /// timeout.
@@ -442,11 +442,12 @@ pub fn rejoin(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resul
     if rank == 0 {
         return Err(refuse(RANK_ZERO.to_owned()));
     }
-    if opts.node.barrier_wakeups {
-        return Err(refuse(ReadmitError::Wakeups.to_string()));
-    }
-    if matches!(opts.node.receive, Receive::Shared { .. }) {
-        return Err(refuse(ReadmitError::SharedReceive.to_string()));
+    if !opts.node.components.readmission {
+        // The survivors were built with readmission (or they refuse to readmit), and every
+        // rank chooses its components alike; so is this one, to be readmitted again.
+        return Err(refuse(
+            NodeError::NotBuiltWith(Component::Readmission).to_string(),
+        ));
     }
     start(config, rank, opts, true)
 }

@@ -231,7 +231,9 @@ fn a_forged_write_lands_at_a_predictable_psn_but_not_on_a_torn_down_queue_pair()
         return;
     };
     let ctx = open_device(DEV).unwrap();
-    let cfg = NodeConfig::default();
+    let mut cfg = NodeConfig::default();
+    // Rank 0 begins readmitting rank 2 below.
+    cfg.components = rverbs_core::node::Components::readmission();
     assert_eq!(cfg.qp.send_psn, PsnSource::Predictable);
     let prepared: Vec<_> = (0..3)
         .map(|r| PreparedNode::new(&ctx, r, 3, cfg, Spin, &MONOTONIC).unwrap())

@@ -102,7 +102,7 @@ fn child_rank() {
     let dev = std::env::var("RVERBS_TEST_DEVICE").unwrap();
     let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
-    opts.node.receive = Receive::Shared { slots: POOL };
+    opts.node.components.messaging = Some(Receive::Shared { slots: POOL });
     // An RNR NAK is retried, not fatal: the counters, not a failed completion, tell.
     opts.node.qp.rnr_retry = RnrRetry::Infinite;
     let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));

@@ -160,6 +160,8 @@ fn child_rank() {
     let config = support::local_config(WORLD, port, &dev, format!("rejoin-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = BarrierAlgorithm::Dissemination;
+    // Every rank is built to readmit (and the new process to be readmitted again).
+    opts.node.components = rverbs_core::node::Components::readmission();
     let mut c = if first == 0 {
         connect(&config, rank, &opts)
     } else {

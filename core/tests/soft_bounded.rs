@@ -16,7 +16,7 @@ use rverbs_core::completion::{Completion, DatagramCompletion, WcStatus};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, NodeError, Receive};
+use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, NodeError, Receive};
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Deadline, Spin, StaticClock, StepClock};
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
@@ -169,7 +169,7 @@ macro_rules! world {
         let $net = SoftNet::new(SoftNetConfig::new(2, caps()));
         let mut $arena = vec![0u8; soft_world_bytes(2, 64)];
         let mut $mem = vec![0u8; 2 * $slots * $slot];
-        let mut $nodes = soft_world_receiving(
+        let mut $nodes = soft_world_with(
             &$net,
             &mut $arena,
             64,

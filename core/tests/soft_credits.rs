@@ -10,7 +10,7 @@ use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, PeerCounters, Receive,
+    soft_world_bytes, soft_world_with, Event, NodeError, PeerCounters, Receive,
 };
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
@@ -53,7 +53,7 @@ fn run(receive: Receive, answer: bool) -> Run {
         _ => SLOTS,
     };
     let mut mem = vec![0u8; 2 * slots * SLOT];
-    let mut nodes = soft_world_receiving(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         64,

@@ -13,7 +13,7 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
+    soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
 };
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock};
@@ -49,6 +49,24 @@ fn world<'n, 'm: 'n>(
     clock: StaticClock,
 ) -> Vec<SoftNode<'n, Spin>> {
     nodes(net, arena, BarrierAlgorithm::default(), clock)
+}
+
+/// [`world`] with barrier wake-ups chosen at build (one-sided traffic only).
+fn wakeup_world<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    let alg = BarrierAlgorithm::default();
+    soft_world_with(
+        net,
+        arena,
+        64,
+        ChannelConfig::default(),
+        (alg, Spin, clock),
+        Components::barrier_wakeups(),
+    )
+    .unwrap()
 }
 
 /// Runs one barrier over `members` with ranks starting in random order and polled in random
@@ -213,7 +231,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
     };
     let mut rings = vec![0u8; world_size as usize * mem_len];
     let clock = clock!(STEP);
-    let mut nodes = soft_world_receiving(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         64,
@@ -446,11 +464,10 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     for n in nodes.iter_mut() {
-        assert!(!n.barrier_wakeups());
-        n.enable_barrier_wakeups().unwrap();
         assert!(n.barrier_wakeups());
+        assert!(!n.barrier_wakeups_live());
     }
     let all: Vec<u32> = (0..world_size).collect();
     let evens: Vec<u32> = (0..world_size).step_by(2).collect();
@@ -483,14 +500,15 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
         most > 16,
         "at most {most} notifications to one peer carried an immediate"
     );
-    // Messages would land on receives without buffers: messaging is refused.
+    // Messages would land on receives without buffers: the node was built without
+    // messaging, and says so.
     let region = net
         .register(0, &mut ring, AccessFlags::LOCAL_WRITE)
         .unwrap();
-    assert!(matches!(
+    assert_eq!(
         nodes[0].start_messaging_in(region, 2, 64),
-        Err(NodeError::InvalidArgument { .. })
-    ));
+        Err(NodeError::NotBuiltWith(Component::Messaging))
+    );
     for n in &nodes {
         assert!(!n.is_poisoned());
     }
@@ -527,10 +545,7 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
     let net = net(2);
     let mut arena = vec![0u8; soft_world_bytes(2, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
-    for n in nodes.iter_mut() {
-        n.enable_barrier_wakeups().unwrap();
-    }
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     for _ in 0..(if cfg!(miri) { 20 } else { 60 }) {
         barrier_rank_1_last(&mut nodes);
     }
@@ -543,10 +558,7 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
     let net = net(3);
     let mut arena = vec![0u8; soft_world_bytes(3, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
-    for n in nodes.iter_mut() {
-        n.enable_barrier_wakeups().unwrap();
-    }
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     let all = [0u32, 1, 2];
     let mut rng = Rng(9);
     barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng);
@@ -619,4 +631,49 @@ fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
         "not delivered within {} progress calls",
         8 * peers
     );
+}
+
+#[test]
+fn components_that_cannot_work_together_are_refused_when_the_world_is_built_naming_both() {
+    let clock = clock!(STEP);
+    let mut wakeups_and_messages = Components::messaging(Receive::PerPeer);
+    wakeups_and_messages.barrier_wakeups = true;
+    let mut pool_and_readmission = Components::messaging(Receive::Shared { slots: 8 });
+    pool_and_readmission.readmission = true;
+    let mut wakeups_and_readmission = Components::barrier_wakeups();
+    wakeups_and_readmission.readmission = true;
+    let cases = [
+        (
+            wakeups_and_messages,
+            (Component::Messaging, Component::BarrierWakeups),
+        ),
+        (
+            pool_and_readmission,
+            (Component::SharedReceive, Component::Readmission),
+        ),
+        (
+            wakeups_and_readmission,
+            (Component::BarrierWakeups, Component::Readmission),
+        ),
+    ];
+    for (components, (a, b)) in cases {
+        let net = net(3);
+        let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+        let alg = BarrierAlgorithm::default();
+        let e = soft_world_with(
+            &net,
+            &mut arena,
+            64,
+            ChannelConfig::default(),
+            (alg, Spin, clock),
+            components,
+        )
+        .unwrap_err();
+        assert_eq!(e, NodeError::Incompatible { a, b });
+        let text = e.to_string();
+        assert!(
+            text.contains(&a.to_string()) && text.contains(&b.to_string()),
+            "{text}"
+        );
+    }
 }

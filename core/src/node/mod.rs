@@ -37,8 +37,13 @@
 //! new process, and after a second out-of-band round barriers run over all ranks again, every
 //! count starting from zero (the steps and why they are needed: `node/readmit.rs`). On a device
 //! `rverbs-bootstrap`'s `Connected::readmit` and `rejoin` do all of it; on the software model,
-//! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
-//! readmit ([`ReadmitError`] says why).
+//! [`soft_rejoin`] builds the new node. Only a node built with readmission can readmit, and
+//! such a node has neither messaging nor barrier wake-ups ([`Components`]).
+//!
+//! # Components
+//! Messaging, barrier wake-ups and readmission are chosen when the node is built
+//! ([`Components`]); a combination that cannot work is refused then, naming both choices
+//! ([`NodeError::Incompatible`]). Barriers and failure news are part of every node.
 
 mod alarm;
 mod counters;
@@ -62,7 +67,7 @@ pub use messaging::{Event, Receive};
 
 pub use readmit::ReadmitError;
 pub use soft::{
-    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_receiving, SoftNode,
+    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_with, SoftNode,
 };
 #[cfg(feature = "verbs")]
 pub use verbs::{NodeConfig, PreparedNode, ReadmitQp, VerbsNode, VerbsQp};
@@ -184,6 +189,16 @@ pub enum NodeError {
     },
     /// A rank failed (see [the module docs](self#when-a-rank-fails)); names the failed rank.
     PeerFailed(crate::failure::Failure),
+    /// Two components chosen for the node cannot work together (see [`Components`]); the
+    /// node was not built.
+    Incompatible {
+        /// One choice.
+        a: Component,
+        /// The other, which `a` excludes.
+        b: Component,
+    },
+    /// A call needs a component the node was not built with ([`Components`]).
+    NotBuiltWith(Component),
     /// A rank cannot be readmitted (see [the module docs](self#when-a-rank-rejoins)).
     Readmit {
         /// The rank to readmit.
@@ -234,6 +249,14 @@ impl fmt::Display for NodeError {
             } if w.status.is_local() => write!(f, "the channel to rank {rank}: {error}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
             Self::PeerFailed(failure) => write!(f, "{failure}"),
+            Self::Incompatible { a, b } => write!(
+                f,
+                "a node cannot be built with both {a} and {b}: choose one of them \
+                 (see node::Components)"
+            ),
+            Self::NotBuiltWith(c) => {
+                write!(f, "the node was built without {c} (see node::Components)")
+            }
             Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),
         }
     }
@@ -251,6 +274,131 @@ impl From<VerbsError> for NodeError {
 impl From<BarrierError> for NodeError {
     fn from(e: BarrierError) -> Self {
         Self::Barrier(e)
+    }
+}
+
+/// One of the components a node may be built with ([`Components`]), as errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Component {
+    /// Messaging into a receive ring per peer ([`Receive::PerPeer`]).
+    Messaging,
+    /// Messaging into one receive pool every peer shares ([`Receive::Shared`]).
+    SharedReceive,
+    /// Barrier wake-ups ([`Components::barrier_wakeups`]).
+    BarrierWakeups,
+    /// Readmission of a rank that failed and was started again ([`Components::readmission`]).
+    Readmission,
+}
+
+impl fmt::Display for Component {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Messaging => "messaging (a receive ring per peer)",
+            Self::SharedReceive => "messaging into a shared receive pool",
+            Self::BarrierWakeups => "barrier wake-ups",
+            Self::Readmission => "readmission",
+        })
+    }
+}
+
+/// What a node is built with besides what every node has (its channels, flag array, window,
+/// barriers and failure news, which barriers need): chosen once, when the node is built
+/// ([`NodeParts::components`], `NodeConfig::components` on a device, [`soft_world_with`] on
+/// the model), so that a combination that cannot work is refused then
+/// ([`NodeError::Incompatible`], naming both), never half way through a run.
+///
+/// | | messaging | barrier wake-ups | readmission |
+/// |---|---|---|---|
+/// | messaging | | no: a wake-up receive has no buffer for a message | no: rings, credits and posted receives are not rebuilt for a new process |
+/// | barrier wake-ups | no | | no: the wake-up receives are not rebuilt for a new process |
+/// | readmission | no | no | |
+///
+/// The default is messaging into a ring per peer ([`Components::messaging`]); a shared
+/// receive pool ([`Receive::Shared`]) is messaging too, so it cannot be readmitted either
+/// (a queue pair for a new process cannot join the shared queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Components {
+    /// Where messages land, if the node carries messages ([`Node::start_messaging_in`]);
+    /// `None`: one-sided traffic only (writes, reads, atomics, barriers).
+    pub messaging: Option<Receive>,
+    /// Barrier notifications raise a completion at their receiver, so a rank asleep on
+    /// completion events wakes when its peer arrives (see `node/wakeups.rs`). Every rank
+    /// chooses it alike; it takes effect from the first barrier over the whole world.
+    pub barrier_wakeups: bool,
+    /// The node can readmit a rank that failed and was started again
+    /// ([`Node::readmit_begin`]).
+    pub readmission: bool,
+}
+
+impl Default for Components {
+    fn default() -> Self {
+        Self::messaging(Receive::PerPeer)
+    }
+}
+
+impl From<Receive> for Components {
+    fn from(receive: Receive) -> Self {
+        Self::messaging(receive)
+    }
+}
+
+impl Components {
+    /// One-sided traffic only: no messaging, no wake-ups, no readmission.
+    pub const fn one_sided() -> Self {
+        Self {
+            messaging: None,
+            barrier_wakeups: false,
+            readmission: false,
+        }
+    }
+
+    /// Messaging, with messages landing as `receive` says (the default: per peer).
+    pub const fn messaging(receive: Receive) -> Self {
+        Self {
+            messaging: Some(receive),
+            ..Self::one_sided()
+        }
+    }
+
+    /// One-sided traffic with barrier wake-ups.
+    pub const fn barrier_wakeups() -> Self {
+        Self {
+            barrier_wakeups: true,
+            ..Self::one_sided()
+        }
+    }
+
+    /// One-sided traffic with readmission.
+    pub const fn readmission() -> Self {
+        Self {
+            readmission: true,
+            ..Self::one_sided()
+        }
+    }
+
+    /// The first two components chosen that cannot work together, if any.
+    pub const fn clash(&self) -> Option<(Component, Component)> {
+        let messaging = match self.messaging {
+            None => None,
+            Some(Receive::PerPeer) => Some(Component::Messaging),
+            Some(Receive::Shared { .. }) => Some(Component::SharedReceive),
+        };
+        match (messaging, self.barrier_wakeups, self.readmission) {
+            (Some(m), true, _) => Some((m, Component::BarrierWakeups)),
+            (Some(m), _, true) => Some((m, Component::Readmission)),
+            (None, true, true) => Some((Component::BarrierWakeups, Component::Readmission)),
+            _ => None,
+        }
+    }
+
+    /// `Ok`, or [`NodeError::Incompatible`] naming the first clash.
+    pub const fn check(&self) -> Result<(), NodeError> {
+        match self.clash() {
+            None => Ok(()),
+            Some((a, b)) => Err(NodeError::Incompatible { a, b }),
+        }
     }
 }
 
@@ -322,6 +470,10 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     pub clock: StaticClock,
     /// How long a bare wait of the node waits ([`Node::timeout`]).
     pub timeout: Duration,
+    /// What the node is built with ([`Components`]); checked here. Messaging into a shared
+    /// pool ([`Receive::Shared`]) needs channels on a shared receive queue, and channels on
+    /// one need it.
+    pub components: Components,
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for NodeParts<P, M, B> {
@@ -332,6 +484,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for NodeParts<P, M, 
             .field("channels", &self.channels.len())
             .field("algorithm", &self.algorithm)
             .field("timeout", &self.timeout)
+            .field("components", &self.components)
             .finish_non_exhaustive()
     }
 }
@@ -369,6 +522,7 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     /// `world` ranks made at build, so starting one does not allocate).
     polled: Vec<u32>,
     polled_group: bool,
+    components: Components,
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Drop for Node<P, M, B> {
@@ -534,7 +688,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             backoff,
             clock,
             timeout,
+            components,
         } = parts;
+        components.check()?;
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
             return Err(NodeError::InvalidWorld { rank, world });
         }
@@ -560,7 +716,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 });
             }
         }
-        let multi = MultiChannel::new(channels).map_err(|e| match e {
+        let mut multi = MultiChannel::new(channels).map_err(|e| match e {
             MultiError::DuplicateRank(_) | MultiError::ChannelWithoutRank => {
                 NodeError::InvalidArgument {
                     what: "every channel must name a distinct peer rank",
@@ -578,13 +734,31 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 what: "a channel names a rank outside the world",
             });
         }
+        let on_srq = multi
+            .channels()
+            .next()
+            .is_some_and(|c| c.provider().srq_capacity() > 0);
+        let shared = matches!(components.messaging, Some(Receive::Shared { .. }));
+        if on_srq && !shared {
+            return bad(
+                "the channels share a receive queue: choose messaging into Receive::Shared",
+            );
+        }
+        if shared && !on_srq && world > 1 {
+            return bad("Receive::Shared messaging needs channels on a shared receive queue");
+        }
+        let wakeups = if components.barrier_wakeups {
+            Some(wakeups::Wakeups::post_all(&mut multi)?)
+        } else {
+            None
+        };
         Ok(Self {
             rank,
             world,
             algorithm,
             multi,
             rings: None,
-            wakeups: None,
+            wakeups,
             wakeup: None,
             barrier: BarrierState::new(rank, world),
             failures: failure::Failures::new(rank, world, backoff.waker()),
@@ -601,35 +775,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             timeout,
             polled: Vec::with_capacity(world as usize),
             polled_group: false,
+            components,
         })
     }
 
-    /// Makes every barrier notification raise a completion at its receiver, so a rank asleep
-    /// on completion events (`rverbs_std_shim::WaitPolicy::Block`) wakes the moment its peer
-    /// arrives instead of when its sleep runs out.
-    ///
-    /// Collective: every rank enables it, then runs a barrier over the whole world;
-    /// notifications carry an immediate from the first such barrier that completes. It posts
-    /// up to sixteen receives without buffers on every channel, which the peers'
-    /// notifications consume, so from then on the node's channels carry one-sided traffic
-    /// only (writes, reads, atomics, barriers): messaging is refused, and a peer's send would
-    /// fail with a length error. Allocates (setup); fails if messaging started, a barrier is
-    /// in progress or a receive is outstanding.
-    pub fn enable_barrier_wakeups(&mut self) -> Result<(), NodeError> {
-        if self.rings.is_some() {
-            return Err(NodeError::InvalidArgument {
-                what: "barrier wake-ups need a node without messaging",
-            });
-        }
-        if self.barrier.is_pending() {
-            return Err(NodeError::InvalidArgument {
-                what: "barrier wake-ups cannot be enabled during a barrier",
-            });
-        }
-        if self.wakeups.is_none() {
-            self.wakeups = Some(wakeups::Wakeups::post_all(&mut self.multi)?);
-        }
-        Ok(())
+    /// What the node was built with.
+    pub fn components(&self) -> Components {
+        self.components
     }
 
     /// The completion events of the node's queues (a node built with
@@ -652,7 +804,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         &self.backoff
     }
 
-    /// Whether barrier notifications raise completions ([`Node::enable_barrier_wakeups`]).
+    /// Whether barrier notifications raise completions ([`Components::barrier_wakeups`]).
     pub fn barrier_wakeups(&self) -> bool {
         self.wakeups.is_some()
     }
@@ -660,7 +812,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Whether barrier notifications carry an immediate yet, so a rank asleep on its
     /// completion events wakes when its peer arrives: wake-ups are on and a barrier over the
     /// whole world completed since (until then notifications are plain writes, which wake
-    /// nobody; see [`Node::enable_barrier_wakeups`]).
+    /// nobody; see [`Components::barrier_wakeups`]).
     pub fn barrier_wakeups_live(&self) -> bool {
         self.wakeups.as_ref().is_some_and(|w| w.live)
     }

@@ -22,7 +22,7 @@
 //!    every rank runs `--barriers` of each algorithm again; reports how long it took.
 #![allow(clippy::std_instead_of_core)] // a std program
 
-use rverbs_core::node::Members;
+use rverbs_core::node::{Components, Members};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -414,6 +414,12 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
         opts.exchange.goodbye_linger = Duration::from_millis(ms);
     }
     opts.first_barrier_timeout = timeout;
+    // The demo sends no node messages. A blocking rank sleeps until its peers' barrier
+    // notifications wake it: they must raise completions (barrier wake-ups). A world that
+    // readmits a rank is built for it; both at once is refused when the node is built.
+    opts.node.components = Components::one_sided();
+    opts.node.components.barrier_wakeups = args.wait == Wait::Block;
+    opts.node.components.readmission = args.rejoin_dir.is_some() || args.rejoined;
     // Port down, port back, a queue pair in the error state: printed as the device says so.
     opts.on_device_event = Some(print_device_event);
     let t0 = Instant::now();
@@ -552,7 +558,10 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         let msg = b"multicast from rank 0: hello, all ranks";
         // Receivers post their multicast receive before the barrier that releases rank 0.
         let mut recv_sge = [msg_mr.sge_mut(0..64).ok_or("range")?];
-        let pending = if rank != 0 {
+        // With barrier wake-ups the node's receive queues hold buffer-less receives for the
+        // notifications: a send would land on one, so the two-sided part is skipped.
+        let two_sided = !node.barrier_wakeups();
+        let pending = if rank != 0 && two_sided {
             // SAFETY: msg_mr's bytes are not touched until the wait below returns.
             Some(unsafe { node.channel(0)?.post_recv(&mut recv_sge) }?)
         } else {
@@ -596,7 +605,9 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
                 ok &= back_mr.as_slice()[r * CHUNK..(r + 1) * CHUNK] == pat(r as u32, 2)[..];
             }
             checks.push(("gather_read bytes from every peer".to_owned(), ok));
-            multicast(node, &pd, msg, world)?;
+            if two_sided {
+                multicast(node, &pd, msg, world)?;
+            }
         }
         node.barrier_timeout(Members::World, timeout)?;
         if let Some(t) = pending {
@@ -613,12 +624,8 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         node.barrier_timeout(Members::World, timeout)?;
     }
 
-    // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it: they must
-    // raise completions (every rank switches together; the first barrier below makes it
-    // live). The node carries no two-sided traffic from here on.
-    if args.wait == Wait::Block {
-        node.enable_barrier_wakeups()?;
-    }
+    // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it (barrier
+    // wake-ups, chosen when the node was built; live from the first barrier over the world).
     let mut barriers = Vec::new();
     for alg in BarrierAlgorithm::ALL {
         node.set_algorithm(alg);

@@ -786,7 +786,7 @@ impl Rank<'_> {
             .collect();
         let cfg2 = ClusterConfig::new("faults-shared", Some("faults-shared".into()), ranks)?;
         let mut opts = options(&cfg2, self.bound);
-        opts.node.receive = Receive::Shared { slots: 8 };
+        opts.node.components.messaging = Some(Receive::Shared { slots: 8 });
         let mut c2 = connect(&cfg2, self.rank, &opts)?;
         c2.node.start_messaging(8, SLOT)?;
         c2.node.barrier_timeout(Members::World, self.bound)?;

@@ -260,13 +260,13 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
     let config = ClusterConfig::from_file(path)?;
     let world = config.world_size();
     let mut opts = ConnectOptions::for_config(&config);
-    opts.node.receive = if args.shared {
+    opts.node.components.messaging = Some(if args.shared {
         Receive::Shared {
             slots: args.pool_slots,
         }
     } else {
         Receive::PerPeer
-    };
+    });
     let c = connect(&config, rank, &opts)?;
     let (mut node, mut session) = (c.node, c.session);
     let slots = if args.shared {
