@@ -35,9 +35,7 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
-};
+use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, NodeError, Receive, SoftNode};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -138,11 +136,8 @@ fuzz_target!(|data: &[u8]| {
         SLOTS * (WORLD as usize - 1)
     };
     let mut mem = vec![0u8; WORLD as usize * ring * SLOT_SIZE];
-    let net = SoftNet::new(SoftNetConfig::new(
-        WORLD,
-        QpCaps::queues(16, 16),
-    ));
-    let mut nodes = soft_world_receiving(
+    let net = SoftNet::new(SoftNetConfig::new(WORLD, QpCaps::queues(16, 16)));
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         64,
@@ -307,7 +302,7 @@ fn barrier_move(
             k
         }
     };
-    let g = GROUPS[s.script[k]];
+    // The node polls the members its start named.
     match nodes[rank].barrier_poll() {
         Ok(false) => {}
         Ok(true) => {
