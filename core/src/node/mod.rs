@@ -10,6 +10,29 @@
 //! After that nothing allocates: barriers, window writes, messaging and channel operations
 //! reuse what setup made.
 //!
+//! # A barrier loop
+//! On a device each rank is a process, its node comes from `rverbs_bootstrap::connect` (or
+//! [`PreparedNode`]), and its loop is `for step in 0..n { work(step); node.barrier(Members::World)?; }`:
+//! every wait is bounded by the node's default [timeout](Node::timeout), and no call takes
+//! a clock. On the software model one thread plays all four ranks, so each starts the
+//! barrier and then all are polled until every one has passed it:
+//!
+//! ```
+//! # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
+//! # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+//! use rverbs_core::node::{soft_world, soft_world_bytes, Members};
+//! # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+//! # let mut arena = vec![0u8; soft_world_bytes(4, 64)];
+//! # let net = SoftNet::new(SoftNetConfig::new(4, QpCaps::queues(16, 16)));
+//! # let cfg = ChannelConfig::default();
+//! let mut nodes = soft_world(&net, &mut arena, 64, cfg, Default::default(), Spin, &CLOCK)?;
+//! for _step in 0..100 {
+//!     nodes.iter_mut().try_for_each(|n| n.barrier_start(Members::World))?; // all arrive
+//!     while nodes.iter_mut().map(|n| n.barrier_poll()).collect::<Result<Vec<_>, _>>()?.contains(&false) {}
+//! }
+//! # Ok::<(), rverbs_core::node::NodeError>(())
+//! ```
+//!
 //! # The flag array
 //! Every rank registers a small array peers may write, laid out once in
 //! [`crate::wire::flags`] ([`FlagLayout`]): per rank, the count of barrier notifications it
