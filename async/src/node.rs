@@ -4,10 +4,11 @@ use core::fmt;
 use core::future::poll_fn;
 use core::task::Poll;
 use core::time::Duration;
+use rverbs_core::node::Members;
 
 use rverbs_core::memory::Region;
 use rverbs_core::node::{Event, Node, NodeError};
-use rverbs_core::poll::{Backoff, Deadline, StaticClock};
+use rverbs_core::poll::{Backoff, Deadline};
 use rverbs_core::provider::Provider;
 
 use crate::events::Events;
@@ -19,7 +20,7 @@ use crate::events::Events;
 /// instead of starting another.
 ///
 /// A barrier sleeps on the events only once the node's barrier notifications raise
-/// completions at their receivers (`NodeConfig::barrier_wakeups`, live after the first
+/// completions at their receivers (`Components::barrier_wakeups`, live after the first
 /// barrier over the whole world: [`Node::barrier_wakeups_live`]); before that, and on a node
 /// without wake-ups, it re-polls on every turn, because a plain write wakes nobody.
 ///
@@ -65,18 +66,22 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
         self.open_barrier.is_some()
     }
 
-    /// Barrier over all ranks with the node's algorithm, at most `timeout` on `clock` (then
-    /// the node's timeout error, naming the missing ranks, after its probe grace). Resumes
-    /// a barrier whose future was dropped, with that barrier's deadline. Does not allocate.
-    pub async fn barrier(
-        &mut self,
-        clock: StaticClock,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
+    /// Barrier over all ranks with the node's algorithm, at most the node's
+    /// [timeout](Node::timeout) (then the node's timeout error, naming the missing ranks,
+    /// after its probe grace). Resumes a barrier whose future was dropped, with that
+    /// barrier's deadline. Does not allocate.
+    pub async fn barrier(&mut self) -> Result<(), NodeError> {
+        let timeout = self.node.timeout();
+        self.barrier_timeout(timeout).await
+    }
+
+    /// [`AsyncNode::barrier`], giving up after `timeout`.
+    pub async fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), NodeError> {
+        let clock = self.node.clock();
         let deadline = match self.open_barrier {
             Some(d) => d,
             None => {
-                self.node.barrier_start(&clock, timeout)?;
+                self.node.barrier_start_timeout(Members::World, timeout)?;
                 let d = Deadline::after(clock, timeout);
                 self.open_barrier = Some(d);
                 d
@@ -88,7 +93,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
         // wait re-polls on every turn.
         let events_wake = self.node.barrier_wakeups_live();
         let r = poll_fn(|cx| loop {
-            match self.node.barrier_poll(&clock) {
+            match self.node.barrier_poll() {
                 Ok(true) => return Poll::Ready(Ok(())),
                 Err(e) => return Poll::Ready(Err(e)),
                 Ok(false) => {}
@@ -110,16 +115,27 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
     }
 
     /// Waits until the node delivered at least one event (messages, writes with immediate)
-    /// to `handler`, at most `timeout` on `clock`, handling up to `budget` per poll; returns
-    /// how many it handled (0: the timeout passed with none). A dropped future loses no
-    /// message: what was not handed to `handler` stays in the node. Does not allocate.
+    /// to `handler`, at most the node's [timeout](Node::timeout), handling up to `budget` per
+    /// poll; returns how many it handled (0: the timeout passed with none). A dropped future
+    /// loses no message: what was not handed to `handler` stays in the node. Does not
+    /// allocate.
     pub async fn progress(
         &mut self,
-        clock: StaticClock,
+        budget: usize,
+        handler: impl FnMut(Event<'_>),
+    ) -> Result<usize, NodeError> {
+        let timeout = self.node.timeout();
+        self.progress_timeout(timeout, budget, handler).await
+    }
+
+    /// [`AsyncNode::progress`], waiting at most `timeout`.
+    pub async fn progress_timeout(
+        &mut self,
         timeout: Duration,
         budget: usize,
         mut handler: impl FnMut(Event<'_>),
     ) -> Result<usize, NodeError> {
+        let clock = self.node.clock();
         let deadline = Deadline::after(clock, timeout);
         poll_fn(|cx| loop {
             match self.node.progress(budget, &mut handler) {

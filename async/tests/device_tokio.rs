@@ -127,7 +127,7 @@ fn barrier_loop<E: rverbs_async::Events>(
     // channel would not wake when its peer arrives.
     let mut cfg = NodeConfig::default();
     cfg.completion_events = true;
-    cfg.barrier_wakeups = true;
+    cfg.components = rverbs_core::node::Components::barrier_wakeups();
     let prepared: Vec<_> = (0..WORLD)
         .map(|r| PreparedNode::new(&ctx, r, WORLD, cfg, Spin, &MONOTONIC).unwrap())
         .collect();
@@ -153,9 +153,9 @@ fn barrier_loop<E: rverbs_async::Events>(
         for i in 0..BARRIERS {
             let t = Instant::now();
             let (ra, rb, rc) = tokio::join!(
-                a.barrier(&MONOTONIC, timeout),
-                b.barrier(&MONOTONIC, timeout),
-                c.barrier(&MONOTONIC, timeout)
+                a.barrier_timeout(timeout),
+                b.barrier_timeout(timeout),
+                c.barrier_timeout(timeout)
             );
             ra.unwrap_or_else(|e| panic!("barrier {i}, rank 0: {e}"));
             rb.unwrap_or_else(|e| panic!("barrier {i}, rank 1: {e}"));
@@ -187,7 +187,7 @@ fn a_barrier_loop_of_three_ranks_polled_by_tokio() {
 
 /// Every rank asleep on its completion channel between polls. The first barrier over the
 /// world after enabling wake-ups still notifies with plain writes (see
-/// `Node::enable_barrier_wakeups`), which wake nobody: `AsyncNode` re-polls through it, and
+/// `Components::barrier_wakeups`), which wake nobody: `AsyncNode` re-polls through it, and
 /// sleeps on events from the next one. (Sleeping through it was this test's first finding:
 /// one barrier per run ended at its 20 s deadline.)
 #[test]

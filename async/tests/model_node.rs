@@ -41,10 +41,10 @@ fn barriers_and_messages_awaited_with_cancellation() {
     for _ in 0..rounds {
         let (a, b, c, d) = block_on(async {
             tokio::join!(
-                n0.barrier(clock, TIMEOUT),
-                n1.barrier(clock, TIMEOUT),
-                n2.barrier(clock, TIMEOUT),
-                n3.barrier(clock, TIMEOUT)
+                n0.barrier_timeout(TIMEOUT),
+                n1.barrier_timeout(TIMEOUT),
+                n2.barrier_timeout(TIMEOUT),
+                n3.barrier_timeout(TIMEOUT)
             )
         });
         a.unwrap();
@@ -55,7 +55,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
 
     // Rank 0 enters a barrier and its future is dropped before the others arrive.
     {
-        let mut fut = Box::pin(n0.barrier(clock, TIMEOUT));
+        let mut fut = Box::pin(n0.barrier_timeout(TIMEOUT));
         let mut cx = Context::from_waker(Waker::noop());
         assert!(fut.as_mut().poll(&mut cx).is_pending());
     }
@@ -63,10 +63,10 @@ fn barriers_and_messages_awaited_with_cancellation() {
     // The next call resumes that barrier (it does not start a second one).
     let (a, b, c, d) = block_on(async {
         tokio::join!(
-            n0.barrier(clock, TIMEOUT),
-            n1.barrier(clock, TIMEOUT),
-            n2.barrier(clock, TIMEOUT),
-            n3.barrier(clock, TIMEOUT)
+            n0.barrier_timeout(TIMEOUT),
+            n1.barrier_timeout(TIMEOUT),
+            n2.barrier_timeout(TIMEOUT),
+            n3.barrier_timeout(TIMEOUT)
         )
     });
     a.unwrap();
@@ -77,13 +77,13 @@ fn barriers_and_messages_awaited_with_cancellation() {
 
     // Messages: a wait dropped before anything arrived loses nothing.
     {
-        let mut fut = Box::pin(n1.progress(clock, TIMEOUT, 8, |_| panic!("nothing sent yet")));
+        let mut fut = Box::pin(n1.progress_timeout(TIMEOUT, 8, |_| panic!("nothing sent yet")));
         let mut cx = Context::from_waker(Waker::noop());
         assert!(fut.as_mut().poll(&mut cx).is_pending());
     }
     n0.node().post_send_inline(1, b"async hello").unwrap();
     let mut got = Vec::new();
-    let n = block_on(n1.progress(clock, TIMEOUT, 8, |ev| {
+    let n = block_on(n1.progress_timeout(TIMEOUT, 8, |ev| {
         if let Event::Message { rank, data } = ev {
             got.push((rank, data.to_vec()));
         }
@@ -94,7 +94,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     // No message more (the wait ends at its timeout): the dropped wait took nothing.
     let mut more = 0;
     for _ in 0..3 {
-        block_on(n1.progress(clock, Duration::from_micros(300), 8, |ev| {
+        block_on(n1.progress_timeout(Duration::from_micros(300), 8, |ev| {
             if matches!(ev, Event::Message { .. }) {
                 more += 1;
             }

@@ -34,6 +34,9 @@
 use core::hint::black_box;
 use core::mem::MaybeUninit;
 use core::time::Duration;
+use rverbs_core::node::Components;
+use rverbs_core::node::Members;
+use rverbs_core::wire::FlagLayout;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
@@ -478,9 +481,9 @@ fn node(dev: &InstantDevice, world: u32) -> (InstantNode, PeerHand, Arrivals) {
         cfg.peer = Some(rank);
         channels.push(Channel::with_backoff(routed, cfg, Spin, &MONOTONIC));
     }
-    let flags = dev.region(16 * world as usize + 8, RW);
+    let flags = dev.region(FlagLayout::new(world).len(), RW);
     let hand = flags.peer_hand();
-    let size = 16 * world as usize + 8;
+    let size = FlagLayout::new(world).len();
     let remotes: Vec<RemoteMemory> = (0..world).map(|_| dev.region(size, RW).remote()).collect();
     let node = Node::from_parts(NodeParts {
         rank: 0,
@@ -492,6 +495,9 @@ fn node(dev: &InstantDevice, world: u32) -> (InstantNode, PeerHand, Arrivals) {
         peer_windows: remotes,
         algorithm: BarrierAlgorithm::Dissemination,
         backoff: Spin,
+        clock: &MONOTONIC,
+        timeout: Duration::from_secs(10),
+        components: Components::default(),
     })
     .expect("node");
     (node, hand, arrivals)
@@ -524,7 +530,7 @@ fn barrier<const R: usize>(dev: &InstantDevice, world: u32, raw: bool, n: u64) {
                         assert!(hand.store_u64(8 * from as usize, count));
                     }
                 });
-                node.barrier(&MONOTONIC, Duration::from_secs(10))
+                node.barrier_timeout(Members::World, Duration::from_secs(10))
                     .expect("barrier");
             },
             n,
@@ -538,11 +544,11 @@ fn barrier<const R: usize>(dev: &InstantDevice, world: u32, raw: bool, n: u64) {
     let (scq, rcq) = (dev.cq(256 * world), dev.cq(256 * world));
     let qps: Vec<InstantQp> = rounds.iter().map(|_| dev.qp(&scq, &rcq, caps())).collect();
     let mut raw = Raw::<R>::new(core::array::from_fn(|q| qps[q].raw()), scq.raw(), (0, 0, 0));
-    let flags = dev.region(16 * world as usize + 8, RW);
+    let flags = dev.region(FlagLayout::new(world).len(), RW);
     let hand = flags.peer_hand();
     let targets: Vec<RemoteMemory> = rounds
         .iter()
-        .map(|_| dev.region(16 * world as usize + 8, RW).remote())
+        .map(|_| dev.region(FlagLayout::new(world).len(), RW).remote())
         .collect();
     let mut count = 0u64;
     run(

@@ -30,6 +30,8 @@
 use core::hint::black_box;
 use core::mem::MaybeUninit;
 use core::time::Duration;
+use rverbs_core::node::Members;
+use rverbs_core::wire::FlagLayout;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rverbs_core::channel::{Channel, ChannelConfig};
@@ -347,7 +349,7 @@ fn library(c: &mut Criterion) {
             count += 1;
             // The peer (rank 1) has arrived: its notification count sits in our flags.
             assert!(hand.store_u64(8, count));
-            node.barrier(&MONOTONIC, Duration::from_secs(10))
+            node.barrier_timeout(Members::World, Duration::from_secs(10))
                 .expect("barrier");
         })
     });
@@ -420,7 +422,7 @@ fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::provider::in
     let routed = shared.add(qp).map_err(|(_, e)| e).expect("route");
     let mut cfg = ChannelConfig::with_timeout(Duration::from_secs(10));
     cfg.peer = Some(1);
-    let flags = dev.region(16 * world as usize + 8, RW);
+    let flags = dev.region(FlagLayout::new(world).len(), RW);
     let hand = flags.peer_hand();
     let window = dev.region(64, RW);
     let peer_flags = vec![flags.remote(), dev.region(64, RW).remote()];
@@ -430,6 +432,8 @@ fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::provider::in
         flags,
         window,
         peer_flags,
+        &MONOTONIC,
+        cfg.timeout,
     );
     (node, hand)
 }

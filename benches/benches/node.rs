@@ -9,6 +9,8 @@
 #![allow(missing_docs)] // criterion_main! generates an undocumented `main`.
 
 use core::time::Duration;
+use rverbs_core::node::Members;
+use rverbs_core::wire::FlagLayout;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rverbs_core::barrier::BarrierAlgorithm;
@@ -40,7 +42,7 @@ fn star<'n, 'm: 'n>(
     bufs: &'m mut [Vec<u8>],
 ) -> (SoftNode<'n, Spin>, Star<'n>) {
     let world = net.nodes();
-    let flags_len = 16 * world as usize;
+    let flags_len = FlagLayout::new(world).len();
     let mut it = bufs.iter_mut();
     let mut reg = |node, access| {
         net.register(node, it.next().expect("a buffer per region"), access)
@@ -73,7 +75,15 @@ fn star<'n, 'm: 'n>(
         let routed = shared.add(near).map_err(|(_, e)| e).expect("route");
         channels.push(Channel::with_backoff(routed, cfg, Spin, &MONOTONIC));
     }
-    let node = rverbs_benches::rank_zero(world, channels, flags, window, peer_flags);
+    let node = rverbs_benches::rank_zero(
+        world,
+        channels,
+        flags,
+        window,
+        peer_flags,
+        &MONOTONIC,
+        Duration::from_secs(3600),
+    );
     (
         node,
         Star {
@@ -84,7 +94,7 @@ fn star<'n, 'm: 'n>(
 }
 
 fn buffers(world: u32, messaging: bool) -> Vec<Vec<u8>> {
-    let flags = 16 * world as usize;
+    let flags = FlagLayout::new(world).len();
     // Node 0: flags, window, ring; every peer: flags.
     let mut v = vec![vec![0u8; flags], vec![0u8; 64]];
     v.extend((1..world).map(|_| vec![0u8; flags]));
@@ -132,11 +142,11 @@ fn barrier_poll(c: &mut Criterion) {
             let (mut node, _keep) = star(&net, &mut bufs);
             node.set_algorithm(alg);
             // Nobody else arrives: every poll is one step of a waiting barrier.
-            node.barrier_start(&MONOTONIC, Duration::from_secs(3600))
+            node.barrier_start_timeout(Members::World, Duration::from_secs(3600))
                 .expect("start");
             let id = BenchmarkId::new(alg.name(), peers);
             g.bench_with_input(id, &peers, |b, _| {
-                b.iter(|| assert!(!node.barrier_poll(&MONOTONIC).expect("poll")))
+                b.iter(|| assert!(!node.barrier_poll().expect("poll")))
             });
         }
     }

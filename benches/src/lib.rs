@@ -19,13 +19,14 @@
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::Channel;
 use rverbs_core::memory::Region;
-use rverbs_core::node::{Node, NodeParts};
-use rverbs_core::poll::Spin;
+use rverbs_core::node::{Components, Node, NodeParts};
+use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::Provider;
 use rverbs_core::sge::RemoteMemory;
 
 /// Rank 0 of a `world` whose peers are played by the bench: a node over `channels` (one
-/// per peer), dissemination barriers, spinning; each peer's flag array doubles as its
+/// per peer), dissemination barriers, spinning, its waits bounded by `timeout` on `clock`,
+/// built with the default components; each peer's flag array doubles as its
 /// window (the benches write neither). Setup only: what the benches share of a node.
 pub fn rank_zero<P: Provider, M: Region>(
     world: u32,
@@ -33,6 +34,8 @@ pub fn rank_zero<P: Provider, M: Region>(
     flags: M,
     window: M,
     peer_flags: Vec<RemoteMemory>,
+    clock: StaticClock,
+    timeout: core::time::Duration,
 ) -> Node<P, M, Spin> {
     Node::from_parts(NodeParts {
         rank: 0,
@@ -44,6 +47,9 @@ pub fn rank_zero<P: Provider, M: Region>(
         peer_windows: peer_flags,
         algorithm: BarrierAlgorithm::Dissemination,
         backoff: Spin,
+        clock,
+        timeout,
+        components: Components::default(),
     })
     .expect("a node of well-formed parts")
 }

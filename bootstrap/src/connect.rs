@@ -3,10 +3,11 @@
 
 use crate::error::{BootstrapError, ExchangeError, RdmaError, Result};
 use core::time::Duration;
+use rverbs_core::node::Members;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::node::{NodeConfig, NodeError, PreparedNode, ReadmitError, Receive, VerbsNode};
+use rverbs_core::node::{Component, NodeConfig, NodeError, PreparedNode, VerbsNode};
 use rverbs_core::params::PsnSource;
 use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC, PSN_SOURCE};
@@ -231,8 +232,8 @@ impl Connected {
     /// # Errors
     /// [`ExchangeError::Readmit`] when it cannot work, saying why: `rank` is 0 (the
     /// rendezvous died with it), the job was started under a PMIx launcher (no rendezvous),
-    /// or the node uses messaging or barrier wake-ups ([`BootstrapError::Rdma`] with
-    /// [`ReadmitError`]); the errors of the exchange when the new process or a survivor does
+    /// or the node was built without readmission ([`BootstrapError::Rdma`] with
+    /// [`NodeError::NotBuiltWith`]; choose it in `NodeConfig::components`); the errors of the exchange when the new process or a survivor does
     /// not come in time (rank 0's names them); [`BootstrapError::Rdma`] for the queue pairs
     /// and the closing barrier. After an error the node stays poisoned and the session is
     /// poisoned: restart every rank.
@@ -266,16 +267,21 @@ impl Connected {
         self.watch = None;
         // The watch names queue pairs by a table taken at start: the new one is not in it.
         self.device_watch = None;
-        let (node, qp, clock, algorithm) = (&mut self.node, &self.qp, &self.clock, self.algorithm);
+        let (node, qp, algorithm) = (&mut self.node, &self.qp, self.algorithm);
         let result = (|| {
             let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
             let theirs = session.readmit(rank, &blob, timeout)?;
             node.readmit_connect(prepared, &theirs).map_err(rdma)?;
             // Nobody starts a barrier before every rank has reset its counters.
             session.allgather(b"readmitted")?;
+            // A list of every rank, not `Members::World`: the same barrier every rank runs
+            // after readmission, whatever its node's own algorithm setting.
             let members: Vec<u32> = (0..node.world_size()).collect();
-            node.barrier_group(&members, algorithm, clock, timeout)
-                .map_err(rdma)
+            let alg = node.algorithm();
+            node.set_algorithm(algorithm);
+            let r = node.barrier_timeout(&members, timeout).map_err(rdma);
+            node.set_algorithm(alg);
+            r
         })();
         self.device_watch = watch_device(&self.node, self.qp.port, self.on_device_event);
         let probe = crate::device_watch::link_probe(self.node.pd().context(), self.qp.port);
@@ -420,8 +426,8 @@ pub fn connect(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resu
 ///
 /// # Errors
 /// Those of [`connect`], and [`ExchangeError::Readmit`] for rank 0 (the rendezvous died
-/// with it: restart every rank) and for options a survivor cannot readmit (barrier
-/// wake-ups, a shared receive queue). A rank 0 that turns the hello away says why
+/// with it: restart every rank) and for options that do not choose readmission
+/// (`NodeConfig::components`, as every rank of a world that readmits). A rank 0 that turns the hello away says why
 /// ([`ExchangeError::Rejected`]: another job, another world size, the old process still
 /// connected, ...); one whose survivors do not readmit this rank in time leaves it with a
 /// timeout.
@@ -436,11 +442,12 @@ pub fn rejoin(config: &ClusterConfig, rank: u32, opts: &ConnectOptions) -> Resul
     if rank == 0 {
         return Err(refuse(RANK_ZERO.to_owned()));
     }
-    if opts.node.barrier_wakeups {
-        return Err(refuse(ReadmitError::Wakeups.to_string()));
-    }
-    if matches!(opts.node.receive, Receive::Shared { .. }) {
-        return Err(refuse(ReadmitError::SharedReceive.to_string()));
+    if !opts.node.components.readmission {
+        // The survivors were built with readmission (or they refuse to readmit), and every
+        // rank chooses its components alike; so is this one, to be readmitted again.
+        return Err(refuse(
+            NodeError::NotBuiltWith(Component::Readmission).to_string(),
+        ));
     }
     start(config, rank, opts, true)
 }
@@ -559,7 +566,7 @@ where
     // Nobody writes before every queue pair in the world is ready to receive.
     session.allgather(b"connected").map_err(ours)?;
     let clock = MONOTONIC;
-    node.barrier(&clock, opts.first_barrier_timeout)
+    node.barrier_timeout(Members::World, opts.first_barrier_timeout)
         .map_err(|e| ours(rdma(e)))?;
     let departures = Departures::default();
     let watch = watch_session(

@@ -31,7 +31,36 @@
 //! ```
 //!
 //! With the `verbs` feature, [`connect()`] does all of the above plus opening the device,
-//! connecting every queue pair and a first barrier, returning a ready `Node`.
+//! connecting every queue pair and a first barrier, returning a ready `Node`. A two-process
+//! RC ping-pong (run it as rank 0 and rank 1; the README's quick look shows the same code):
+//!
+//! ```no_run
+//! # #[cfg(feature = "verbs")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::cell::Cell;
+//! use rverbs_bootstrap::{connect, launch, ClusterConfig, ConnectOptions};
+//! use rverbs_core::node::{Event, Members};
+//!
+//! let config = ClusterConfig::from_file("cluster.json")?; // two ranks
+//! let rank = launch::resolve(None, None)?.rank; // flags, RVERBS_RANK, Slurm, MPI
+//! let mut node = connect(&config, rank, &ConnectOptions::for_config(&config))?.node;
+//! node.start_messaging(4, 64)?; // 4 receive buffers of 64 bytes for the peer
+//! node.barrier(Members::World)?; // both rings are posted before anyone sends
+//! let peer = 1 - rank;
+//! for _ in 0..1000 {
+//!     if rank == 0 {
+//!         node.post_send_inline(peer, b"ping")?;
+//!     }
+//!     let got = Cell::new(false); // one message in, within the node's timeout
+//!     let on_event = |e: Event<'_>| got.set(got.get() || matches!(e, Event::Message { .. }));
+//!     node.progress_wait(on_event, || got.get())?;
+//!     if rank == 1 {
+//!         node.post_send_inline(peer, b"pong")?;
+//!     }
+//! }
+//! node.barrier(Members::World)?; // nobody leaves while the other still sends
+//! # Ok(()) }
+//! # #[cfg(not(feature = "verbs"))] fn main() {}
+//! ```
 //!
 //! Every rank above receives every blob whole. For blobs that hold one part per
 //! peer, such as rverbs-core's node blobs (32 bytes per rank), set

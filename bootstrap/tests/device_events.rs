@@ -14,6 +14,7 @@
 
 mod support;
 
+use rverbs_core::node::Members;
 use std::time::{Duration, Instant};
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
@@ -359,7 +360,7 @@ fn failure_news_wakes_a_node_asleep_in_a_barrier() {
         }));
         raised_at
     });
-    let r = node.barrier(&MONOTONIC, timeout);
+    let r = node.barrier_timeout(Members::World, timeout);
     let (returned, raised_at) = (Instant::now(), raiser.join().unwrap());
     let sleeps = node.backoff().blocked_sleeps();
     println!(

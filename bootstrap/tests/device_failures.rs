@@ -12,6 +12,7 @@
 #![allow(clippy::std_instead_of_core)] // test code
 
 mod support;
+use rverbs_core::node::Members;
 use support::device;
 
 use std::process::Child;
@@ -148,7 +149,7 @@ fn child_rank() {
         let mut done = 0u64;
         while !give_up.exists() {
             c.node
-                .barrier(&c.clock, TIMEOUT)
+                .barrier_timeout(Members::World, TIMEOUT)
                 .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
             done += 1;
             if done == WARM {
@@ -161,10 +162,10 @@ fn child_rank() {
             .unwrap();
         std::process::exit(3);
     }
-    let (mut node, clock) = (c.node, c.clock);
+    let mut node = c.node;
     let mut done = 0u64;
     let error = loop {
-        if let Err(e) = node.barrier(&clock, TIMEOUT) {
+        if let Err(e) = node.barrier_timeout(Members::World, TIMEOUT) {
             break e;
         }
         done += 1;

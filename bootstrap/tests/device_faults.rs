@@ -519,7 +519,6 @@ fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clock:
         let target = chan.sends_completed() + chan.outstanding_sends();
         let completed = Cell::new(0u64);
         node.progress_until(
-            clock,
             Deadline::after(clock, Duration::from_secs(30)),
             |ev| match ev {
                 Event::SendsCompleted {
@@ -584,7 +583,6 @@ fn receive_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clo
         first = false;
         let got = RefCell::new(Vec::new());
         node.progress_until(
-            clock,
             Deadline::after(clock, Duration::from_secs(30)),
             |ev| match ev {
                 Event::Message { rank: 0, data } => got.borrow_mut().push(data.to_vec()),

@@ -32,6 +32,7 @@
 
 mod support;
 
+use rverbs_core::node::Members;
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
@@ -230,7 +231,9 @@ fn a_forged_write_lands_at_a_predictable_psn_but_not_on_a_torn_down_queue_pair()
         return;
     };
     let ctx = open_device(DEV).unwrap();
-    let cfg = NodeConfig::default();
+    let mut cfg = NodeConfig::default();
+    // Rank 0 begins readmitting rank 2 below.
+    cfg.components = rverbs_core::node::Components::readmission();
     assert_eq!(cfg.qp.send_psn, PsnSource::Predictable);
     let mut nodes = support::loopback_nodes(&ctx, 3, cfg, Spin);
     let victim = &mut nodes[1];
@@ -318,18 +321,19 @@ fn blind_injection_misses_the_psns_connect_draws() {
         let opts = ConnectOptions::for_config(&config);
         assert!(opts.node.qp.send_psn.is_drawn());
         let (go, wait_go) = mpsc::channel::<bool>();
-        let peer = {
-            let (config, opts) = (config.clone(), opts.clone());
-            std::thread::spawn(move || {
-                let mut c = connect(&config, 0, &opts).expect("rank 0: connect");
-                if wait_go.recv().unwrap() {
-                    c.node.barrier(&c.clock, Duration::from_secs(20)).expect(
+        let peer =
+            {
+                let (config, opts) = (config.clone(), opts.clone());
+                std::thread::spawn(move || {
+                    let mut c = connect(&config, 0, &opts).expect("rank 0: connect");
+                    if wait_go.recv().unwrap() {
+                        c.node.barrier_timeout(Members::World, Duration::from_secs(20)).expect(
                         "rank 0: the barrier after the forged packets (the connection broke)",
                     );
-                }
-                c.session.allgather(b"done").unwrap();
-            })
-        };
+                    }
+                    c.session.allgather(b"done").unwrap();
+                })
+            };
         let mut c = connect(&config, 1, &opts).expect("rank 1: connect");
         let (qpn, sender, first) = qp_towards(&mut c.node, 0);
         let formula = PsnSource::predictable(sender).get();
@@ -383,7 +387,7 @@ fn blind_injection_misses_the_psns_connect_draws() {
         // The real peer's traffic still flows.
         go.send(true).unwrap();
         c.node
-            .barrier(&c.clock, Duration::from_secs(20))
+            .barrier_timeout(Members::World, Duration::from_secs(20))
             .expect("rank 1: the barrier after the forged packets (the connection broke)");
         c.session.allgather(b"done").unwrap();
         peer.join().unwrap();

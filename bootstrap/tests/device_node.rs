@@ -8,6 +8,7 @@
 #![allow(clippy::std_instead_of_core, clippy::std_instead_of_alloc)] // test code
 
 mod support;
+use rverbs_core::node::Members;
 use support::device;
 
 use std::time::{Duration, Instant};
@@ -82,20 +83,17 @@ fn child_rank() {
     let (mut node, mut session, clock) = (c.node, c.session, c.clock);
     match scenario.as_str() {
         "full" => full(&mut node, &clock, rank, world),
-        "timeout" => timeout(&mut node, &clock, rank),
+        "timeout" => timeout(&mut node, rank),
         s => panic!("unknown scenario {s}"),
     }
-    // Nobody tears down its queue pairs while a peer may still write to it.
-    if scenario == "full" {
-        session.allgather(b"done").unwrap();
-    }
+    // Nobody tears down its queue pairs while a peer may still write to it, and nobody
+    // leaves while a peer's barrier still runs: in "timeout" a rank that left early (rank 1
+    // times out waiting for rank 0, which still waits for rank 2) was news of a failure to
+    // rank 0 before its own timeout, under TCG one run in three.
+    session.allgather(b"done").unwrap();
 }
 
-fn timeout(
-    node: &mut rverbs_core::node::VerbsNode<StdBackoff>,
-    clock: &rverbs_std_shim::Monotonic,
-    rank: u32,
-) {
+fn timeout(node: &mut rverbs_core::node::VerbsNode<StdBackoff>, rank: u32) {
     node.set_algorithm(BarrierAlgorithm::Centralized);
     if rank == 2 {
         // Never arrives: stays connected (so nothing fails on the transport) past the others'
@@ -107,7 +105,9 @@ fn timeout(
     // failure before it blames it (the stalled rank is alive: no news comes).
     node.set_probe_grace(Duration::from_millis(500));
     let t = Instant::now();
-    let err = node.barrier(clock, Duration::from_secs(1)).unwrap_err();
+    let err = node
+        .barrier_timeout(Members::World, Duration::from_secs(1))
+        .unwrap_err();
     let waited = t.elapsed();
     assert!(
         waited >= Duration::from_millis(1500) && waited < Duration::from_millis(3500),
@@ -127,7 +127,8 @@ fn timeout(
     eprintln!("rank {rank}: {err}");
     assert!(node.is_poisoned());
     assert_eq!(
-        node.barrier(clock, Duration::from_secs(1)).unwrap_err(),
+        node.barrier_timeout(Members::World, Duration::from_secs(1))
+            .unwrap_err(),
         NodeError::Barrier(BarrierError::Poisoned)
     );
 }
@@ -184,7 +185,7 @@ fn full(
             if check {
                 node.window().store_u64(0, k);
             }
-            node.barrier(clock, tmo)
+            node.barrier_timeout(Members::World, tmo)
                 .unwrap_or_else(|e| panic!("rank {rank} {alg:?} #{k}: {e}"));
             if check {
                 let mut outs: heapless_like::Outs<'_> = heapless_like::Outs::new(&mut epoch_mr);
@@ -206,7 +207,7 @@ fn full(
                     );
                 }
                 // Nobody may overwrite its epoch before everyone has read it.
-                node.barrier(clock, tmo).unwrap();
+                node.barrier_timeout(Members::World, tmo).unwrap();
             }
         }
         if rank == 0 {
@@ -218,11 +219,13 @@ fn full(
         }
     }
     // 2. Sub-group barriers: evens and odds at the same time.
+    let alg = node.algorithm();
+    node.set_algorithm(BarrierAlgorithm::BinaryTree);
     for _ in 0..barriers.min(1000) {
-        node.barrier_group(&group, BarrierAlgorithm::BinaryTree, clock, tmo)
-            .unwrap();
+        node.barrier_timeout(&group, tmo).unwrap();
     }
-    node.barrier(clock, tmo).unwrap();
+    node.set_algorithm(alg);
+    node.barrier_timeout(Members::World, tmo).unwrap();
 
     // 3. Every rank in turn scatters a distinct chunk to every peer, gathers one back from
     // every peer, and multicasts a message; every byte is checked.
@@ -248,7 +251,7 @@ fn full(
         } else {
             None
         };
-        node.barrier(clock, tmo).unwrap();
+        node.barrier_timeout(Members::World, tmo).unwrap();
         if rank == root {
             for r in 0..world {
                 for i in 0..CHUNK {
@@ -361,7 +364,7 @@ fn full(
                 .copy_from_slice(&[rank as u8, root as u8, 0x5a, 0, 0, 0, 0, 2]);
             chan.send(&[msg_mr.sge(8..16).unwrap()]).unwrap();
         }
-        node.barrier(clock, tmo).unwrap();
+        node.barrier_timeout(Members::World, tmo).unwrap();
         if rank != root {
             let mut got = [0u8; CHUNK];
             node.window().read_into(CHUNK, &mut got);
@@ -369,7 +372,7 @@ fn full(
                 assert_eq!(*b, pat(root, rank, i), "scatter from {root} byte {i}");
             }
         }
-        node.barrier(clock, tmo).unwrap();
+        node.barrier_timeout(Members::World, tmo).unwrap();
     }
     // 4. Messaging through the event loop: rounds of SLOTS/2 inline messages to every peer,
     // each checked for sender, round and order. Starting it allocates (setup) and hands the
@@ -378,7 +381,7 @@ fn full(
     const SLOTS: usize = 16;
     node.start_messaging(SLOTS, 256).unwrap();
     // Every ring is posted before anyone sends.
-    node.barrier(clock, tmo).unwrap();
+    node.barrier_timeout(Members::World, tmo).unwrap();
     let messaging_start = allocs_all();
     let rounds = 50u32;
     let per_round = (SLOTS / 2) as u32;
@@ -430,7 +433,7 @@ fn full(
         }
         let want = (round + 1) * per_round;
         let deadline = rverbs_core::poll::Deadline::after(clock, tmo);
-        node.progress_until(clock, deadline, on_event, || {
+        node.progress_until(deadline, on_event, || {
             (0..world)
                 .filter(|&r| r != rank)
                 .all(|r| got[r as usize].get() >= want)
@@ -445,7 +448,7 @@ fn full(
         completions_seen > 0,
         "rank {rank}: no send completion events"
     );
-    node.barrier(clock, tmo).unwrap();
+    node.barrier_timeout(Members::World, tmo).unwrap();
 
     let allocs = allocs_before_messaging + (allocs_all() - messaging_start);
     eprintln!("rank {rank}: {allocs} allocations after connecting (messaging setup excluded)");

@@ -10,6 +10,7 @@
 #![allow(clippy::std_instead_of_core)] // test code
 
 mod support;
+use rverbs_core::node::Members;
 use support::device;
 
 use std::path::Path;
@@ -90,12 +91,12 @@ fn child_rank() {
     let (scenario, rank, world, port, dev) = support::world_env("RVERBS_SRQ_");
     let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
-    opts.node.receive = Receive::Shared { slots: POOL };
+    opts.node.components.messaging = Some(Receive::Shared { slots: POOL });
     // An RNR NAK is retried, not fatal: the counters, not a failed completion, tell.
     opts.node.qp.rnr_retry = RnrRetry::Infinite;
     let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));
     let watch = c.device_watch;
-    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
+    let (mut node, mut session) = (c.node, c.session);
     assert_eq!(node.shared_receive(), POOL, "rxe grants what was asked");
     let tmo = Duration::from_secs(60);
     let w = world as usize;
@@ -136,7 +137,7 @@ fn child_rank() {
         // Rank 1 sends 10 of its 12 credits while rank 0 does not poll: 2 receives stay
         // posted, under the limit of 3 (a quarter of 12).
         const SENT: u64 = 10;
-        node.barrier(&clock, tmo).unwrap();
+        node.barrier_timeout(Members::World, tmo).unwrap();
         if rank == 1 {
             for i in 0..SENT {
                 node.post_send_inline(0, &i.to_le_bytes()).unwrap();
@@ -177,7 +178,7 @@ fn child_rank() {
     assert_eq!(node.receive_memory(), POOL as usize * SLOT);
     assert_eq!(node.credits_per_peer(), POOL as usize / (w - 1));
     // Nobody sends before every pool is posted.
-    node.barrier(&clock, tmo).unwrap();
+    node.barrier_timeout(Members::World, tmo).unwrap();
     let mut sent = vec![0u64; w];
     let peers: Vec<u32> = (0..world).filter(|&r| r != rank).collect();
     let t0 = Instant::now();

@@ -12,6 +12,7 @@
 #![allow(clippy::std_instead_of_core)] // test code
 
 mod support;
+use rverbs_core::node::Members;
 use support::device;
 
 use std::path::Path;
@@ -127,10 +128,9 @@ fn child_rank() {
         c.device_watch.is_some(),
         "rank {rank}: the device watch did not start"
     );
-    let clock = c.clock;
     let mut done = 0u64;
     let error = loop {
-        if let Err(e) = c.node.barrier(&clock, TIMEOUT) {
+        if let Err(e) = c.node.barrier_timeout(Members::World, TIMEOUT) {
             break e;
         }
         done += 1;

@@ -11,6 +11,7 @@
 #![allow(clippy::std_instead_of_core)] // test code
 
 mod support;
+use rverbs_core::node::Members;
 use support::device;
 
 use std::path::Path;
@@ -152,6 +153,8 @@ fn child_rank() {
     let config = support::local_config(WORLD, port, &dev, format!("rejoin-{port}"));
     let mut opts = ConnectOptions::for_config(&config);
     opts.node.algorithm = BarrierAlgorithm::Dissemination;
+    // Every rank is built to readmit (and the new process to be readmitted again).
+    opts.node.components = rverbs_core::node::Components::readmission();
     let mut c = if first == 0 {
         connect(&config, rank, &opts)
     } else {
@@ -161,14 +164,13 @@ fn child_rank() {
     if first > 0 {
         write(format!("rejoined.{first}.{rank}"), now_ns().to_string());
     }
-    let clock = c.clock;
     for (phase, &victim) in VICTIMS.iter().enumerate().skip(first) {
         let mut done = 0u64;
         let error = loop {
             // Every rank runs barrier `done` of the phase with the same algorithm.
             c.node
                 .set_algorithm(BarrierAlgorithm::ALL[done as usize % 3]);
-            if let Err(e) = c.node.barrier(&clock, TIMEOUT) {
+            if let Err(e) = c.node.barrier_timeout(Members::World, TIMEOUT) {
                 break e;
             }
             done += 1;
@@ -199,7 +201,7 @@ fn child_rank() {
         c.node.set_algorithm(alg);
         for i in 0..FINAL {
             c.node
-                .barrier(&clock, TIMEOUT)
+                .barrier_timeout(Members::World, TIMEOUT)
                 .unwrap_or_else(|e| panic!("rank {rank}, {} barrier {i}: {e}", alg.name()));
             done += 1;
         }

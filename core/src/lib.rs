@@ -46,6 +46,11 @@
 //! # #[cfg(not(feature = "verbs"))] fn main() {}
 //! ```
 //!
+//! More to start from, each a doctest without `unsafe`: a barrier loop of four ranks on the
+//! software model ([`node`]'s "A barrier loop"), a two-process RC ping-pong in
+//! `rverbs-bootstrap`'s crate docs (and the README's quick look), and a multicast feed on a
+//! device ([`datagram`]).
+//!
 //! # Map
 //! - [`verbs`]: safe wrappers over `ibverbs-sys` (device, port, GID, PD, MR, CQ, QP).
 //! - [`provider`]: the seam the engine is written against; a real QP or an in-memory model.

@@ -4,6 +4,7 @@
 //! provider over it.
 #![allow(clippy::std_instead_of_core)]
 
+use rverbs_core::wire::FlagLayout;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -171,12 +172,10 @@ fn progress_until_ends_at_its_deadline_while_a_live_peer_keeps_sending() {
     n1.post_send_inline(0, b"ping").unwrap();
     let handled = Cell::new(0u64);
     let peer = RefCell::new(n1);
-    // The wait's own clock moves 100 us a read: its 1 ms deadline has passed by the tenth
-    // read, which a bounded wait makes within 10 x CHECK_EVERY turns.
-    static WAIT_CLOCK: StepClock = StepClock::new(Duration::from_micros(100));
-    let d = Deadline::after(&WAIT_CLOCK, Duration::from_millis(1));
+    // The node's clock moves 1 us a read: a 10 us deadline has passed by the tenth read,
+    // which a bounded wait makes within 10 x CHECK_EVERY turns.
+    let d = Deadline::after(n0.clock(), Duration::from_micros(10));
     let r = n0.progress_until(
-        &WAIT_CLOCK,
         d,
         |e| {
             if let Event::Message { .. } = e {
@@ -196,7 +195,7 @@ fn progress_until_ends_at_its_deadline_while_a_live_peer_keeps_sending() {
     // A message or two a turn, for at most 11 x CHECK_EVERY turns: not the whole stream.
     assert!(
         handled.get() <= 2 * 11 * u64::from(rverbs_core::poll::CHECK_EVERY),
-        "{} messages handled in a 1 ms wait",
+        "{} messages handled in a 10 us wait",
         handled.get()
     );
 }
@@ -264,7 +263,10 @@ fn a_credit_word_a_peer_forged_neither_panics_nor_buys_credit() {
     let (n0, n1) = (&mut a[0], &mut b[0]);
     // Rank 1 writes rank 0's credit word for it (flag array slot world + 1) with a count
     // of messages it cannot have consumed.
-    let word = n0.flags_remote().slice(8 * (2 + 1), 8).unwrap();
+    let word = n0
+        .flags_remote()
+        .slice(FlagLayout::new(2).credits(1).unwrap() as u64, 8)
+        .unwrap();
     let t = n1
         .channel(0)
         .unwrap()

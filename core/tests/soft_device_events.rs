@@ -3,6 +3,7 @@
 //! raised on the node's alarm, either ends the node's next wait and reaches the peers.
 #![allow(clippy::std_instead_of_core)]
 
+use rverbs_core::node::Members;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
@@ -55,7 +56,7 @@ fn a_fatal_queue_pair_names_its_peer_and_a_port_down_names_this_rank() {
     assert_eq!(news.cause, FailureCause::QueuePairFailed(QpFault::Fatal));
     assert!(nodes[1].failure_alarm().raise(news));
     let e = nodes[1]
-        .barrier(&clock, Duration::from_secs(3600))
+        .barrier_timeout(Members::World, Duration::from_secs(3600))
         .unwrap_err();
     assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
     assert!(e.to_string().contains("rank 3 failed"), "{e}");

@@ -4,6 +4,7 @@
 //! a sub-group's members does not fail that group's barrier.
 #![allow(clippy::std_instead_of_core)]
 
+use rverbs_core::node::Members;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
@@ -65,15 +66,11 @@ fn a_rank_killed_mid_barrier_is_named_by_every_survivor() {
             let clock = clock!(STEP);
             let mut nodes = world(&net, &mut arena, clock, alg);
             // One good barrier first, so the failure lands in a world that worked.
-            let all = barrier_answers(&mut nodes, clock, Duration::from_secs(1));
+            let all = barrier_answers(&mut nodes, Duration::from_secs(1));
             assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
             net.kill(dead);
             let timeout = Duration::from_millis(if cfg!(miri) { 1 } else { 5 });
-            let answers = barrier_answers(
-                nodes.iter_mut().filter(|n| n.rank() != dead),
-                clock,
-                timeout,
-            );
+            let answers = barrier_answers(nodes.iter_mut().filter(|n| n.rank() != dead), timeout);
             assert_eq!(answers.len(), WORLD as usize - 1);
             assert_all_name(&answers, dead, alg);
             // Every survivor knows, and the node stays poisoned until a rejoin.
@@ -98,10 +95,11 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
     let answers: Vec<_> = {
         let mut v = Vec::new();
         for n in nodes.iter_mut().filter(|n| n.rank() != stalled) {
-            n.barrier_start(&clock, Duration::from_millis(5)).unwrap();
+            n.barrier_start_timeout(Members::World, Duration::from_millis(5))
+                .unwrap();
         }
         let e = loop {
-            match nodes[0].barrier_poll(&clock) {
+            match nodes[0].barrier_poll() {
                 Ok(false) => {}
                 Ok(true) => panic!("completed without rank {stalled}"),
                 Err(e) => break e,
@@ -157,7 +155,7 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     // A second raise does not replace the first.
     assert!(!alarm.raise(Failure { rank: 3, ..news }));
     let e = nodes[1]
-        .barrier(&clock, Duration::from_secs(3600))
+        .barrier_timeout(Members::World, Duration::from_secs(3600))
         .unwrap_err();
     assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
     assert!(e.to_string().contains("rank 2 failed"), "{e}");
@@ -187,7 +185,7 @@ fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
     let start = clock.now();
     for r in [0usize, 1, 3] {
         let e = nodes[r]
-            .barrier(&clock, Duration::from_secs(3600))
+            .barrier_timeout(Members::World, Duration::from_secs(3600))
             .unwrap_err();
         assert_eq!(
             e,
@@ -225,15 +223,15 @@ fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
     for _ in 0..3 {
         let mut open: Vec<u32> = Vec::new();
         for r in group {
-            nodes[r as usize]
-                .barrier_group_start(&group, BarrierAlgorithm::Dissemination, &clock, TIMEOUT_OK)
-                .unwrap();
+            let n = &mut nodes[r as usize];
+            n.set_algorithm(BarrierAlgorithm::Dissemination);
+            n.barrier_start_timeout(&group, TIMEOUT_OK).unwrap();
             open.push(r);
         }
         while !open.is_empty() {
             open.retain(|&r| {
                 !nodes[r as usize]
-                    .barrier_group_poll(&group, &clock)
+                    .barrier_poll()
                     .unwrap_or_else(|e| panic!("rank {r}: {e}"))
             });
         }
@@ -242,7 +240,9 @@ fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
     for r in group {
         assert_eq!(nodes[r as usize].failure().map(|f| f.rank), Some(3));
     }
-    let e = nodes[1].barrier(&clock, TIMEOUT_OK).unwrap_err();
+    let e = nodes[1]
+        .barrier_timeout(Members::World, TIMEOUT_OK)
+        .unwrap_err();
     assert!(
         matches!(e, NodeError::Barrier(BarrierError::PeerFailed(f)) if f.rank == 3),
         "{e}"

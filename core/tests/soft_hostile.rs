@@ -6,6 +6,8 @@
 //! failed before its fix (the test names what the fix is).
 #![allow(clippy::std_instead_of_core)]
 
+use rverbs_core::node::Members;
+use rverbs_core::wire::FlagLayout;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
@@ -43,11 +45,11 @@ fn forge(nodes: &mut [SoftNode<'_, Spin>], from: u32, to: u32, offset: u64, word
 /// A barrier over every rank, all started, then polled in turn until each completed.
 fn all_meet(nodes: &mut [SoftNode<'_, Spin>]) {
     for n in nodes.iter_mut() {
-        n.barrier_start(&clock(), LONG).unwrap();
+        n.barrier_start_timeout(Members::World, LONG).unwrap();
     }
     let mut open: Vec<usize> = (0..nodes.len()).collect();
     while !open.is_empty() {
-        open.retain(|&r| !nodes[r].barrier_poll(&clock()).unwrap());
+        open.retain(|&r| !nodes[r].barrier_poll().unwrap());
     }
 }
 
@@ -66,7 +68,9 @@ fn a_forged_arrival_count_fails_the_barrier_instead_of_completing_it() {
         forge(&mut nodes, 2, 0, 8, u64::MAX);
         forge(&mut nodes, 2, 0, 16, u64::MAX);
         // Rank 0 alone starts the next barrier: nobody else entered it.
-        let e = nodes[0].barrier_start(&clock(), LONG).unwrap_err();
+        let e = nodes[0]
+            .barrier_start_timeout(Members::World, LONG)
+            .unwrap_err();
         match e {
             NodeError::Barrier(BarrierError::ImplausibleArrival { rank, count, most }) => {
                 assert!(rank == 1 || rank == 2, "{alg:?}: {e}");
@@ -79,7 +83,7 @@ fn a_forged_arrival_count_fails_the_barrier_instead_of_completing_it() {
         // The counters can no longer be trusted: no later barrier completes either.
         assert!(nodes[0].is_poisoned());
         assert!(matches!(
-            nodes[0].barrier_start(&clock(), LONG),
+            nodes[0].barrier_start_timeout(Members::World, LONG),
             Err(NodeError::Barrier(BarrierError::Poisoned))
         ));
     }
@@ -115,9 +119,8 @@ fn a_rank_one_barrier_ahead_is_not_taken_for_a_forger() {
                 (rng >> 8) as usize % 3
             };
             let n = &mut nodes[r];
-            let g = match pending[r] {
-                Some(g) => g,
-                None => {
+            if pending[r].is_none() {
+                {
                     while next[r] < rounds && !script[next[r] % 3].contains(&(r as u32)) {
                         next[r] += 1;
                     }
@@ -130,13 +133,13 @@ fn a_rank_one_barrier_ahead_is_not_taken_for_a_forger() {
                         // A barrier after the one rank 3 still polls.
                         ahead += 1;
                     }
-                    n.barrier_group_start(g, alg, &clock(), LONG)
+                    n.set_algorithm(alg);
+                    n.barrier_start_timeout(g, LONG)
                         .unwrap_or_else(|e| panic!("{alg:?} rank {r}: {e}"));
                     pending[r] = Some(g);
-                    g
                 }
-            };
-            if n.barrier_group_poll(g, &clock())
+            }
+            if n.barrier_poll()
                 .unwrap_or_else(|e| panic!("{alg:?} rank {r}: {e}"))
             {
                 pending[r] = None;
@@ -156,7 +159,7 @@ fn a_notice_naming_the_node_itself_is_ignored() {
     let net = net(3);
     let mut arena = vec![0u8; soft_world_bytes(3, 64)];
     let mut nodes = world(&net, &mut arena, BarrierAlgorithm::Dissemination);
-    let notice_at = 16 * 3;
+    let notice_at = FlagLayout::new(3).notice() as u64;
     let about = |rank, reporter| {
         notice::encode(
             &Failure {
@@ -242,7 +245,13 @@ fn a_credit_word_counts_from_messaging_start() {
     // Rank 1 has consumed none of them; its word says all the channel ever sent: 5, of
     // which only 2 were sent since messaging started.
     let all = BEFORE + SLOTS as u64;
-    forge(&mut nodes, 1, 0, 8 * (2 + 1), all);
+    forge(
+        &mut nodes,
+        1,
+        0,
+        FlagLayout::new(2).credits(1).unwrap() as u64,
+        all,
+    );
     assert_eq!(
         send_until_blocked(&mut nodes[0]),
         0,

@@ -5,12 +5,16 @@
 //! so every schedule is reproducible from its seed.
 #![allow(clippy::std_instead_of_core)]
 
+use rverbs_core::node::Members;
 use std::cell::Cell;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{soft_world_bytes, Event, NodeError, Receive, SoftNode};
+use rverbs_core::node::{
+    soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
+};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -47,6 +51,24 @@ fn world<'n, 'm: 'n>(
     nodes(net, arena, BarrierAlgorithm::default(), clock)
 }
 
+/// [`world`] with barrier wake-ups chosen at build (one-sided traffic only).
+fn wakeup_world<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    arena: &'m mut [u8],
+    clock: StaticClock,
+) -> Vec<SoftNode<'n, Spin>> {
+    let alg = BarrierAlgorithm::default();
+    soft_world_with(
+        net,
+        arena,
+        64,
+        ChannelConfig::default(),
+        (alg, Spin, clock),
+        Components::barrier_wakeups(),
+    )
+    .unwrap()
+}
+
 /// Runs one barrier over `members` with ranks starting in random order and polled in random
 /// order; checks that no member completes before the last member started.
 fn barrier_in_random_order(
@@ -54,7 +76,6 @@ fn barrier_in_random_order(
     members: &[u32],
     alg: BarrierAlgorithm,
     rng: &mut Rng,
-    clock: StaticClock,
 ) -> usize {
     let n = members.len();
     let mut started = vec![false; n];
@@ -67,9 +88,8 @@ fn barrier_in_random_order(
         if !started[k] {
             // Late arrivals: a rank starts only on some of the steps that pick it.
             if rng.below(4) == 0 {
-                nodes[r]
-                    .barrier_group_start(members, alg, &clock, TIMEOUT)
-                    .unwrap();
+                nodes[r].set_algorithm(alg);
+                nodes[r].barrier_start_timeout(members, TIMEOUT).unwrap();
                 started[k] = true;
                 n_started += 1;
             }
@@ -78,7 +98,7 @@ fn barrier_in_random_order(
         if done[k] {
             continue;
         }
-        if nodes[r].barrier_group_poll(members, &clock).unwrap() {
+        if nodes[r].barrier_poll().unwrap() {
             assert_eq!(
                 n_started,
                 n,
@@ -102,7 +122,7 @@ fn every_algorithm_at_256_ranks_with_random_arrivals() {
     let mut rng = Rng(0x5eed_1234);
     for alg in BarrierAlgorithm::ALL {
         for round in 0..3 {
-            let steps = barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+            let steps = barrier_in_random_order(&mut nodes, &all, alg, &mut rng);
             eprintln!(
                 "{} ranks, {}, round {round}: {steps} random steps",
                 WORLD,
@@ -126,18 +146,12 @@ fn sub_groups_run_side_by_side() {
     let odds: Vec<u32> = (1..WORLD).step_by(2).collect();
     let mut rng = Rng(77);
     for alg in BarrierAlgorithm::ALL {
-        barrier_in_random_order(&mut nodes, &evens, alg, &mut rng, clock);
-        barrier_in_random_order(&mut nodes, &odds, alg, &mut rng, clock);
+        barrier_in_random_order(&mut nodes, &evens, alg, &mut rng);
+        barrier_in_random_order(&mut nodes, &odds, alg, &mut rng);
     }
     // Then the whole world again, over the same counters.
     let all: Vec<u32> = (0..WORLD).collect();
-    barrier_in_random_order(
-        &mut nodes,
-        &all,
-        BarrierAlgorithm::Dissemination,
-        &mut rng,
-        clock,
-    );
+    barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng);
 }
 
 #[test]
@@ -153,11 +167,11 @@ fn a_rank_that_stops_is_named_by_the_timeout() {
         // The stopped rank is alive: it answers the probe, so after the grace it is blamed.
         n.set_probe_grace(Duration::from_millis(5));
         n.set_algorithm(BarrierAlgorithm::Centralized);
-        n.barrier_start(&clock, timeout).unwrap();
+        n.barrier_start_timeout(Members::World, timeout).unwrap();
     }
     // The leader waits for everyone; the stopped rank never arrives.
     let leader = loop {
-        match nodes[0].barrier_poll(&clock) {
+        match nodes[0].barrier_poll() {
             Ok(false) => {}
             Ok(true) => panic!("the barrier completed without rank {stopped}"),
             Err(e) => break e,
@@ -176,7 +190,7 @@ fn a_rank_that_stops_is_named_by_the_timeout() {
     assert!(nodes[0].is_poisoned());
     // A follower times out waiting for the leader, naming it.
     let follower = loop {
-        match nodes[1].barrier_poll(&clock) {
+        match nodes[1].barrier_poll() {
             Ok(false) => {}
             Ok(true) => panic!("released without the leader"),
             Err(e) => break e,
@@ -378,7 +392,7 @@ fn messages_per_barrier_per_algorithm() {
         let mut counts = Vec::new();
         for alg in BarrierAlgorithm::ALL {
             let before: u64 = (0..n).map(|r| net.stats(r).sends_posted).sum();
-            barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+            barrier_in_random_order(&mut nodes, &all, alg, &mut rng);
             let after: u64 = (0..n).map(|r| net.stats(r).sends_posted).sum();
             counts.push(after - before);
         }
@@ -407,27 +421,28 @@ fn messages_per_barrier_per_algorithm() {
 }
 
 #[test]
-fn a_barrier_is_polled_only_with_the_members_it_started_with() {
+fn a_barrier_is_polled_with_the_members_it_started_with_whatever_later_starts_name() {
+    // The poll takes no members (the node keeps the ones the start named), so a poll with
+    // other members cannot be written; a second start naming others is refused and changes
+    // nothing.
     let net = net(4);
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let clock = clock!(STEP);
     let mut nodes = world(&net, &mut arena, clock);
-    nodes[0]
-        .barrier_group_start(&[0, 1], BarrierAlgorithm::BinaryTree, &clock, TIMEOUT)
-        .unwrap();
+    for n in nodes.iter_mut() {
+        n.set_algorithm(BarrierAlgorithm::BinaryTree);
+    }
+    nodes[0].barrier_start(&[0, 1]).unwrap();
     for other in [&[0u32, 2][..], &[0, 1, 2], &[0, 1000]] {
         assert_eq!(
-            nodes[0].barrier_group_poll(other, &clock),
-            Err(NodeError::Barrier(BarrierError::MembersChanged))
+            nodes[0].barrier_start(other),
+            Err(NodeError::Barrier(BarrierError::AlreadyStarted))
         );
+        assert_eq!(nodes[0].barrier_poll(), Ok(false));
     }
     // Nothing was changed: the right members still finish it.
-    nodes[1]
-        .barrier_group_start(&[0, 1], BarrierAlgorithm::BinaryTree, &clock, TIMEOUT)
-        .unwrap();
-    while !(nodes[0].barrier_group_poll(&[0, 1], &clock).unwrap()
-        & nodes[1].barrier_group_poll(&[0, 1], &clock).unwrap())
-    {}
+    nodes[1].barrier_start(&[0, 1]).unwrap();
+    while !(nodes[0].barrier_poll().unwrap() & nodes[1].barrier_poll().unwrap()) {}
     assert!(!nodes[0].is_poisoned());
 }
 
@@ -441,25 +456,23 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     for n in nodes.iter_mut() {
-        assert!(!n.barrier_wakeups());
-        n.enable_barrier_wakeups().unwrap();
         assert!(n.barrier_wakeups());
+        assert!(!n.barrier_wakeups_live());
     }
     let all: Vec<u32> = (0..world_size).collect();
     let evens: Vec<u32> = (0..world_size).step_by(2).collect();
     let mut rng = Rng(4242);
     for _ in 0..rounds {
         for alg in BarrierAlgorithm::ALL {
-            barrier_in_random_order(&mut nodes, &all, alg, &mut rng, clock);
+            barrier_in_random_order(&mut nodes, &all, alg, &mut rng);
         }
         barrier_in_random_order(
             &mut nodes,
             &evens,
             BarrierAlgorithm::Dissemination,
             &mut rng,
-            clock,
         );
     }
     // After the first full barrier every notification was a write with immediate: each
@@ -479,14 +492,15 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
         most > 16,
         "at most {most} notifications to one peer carried an immediate"
     );
-    // Messages would land on receives without buffers: messaging is refused.
+    // Messages would land on receives without buffers: the node was built without
+    // messaging, and says so.
     let region = net
         .register(0, &mut ring, AccessFlags::LOCAL_WRITE)
         .unwrap();
-    assert!(matches!(
+    assert_eq!(
         nodes[0].start_messaging_in(region, 2, 64),
-        Err(NodeError::InvalidArgument { .. })
-    ));
+        Err(NodeError::NotBuiltWith(Component::Messaging))
+    );
     for n in &nodes {
         assert!(!n.is_poisoned());
     }
@@ -494,16 +508,20 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
 
 /// Runs one full barrier in which rank 0 arrives first and polls while rank 1 "computes",
 /// so rank 1 always arrives last and finishes without polling.
-fn barrier_rank_1_last(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock) {
-    nodes[0].barrier_start(&clock, TIMEOUT).unwrap();
+fn barrier_rank_1_last(nodes: &mut [SoftNode<'_, Spin>]) {
+    nodes[0]
+        .barrier_start_timeout(Members::World, TIMEOUT)
+        .unwrap();
     for _ in 0..20 {
-        assert!(!nodes[0].barrier_poll(&clock).unwrap());
+        assert!(!nodes[0].barrier_poll().unwrap());
     }
-    nodes[1].barrier_start(&clock, TIMEOUT).unwrap();
+    nodes[1]
+        .barrier_start_timeout(Members::World, TIMEOUT)
+        .unwrap();
     let mut done = [false; 2];
     for _ in 0..10_000 {
         for (r, d) in done.iter_mut().enumerate() {
-            *d = *d || nodes[r].barrier_poll(&clock).unwrap();
+            *d = *d || nodes[r].barrier_poll().unwrap();
         }
         if done == [true, true] {
             return;
@@ -519,12 +537,9 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
     let net = net(2);
     let mut arena = vec![0u8; soft_world_bytes(2, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
-    for n in nodes.iter_mut() {
-        n.enable_barrier_wakeups().unwrap();
-    }
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     for _ in 0..(if cfg!(miri) { 20 } else { 60 }) {
-        barrier_rank_1_last(&mut nodes, clock);
+        barrier_rank_1_last(&mut nodes);
     }
     let left = nodes[1].channel(0).unwrap().outstanding_recvs();
     assert!(left >= 14, "rank 1 has only {left} wake-up receives posted");
@@ -535,19 +550,10 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
     let net = net(3);
     let mut arena = vec![0u8; soft_world_bytes(3, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
-    for n in nodes.iter_mut() {
-        n.enable_barrier_wakeups().unwrap();
-    }
+    let mut nodes = wakeup_world(&net, &mut arena, clock);
     let all = [0u32, 1, 2];
     let mut rng = Rng(9);
-    barrier_in_random_order(
-        &mut nodes,
-        &all,
-        BarrierAlgorithm::Dissemination,
-        &mut rng,
-        clock,
-    );
+    barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng);
     // Rank 2 sends to rank 0: the message lands on a receive without a buffer, and rank 0's
     // channel to rank 2 breaks with a length error (no memory is written anywhere).
     let _ = nodes[2].channel(0).unwrap().post_send_inline(b"stray");
@@ -563,7 +569,6 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
             &[0, 1],
             BarrierAlgorithm::Dissemination,
             &mut rng,
-            clock,
         );
     }
 }
@@ -618,4 +623,49 @@ fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
         "not delivered within {} progress calls",
         8 * peers
     );
+}
+
+#[test]
+fn components_that_cannot_work_together_are_refused_when_the_world_is_built_naming_both() {
+    let clock = clock!(STEP);
+    let mut wakeups_and_messages = Components::messaging(Receive::PerPeer);
+    wakeups_and_messages.barrier_wakeups = true;
+    let mut pool_and_readmission = Components::messaging(Receive::Shared { slots: 8 });
+    pool_and_readmission.readmission = true;
+    let mut wakeups_and_readmission = Components::barrier_wakeups();
+    wakeups_and_readmission.readmission = true;
+    let cases = [
+        (
+            wakeups_and_messages,
+            (Component::Messaging, Component::BarrierWakeups),
+        ),
+        (
+            pool_and_readmission,
+            (Component::SharedReceive, Component::Readmission),
+        ),
+        (
+            wakeups_and_readmission,
+            (Component::BarrierWakeups, Component::Readmission),
+        ),
+    ];
+    for (components, (a, b)) in cases {
+        let net = net(3);
+        let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+        let alg = BarrierAlgorithm::default();
+        let e = soft_world_with(
+            &net,
+            &mut arena,
+            64,
+            ChannelConfig::default(),
+            (alg, Spin, clock),
+            components,
+        )
+        .unwrap_err();
+        assert_eq!(e, NodeError::Incompatible { a, b });
+        let text = e.to_string();
+        assert!(
+            text.contains(&a.to_string()) && text.contains(&b.to_string()),
+            "{text}"
+        );
+    }
 }

@@ -13,9 +13,10 @@ use rverbs_core::completion::{Completion, WcStatus};
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{
-    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, NodeError, ReadmitError, SoftNode,
+    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_with, Component,
+    Components, NodeError, ReadmitError, SoftNode,
 };
-use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::poll::Spin;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 use rverbs_testkit::clock;
@@ -35,20 +36,19 @@ const TIMEOUT_OK: Duration = Duration::from_secs(3600);
 fn barrier_all(
     nodes: &mut [SoftNode<'_, Spin>],
     alg: BarrierAlgorithm,
-    clock: StaticClock,
     timeout: Duration,
 ) -> Vec<(u32, Result<(), NodeError>)> {
     for n in nodes.iter_mut() {
         n.set_algorithm(alg);
     }
-    barrier_answers(nodes, clock, timeout)
+    barrier_answers(nodes, timeout)
 }
 
 /// [`ROUNDS`] barriers of every algorithm over every rank, each of which must pass.
-fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], clock: StaticClock, when: &str) {
+fn barriers_pass(nodes: &mut [SoftNode<'_, Spin>], when: &str) {
     for _ in 0..ROUNDS {
         for alg in BarrierAlgorithm::ALL {
-            let answers = barrier_all(nodes, alg, clock, TIMEOUT_OK);
+            let answers = barrier_all(nodes, alg, TIMEOUT_OK);
             assert_eq!(answers.len(), nodes.len());
             for (r, a) in answers {
                 if let Err(e) = a {
@@ -73,20 +73,19 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
     let net = net(WORLD);
     let clock = clock!(STEP);
     let cfg = ChannelConfig::default();
-    let mut nodes = soft_world(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         WINDOW,
         cfg,
-        BarrierAlgorithm::Dissemination,
-        Spin,
-        clock,
+        (BarrierAlgorithm::Dissemination, Spin, clock),
+        Components::readmission(),
     )
     .unwrap();
     for n in &mut nodes {
         n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
     }
-    barriers_pass(&mut nodes, clock, "before any failure");
+    barriers_pass(&mut nodes, "before any failure");
 
     for (life, (&dead, mem)) in victims.iter().zip(lives.iter_mut()).enumerate() {
         net.kill(dead);
@@ -96,7 +95,6 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
         let answers = barrier_all(
             &mut nodes[..],
             alg,
-            clock,
             Duration::from_millis(if cfg!(miri) { 1 } else { 5 }),
         )
         .into_iter()
@@ -134,7 +132,7 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
             );
             assert!(!n.is_poisoned(), "rank {} is still poisoned", n.rank());
         }
-        barriers_pass(&mut nodes, clock, &format!("after rank {dead} rejoined"));
+        barriers_pass(&mut nodes, &format!("after rank {dead} rejoined"));
 
         // The new process's window is the one its peers write.
         let from = (dead + 1) % WORLD;
@@ -162,9 +160,35 @@ fn what_cannot_be_readmitted_says_why() {
     let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
     let net = net(WORLD);
     let clock = clock!(STEP);
-    let mut nodes = soft_world(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
+        WINDOW,
+        ChannelConfig::default(),
+        (BarrierAlgorithm::Dissemination, Spin, clock),
+        Components::readmission(),
+    )
+    .unwrap();
+    let unknown = |e: NodeError, r| assert_eq!(e, NodeError::UnknownRank(r));
+    unknown(nodes[1].readmit_begin(1).unwrap_err(), 1);
+    unknown(nodes[1].readmit_begin(WORLD).unwrap_err(), WORLD);
+
+    // Messaging and barrier wake-ups exclude readmission when a node is built (they are
+    // refused together there: soft_node's components test); a node built for readmission
+    // has no messaging to start.
+    let region = net
+        .register(1, &mut ring, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(
+        nodes[1].start_messaging_in(region, 4, 64),
+        Err(NodeError::NotBuiltWith(Component::Messaging))
+    );
+    // A node built without readmission (the default: messaging) says so.
+    let mut plain_arena = vec![0u8; soft_world_bytes(2, WINDOW)];
+    let plain_net = rverbs_testkit::net(2);
+    let mut plain = soft_world(
+        &plain_net,
+        &mut plain_arena,
         WINDOW,
         ChannelConfig::default(),
         BarrierAlgorithm::Dissemination,
@@ -172,41 +196,12 @@ fn what_cannot_be_readmitted_says_why() {
         clock,
     )
     .unwrap();
-    let unknown = |e: NodeError, r| assert_eq!(e, NodeError::UnknownRank(r));
-    unknown(nodes[1].readmit_begin(1).unwrap_err(), 1);
-    unknown(nodes[1].readmit_begin(WORLD).unwrap_err(), WORLD);
-
-    // Messaging: rings and credits are not rebuilt.
-    let region = net
-        .register(1, &mut ring, AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    nodes[1].start_messaging_in(region, 4, 64).unwrap();
-    let e = nodes[1].readmit_begin(2).unwrap_err();
-    assert_eq!(
-        e,
-        NodeError::Readmit {
-            rank: 2,
-            error: ReadmitError::Messaging
-        }
-    );
+    let e = plain[0].readmit_begin(1).unwrap_err();
+    assert_eq!(e, NodeError::NotBuiltWith(Component::Readmission));
     let text = e.to_string();
     assert!(
-        text.starts_with("cannot readmit rank 2: messaging started"),
+        text.starts_with("the node was built without readmission"),
         "{text}"
-    );
-
-    // Barrier wake-ups: their receives are not rebuilt.
-    nodes[2].enable_barrier_wakeups().unwrap();
-    let e = nodes[2].readmit_begin(3).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            NodeError::Readmit {
-                rank: 3,
-                error: ReadmitError::Wakeups
-            }
-        ),
-        "{e}"
     );
 
     // News of another rank's failure: only the rank it names can come back.
@@ -309,14 +304,13 @@ fn readmission_shuts_the_queue_pair_to_the_failed_rank_at_once() {
     let clock = clock!(STEP);
     let mut cfg = ChannelConfig::default();
     cfg.timeout = Duration::from_millis(50);
-    let mut nodes = soft_world(
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         WINDOW,
         cfg,
-        BarrierAlgorithm::Dissemination,
-        Spin,
-        clock,
+        (BarrierAlgorithm::Dissemination, Spin, clock),
+        Components::readmission(),
     )
     .unwrap();
     let (survivor, failed) = (1u32, 2u32);

@@ -35,27 +35,35 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::node::{
-    soft_world_bytes, soft_world_receiving, Event, NodeError, Receive, SoftNode,
-};
+use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, NodeError, Receive, SoftNode};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StepClock};
 use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+use rverbs_core::wire::flags::{FlagLayout, SLOT_LEN};
 use rverbs_core::wire::notice;
 
 const WORLD: u32 = 3;
-/// Bytes of a flag array of three ranks: counts, credit words, notice.
-const FLAGS: u64 = 16 * WORLD as u64 + 8;
+/// The flag array of three ranks: counts, credit words, notice.
+const LAYOUT: FlagLayout = FlagLayout::new(WORLD);
+const FLAGS: u64 = LAYOUT.len() as u64;
 /// Ring slots per peer (or pool slots per node: 2 credits per sender either way).
 const SLOTS: usize = 2;
 const POOL: u32 = 4;
 const SLOT_SIZE: usize = 16;
 const MAX_OPS: usize = 160;
 /// Rank 1's barrier slot and credit word in rank 0's flag array.
-const SLOT_1: (u64, u64) = (8, 16);
+const SLOT_1: (u64, u64) = slot(LAYOUT.arrivals(1));
 /// The hostile rank's own barrier slot.
-const SLOT_2: (u64, u64) = (16, 24);
-const CREDIT_1: (u64, u64) = (8 * (WORLD as u64 + 1), 8 * (WORLD as u64 + 2));
+const SLOT_2: (u64, u64) = slot(LAYOUT.arrivals(2));
+const CREDIT_1: (u64, u64) = slot(LAYOUT.credits(1));
+
+/// The byte range `[start, end)` of a slot of a rank of the world.
+const fn slot(at: Option<usize>) -> (u64, u64) {
+    match at {
+        Some(at) => (at as u64, (at + SLOT_LEN) as u64),
+        None => panic!("a rank of the world"),
+    }
+}
 
 /// A clock that moves 1 us on every read (one thread).
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
@@ -128,11 +136,8 @@ fuzz_target!(|data: &[u8]| {
         SLOTS * (WORLD as usize - 1)
     };
     let mut mem = vec![0u8; WORLD as usize * ring * SLOT_SIZE];
-    let net = SoftNet::new(SoftNetConfig::new(
-        WORLD,
-        QpCaps::queues(16, 16),
-    ));
-    let mut nodes = soft_world_receiving(
+    let net = SoftNet::new(SoftNetConfig::new(WORLD, QpCaps::queues(16, 16)));
+    let mut nodes = soft_world_with(
         &net,
         &mut arena,
         64,
@@ -283,7 +288,8 @@ fn barrier_move(
                 s.script.push(pick);
             }
             let g = GROUPS[s.script[k]];
-            let r = nodes[rank].barrier_group_start(g, alg, &CLOCK, BARRIER_TIMEOUT);
+            nodes[rank].set_algorithm(alg);
+            let r = nodes[rank].barrier_start_timeout(g, BARRIER_TIMEOUT);
             // A refused start notified nobody; any other answer means this rank entered.
             if matches!(r, Err(NodeError::Barrier(BarrierError::Poisoned))) {
                 return;
@@ -296,8 +302,8 @@ fn barrier_move(
             k
         }
     };
-    let g = GROUPS[s.script[k]];
-    match nodes[rank].barrier_group_poll(g, &CLOCK) {
+    // The node polls the members its start named.
+    match nodes[rank].barrier_poll() {
         Ok(false) => {}
         Ok(true) => {
             s.pending[rank] = None;

@@ -54,7 +54,7 @@ pub enum WaitPolicy {
     /// without them it sleeps [`BLOCK_FALLBACK_PAUSE`] like [`Sleep`](Self::Sleep).
     ///
     /// Only a completion at this end wakes the sleeper. A plain RDMA write into our memory
-    /// raises none: a barrier needs `Node::enable_barrier_wakeups`, and a wait for a peer's
+    /// raises none: a barrier needs `node::Components::barrier_wakeups`, and a wait for a peer's
     /// write (or for messaging credits, which come back as writes) sleeps until its 100 ms
     /// cap. One waiter per set of queues: two threads sleeping on the same events can take
     /// each other's wake-up.

@@ -1,11 +1,12 @@
 //! Worlds on the software model: a fabric of two ends, a network of ranks, and nodes over it
 //! with the sizes most tests need.
 
+use rverbs_core::node::Members;
 use std::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
-use rverbs_core::node::{soft_world, soft_world_receiving, NodeError, Receive, SoftNode};
+use rverbs_core::node::{soft_world, soft_world_with, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::soft::{SoftFabric, SoftNet, SoftNetConfig};
@@ -54,7 +55,7 @@ pub fn nodes_receiving<'n, 'm: 'n>(
     receive: Receive,
     clock: StaticClock,
 ) -> Vec<SoftNode<'n, Spin>> {
-    soft_world_receiving(
+    soft_world_with(
         net,
         arena,
         64,
@@ -69,19 +70,18 @@ pub fn nodes_receiving<'n, 'm: 'n>(
 /// each has an answer; the answers by rank, in rank order.
 pub fn barrier_answers<'a, 'n: 'a>(
     nodes: impl IntoIterator<Item = &'a mut SoftNode<'n, Spin>>,
-    clock: StaticClock,
     timeout: Duration,
 ) -> Vec<(u32, Result<(), NodeError>)> {
     let mut open = Vec::new();
     let mut answers = Vec::new();
     for n in nodes {
-        match n.barrier_start(&clock, timeout) {
+        match n.barrier_start_timeout(Members::World, timeout) {
             Ok(()) => open.push(n),
             Err(e) => answers.push((n.rank(), Err(e))),
         }
     }
     while !open.is_empty() {
-        open.retain_mut(|n| match n.barrier_poll(&clock) {
+        open.retain_mut(|n| match n.barrier_poll() {
             Ok(false) => true,
             Ok(true) => {
                 answers.push((n.rank(), Ok(())));

@@ -72,6 +72,44 @@
 //! assert!(publisher.send(&to_group, &[0u8; 257]).is_err());
 //! ```
 //!
+//! A multicast feed on a device: the same program publishes (`feed pub`) or subscribes
+//! (`feed`), every size taken from the queue pair and the configuration, no type spelled out:
+//!
+//! ```no_run
+//! # #[cfg(feature = "verbs")] fn main() -> Result<(), Box<dyn core::error::Error>> {
+//! # use rverbs_core::poll::{Clock, Instant};
+//! # struct Monotonic;
+//! # impl Clock for Monotonic { fn now(&self) -> Instant { Instant::from_nanos(0) } }
+//! # static MONOTONIC: Monotonic = Monotonic; // `rverbs_std_shim::MONOTONIC` in a program
+//! use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, Group};
+//! use rverbs_core::memory::{AccessFlags, PageMemory};
+//! use rverbs_core::provider::{datagram::DatagramProvider, verbs_ud::VerbsDatagram};
+//! use rverbs_core::verbs::{open_device, UdConfig};
+//!
+//! let (ctx, cfg) = (open_device("rxe0")?, DatagramConfig::default());
+//! let pd = ctx.alloc_pd()?;
+//! let qp = VerbsDatagram::new(&ctx, &pd, &UdConfig::default())?;
+//! let mem = PageMemory::zeroed(memory_needed(qp.mtu(), &cfg)).ok_or("out of memory")?;
+//! let mem = pd.register_shared(mem, AccessFlags::LOCAL_WRITE)?;
+//! // MONOTONIC: rverbs_std_shim::MONOTONIC, or any 'static clock; every wait is bounded on it.
+//! let mut feed = Datagram::new(qp, mem, cfg, &MONOTONIC)?;
+//! let group = Group::ipv4([239, 1, 2, 3]).ok_or("not a multicast address")?;
+//! if std::env::args().nth(1).as_deref() == Some("pub") {
+//!     let to_group = feed.group_peer(group)?;
+//!     for tick in 0u64.. {
+//!         feed.send(&to_group, &tick.to_le_bytes())?; // one post, every subscriber
+//!     }
+//! } else {
+//!     feed.join(group)?;
+//!     loop {
+//!         let d = feed.recv()?; // at most cfg.timeout; losses are counted, not hidden
+//!         println!("{:?} from {:?}", d.payload, d.source.qpn);
+//!     }
+//! }
+//! # Ok(()) }
+//! # #[cfg(not(feature = "verbs"))] fn main() {}
+//! ```
+//!
 //! # Memory and soundness
 //! The endpoint owns its provider and its memory (a [`Region`]: memory that stays allocated
 //! if leaked), receive slots first, then send slots ([`memory_needed`]); the memory

@@ -28,6 +28,7 @@ use crate::multi::MultiChannel;
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
+use crate::wire::flags::{FlagLayout, SLOT_LEN};
 use crate::wr::{Opcode, SendFlags};
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
@@ -46,9 +47,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
-        let written = self
-            .flags
-            .load_u64(8 * (self.world as usize + rank as usize))
+        let written = FlagLayout::new(self.world)
+            .credits(rank)
+            .and_then(|at| self.flags.load_u64(at))
             .unwrap_or(0);
         let used = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
         // (credit base, credits, the peer's latest return, what we consumed of the peer's)
@@ -154,7 +155,8 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     let rank = rings.ranks[p];
     let Some(slot) = peer_flags
         .get(rank as usize)
-        .and_then(|f| f.slice(8 * (u64::from(world) + u64::from(me)), 8))
+        .zip(FlagLayout::new(world).credits(me))
+        .and_then(|(f, at)| f.slice(at as u64, SLOT_LEN as u64))
     else {
         return;
     };
@@ -167,7 +169,7 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
         && chan
             .post_inline_flags(
                 Opcode::Write,
-                &consumed.to_le_bytes(),
+                &FlagLayout::bytes(consumed),
                 slot,
                 SendFlags::SIGNALED,
             )

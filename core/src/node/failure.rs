@@ -10,13 +10,8 @@ use crate::multi::MultiChannel;
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
+use crate::wire::flags::{FlagLayout, SLOT_LEN};
 use crate::wire::notice;
-
-/// Offset of the failure notice in a flag array of `world` ranks: after the barrier counters
-/// and the credit returns.
-pub(crate) const fn notice_offset(world: u32) -> usize {
-    16 * world as usize
-}
 
 /// Asks the node's device whether its own link is down (a port no longer ACTIVE), and if so
 /// what to call it: consulted when a request fails on the local side, because a port going
@@ -108,7 +103,9 @@ impl Failures {
                     // Not about this world: make room for real news.
                     self.alarm.clear(local);
                 }
-                let remote = flags.load_u64(notice_offset(self.world)).unwrap_or(0);
+                let remote = flags
+                    .load_u64(FlagLayout::new(self.world).notice())
+                    .unwrap_or(0);
                 self.known = self.accept(remote, false);
             }
         }
@@ -196,15 +193,18 @@ impl Failures {
         let Some(word) = notice::encode(f, 0) else {
             return;
         };
-        let at = notice_offset(self.world) as u64;
+        let at = FlagLayout::new(self.world).notice() as u64;
         for q in 0..self.world {
             if q == self.me || q == f.rank {
                 continue;
             }
-            if let Some(slot) = peer_flags.get(q as usize).and_then(|m| m.slice(at, 8)) {
+            if let Some(slot) = peer_flags
+                .get(q as usize)
+                .and_then(|m| m.slice(at, SLOT_LEN as u64))
+            {
                 // Not waited for: the next signaled request retires it, and a channel that
                 // cannot carry it is broken already.
-                let _ = multi.post_write_inline(q, &word.to_le_bytes(), slot);
+                let _ = multi.post_write_inline(q, &FlagLayout::bytes(word), slot);
             }
         }
     }

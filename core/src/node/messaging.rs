@@ -44,12 +44,13 @@ use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock, Deadline, Patience};
+use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
-/// the node is built (on a device the queue pairs are created on a shared receive queue or
-/// not: [`NodeConfig::receive`](super::NodeConfig)); [`Node::start_messaging_in`] follows it.
+/// the node is built ([`Components::messaging`](super::Components); on a device the queue
+/// pairs are created on a shared receive queue or not); [`Node::start_messaging_in`]
+/// follows it.
 ///
 /// | | receive memory | credits per sender |
 /// |---|---|---|
@@ -253,7 +254,9 @@ impl<M> Rings<M> {
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
-    /// Starts messaging in `region`: a ring of `slots` receive buffers of `slot_size` bytes
+    /// Starts messaging in `region` on a node built with messaging
+    /// ([`Components::messaging`](super::Components); else [`NodeError::NotBuiltWith`]): a
+    /// ring of `slots` receive buffers of `slot_size` bytes
     /// for every peer (the region must hold `(world - 1) * slots * slot_size` bytes, with
     /// local write access and no remote write or atomic access), all posted. Every rank must
     /// use the same `slots` (the credits it grants each sender). Allocates (setup);
@@ -280,9 +283,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return Err(NodeError::MessagingStarted);
         }
         let bad = |what| Err(NodeError::InvalidArgument { what });
-        if self.wakeups.is_some() {
-            // Messages would land on the wake-up receives, which have no buffer.
-            return bad("messaging needs a node built without barrier wake-ups");
+        if self.components.messaging.is_none() {
+            // Not a clash found late: the node was built for one-sided traffic (and so may
+            // have wake-up receives posted, which have no buffer for a message).
+            return Err(NodeError::NotBuiltWith(super::Component::Messaging));
         }
         if slots == 0 || slot_size == 0 || slot_size > u32::MAX as usize {
             return bad("messaging needs at least one slot of 1 byte to 4 GiB");
@@ -385,14 +389,25 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 
     /// Calls [`Node::progress`] until `done()` is true, backing off between empty rounds, or
-    /// fails with a timeout at `deadline`. Does not allocate.
-    pub fn progress_until<C: Clock>(
+    /// fails with a timeout after the node's [timeout](Node::timeout). Does not allocate.
+    pub fn progress_wait(
         &mut self,
-        clock: &C,
+        handler: impl FnMut(Event<'_>),
+        done: impl FnMut() -> bool,
+    ) -> Result<(), NodeError> {
+        let deadline = Deadline::after(self.clock, self.timeout);
+        self.progress_until(deadline, handler, done)
+    }
+
+    /// [`Node::progress_wait`], failing with a timeout at `deadline` (on the node's
+    /// [clock](Node::clock)). Does not allocate.
+    pub fn progress_until(
+        &mut self,
         deadline: Deadline,
         mut handler: impl FnMut(Event<'_>),
         mut done: impl FnMut() -> bool,
     ) -> Result<(), NodeError> {
+        let clock = self.clock;
         let mut backoff = self.backoff.clone();
         backoff.reset();
         let mut patience = Patience::until(deadline);

@@ -10,12 +10,35 @@
 //! After that nothing allocates: barriers, window writes, messaging and channel operations
 //! reuse what setup made.
 //!
+//! # A barrier loop
+//! On a device each rank is a process, its node comes from `rverbs_bootstrap::connect` (or
+//! [`PreparedNode`]), and its loop is `for step in 0..n { work(step); node.barrier(Members::World)?; }`:
+//! every wait is bounded by the node's default [timeout](Node::timeout), and no call takes
+//! a clock. On the software model one thread plays all four ranks, so each starts the
+//! barrier and then all are polled until every one has passed it:
+//!
+//! ```
+//! # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
+//! # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+//! use rverbs_core::node::{soft_world, soft_world_bytes, Members};
+//! # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+//! # let mut arena = vec![0u8; soft_world_bytes(4, 64)];
+//! # let net = SoftNet::new(SoftNetConfig::new(4, QpCaps::queues(16, 16)));
+//! # let cfg = ChannelConfig::default();
+//! let mut nodes = soft_world(&net, &mut arena, 64, cfg, Default::default(), Spin, &CLOCK)?;
+//! for _step in 0..100 {
+//!     nodes.iter_mut().try_for_each(|n| n.barrier_start(Members::World))?; // all arrive
+//!     while nodes.iter_mut().map(|n| n.barrier_poll()).collect::<Result<Vec<_>, _>>()?.contains(&false) {}
+//! }
+//! # Ok::<(), rverbs_core::node::NodeError>(())
+//! ```
+//!
 //! # The flag array
-//! Every rank registers `16 * world` bytes peers may write: slot `r` (bytes `8r..8r+8`)
-//! holds the count of barrier notifications rank `r` sent us; slot `world + r` how many of
-//! our messages rank `r` has consumed (its credit return, see [`messaging`](Node::progress));
-//! the last 8 bytes hold the [failure notice](crate::wire::notice) a peer writes when it sees a
-//! rank fail. Every peer holds the array's key and may write any bytes anywhere in it, so no
+//! Every rank registers a small array peers may write, laid out once in
+//! [`crate::wire::flags`] ([`FlagLayout`]): per rank, the count of barrier notifications it
+//! sent us and how many of our messages it has consumed (its credit return, see
+//! [`messaging`](Node::progress)); then the [failure notice](crate::wire::notice) a peer
+//! writes when it sees a rank fail. Every peer holds the array's key and may write any bytes anywhere in it, so no
 //! word is taken on trust: a barrier count above what its rank could have reached fails the
 //! barrier ([`BarrierError::ImplausibleArrival`]), a credit word above what we sent counts as
 //! nothing, and a notice that is not one, names a rank outside the world or names this node is
@@ -37,8 +60,13 @@
 //! new process, and after a second out-of-band round barriers run over all ranks again, every
 //! count starting from zero (the steps and why they are needed: `node/readmit.rs`). On a device
 //! `rverbs-bootstrap`'s `Connected::readmit` and `rejoin` do all of it; on the software model,
-//! [`soft_rejoin`] builds the new node. A node with messaging or barrier wake-ups cannot
-//! readmit ([`ReadmitError`] says why).
+//! [`soft_rejoin`] builds the new node. Only a node built with readmission can readmit, and
+//! such a node has neither messaging nor barrier wake-ups ([`Components`]).
+//!
+//! # Components
+//! Messaging, barrier wake-ups and readmission are chosen when the node is built
+//! ([`Components`]); a combination that cannot work is refused then, naming both choices
+//! ([`NodeError::Incompatible`]). Barriers and failure news are part of every node.
 
 mod alarm;
 mod counters;
@@ -59,9 +87,10 @@ pub use counters::PeerCounters;
 #[cfg(feature = "verbs")]
 pub use device_events::failure_of_event;
 pub use messaging::{Event, Receive};
+
 pub use readmit::ReadmitError;
 pub use soft::{
-    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_receiving, SoftNode,
+    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_with, SoftNode,
 };
 #[cfg(feature = "verbs")]
 pub use verbs::{NodeConfig, PreparedNode, ReadmitQp, VerbsNode, VerbsQp};
@@ -74,17 +103,18 @@ use crate::barrier::{BarrierAlgorithm, BarrierError, BarrierState, BarrierTransp
 use crate::channel::{Channel, ChannelError, Done, Ticket};
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
-use crate::poll::{Backoff, Clock};
+use crate::poll::{Backoff, Deadline, StaticClock};
 use crate::provider::Provider;
 use crate::sge::{RemoteMemory, Sge};
 #[cfg(feature = "verbs")]
 use crate::verbs::VerbsError;
+use crate::wire::flags::{FlagLayout, SLOT_LEN};
 use crate::wire::node::NodeBlobError;
 
-/// Bytes of a world's flag array: barrier counters, then credit returns, then the failure
-/// notice.
+/// Bytes of a world's flag array ([`FlagLayout`]: barrier counters, then credit returns, then
+/// the failure notice).
 pub(crate) const fn flags_len(world: u32) -> usize {
-    failure::notice_offset(world) + 8
+    FlagLayout::new(world).len()
 }
 
 /// How long a barrier keeps waiting after its deadline, once it probed the ranks it misses,
@@ -191,6 +221,16 @@ pub enum NodeError {
     },
     /// A rank failed (see [the module docs](self#when-a-rank-fails)); names the failed rank.
     PeerFailed(crate::failure::Failure),
+    /// Two components chosen for the node cannot work together (see [`Components`]); the
+    /// node was not built.
+    Incompatible {
+        /// One choice.
+        a: Component,
+        /// The other, which `a` excludes.
+        b: Component,
+    },
+    /// A call needs a component the node was not built with ([`Components`]).
+    NotBuiltWith(Component),
     /// A rank cannot be readmitted (see [the module docs](self#when-a-rank-rejoins)).
     Readmit {
         /// The rank to readmit.
@@ -246,6 +286,14 @@ impl fmt::Display for NodeError {
             } if w.status.is_local() => write!(f, "the channel to rank {rank}: {error}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
             Self::PeerFailed(failure) => write!(f, "{failure}"),
+            Self::Incompatible { a, b } => write!(
+                f,
+                "a node cannot be built with both {a} and {b}: choose one of them \
+                 (see node::Components)"
+            ),
+            Self::NotBuiltWith(c) => {
+                write!(f, "the node was built without {c} (see node::Components)")
+            }
             Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),
         }
     }
@@ -266,8 +314,174 @@ impl From<BarrierError> for NodeError {
     }
 }
 
+/// One of the components a node may be built with ([`Components`]), as errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Component {
+    /// Messaging into a receive ring per peer ([`Receive::PerPeer`]).
+    Messaging,
+    /// Messaging into one receive pool every peer shares ([`Receive::Shared`]).
+    SharedReceive,
+    /// Barrier wake-ups ([`Components::barrier_wakeups`]).
+    BarrierWakeups,
+    /// Readmission of a rank that failed and was started again ([`Components::readmission`]).
+    Readmission,
+}
+
+impl fmt::Display for Component {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Messaging => "messaging (a receive ring per peer)",
+            Self::SharedReceive => "messaging into a shared receive pool",
+            Self::BarrierWakeups => "barrier wake-ups",
+            Self::Readmission => "readmission",
+        })
+    }
+}
+
+/// What a node is built with besides what every node has (its channels, flag array, window,
+/// barriers and failure news, which barriers need): chosen once, when the node is built
+/// ([`NodeParts::components`], `NodeConfig::components` on a device, [`soft_world_with`] on
+/// the model), so that a combination that cannot work is refused then
+/// ([`NodeError::Incompatible`], naming both), never half way through a run.
+///
+/// | | messaging | barrier wake-ups | readmission |
+/// |---|---|---|---|
+/// | messaging | | no: a wake-up receive has no buffer for a message | no: rings, credits and posted receives are not rebuilt for a new process |
+/// | barrier wake-ups | no | | no: the wake-up receives are not rebuilt for a new process |
+/// | readmission | no | no | |
+///
+/// The default is messaging into a ring per peer ([`Components::messaging`]); a shared
+/// receive pool ([`Receive::Shared`]) is messaging too, so it cannot be readmitted either
+/// (a queue pair for a new process cannot join the shared queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Components {
+    /// Where messages land, if the node carries messages ([`Node::start_messaging_in`]);
+    /// `None`: one-sided traffic only (writes, reads, atomics, barriers).
+    pub messaging: Option<Receive>,
+    /// Barrier notifications raise a completion at their receiver, so a rank asleep on
+    /// completion events wakes when its peer arrives (see `node/wakeups.rs`). Every rank
+    /// chooses it alike; it takes effect from the first barrier over the whole world.
+    pub barrier_wakeups: bool,
+    /// The node can readmit a rank that failed and was started again
+    /// ([`Node::readmit_begin`]).
+    pub readmission: bool,
+}
+
+impl Default for Components {
+    fn default() -> Self {
+        Self::messaging(Receive::PerPeer)
+    }
+}
+
+impl From<Receive> for Components {
+    fn from(receive: Receive) -> Self {
+        Self::messaging(receive)
+    }
+}
+
+impl Components {
+    /// One-sided traffic only: no messaging, no wake-ups, no readmission.
+    pub const fn one_sided() -> Self {
+        Self {
+            messaging: None,
+            barrier_wakeups: false,
+            readmission: false,
+        }
+    }
+
+    /// Messaging, with messages landing as `receive` says (the default: per peer).
+    pub const fn messaging(receive: Receive) -> Self {
+        Self {
+            messaging: Some(receive),
+            ..Self::one_sided()
+        }
+    }
+
+    /// One-sided traffic with barrier wake-ups.
+    pub const fn barrier_wakeups() -> Self {
+        Self {
+            barrier_wakeups: true,
+            ..Self::one_sided()
+        }
+    }
+
+    /// One-sided traffic with readmission.
+    pub const fn readmission() -> Self {
+        Self {
+            readmission: true,
+            ..Self::one_sided()
+        }
+    }
+
+    /// The first two components chosen that cannot work together, if any.
+    pub const fn clash(&self) -> Option<(Component, Component)> {
+        let messaging = match self.messaging {
+            None => None,
+            Some(Receive::PerPeer) => Some(Component::Messaging),
+            Some(Receive::Shared { .. }) => Some(Component::SharedReceive),
+        };
+        match (messaging, self.barrier_wakeups, self.readmission) {
+            (Some(m), true, _) => Some((m, Component::BarrierWakeups)),
+            (Some(m), _, true) => Some((m, Component::Readmission)),
+            (None, true, true) => Some((Component::BarrierWakeups, Component::Readmission)),
+            _ => None,
+        }
+    }
+
+    /// `Ok`, or [`NodeError::Incompatible`] naming the first clash.
+    pub const fn check(&self) -> Result<(), NodeError> {
+        match self.clash() {
+            None => Ok(()),
+            Some((a, b)) => Err(NodeError::Incompatible { a, b }),
+        }
+    }
+}
+
+/// Who takes part in a barrier: every rank of the world, or the ranks listed (sorted, no
+/// repeats, this rank among them). Every member names the same members.
+///
+/// A list converts on its own, so `node.barrier(&[0, 2])` and `node.barrier(Members::World)`
+/// both read as what they do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Members<'a> {
+    /// Every rank, `0..world` (the common barrier, and the cheapest: it needs no checking).
+    #[default]
+    World,
+    /// These ranks.
+    Ranks(&'a [u32]),
+}
+
+impl<'a> Members<'a> {
+    /// The listed ranks, or `None` for the whole world.
+    fn ranks(self) -> Option<&'a [u32]> {
+        match self {
+            Self::World => None,
+            Self::Ranks(r) => Some(r),
+        }
+    }
+}
+
+impl<'a> From<&'a [u32]> for Members<'a> {
+    fn from(ranks: &'a [u32]) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for Members<'a> {
+    fn from(ranks: &'a [u32; N]) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for Members<'a> {
+    fn from(ranks: &'a Vec<u32>) -> Self {
+        Self::Ranks(ranks)
+    }
+}
+
 /// What a node is made of, for [`Node::from_parts`].
-#[derive(Debug)]
 pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// This rank.
     pub rank: u32,
@@ -276,7 +490,7 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// One connected channel per other rank, each naming its rank
     /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
     pub channels: Vec<Channel<P, B>>,
-    /// Our flag array: at least [`16 * world + 8`](self#the-flag-array) bytes, 8-aligned, with
+    /// Our flag array: at least [`FlagLayout::len`] bytes, 8-aligned, with
     /// local and remote write access, zeroed.
     pub flags: M,
     /// Our data window (peers write and read it).
@@ -289,6 +503,27 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     pub algorithm: BarrierAlgorithm,
     /// What waits do between empty polls.
     pub backoff: B,
+    /// The clock the node's waits are measured on (its channels').
+    pub clock: StaticClock,
+    /// How long a bare wait of the node waits ([`Node::timeout`]).
+    pub timeout: Duration,
+    /// What the node is built with ([`Components`]); checked here. Messaging into a shared
+    /// pool ([`Receive::Shared`]) needs channels on a shared receive queue, and channels on
+    /// one need it.
+    pub components: Components,
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for NodeParts<P, M, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeParts")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("channels", &self.channels.len())
+            .field("algorithm", &self.algorithm)
+            .field("timeout", &self.timeout)
+            .field("components", &self.components)
+            .finish_non_exhaustive()
+    }
 }
 
 // A node moves to the thread that will poll it (and so does each of its channels).
@@ -318,6 +553,13 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     window: M,
     /// Barriers that timed out still waiting for each rank (indexed by rank).
     barrier_timeouts: Vec<u32>,
+    clock: StaticClock,
+    timeout: Duration,
+    /// The members of the barrier [`Node::barrier_start`] began, if a group (room for
+    /// `world` ranks made at build, so starting one does not allocate).
+    polled: Vec<u32>,
+    polled_group: bool,
+    components: Components,
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Drop for Node<P, M, B> {
@@ -353,6 +595,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
 
 struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     me: u32,
+    world: u32,
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
@@ -389,11 +632,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         let slot = self
             .peer_flags
             .get(rank as usize)
-            .and_then(|f| f.slice(u64::from(self.me) * 8, 8))
+            .zip(FlagLayout::new(self.world).arrivals(self.me))
+            .and_then(|(f, at)| f.slice(at as u64, SLOT_LEN as u64))
             .ok_or(BarrierError::RankOutOfRange(rank))?;
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
-        let data = count.to_le_bytes();
+        let data = FlagLayout::bytes(count);
         let posted = if !self.wakeups.as_ref().is_some_and(|w| w.live) {
             self.multi
                 .post_write_inline(rank, &data, slot)
@@ -413,7 +657,10 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn arrived(&self, rank: u32) -> u64 {
-        self.flags.load_u64(rank as usize * 8).unwrap_or(0)
+        FlagLayout::new(self.world)
+            .arrivals(rank)
+            .and_then(|at| self.flags.load_u64(at))
+            .unwrap_or(0)
     }
 
     #[inline]
@@ -476,7 +723,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             peer_windows,
             algorithm,
             backoff,
+            clock,
+            timeout,
+            components,
         } = parts;
+        components.check()?;
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
             return Err(NodeError::InvalidWorld { rank, world });
         }
@@ -492,7 +743,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let need = flags_len(world);
         if flags.len() < need || !flags.access().contains(FLAG_ACCESS) {
-            return bad("the flag array needs 16 bytes per rank and local and remote write");
+            return bad("the flag array needs FlagLayout::len bytes and local and remote write");
         }
         for (r, f) in peer_flags.iter().enumerate() {
             if r as u32 != rank && (f.len as usize) < need {
@@ -502,7 +753,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 });
             }
         }
-        let multi = MultiChannel::new(channels).map_err(|e| match e {
+        let mut multi = MultiChannel::new(channels).map_err(|e| match e {
             MultiError::DuplicateRank(_) | MultiError::ChannelWithoutRank => {
                 NodeError::InvalidArgument {
                     what: "every channel must name a distinct peer rank",
@@ -520,13 +771,31 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 what: "a channel names a rank outside the world",
             });
         }
+        let on_srq = multi
+            .channels()
+            .next()
+            .is_some_and(|c| c.provider().srq_capacity() > 0);
+        let shared = matches!(components.messaging, Some(Receive::Shared { .. }));
+        if on_srq && !shared {
+            return bad(
+                "the channels share a receive queue: choose messaging into Receive::Shared",
+            );
+        }
+        if shared && !on_srq && world > 1 {
+            return bad("Receive::Shared messaging needs channels on a shared receive queue");
+        }
+        let wakeups = if components.barrier_wakeups {
+            Some(wakeups::Wakeups::post_all(&mut multi)?)
+        } else {
+            None
+        };
         Ok(Self {
             rank,
             world,
             algorithm,
             multi,
             rings: None,
-            wakeups: None,
+            wakeups,
             wakeup: None,
             barrier: BarrierState::new(rank, world),
             failures: failure::Failures::new(rank, world, backoff.waker()),
@@ -539,35 +808,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             flags,
             window,
             barrier_timeouts: alloc::vec![0; world as usize],
+            clock,
+            timeout,
+            polled: Vec::with_capacity(world as usize),
+            polled_group: false,
+            components,
         })
     }
 
-    /// Makes every barrier notification raise a completion at its receiver, so a rank asleep
-    /// on completion events (`rverbs_std_shim::WaitPolicy::Block`) wakes the moment its peer
-    /// arrives instead of when its sleep runs out.
-    ///
-    /// Collective: every rank enables it, then runs a barrier over the whole world;
-    /// notifications carry an immediate from the first such barrier that completes. It posts
-    /// up to sixteen receives without buffers on every channel, which the peers'
-    /// notifications consume, so from then on the node's channels carry one-sided traffic
-    /// only (writes, reads, atomics, barriers): messaging is refused, and a peer's send would
-    /// fail with a length error. Allocates (setup); fails if messaging started, a barrier is
-    /// in progress or a receive is outstanding.
-    pub fn enable_barrier_wakeups(&mut self) -> Result<(), NodeError> {
-        if self.rings.is_some() {
-            return Err(NodeError::InvalidArgument {
-                what: "barrier wake-ups need a node without messaging",
-            });
-        }
-        if self.barrier.is_pending() {
-            return Err(NodeError::InvalidArgument {
-                what: "barrier wake-ups cannot be enabled during a barrier",
-            });
-        }
-        if self.wakeups.is_none() {
-            self.wakeups = Some(wakeups::Wakeups::post_all(&mut self.multi)?);
-        }
-        Ok(())
+    /// What the node was built with.
+    pub fn components(&self) -> Components {
+        self.components
     }
 
     /// The completion events of the node's queues (a node built with
@@ -590,7 +841,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         &self.backoff
     }
 
-    /// Whether barrier notifications raise completions ([`Node::enable_barrier_wakeups`]).
+    /// Whether barrier notifications raise completions ([`Components::barrier_wakeups`]).
     pub fn barrier_wakeups(&self) -> bool {
         self.wakeups.is_some()
     }
@@ -598,7 +849,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Whether barrier notifications carry an immediate yet, so a rank asleep on its
     /// completion events wakes when its peer arrives: wake-ups are on and a barrier over the
     /// whole world completed since (until then notifications are plain writes, which wake
-    /// nobody; see [`Node::enable_barrier_wakeups`]).
+    /// nobody; see [`Components::barrier_wakeups`]).
     pub fn barrier_wakeups_live(&self) -> bool {
         self.wakeups.as_ref().is_some_and(|w| w.live)
     }
@@ -728,91 +979,130 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
     }
 
-    /// Barrier over all ranks with the default algorithm. Does not allocate.
-    pub fn barrier<C: Clock>(&mut self, clock: &C, timeout: Duration) -> Result<(), NodeError> {
-        let alg = self.algorithm;
-        self.run_barrier(None, alg, clock, timeout)
+    /// The clock the node measures its timeouts on: its channels'.
+    pub fn clock(&self) -> StaticClock {
+        self.clock
     }
 
-    /// Barrier over `members` (sorted, no repeats, containing this rank) with `alg`.
-    /// Every member must call it with the same list and algorithm. Does not allocate.
-    pub fn barrier_group<C: Clock>(
-        &mut self,
-        members: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.run_barrier(Some(members), alg, clock, timeout)
+    /// How long a bare wait of the node (`barrier`, `barrier_start`, `progress_wait`) waits
+    /// before it gives up: [`NodeParts::timeout`] (on a device and on the model, the
+    /// channels' [`ChannelConfig::timeout`](crate::channel::ChannelConfig::timeout)) until
+    /// [`Node::set_timeout`] changes it.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
-    /// Starts a barrier over all ranks with the default algorithm without waiting: call
-    /// [`Node::barrier_poll`] until it answers `true`. For a thread that has other work
-    /// while the barrier completes (and for simulating many ranks on one thread). Does not
-    /// allocate.
-    pub fn barrier_start<C: Clock>(
+    /// Sets the default timeout of the node's bare waits (see [`Node::timeout`]).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Barrier over `members` with the node's algorithm ([`Node::set_algorithm`]), giving
+    /// up after the node's [timeout](Node::timeout). Every member must call it with the same
+    /// members and algorithm. Does not allocate.
+    ///
+    /// ```
+    /// # use rverbs_core::node::{soft_world, soft_world_bytes, Members};
+    /// # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+    /// # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
+    /// # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+    /// # let mut arena = vec![0u8; soft_world_bytes(1, 64)];
+    /// # let net = SoftNet::new(SoftNetConfig::new(1, QpCaps::queues(16, 16)));
+    /// # let cfg = ChannelConfig::default();
+    /// # let mut node = soft_world(&net, &mut arena, 64, cfg, Default::default(), Spin, &CLOCK)
+    /// #     .unwrap().remove(0);
+    /// for step in 0..3 {
+    ///     // ... this step's work ...
+    ///     node.barrier(Members::World)?;
+    /// }
+    /// # Ok::<(), rverbs_core::node::NodeError>(())
+    /// ```
+    pub fn barrier<'a>(&mut self, members: impl Into<Members<'a>>) -> Result<(), NodeError> {
+        let timeout = self.timeout;
+        self.barrier_timeout(members, timeout)
+    }
+
+    /// [`Node::barrier`], giving up after `timeout`. Does not allocate.
+    pub fn barrier_timeout<'a>(
         &mut self,
-        clock: &C,
+        members: impl Into<Members<'a>>,
         timeout: Duration,
     ) -> Result<(), NodeError> {
-        let alg = self.algorithm;
-        self.barrier_step(None, Some((alg, timeout)), clock)
-            .map(|_| ())
+        let members = members.into().ranks();
+        let (alg, clock) = (self.algorithm, self.clock);
+        self.with_barrier(members, |barrier, t, m, backoff| match members {
+            None => barrier.run_world(t, m, alg, &clock, timeout, backoff),
+            Some(_) => barrier.run(t, m, alg, &clock, timeout, backoff),
+        })?;
+        self.barrier_completed(members);
+        Ok(())
+    }
+
+    /// [`Node::barrier`], giving up at `deadline` (on the node's [clock](Node::clock)).
+    /// Does not allocate.
+    pub fn barrier_until<'a>(
+        &mut self,
+        members: impl Into<Members<'a>>,
+        deadline: Deadline,
+    ) -> Result<(), NodeError> {
+        let timeout = deadline.remaining(self.clock);
+        self.barrier_timeout(members, timeout)
+    }
+
+    /// Starts a barrier over `members` with the node's algorithm without waiting: call
+    /// [`Node::barrier_poll`] until it answers `true`. It gives up after the node's
+    /// [timeout](Node::timeout). For a thread that has other work while the barrier
+    /// completes (and for simulating many ranks on one thread). The node remembers the
+    /// members (copied into room made at build), so the poll needs none. Does not allocate.
+    pub fn barrier_start<'a>(&mut self, members: impl Into<Members<'a>>) -> Result<(), NodeError> {
+        let timeout = self.timeout;
+        self.barrier_start_timeout(members, timeout)
+    }
+
+    /// [`Node::barrier_start`], giving up after `timeout`. Does not allocate.
+    pub fn barrier_start_timeout<'a>(
+        &mut self,
+        members: impl Into<Members<'a>>,
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        let members = members.into().ranks();
+        let (alg, clock) = (self.algorithm, self.clock);
+        // Remember the members for the polls, unless a barrier is in progress (the start
+        // fails then, and the one in progress keeps its own).
+        let remember = !self.barrier.is_pending();
+        let done = self.with_barrier(members, |barrier, t, m, _| match members {
+            None => barrier.start_world(t, m, alg, &clock, timeout),
+            Some(_) => barrier.start(t, m, alg, &clock, timeout),
+        });
+        if remember && done.is_ok() {
+            self.polled.clear();
+            if let Some(m) = members {
+                // `validate` held: at most `world` distinct ranks, which the room holds.
+                self.polled.extend_from_slice(m);
+            }
+            self.polled_group = members.is_some();
+        }
+        done
     }
 
     /// Advances the barrier [`Node::barrier_start`] began, without waiting: `Ok(true)` once
-    /// every rank it waits for arrived; [`BarrierError::PeerFailed`] as soon as a member is
-    /// known to have failed; a timeout error (naming the ranks still missing) once its
-    /// deadline and then the [probe grace](Node::set_probe_grace) passed. Does not allocate.
-    pub fn barrier_poll<C: Clock>(&mut self, clock: &C) -> Result<bool, NodeError> {
-        self.barrier_step(None, None, clock)
-    }
-
-    /// [`Node::barrier_start`] over `members` (sorted, containing this rank) with `alg`.
-    pub fn barrier_group_start<C: Clock>(
-        &mut self,
-        members: &[u32],
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.barrier_step(Some(members), Some((alg, timeout)), clock)
-            .map(|_| ())
-    }
-
-    /// [`Node::barrier_poll`] for a barrier begun with [`Node::barrier_group_start`]; pass
-    /// the same members.
-    pub fn barrier_group_poll<C: Clock>(
-        &mut self,
-        members: &[u32],
-        clock: &C,
-    ) -> Result<bool, NodeError> {
-        self.barrier_step(Some(members), None, clock)
-    }
-
-    /// Starts (with `start`) or advances the non-blocking barrier over `members` (every rank
-    /// when `None`).
-    fn barrier_step<C: Clock>(
-        &mut self,
-        members: Option<&[u32]>,
-        start: Option<(BarrierAlgorithm, Duration)>,
-        clock: &C,
-    ) -> Result<bool, NodeError> {
-        let whole = members.is_none();
-        let done = self.with_barrier(members, |barrier, t, m, _| match (start, whole) {
-            (Some((alg, timeout)), true) => barrier
-                .start_world(t, m, alg, clock, timeout)
-                .map(|()| false),
-            (Some((alg, timeout)), false) => {
-                barrier.start(t, m, alg, clock, timeout).map(|()| false)
-            }
-            (None, true) => barrier.poll_world(t, m, clock),
-            (None, false) => barrier.poll(t, m, clock),
-        })?;
-        if done {
+    /// every rank it waits for arrived (and when none is in progress); [`BarrierError::PeerFailed`]
+    /// as soon as a member is known to have failed; a timeout error (naming the ranks still
+    /// missing) once its deadline and then the [probe grace](Node::set_probe_grace) passed.
+    /// Does not allocate.
+    pub fn barrier_poll(&mut self) -> Result<bool, NodeError> {
+        let clock = self.clock;
+        let polled = core::mem::take(&mut self.polled);
+        let members = self.polled_group.then_some(&polled[..]);
+        let done = self.with_barrier(members, |barrier, t, m, _| match members {
+            None => barrier.poll_world(t, m, &clock),
+            Some(_) => barrier.poll(t, m, &clock),
+        });
+        if let Ok(true) = done {
             self.barrier_completed(members);
         }
-        Ok(done)
+        self.polled = polled;
+        done
     }
 
     /// After a barrier over `members` (every rank when `None`) completed: a full barrier
@@ -823,22 +1113,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 w.live = true;
             }
         }
-    }
-
-    /// Runs a barrier over `members`, or over every rank when `None`.
-    fn run_barrier<C: Clock>(
-        &mut self,
-        members: Option<&[u32]>,
-        alg: BarrierAlgorithm,
-        clock: &C,
-        timeout: Duration,
-    ) -> Result<(), NodeError> {
-        self.with_barrier(members, |barrier, t, m, backoff| match members {
-            None => barrier.run_world(t, m, alg, clock, timeout, backoff),
-            Some(_) => barrier.run(t, m, alg, clock, timeout, backoff),
-        })?;
-        self.barrier_completed(members);
-        Ok(())
     }
 
     /// Lends `f` the barrier state, a transport over the node's channels and flag arrays, the
@@ -855,6 +1129,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<T, NodeError> {
         let Self {
             rank,
+            world,
             multi,
             barrier,
             all,
@@ -878,6 +1153,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let mut t = Transport {
             me: *rank,
+            world: *world,
             multi,
             flags,
             peer_flags,

@@ -27,21 +27,13 @@ use crate::poll::Backoff;
 use crate::provider::shared::{RoutedQp, SharedCqError};
 use crate::provider::{CompletionQueue, Provider, QueuePair};
 use crate::sge::RemoteMemory;
+use crate::wire::flags::FlagLayout;
 use crate::wire::node::NodeBlobError;
 
 /// Why a node cannot readmit a rank ([`NodeError::Readmit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadmitError {
-    /// Messaging started: the rings, credits and receives each peer holds are not rebuilt
-    /// for a new process.
-    Messaging,
-    /// Barrier wake-ups are on: the receives they keep posted on every channel are not
-    /// rebuilt for a new process.
-    Wakeups,
-    /// The node takes its receives from a shared receive queue: a queue pair for the new
-    /// process would have to join it, which is not supported.
-    SharedReceive,
     /// The node knows of a failure of another rank: only the rank the news names can be
     /// readmitted (only the first failure is kept).
     OtherFailure(Failure),
@@ -63,19 +55,6 @@ pub enum ReadmitError {
 impl fmt::Display for ReadmitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Messaging => f.write_str(
-                "messaging started on this node: the rings, credits and posted receives of a \
-                 peer are not rebuilt for a restarted process (readmit needs a node that only \
-                 writes, reads and runs barriers)",
-            ),
-            Self::Wakeups => f.write_str(
-                "barrier wake-ups are on: the receives they keep posted on every channel are \
-                 not rebuilt for a restarted process",
-            ),
-            Self::SharedReceive => f.write_str(
-                "the node takes its receives from a shared receive queue, which a queue pair \
-                 for a restarted process cannot join",
-            ),
             Self::OtherFailure(failure) => write!(
                 f,
                 "this node knows of another failure ({failure}): only the rank the news names \
@@ -106,26 +85,20 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// (at most each channel's timeout); moves the queue pair to `rank` to the error state
     /// (even with nothing posted, so that it executes no forged packet meanwhile) and drains it.
     ///
-    /// Fails, changing nothing that matters, for a node with messaging or barrier wake-ups
-    /// ([`ReadmitError`]), when this node knows of another rank's failure, and (after the
-    /// drain) when a channel to a live rank is broken. Allocates nothing.
+    /// Fails, changing nothing that matters, for a node built without readmission
+    /// ([`NodeError::NotBuiltWith`]; one built with it has neither messaging nor barrier
+    /// wake-ups nor a shared receive queue, see [`Components`](super::Components)), when this
+    /// node knows of another rank's failure, and (after the drain) when a channel to a live
+    /// rank is broken. Allocates nothing.
     pub fn readmit_begin(&mut self, rank: u32) -> Result<(), NodeError> {
         if rank == self.rank || rank >= self.world {
             return Err(NodeError::UnknownRank(rank));
         }
         let refuse = |error| Err(NodeError::Readmit { rank, error });
-        if self.rings.is_some() {
-            return refuse(ReadmitError::Messaging);
-        }
-        if self.wakeups.is_some() {
-            return refuse(ReadmitError::Wakeups);
-        }
-        if self
-            .multi
-            .channel(rank)
-            .is_ok_and(|c| c.provider().srq_capacity() > 0)
-        {
-            return refuse(ReadmitError::SharedReceive);
+        if !self.components.readmission {
+            // Chosen at build, where it excludes messaging, wake-ups and a shared receive
+            // queue (`Components::check`, `from_parts`): none of them can be here.
+            return Err(NodeError::NotBuiltWith(super::Component::Readmission));
         }
         if let Some(f) = self.failure().filter(|f| f.rank != rank) {
             return refuse(ReadmitError::OtherFailure(f));
@@ -203,9 +176,8 @@ where
         self.peer_flags[rank as usize] = flags;
         self.peer_windows[rank as usize] = window;
         self.barrier.reset();
-        let zero = [0u8; 8];
-        for at in (0..flags_len(self.world)).step_by(8) {
-            self.flags.write_from(at, &zero);
+        for at in FlagLayout::new(self.world).slots() {
+            self.flags.write_from(at, &FlagLayout::bytes(0));
         }
         self.failures.forget(rank);
         self.readmitting = None;

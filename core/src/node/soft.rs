@@ -6,7 +6,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{flags_len, Node, NodeError, NodeParts, Receive};
+use super::{flags_len, Components, Node, NodeError, NodeParts, Receive};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::AccessFlags;
@@ -27,9 +27,10 @@ pub const fn soft_world_bytes(world: u32, window_len: usize) -> usize {
 
 /// Builds all `net.nodes()` nodes of a world, fully connected, with the flag arrays and
 /// windows (`window_len` bytes each) carved out of `arena` (at least [`soft_world_bytes`]
-/// long). Every channel gets `cfg` with its peer's rank, a clone of `backoff` and `clock`.
-/// Messages land in a ring per peer ([`Receive::PerPeer`]; see [`soft_world_receiving`]).
-/// Allocates (setup).
+/// long). Every channel gets `cfg` with its peer's rank, a clone of `backoff` and `clock`;
+/// the node keeps `clock` and takes `cfg.timeout` as its default [timeout](Node::timeout).
+/// The nodes have the default [`Components`] (messaging into a ring per peer; see
+/// [`soft_world_with`]). Allocates (setup).
 pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
@@ -39,27 +40,29 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     backoff: B,
     clock: StaticClock,
 ) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
-    soft_world_receiving(
+    soft_world_with(
         net,
         arena,
         window_len,
         cfg,
         (algorithm, backoff, clock),
-        Receive::PerPeer,
+        Components::default(),
     )
 }
 
-/// [`soft_world`] with messages landing as `receive` says: with [`Receive::Shared`] every
-/// node gets a shared receive queue of `slots` receives ([`SoftNet::create_srq`]) before
-/// any connection, so all its queue pairs take their receives from it, and its receive
-/// completions are kept for the pool ([`SharedCqs::with_srq`]). The net must have no
-/// connections yet. Allocates (setup).
+/// [`soft_world`] with every node built with `components` (a [`Receive`] converts: messaging
+/// landing as it says). With messaging into [`Receive::Shared`] every node gets a shared
+/// receive queue of `slots` receives ([`SoftNet::create_srq`]) before any connection, so all
+/// its queue pairs take their receives from it, and its receive completions are kept for the
+/// pool ([`SharedCqs::with_srq`]). The net must have no connections yet. Components that
+/// cannot work together are refused before anything is built ([`NodeError::Incompatible`]).
+/// Allocates (setup).
 ///
 /// ```
 /// use rverbs_core::barrier::BarrierAlgorithm;
 /// use rverbs_core::channel::ChannelConfig;
 /// use rverbs_core::memory::AccessFlags;
-/// use rverbs_core::node::{soft_world_bytes, soft_world_receiving, Event, Receive};
+/// use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, Receive};
 /// use rverbs_core::params::QpCaps;
 /// use rverbs_core::poll::{Spin, StepClock};
 /// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -70,7 +73,7 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
 /// let mut arena = vec![0u8; soft_world_bytes(3, 64)];
 /// let mut pools = vec![0u8; 3 * 8 * 32];
 /// let net = SoftNet::new(SoftNetConfig::new(3, caps));
-/// let mut nodes = soft_world_receiving(&net, &mut arena, 64, ChannelConfig::default(),
+/// let mut nodes = soft_world_with(&net, &mut arena, 64, ChannelConfig::default(),
 ///     (BarrierAlgorithm::default(), Spin, &CLOCK), Receive::Shared { slots: 8 }).unwrap();
 /// for (n, mem) in nodes.iter_mut().zip(pools.chunks_mut(8 * 32)) {
 ///     let pool = net.register(n.rank(), mem, AccessFlags::LOCAL_WRITE).unwrap();
@@ -87,14 +90,16 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
 /// }
 /// assert_eq!(got, [(1, b"one".to_vec()), (2, b"two".to_vec())]);
 /// ```
-pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
+pub fn soft_world_with<'n, 'm: 'n, B: Backoff + Clone>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
     window_len: usize,
     cfg: ChannelConfig,
     (algorithm, backoff, clock): (BarrierAlgorithm, B, StaticClock),
-    receive: Receive,
+    components: impl Into<Components>,
 ) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
+    let components = components.into();
+    components.check()?;
     let world = net.nodes();
     if world == 0 || world > crate::wire::MAX_WORLD {
         return Err(NodeError::InvalidWorld { rank: 0, world });
@@ -134,9 +139,9 @@ pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
             return Err(bad("the net's completion queues were taken already"));
         };
         let peers = world as usize - 1;
-        shared.push(match receive {
-            Receive::PerPeer => SharedCqs::new(s, rc, peers),
-            Receive::Shared { slots } => {
+        shared.push(match components.messaging {
+            None | Some(Receive::PerPeer) => SharedCqs::new(s, rc, peers),
+            Some(Receive::Shared { slots }) => {
                 let depth = net.create_srq(r, slots).ok_or(bad(
                     "the net refused a shared receive queue (connected already?)",
                 ))?;
@@ -179,6 +184,9 @@ pub fn soft_world_receiving<'n, 'm: 'n, B: Backoff + Clone>(
             peer_windows: peer_windows.clone(),
             algorithm,
             backoff: backoff.clone(),
+            clock,
+            timeout: cfg.timeout,
+            components,
         })?);
     }
     Ok(nodes)
@@ -197,14 +205,17 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// node for it is built (flag array and window carved out of `arena`, at least
 /// [`soft_rejoin_bytes`] long, its channels with `cfg`, `backoff` and `clock`) and connected
 /// to every survivor; every survivor takes step two ([`Node::readmit_finish`]) with its end of
-/// the new connection. Returns the new node: barriers run over all ranks again. One thread
+/// the new connection. Every survivor must have been built with readmission
+/// ([`Components::readmission`]); so is the new node. Returns the new node: barriers run over
+/// all ranks again. One thread
 /// plays every rank, so the out-of-band rounds a real world needs are the order of these
 /// steps. Allocates (setup).
 ///
 /// ```
 /// use rverbs_core::barrier::BarrierAlgorithm;
 /// use rverbs_core::channel::ChannelConfig;
-/// use rverbs_core::node::{soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes};
+/// use rverbs_core::node::{soft_rejoin, soft_rejoin_bytes, soft_world_bytes, soft_world_with};
+/// use rverbs_core::node::{Components, Members};
 /// use rverbs_core::params::QpCaps;
 /// use rverbs_core::poll::{Spin, StepClock};
 /// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
@@ -216,7 +227,8 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// let net = SoftNet::new(SoftNetConfig::new(3, caps));
 /// let alg = BarrierAlgorithm::Dissemination;
 /// let cfg = ChannelConfig::default();
-/// let mut nodes = soft_world(&net, &mut arena, 64, cfg, alg, Spin, &CLOCK).unwrap();
+/// let mut nodes = soft_world_with(&net, &mut arena, 64, cfg, (alg, Spin, &CLOCK),
+///     Components::readmission()).unwrap();
 /// // Rank 1's process dies; the others learn of it (here: from a failed barrier).
 /// net.kill(1);
 /// drop(nodes.remove(1));
@@ -225,9 +237,9 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// nodes.insert(1, reborn);
 /// // Counts start again from zero on every rank: barriers over all three work.
 /// for n in nodes.iter_mut() {
-///     n.barrier_start(&&CLOCK, core::time::Duration::from_secs(1)).unwrap();
+///     n.barrier_start(Members::World).unwrap();
 /// }
-/// while !nodes.iter_mut().all(|n| n.barrier_poll(&&CLOCK).unwrap()) {}
+/// while !nodes.iter_mut().all(|n| n.barrier_poll().unwrap()) {}
 /// ```
 pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
     net: &'n SoftNet<'m>,
@@ -310,6 +322,9 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
         peer_windows,
         algorithm,
         backoff,
+        clock,
+        timeout: cfg.timeout,
+        components: Components::readmission(),
     })?;
     for (s, qp) in survivors.iter_mut().zip(theirs) {
         s.readmit_finish(rank, qp, my_flags, my_window)?;

@@ -11,7 +11,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::{flags_len, Node, NodeError, NodeParts, Receive};
+use super::{flags_len, Components, Node, NodeError, NodeParts, Receive};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::{AccessFlags, PageMemory};
@@ -49,15 +49,13 @@ pub struct NodeConfig {
     /// (`rverbs_std_shim::WaitPolicy::Block`) sleeps until a completion arrives. Off by
     /// default: a pinned, spinning rank has no use for events.
     pub completion_events: bool,
-    /// Make barrier notifications raise a completion at their receiver
-    /// ([`Node::enable_barrier_wakeups`], from the first barrier over the whole world), so a
-    /// rank asleep on events wakes when its peer arrives. Every rank must set it alike; the
-    /// node's channels then carry one-sided traffic only (no messaging, no sends).
-    pub barrier_wakeups: bool,
-    /// Where messages land: a ring per peer (the default), or one pool every peer shares
-    /// (the queue pairs are then created on a shared receive queue of that many receives,
-    /// and `qp.max_recv_wr` is unused). See [`Receive`].
-    pub receive: Receive,
+    /// What the node is built with: messaging (and where messages land), barrier wake-ups,
+    /// readmission ([`Components`]; the default is messaging into a ring per peer). With
+    /// messaging into [`Receive::Shared`] the queue pairs are created on a shared receive
+    /// queue of that many receives, and `qp.max_recv_wr` is unused. Every rank chooses alike;
+    /// a combination that cannot work is refused by [`PreparedNode::new`], before anything
+    /// is created.
+    pub components: Components,
 }
 
 impl Default for NodeConfig {
@@ -68,8 +66,7 @@ impl Default for NodeConfig {
             window_len: 64 * 1024,
             algorithm: BarrierAlgorithm::default(),
             completion_events: false,
-            barrier_wakeups: false,
-            receive: Receive::PerPeer,
+            components: Components::default(),
         }
     }
 }
@@ -121,6 +118,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
             return Err(NodeError::InvalidWorld { rank, world });
         }
+        cfg.components.check()?;
         let pd = ctx.alloc_pd()?;
         let mut qp = cfg.qp;
         // Barrier notifications and credit returns are 8-byte inline writes.
@@ -136,9 +134,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         };
         let send_depth = depth(qp.max_send_wr)?;
         // With a shared receive queue, every receive completion is one of its receives.
-        let srq = match cfg.receive {
-            Receive::PerPeer => None,
-            Receive::Shared { slots } => Some(pd.create_srq(slots, qp.max_recv_sge.max(1))?),
+        let srq = match cfg.components.messaging {
+            None | Some(Receive::PerPeer) => None,
+            Some(Receive::Shared { slots }) => Some(pd.create_srq(slots, qp.max_recv_sge.max(1))?),
         };
         let recv_depth = match &srq {
             None => depth(qp.max_recv_wr)?,
@@ -276,11 +274,11 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             peer_windows,
             algorithm: self.cfg.algorithm,
             backoff,
+            clock: self.clock,
+            timeout: self.cfg.channel.timeout,
+            components: self.cfg.components,
         })?;
         node.wakeup = self.wakeup;
-        if self.cfg.barrier_wakeups {
-            node.enable_barrier_wakeups()?;
-        }
         // A request that fails on this side may be the port going down under it: ask the
         // device (only on that error path) so the news names the port, not the peer.
         let (ctx, port) = (node.pd().context().clone(), self.cfg.qp.port);
@@ -396,7 +394,7 @@ impl<B: Backoff + Clone> VerbsNode<B> {
     /// let (rank, world) = (0, 64);
     /// let mut cfg = NodeConfig::default();
     /// // 256 receive buffers for all 63 peers (4 credits each), not 63 rings.
-    /// cfg.receive = Receive::Shared { slots: 256 };
+    /// cfg.components.messaging = Some(Receive::Shared { slots: 256 });
     /// let prepared = PreparedNode::new(ctx, rank, world, cfg, Spin, &CLOCK)?;
     /// let mut node = prepared.handshake(blobs)?;
     /// node.start_messaging(256, 4096)?;

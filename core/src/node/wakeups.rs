@@ -20,16 +20,18 @@
 //! the others go on.
 //!
 //! Receives without buffers cannot take a message: once wake-ups are on, the node's channels
-//! carry one-sided traffic only (writes, reads, atomics, barriers). Messaging is refused
-//! ([`NodeError::InvalidArgument`]); a peer's send would land on a wake-up receive and fail
+//! carry one-sided traffic only (writes, reads, atomics, barriers). Wake-ups are a component
+//! chosen when the node is built ([`Components`](super::Components)), and messaging with them
+//! is refused then ([`NodeError::Incompatible`]); a peer's send on a channel would still land
+//! on a wake-up receive and fail
 //! with a length error, breaking that channel (an error, never a memory hazard: those
 //! receives name no memory).
 //!
-//! Turning wake-ups on is collective: until the first barrier over the whole world that
-//! completes after this rank enabled them, notifications stay plain writes (a peer that has
+//! Turning wake-ups on is collective (every rank builds its node with them): until the first
+//! barrier over the whole world that completes after this rank built its node, notifications stay plain writes (a peer that has
 //! not posted its wake-up receives yet would answer a write with immediate with
 //! receiver-not-ready). Completing that barrier proves every rank entered it, so every rank
-//! had enabled them before.
+//! had posted them before.
 
 use alloc::vec::Vec;
 

@@ -22,6 +22,7 @@
 //!    every rank runs `--barriers` of each algorithm again; reports how long it took.
 #![allow(clippy::std_instead_of_core)] // a std program
 
+use rverbs_core::node::{Components, Members};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -413,6 +414,12 @@ fn run_rank(args: &Args, launch: &Launch<'_>, mut opts: ConnectOptions) -> Res<(
         opts.exchange.goodbye_linger = Duration::from_millis(ms);
     }
     opts.first_barrier_timeout = timeout;
+    // The demo sends no node messages. A blocking rank sleeps until its peers' barrier
+    // notifications wake it: they must raise completions (barrier wake-ups). A world that
+    // readmits a rank is built for it; both at once is refused when the node is built.
+    opts.node.components = Components::one_sided();
+    opts.node.components.barrier_wakeups = args.wait == Wait::Block;
+    opts.node.components.readmission = args.rejoin_dir.is_some() || args.rejoined;
     // Port down, port back, a queue pair in the error state: printed as the device says so.
     opts.on_device_event = Some(print_device_event);
     let t0 = Instant::now();
@@ -457,7 +464,6 @@ fn with_departures(c: &Connected, e: Box<dyn std::error::Error>) -> Box<dyn std:
 fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> Res<Report> {
     // The watch (in `c`) stays alive until the end: a rank that dies is named by every
     // survivor.
-    let clock = c.clock;
     let port = c.port();
     let (node, session) = (&mut c.node, &mut c.session);
     let (rank, world) = (session.rank(), session.world_size());
@@ -520,7 +526,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         } else {
             None
         };
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         r
     };
 
@@ -552,13 +558,16 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         let msg = b"multicast from rank 0: hello, all ranks";
         // Receivers post their multicast receive before the barrier that releases rank 0.
         let mut recv_sge = [msg_mr.sge_mut(0..64).ok_or("range")?];
-        let pending = if rank != 0 {
+        // With barrier wake-ups the node's receive queues hold buffer-less receives for the
+        // notifications: a send would land on one, so the two-sided part is skipped.
+        let two_sided = !node.barrier_wakeups();
+        let pending = if rank != 0 && two_sided {
             // SAFETY: msg_mr's bytes are not touched until the wait below returns.
             Some(unsafe { node.channel(0)?.post_recv(&mut recv_sge) }?)
         } else {
             None
         };
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         if rank == 0 {
             let sges: Vec<[Sge<'_>; 1]> = (0..world)
                 .map(|r| {
@@ -596,9 +605,11 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
                 ok &= back_mr.as_slice()[r * CHUNK..(r + 1) * CHUNK] == pat(r as u32, 2)[..];
             }
             checks.push(("gather_read bytes from every peer".to_owned(), ok));
-            multicast(node, &pd, msg, world)?;
+            if two_sided {
+                multicast(node, &pd, msg, world)?;
+            }
         }
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         if let Some(t) = pending {
             let info = node.wait(t)?;
             let ok = info.byte_len as usize == msg.len() && &msg_mr.as_slice()[..msg.len()] == msg;
@@ -610,23 +621,19 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
                 got == pat(rank, 1),
             ));
         }
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
     }
 
-    // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it: they must
-    // raise completions (every rank switches together; the first barrier below makes it
-    // live). The node carries no two-sided traffic from here on.
-    if args.wait == Wait::Block {
-        node.enable_barrier_wakeups()?;
-    }
+    // 3. Barriers. A blocking rank sleeps until its peers' notifications wake it (barrier
+    // wake-ups, chosen when the node was built; live from the first barrier over the world).
     let mut barriers = Vec::new();
     for alg in BarrierAlgorithm::ALL {
         node.set_algorithm(alg);
-        node.barrier(&clock, timeout)?;
+        node.barrier_timeout(Members::World, timeout)?;
         let mut h = hist();
         for _ in 0..args.barriers {
             let t = Instant::now();
-            node.barrier(&clock, timeout)?;
+            node.barrier_timeout(Members::World, timeout)?;
             h.record((t.elapsed().as_nanos() as u64).max(1))?;
         }
         barriers.push((alg.name().to_owned(), Pct::of(&h)));
@@ -634,9 +641,10 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
     let evens: Vec<u32> = (0..world).step_by(2).collect();
     let group_barriers = if rank % 2 == 0 && evens.len() > 1 {
         let mut h = hist();
+        node.set_algorithm(BarrierAlgorithm::Dissemination);
         for _ in 0..args.barriers.min(200) {
             let t = Instant::now();
-            node.barrier_group(&evens, BarrierAlgorithm::Dissemination, &clock, timeout)?;
+            node.barrier_timeout(&evens, timeout)?;
             h.record((t.elapsed().as_nanos() as u64).max(1))?;
         }
         Some(Pct::of(&h))
@@ -644,7 +652,7 @@ fn demo(args: &Args, c: &mut Connected, connect_ms: u64, timeout: Duration) -> R
         None
     };
     node.set_algorithm(BarrierAlgorithm::Dissemination);
-    node.barrier(&clock, timeout)?;
+    node.barrier_timeout(Members::World, timeout)?;
 
     // 4. A rank that rejoins.
     let rejoin_ms = match &args.rejoin_dir {
@@ -692,14 +700,14 @@ fn survive_a_rejoin(
     timeout: Duration,
     checks: &mut Vec<(String, bool)>,
 ) -> Res<u64> {
-    let (rank, clock) = (c.node.rank(), c.clock);
+    let rank = c.node.rank();
     c.session.allgather(b"rejoin loop")?;
     let mut done = 0u32;
     let error = loop {
         // Every rank runs barrier `done` of the loop with the same algorithm.
         c.node
             .set_algorithm(BarrierAlgorithm::ALL[done as usize % 3]);
-        if let Err(e) = c.node.barrier(&clock, timeout) {
+        if let Err(e) = c.node.barrier_timeout(Members::World, timeout) {
             break e;
         }
         done += 1;
@@ -729,11 +737,10 @@ fn survive_a_rejoin(
 
 /// `barriers` of each algorithm over all ranks; whether every one completed.
 fn barriers_again(c: &mut Connected, barriers: u32, timeout: Duration) -> Res<bool> {
-    let clock = c.clock;
     for alg in BarrierAlgorithm::ALL {
         c.node.set_algorithm(alg);
         for _ in 0..barriers {
-            c.node.barrier(&clock, timeout)?;
+            c.node.barrier_timeout(Members::World, timeout)?;
         }
     }
     c.node.set_algorithm(BarrierAlgorithm::Dissemination);

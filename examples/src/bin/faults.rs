@@ -27,6 +27,7 @@
 //!    that time, and both views agree (each side names the other side).
 #![allow(clippy::std_instead_of_core)] // a std program
 
+use rverbs_core::node::Members;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode};
@@ -397,7 +398,7 @@ fn run(args: &Args) -> Res<bool> {
         ok: true,
     };
     // Nobody sends before every ring is posted; the demo before us may have left netem on.
-    r.c.node.barrier(&MONOTONIC, bound)?;
+    r.c.node.barrier_timeout(Members::World, bound)?;
     if rank == 0 {
         tool(args, &["fault", "all", "clear"])?;
     }
@@ -692,7 +693,7 @@ impl Rank<'_> {
             ),
             self.sent - s0 == ops && self.got - g0 == ops && bad == 0,
         );
-        self.c.node.barrier(&MONOTONIC, self.bound)?;
+        self.c.node.barrier_timeout(Members::World, self.bound)?;
         // The peer is done with us: check what it wrote and what we read.
         let mut got = vec![0u8; CHUNK];
         let (mut wrote_ok, mut read_ok) = (0, 0);
@@ -741,7 +742,7 @@ impl Rank<'_> {
             let mut worst = Duration::ZERO;
             for _ in 0..self.args.barriers {
                 let b = Instant::now();
-                self.c.node.barrier(&MONOTONIC, self.bound)?;
+                self.c.node.barrier_timeout(Members::World, self.bound)?;
                 completed += 1;
                 worst = worst.max(b.elapsed());
             }
@@ -764,7 +765,7 @@ impl Rank<'_> {
         let n = self.args.messages;
         let (s0, g0) = (self.sent, self.got);
         let (_, bad) = self.messages(n, 100, 0)?;
-        self.c.node.barrier(&MONOTONIC, self.bound)?;
+        self.c.node.barrier_timeout(Members::World, self.bound)?;
         let waited = self.c.node.credit_writes();
         rep.check(
             format!(
@@ -785,10 +786,10 @@ impl Rank<'_> {
             .collect();
         let cfg2 = ClusterConfig::new("faults-shared", Some("faults-shared".into()), ranks)?;
         let mut opts = options(&cfg2, self.bound);
-        opts.node.receive = Receive::Shared { slots: 8 };
+        opts.node.components.messaging = Some(Receive::Shared { slots: 8 });
         let mut c2 = connect(&cfg2, self.rank, &opts)?;
         c2.node.start_messaging(8, SLOT)?;
-        c2.node.barrier(&MONOTONIC, self.bound)?;
+        c2.node.barrier_timeout(Members::World, self.bound)?;
         let (peer, rank) = (self.peer, self.rank);
         let (mut sent, mut got, mut bad) = (0u64, 0u64, 0u64);
         let deadline = Instant::now() + self.bound;
@@ -831,7 +832,7 @@ impl Rank<'_> {
                 .into());
             }
         }
-        c2.node.barrier(&MONOTONIC, self.bound)?;
+        c2.node.barrier_timeout(Members::World, self.bound)?;
         rep.check(
             format!(
                 "shared receive pool (8 slots, {} credits): {sent} sent, {got} received, {bad} out of order or corrupted",
@@ -873,7 +874,7 @@ impl Rank<'_> {
                     || t0.elapsed() > Duration::from_secs(args.short_secs + 60));
             let (peer_stop, b) = self.messages(1, 300, u64::from(stop))?;
             bad += b;
-            self.c.node.barrier(&MONOTONIC, self.bound)?;
+            self.c.node.barrier_timeout(Members::World, self.bound)?;
             rounds += 1;
             let gap = last.elapsed();
             last = Instant::now();
@@ -1067,7 +1068,7 @@ impl Rank<'_> {
         let t0 = Instant::now();
         let (error, took) = loop {
             let b = Instant::now();
-            match self.c.node.barrier(&MONOTONIC, timeout) {
+            match self.c.node.barrier_timeout(Members::World, timeout) {
                 Ok(()) => barriers += 1,
                 Err(e) => break (e, b.elapsed()),
             }

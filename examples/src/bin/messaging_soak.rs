@@ -16,6 +16,7 @@
 //! ```
 #![allow(clippy::std_instead_of_core)] // a std program
 
+use rverbs_core::node::Members;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -253,15 +254,15 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
     let config = ClusterConfig::from_file(path)?;
     let world = config.world_size();
     let mut opts = ConnectOptions::for_config(&config);
-    opts.node.receive = if args.shared {
+    opts.node.components.messaging = Some(if args.shared {
         Receive::Shared {
             slots: args.pool_slots,
         }
     } else {
         Receive::PerPeer
-    };
+    });
     let c = connect(&config, rank, &opts)?;
-    let (mut node, mut session, clock) = (c.node, c.session, c.clock);
+    let (mut node, mut session) = (c.node, c.session);
     let slots = if args.shared {
         args.pool_slots
     } else {
@@ -269,7 +270,7 @@ fn run_rank(args: &Args, path: &Path, rank: u32) -> Res<()> {
     } as usize;
     node.start_messaging(slots, SLOT)?;
     // Nobody sends before every ring (or pool) is posted.
-    node.barrier(&clock, Duration::from_secs(60))?;
+    node.barrier_timeout(Members::World, Duration::from_secs(60))?;
     let peers: Vec<u32> = (0..world).filter(|&r| r != rank).collect();
     let w = world as usize;
     let mut sent = vec![0u64; w];
