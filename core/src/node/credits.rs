@@ -39,8 +39,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
     /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
     /// Once messaging has started it spends a credit: with none left, or with the send queue
-    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Does not
-    /// allocate.
+    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Like the
+    /// channel's other unwaited posts, only every
+    /// [`signal_every`](crate::channel::ChannelConfig::signal_every)-th send asks for a
+    /// completion, so [`Event::SendsCompleted`] moves in steps; [`Node::wait`] on the ticket
+    /// covers a send no later signaled one does. Does not allocate.
     pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
         let p = self
             .multi
@@ -78,15 +81,19 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 None => Err(NodeError::WouldBlock { rank }),
             };
         }
-        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
-        // wait to cover it. Once messaging runs, the credit return rides along: the low 32
-        // bits of our consumed count (the peer widens it against what it had, `credit_in`).
+        // Signaled as the channel signals (every `signal_every`-th request): the payload is
+        // copied during the post, so no buffer waits for the completion, a send-queue slot
+        // is reused only once a later signaled completion covers it, and a failed send
+        // completes with an error, signaled or not. `progress` reports sends completed as
+        // those signaled completions arrive; a wait for the ticket covers the rest. Once
+        // messaging runs, the credit return rides along: the low 32 bits of our consumed
+        // count (the peer widens it against what it had, `credit_in`).
         let (opcode, consumed) = match credit {
             Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
             None => (Opcode::Send, None),
         };
         let t = chan
-            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::SIGNALED)
+            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::empty())
             .map_err(|error| NodeError::Channel { rank, error })?;
         let Some(consumed) = consumed else {
             return Ok(t);

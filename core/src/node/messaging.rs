@@ -102,6 +102,9 @@ pub enum Event<'a> {
         len: u32,
     },
     /// Send-queue requests to `rank` completed: every request below `completed` is done.
+    /// Reported as signaled completions arrive (a message is signaled every
+    /// [`signal_every`](crate::channel::ChannelConfig::signal_every)-th request), so the
+    /// count moves in steps; waiting for a message's ticket ([`Node::wait`]) covers the rest.
     SendsCompleted {
         /// The peer.
         rank: u32,

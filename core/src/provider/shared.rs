@@ -195,6 +195,14 @@ struct Slot {
     qp_num: u32,
     /// On the ready list.
     queued: bool,
+    /// Named ready by [`Provider::poll_shared`] just now, which polled both shared queues
+    /// until it saw them empty: the next take of each kind (send, receive) does not poll
+    /// them again. `MultiChannel::poll_ready` takes both kinds of a ready queue pair right
+    /// away, so the skipped poll is the one that would find the queue just seen empty (a
+    /// completion arriving in between waits for the next poll, as it would one instant
+    /// later). A waiter that arms completion events still polls after arming: that poll is
+    /// either `poll_shared` itself or a take after these flags were spent.
+    fresh: [bool; 2],
     /// A completion for this queue pair found its mailbox full (cannot happen while the
     /// queue pair keeps its depth; if it does, this queue pair's polls fail from then on).
     overflowed: bool,
@@ -310,7 +318,8 @@ impl<C: CompletionQueue> State<C> {
                 s.send.len == 0
             }
         };
-        if empty(&self.slots[slot]) {
+        let fresh = core::mem::take(&mut self.slots[slot].fresh[usize::from(recv)]);
+        if empty(&self.slots[slot]) && !fresh {
             self.poll_into_mailboxes(recv)?;
         }
         if self.slots[slot].overflowed {
@@ -559,6 +568,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                 recv: Mailbox::new(caps.max_recv_wr, Completion::EMPTY),
                 qp_num: qpn,
                 queued: false,
+                fresh: [false; 2],
                 overflowed: false,
             });
             Ok(i as usize)
@@ -663,6 +673,7 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
             s.send.clear();
             s.recv.clear();
             s.overflowed = false;
+            s.fresh = [false; 2];
             Ok(())
         });
         match r {
@@ -748,6 +759,7 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
                 while let Some(i) = st.ready.pop() {
                     let s = &mut st.slots[i as usize];
                     s.queued = false;
+                    s.fresh = [true; 2];
                     ready(s.qp_num);
                 }
                 Ok(Some(n))
