@@ -276,25 +276,53 @@ impl<C: CompletionQueue> State<C> {
     /// sat in the queue behind a full batch of other queue pairs' completions, the sleep
     /// would last until its deadline. Bounded: at most one batch more than the queue holds,
     /// so completions arriving as fast as they are taken cannot keep the caller here.
+    #[inline]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
+        let n = self.poll_batch(recv)?;
+        if n < POLL_BATCH {
+            return Ok(n);
+        }
+        self.poll_rest(recv, n)
+    }
+
+    /// One poll of a shared queue, routed into mailboxes: how many it took.
+    #[inline]
+    fn poll_batch(&mut self, recv: bool) -> Result<usize, ProviderError> {
+        let n = if recv {
+            self.recv_cq.poll(&mut self.scratch)?
+        } else {
+            self.send_cq.poll(&mut self.scratch)?
+        }
+        .min(POLL_BATCH);
+        if n > 0 {
+            self.route_scratch(n, recv);
+        }
+        Ok(n)
+    }
+
+    /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
+    /// (an idle `progress`) pays for none of it.
+    #[inline(never)]
+    fn route_scratch(&mut self, n: usize, recv: bool) {
+        for i in 0..n {
+            let c = self.scratch[i];
+            self.route(c, recv);
+        }
+    }
+
+    /// [`State::poll_into_mailboxes`] after a first poll took a full batch (`total`): the
+    /// rare case, out of the idle path.
+    #[cold]
+    #[inline(never)]
+    fn poll_rest(&mut self, recv: bool, mut total: usize) -> Result<usize, ProviderError> {
         let capacity = if recv {
             self.recv_cq.capacity()
         } else {
             self.send_cq.capacity()
         };
-        let rounds = capacity as usize / POLL_BATCH + 1;
-        let mut total = 0;
-        for _ in 0..rounds {
-            let n = if recv {
-                self.recv_cq.poll(&mut self.scratch)?
-            } else {
-                self.send_cq.poll(&mut self.scratch)?
-            }
-            .min(POLL_BATCH);
-            for i in 0..n {
-                let c = self.scratch[i];
-                self.route(c, recv);
-            }
+        // One poll was made; `capacity / POLL_BATCH + 1` in all.
+        for _ in 0..capacity as usize / POLL_BATCH {
+            let n = self.poll_batch(recv)?;
             total += n;
             if n < POLL_BATCH {
                 break;
