@@ -145,6 +145,8 @@ pub(super) fn credit_in(returned: &mut u64, imm: u32, sent: u64) {
 }
 
 /// Writes peer `p`'s consumed count into its flag array if it changed: the credit return.
+/// The check is inline (it runs for every peer `progress` serves); the write is not.
+#[inline]
 pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -152,12 +154,22 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     (me, world): (u32, u32),
     p: usize,
 ) {
-    let consumed = rings.consumed[p];
     // Half the credits at a time: a sender that ran out of credits has all of them in
     // flight, so they come back after at most half of them were consumed.
-    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
-        return;
+    if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+        write_credit(multi, rings, peer_flags, (me, world), p);
     }
+}
+
+#[inline(never)]
+fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
+    p: usize,
+) {
+    let consumed = rings.consumed[p];
     let rank = rings.ranks[p];
     let Some(slot) = peer_flags
         .get(rank as usize)
