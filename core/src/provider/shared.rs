@@ -196,12 +196,13 @@ struct Slot {
     /// On the ready list.
     queued: bool,
     /// Named ready by [`Provider::poll_shared`] just now, which polled both shared queues
-    /// until it saw them empty: the next take of each kind (send, receive) does not poll
-    /// them again. `MultiChannel::poll_ready` takes both kinds of a ready queue pair right
-    /// away, so the skipped poll is the one that would find the queue just seen empty (a
-    /// completion arriving in between waits for the next poll, as it would one instant
-    /// later). A waiter that arms completion events still polls after arming: that poll is
-    /// either `poll_shared` itself or a take after these flags were spent.
+    /// until it saw them empty, to a caller that polls this queue pair (both kinds) right
+    /// away, before anyone else can (`MultiChannel::poll_ready`, which holds the channel
+    /// mutably): that next take of each kind does not poll the shared queues again. The
+    /// skipped poll is the one that would find a queue just seen empty; a completion
+    /// arriving in between waits for the next poll, as it would one instant later. A waiter
+    /// that arms completion events polls after arming with a take of its own, which these
+    /// flags never skip: they were spent inside the `poll_ready` that set them.
     fresh: [bool; 2],
     /// A completion for this queue pair found its mailbox full (cannot happen while the
     /// queue pair keeps its depth; if it does, this queue pair's polls fail from then on).
@@ -780,15 +781,17 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
 
     /// Polls both shared queues until each is seen empty and names every queue pair with
     /// completions waiting in its mailbox (each once, oldest first). Does not allocate.
-    fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
+    fn poll_shared(
+        &mut self,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError> {
         self.shared
             .with(|st| {
                 let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
                 while let Some(i) = st.ready.pop() {
                     let s = &mut st.slots[i as usize];
                     s.queued = false;
-                    s.fresh = [true; 2];
-                    ready(s.qp_num);
+                    s.fresh = [ready(s.qp_num); 2];
                 }
                 Ok(Some(n))
             })
