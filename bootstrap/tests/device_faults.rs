@@ -495,10 +495,18 @@ fn messaging(
 fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clock: &Monotonic) {
     let mut seq = 0;
     for n in ROUNDS {
+        let mut last = None;
         for _ in 0..n {
             // Without credit (rank 1 has not returned it yet) the send waits its turn.
             let deadline = Deadline::after(clock, Duration::from_secs(30));
-            while let Err(e) = node.post_send_inline(1, &payload(seq)) {
+            loop {
+                let e = match node.post_send_inline(1, &payload(seq)) {
+                    Ok(t) => {
+                        last = Some(t);
+                        break;
+                    }
+                    Err(e) => e,
+                };
                 assert!(
                     matches!(e, NodeError::WouldBlock { rank: 1 }),
                     "rank 0: {e}"
@@ -513,6 +521,12 @@ fn send_rounds(node: &mut VerbsNode<StdBackoff>, session: &mut OutOfBand, clock:
                 .unwrap();
             }
             seq += 1;
+        }
+        // Messages ask for a completion every 16th request: a wait for the round's last one
+        // covers the ones after the last signaled (with a signaled zero-length write).
+        if let Some(t) = last {
+            node.wait(t)
+                .unwrap_or_else(|e| panic!("rank 0: the round's last send: {e}"));
         }
         // Counts every send request of the channel, the first barrier's included.
         let chan = node.channel(1).unwrap();

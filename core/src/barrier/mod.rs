@@ -26,6 +26,10 @@
 //! least not known to be dead. A failure heard of at any point ends the barrier with
 //! [`BarrierError::PeerFailed`], naming the failed rank.
 //!
+//! A barrier reads the clock only when it first finds an awaited rank missing: its timeout runs
+//! from there (what comes before, the notifications it sends, does not wait), so a barrier whose
+//! ranks are all there costs no clock read.
+//!
 //! A barrier that fails **poisons** the state: the counters no longer agree with the peers'
 //! (a late arrival would satisfy the wrong barrier), so every later barrier fails with
 //! [`BarrierError::Poisoned`]. Recovery is collective: every rank resets its counters
@@ -75,6 +79,15 @@ pub enum BarrierAlgorithm {
 }
 
 impl BarrierAlgorithm {
+    /// Its position in [`BarrierAlgorithm::ALL`].
+    const fn index(self) -> usize {
+        match self {
+            Self::Centralized => 0,
+            Self::Dissemination => 1,
+            Self::BinaryTree => 2,
+        }
+    }
+
     /// All algorithms.
     pub const ALL: [BarrierAlgorithm; 3] =
         [Self::Centralized, Self::Dissemination, Self::BinaryTree];
@@ -220,6 +233,54 @@ pub struct BarrierState {
     /// The fingerprint of the whole world's member list (`0..world`), computed once: a
     /// barrier over every rank checks its list against it in O(1).
     world_print: (usize, u64),
+    /// Per algorithm (indexed by [`BarrierAlgorithm::index`]), the stages of a barrier over
+    /// the whole world, worked out once: a whole-world step reads its ranks from here
+    /// instead of evaluating the stage table (divisions, matches) on every step.
+    plans: [Plan; 3],
+}
+
+/// The stages of one algorithm's barrier over the whole world for this rank: the ranks to
+/// notify and to wait for, as ranges into one list. Built by [`stage`] over `0..world`, so it
+/// says exactly what the table says (a test compares them).
+#[derive(Debug, Default)]
+struct Plan {
+    /// Per stage: `ranks[notify.0..notify.1]` to notify, `ranks[wait.0..wait.1]` to wait for.
+    steps: Vec<Step>,
+    ranks: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    notify: (u32, u32),
+    wait: (u32, u32),
+}
+
+impl Plan {
+    /// Stage by stage, what [`stage`] says for rank `me` of the whole world `0..world`
+    /// (where a member's position is its rank).
+    fn new(alg: BarrierAlgorithm, me: u32, world: u32) -> Self {
+        let mut plan = Self::default();
+        if world <= 1 {
+            return plan;
+        }
+        let mut k = 0;
+        while let Some((notify, wait)) = stage(alg, world as usize, me as usize, k) {
+            let mut range = |set: Set| {
+                let start = plan.ranks.len() as u32;
+                plan.ranks.extend(set.iter().map(|r| r as u32));
+                (start, plan.ranks.len() as u32)
+            };
+            let notify = range(notify);
+            let wait = range(wait);
+            plan.steps.push(Step { notify, wait });
+            k += 1;
+        }
+        plan
+    }
+
+    fn ranks(&self, (a, b): (u32, u32)) -> &[u32] {
+        self.ranks.get(a as usize..b as usize).unwrap_or(&[])
+    }
 }
 
 /// A barrier in progress: which stage, whether its notifications went out, and its deadline.
@@ -230,6 +291,10 @@ struct Pending {
     i: usize,
     stage: u32,
     entered: bool,
+    /// Whether the members are the whole world (`0..world`): the stages come from the plan.
+    world: bool,
+    /// Set when the barrier first finds a rank missing (a barrier that never waits reads no
+    /// clock): the wait it bounds starts there.
     deadline: Deadline,
     /// Whether the deadline passed once and the missing ranks were probed.
     probed: bool,
@@ -279,6 +344,61 @@ fn arrival(count: u64, expected: u64) -> Arrival {
     } else {
         Arrival::Implausible
     }
+}
+
+/// Whether `rank`, awaited with `expected[rank]`, has arrived; an error naming it if its count
+/// is one no honest peer could have written.
+#[inline]
+fn arrived<T: BarrierTransport>(t: &T, rank: u32, expected: &[u64]) -> Result<bool, BarrierError> {
+    let (count, expected) = (t.arrived(rank), expected[rank as usize]);
+    match arrival(count, expected) {
+        Arrival::In => Ok(true),
+        Arrival::Waiting => Ok(false),
+        Arrival::Implausible => Err(implausible(rank, count, expected)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn implausible(rank: u32, count: u64, expected: u64) -> BarrierError {
+    BarrierError::ImplausibleArrival {
+        rank,
+        count,
+        most: expected.saturating_add(1),
+    }
+}
+
+/// [`BarrierState::advance`] over the whole world: the stages from `plan`.
+#[inline]
+fn advance_plan<T: BarrierTransport>(
+    plan: &Plan,
+    sent: &mut [u64],
+    expected: &mut [u64],
+    t: &mut T,
+    p: &mut Pending,
+) -> Result<bool, BarrierError> {
+    while let Some(step) = plan.steps.get(p.stage as usize) {
+        let wait = plan.ranks(step.wait);
+        if !p.entered {
+            for &r in plan.ranks(step.notify) {
+                let c = &mut sent[r as usize];
+                *c += 1;
+                t.notify(r, *c)?;
+            }
+            for &r in wait {
+                expected[r as usize] += 1;
+            }
+            p.entered = true;
+        }
+        for &r in wait {
+            if !arrived(t, r, expected)? {
+                return Ok(false);
+            }
+        }
+        p.stage += 1;
+        p.entered = false;
+    }
+    Ok(true)
 }
 
 /// Whether `e` is about a rank that is not among `members` (sorted).
@@ -347,6 +467,7 @@ impl BarrierState {
             poisoned: false,
             pending: None,
             world_print: world_fingerprint(world),
+            plans: BarrierAlgorithm::ALL.map(|alg| Plan::new(alg, me, world)),
         }
     }
 
@@ -414,6 +535,9 @@ impl BarrierState {
         backoff: &mut B,
     ) -> Result<(), BarrierError> {
         self.start(t, members, alg, clock, timeout)?;
+        if self.pending.is_none() {
+            return Ok(());
+        }
         let print = fingerprint(members);
         self.finish(t, members, print, clock, backoff)
     }
@@ -430,6 +554,10 @@ impl BarrierState {
         backoff: &mut B,
     ) -> Result<(), BarrierError> {
         self.start_world(t, world, alg, clock, timeout)?;
+        if self.pending.is_none() {
+            // Every awaited rank was there: no wait, no back-off.
+            return Ok(());
+        }
         self.finish(t, world, self.world_print, clock, backoff)
     }
 
@@ -468,7 +596,9 @@ impl BarrierState {
         }
         self.validate(members)?;
         let print = fingerprint(members);
-        self.begin(t, members, print, alg, clock, timeout)
+        // A valid list of `world` ranks is `0..world`: the plan serves it.
+        let world = members.len() == self.sent.len();
+        self.begin(t, members, (print, world), alg, clock, timeout)
     }
 
     /// [`BarrierState::start`] over every rank of the world: `0..world`, which needs no
@@ -489,14 +619,14 @@ impl BarrierState {
         if self.pending.is_some() {
             return Err(BarrierError::AlreadyStarted);
         }
-        self.begin(t, world, self.world_print, alg, clock, timeout)
+        self.begin(t, world, (self.world_print, true), alg, clock, timeout)
     }
 
     fn begin<T: BarrierTransport, C: Clock>(
         &mut self,
         t: &mut T,
         members: &[u32],
-        print: (usize, u64),
+        (print, world): ((usize, u64), bool),
         alg: BarrierAlgorithm,
         clock: &C,
         timeout: Duration,
@@ -504,16 +634,29 @@ impl BarrierState {
         if members.len() <= 1 {
             return Ok(());
         }
-        self.pending = Some(Pending {
+        let mut p = Pending {
             alg,
-            i: members.iter().position(|&r| r == self.me).unwrap_or(0),
+            // In the whole world a rank's position is its rank.
+            i: if world {
+                self.me as usize
+            } else {
+                members.iter().position(|&r| r == self.me).unwrap_or(0)
+            },
             stage: 0,
             entered: false,
-            deadline: Deadline::after(clock, timeout),
+            world,
+            // Replaced below if the barrier has to wait.
+            deadline: Deadline::never(),
             probed: false,
             members: print,
-        });
-        self.advance(t, members).map(|_| ())
+        };
+        if self.advance(t, members, &mut p)? {
+            return Ok(());
+        }
+        // A rank is missing: the wait starts, and with it the deadline.
+        p.deadline = Deadline::after(clock, timeout);
+        self.pending = Some(p);
+        Ok(())
     }
 
     /// Advances the barrier in progress: `Ok(true)` once it completed (also when none is in
@@ -550,15 +693,17 @@ impl BarrierState {
         print: (usize, u64),
         clock: &C,
     ) -> Result<bool, BarrierError> {
-        let Some(p) = self.pending else {
+        let Some(mut p) = self.pending else {
             return Ok(true);
         };
         if p.members != print {
             return Err(BarrierError::MembersChanged);
         }
-        if self.advance(t, members)? {
+        if self.advance(t, members, &mut p)? {
+            self.pending = None;
             return Ok(true);
         }
+        self.pending = Some(p);
         if p.deadline.passed(clock) {
             // A live rank we wait for may itself wait for a dead one: name the dead one if
             // anyone knows.
@@ -580,7 +725,9 @@ impl BarrierState {
                 return Err(self.fail(e));
             }
         }
-        self.advance(t, members)
+        let done = self.advance(t, members, &mut p)?;
+        self.pending = if done { None } else { Some(p) };
+        Ok(done)
     }
 
     /// The deadline passed with ranks missing and no failure known: write each missing rank
@@ -618,11 +765,37 @@ impl BarrierState {
         e
     }
 
-    /// Runs stages while their awaited ranks have arrived; true when the last one is done.
-    fn advance<T: BarrierTransport>(&mut self, t: &mut T, m: &[u32]) -> Result<bool, BarrierError> {
-        let Some(mut p) = self.pending else {
-            return Ok(true);
+    /// Runs `p`'s stages while their awaited ranks have arrived; true when the last one is
+    /// done. Leaves storing `p` to the caller (an error has poisoned the state).
+    #[inline]
+    fn advance<T: BarrierTransport>(
+        &mut self,
+        t: &mut T,
+        m: &[u32],
+        p: &mut Pending,
+    ) -> Result<bool, BarrierError> {
+        let r = if p.world {
+            let Self {
+                sent,
+                expected,
+                plans,
+                ..
+            } = self;
+            advance_plan(&plans[p.alg.index()], sent, expected, t, p)
+        } else {
+            self.advance_table(t, m, p)
         };
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// [`BarrierState::advance`] for a member list other than the whole world: the stages
+    /// from the table, over positions in `m`.
+    fn advance_table<T: BarrierTransport>(
+        &mut self,
+        t: &mut T,
+        m: &[u32],
+        p: &mut Pending,
+    ) -> Result<bool, BarrierError> {
         let n = m.len();
         while let Some((notify, wait)) = stage(p.alg, n, p.i, p.stage) {
             if !p.entered {
@@ -630,43 +803,21 @@ impl BarrierState {
                     let r = m[k];
                     let c = &mut self.sent[r as usize];
                     *c += 1;
-                    let count = *c;
-                    if let Err(e) = t.notify(r, count) {
-                        return Err(self.fail(e));
-                    }
+                    t.notify(r, *c)?;
                 }
                 for k in wait.iter() {
                     self.expected[m[k] as usize] += 1;
                 }
                 p.entered = true;
             }
-            let mut all_in = true;
             for k in wait.iter() {
-                let r = m[k];
-                let (count, expected) = (t.arrived(r), self.expected[r as usize]);
-                match arrival(count, expected) {
-                    Arrival::In => {}
-                    Arrival::Waiting => {
-                        all_in = false;
-                        break;
-                    }
-                    Arrival::Implausible => {
-                        return Err(self.fail(BarrierError::ImplausibleArrival {
-                            rank: r,
-                            count,
-                            most: expected.saturating_add(1),
-                        }));
-                    }
+                if !arrived(t, m[k], &self.expected)? {
+                    return Ok(false);
                 }
-            }
-            if !all_in {
-                self.pending = Some(p);
-                return Ok(false);
             }
             p.stage += 1;
             p.entered = false;
         }
-        self.pending = None;
         Ok(true)
     }
 
@@ -730,6 +881,79 @@ mod tests {
         static CLOCK: crate::poll::StepClock =
             crate::poll::StepClock::new(Duration::from_micros(1));
         &CLOCK
+    }
+
+    #[test]
+    fn a_whole_world_plan_says_what_the_stage_table_says() {
+        // Every world up to 70 natively; Miri interprets, so up to 9 there.
+        let most = if cfg!(miri) { 9 } else { 70 };
+        for world in 1..=most {
+            for me in 0..world {
+                for alg in BarrierAlgorithm::ALL {
+                    let plan = Plan::new(alg, me, world);
+                    let mut k = 0;
+                    // A world of one has no stages (the table would give it a few empty ones).
+                    let table =
+                        |k| stage(alg, world as usize, me as usize, k).filter(|_| world > 1);
+                    while let Some((notify, wait)) = table(k) {
+                        let step = plan.steps[k as usize];
+                        let ranks = |set: Set| set.iter().map(|r| r as u32).collect::<Vec<_>>();
+                        assert_eq!(
+                            plan.ranks(step.notify),
+                            ranks(notify),
+                            "{alg:?} {me}/{world}"
+                        );
+                        assert_eq!(plan.ranks(step.wait), ranks(wait), "{alg:?} {me}/{world}");
+                        k += 1;
+                    }
+                    assert_eq!(plan.steps.len(), k as usize, "{alg:?} {me}/{world}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_barrier_whose_ranks_are_all_there_reads_no_clock() {
+        use core::sync::atomic::{AtomicU32, Ordering};
+        struct Counting(AtomicU32);
+        impl Clock for Counting {
+            fn now(&self) -> crate::poll::Instant {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                crate::poll::Instant::from_nanos(0)
+            }
+        }
+        let clock = Counting(AtomicU32::new(0));
+        let long = Duration::from_secs(3600);
+        for alg in BarrierAlgorithm::ALL {
+            let mut s = BarrierState::new(0, 3);
+            let mut t = Slots {
+                slots: [0, 1, 1],
+                notified: 0,
+            };
+            s.run_world(
+                &mut t,
+                &[0, 1, 2],
+                alg,
+                &clock,
+                long,
+                &mut crate::poll::Spin,
+            )
+            .unwrap_or_else(|e| panic!("{alg:?}: {e}"));
+            assert_eq!(clock.0.load(Ordering::Relaxed), 0, "{alg:?}");
+            // A missing rank starts the deadline: one read, then one per poll.
+            t.slots = [0, 1, 2];
+            s.start_world(&mut t, &[0, 1, 2], alg, &clock, long)
+                .unwrap();
+            assert!(s.is_pending(), "{alg:?}");
+            assert_eq!(clock.0.load(Ordering::Relaxed), 1, "{alg:?}");
+            t.slots = [0, 2, 2];
+            assert_eq!(
+                s.poll_world(&mut t, &[0, 1, 2], &clock),
+                Ok(true),
+                "{alg:?}"
+            );
+            clock.0.store(0, Ordering::Relaxed);
+        }
     }
 
     #[test]

@@ -207,7 +207,8 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     fn take_head(&mut self, r: Result<Done, ChannelError>) -> Result<Received<'_>, ChannelError> {
         let i = self.head;
         self.tickets[i] = None;
-        self.head = (i + 1) % self.slots;
+        // No division on the hot path: the head steps to the next slot, wrapping.
+        self.head = if i + 1 == self.slots { 0 } else { i + 1 };
         let done = r?;
         self.lent = Some(i);
         Ok(self.message(i, done))

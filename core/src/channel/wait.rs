@@ -222,6 +222,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     /// The result of `ticket` if what the channel already polled completed it; never polls.
     #[cfg(feature = "alloc")]
+    #[inline]
     pub(crate) fn take_if_complete(
         &mut self,
         ticket: Ticket,

@@ -272,10 +272,14 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let shared = first
             .provider_mut()
             .poll_shared(&mut |qpn| {
-                if let Some(i) = table.get(qpn) {
-                    if ready.len() < ready.capacity() {
+                // Every channel named here is polled below, before this call returns (and
+                // `&mut self` keeps anyone else from polling it meanwhile).
+                match table.get(qpn) {
+                    Some(i) if ready.len() < ready.capacity() => {
                         ready.push(i);
+                        true
                     }
+                    _ => false,
                 }
             })
             .map_err(MultiError::Completions)?;

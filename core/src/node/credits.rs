@@ -40,8 +40,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Posts an inline send of `data` to `rank` (no registered memory; at most the queue
     /// pair's inline limit) and returns its ticket without waiting: the lowest-latency send.
     /// Once messaging has started it spends a credit: with none left, or with the send queue
-    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Does not
-    /// allocate.
+    /// full, it returns [`NodeError::WouldBlock`] at once, having posted nothing. Like the
+    /// channel's other unwaited posts, only every
+    /// [`signal_every`](crate::channel::ChannelConfig::signal_every)-th send asks for a
+    /// completion, so [`Event::SendsCompleted`] moves in steps; [`Node::wait`] on the ticket
+    /// covers a send no later signaled one does. Does not allocate.
     pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
         let p = self
             .multi
@@ -79,15 +82,19 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 None => Err(NodeError::WouldBlock { rank }),
             };
         }
-        // Signaled: `progress` reports every message's completion (SendsCompleted) without a
-        // wait to cover it. Once messaging runs, the credit return rides along: the low 32
-        // bits of our consumed count (the peer widens it against what it had, `credit_in`).
+        // Signaled as the channel signals (every `signal_every`-th request): the payload is
+        // copied during the post, so no buffer waits for the completion, a send-queue slot
+        // is reused only once a later signaled completion covers it, and a failed send
+        // completes with an error, signaled or not. `progress` reports sends completed as
+        // those signaled completions arrive; a wait for the ticket covers the rest. Once
+        // messaging runs, the credit return rides along: the low 32 bits of our consumed
+        // count (the peer widens it against what it had, `credit_in`).
         let (opcode, consumed) = match credit {
             Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
             None => (Opcode::Send, None),
         };
         let t = chan
-            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::SIGNALED)
+            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::empty())
             .map_err(|error| NodeError::Channel { rank, error })?;
         let Some(consumed) = consumed else {
             return Ok(t);
@@ -139,6 +146,8 @@ pub(super) fn credit_in(returned: &mut u64, imm: u32, sent: u64) {
 }
 
 /// Writes peer `p`'s consumed count into its flag array if it changed: the credit return.
+/// The check is inline (it runs for every peer `progress` serves); the write is not.
+#[inline]
 pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -146,12 +155,22 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
     (me, world): (u32, u32),
     p: usize,
 ) {
-    let consumed = rings.consumed[p];
     // Half the credits at a time: a sender that ran out of credits has all of them in
     // flight, so they come back after at most half of them were consumed.
-    if consumed - rings.reported[p] < rings.credits.div_ceil(2) as u64 {
-        return;
+    if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+        write_credit(multi, rings, peer_flags, (me, world), p);
     }
+}
+
+#[inline(never)]
+fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
+    p: usize,
+) {
+    let consumed = rings.consumed[p];
     let rank = rings.ranks[p];
     let Some(slot) = peer_flags
         .get(rank as usize)

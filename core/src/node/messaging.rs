@@ -103,6 +103,9 @@ pub enum Event<'a> {
         len: u32,
     },
     /// Send-queue requests to `rank` completed: every request below `completed` is done.
+    /// Reported as signaled completions arrive (a message is signaled every
+    /// [`signal_every`](crate::channel::ChannelConfig::signal_every)-th request), so the
+    /// count moves in steps; waiting for a message's ticket ([`Node::wait`]) covers the rest.
     SendsCompleted {
         /// The peer.
         rank: u32,
@@ -535,23 +538,13 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     let Some(chan) = multi.by_index(p) else {
         return Ok(0);
     };
-    let mut fail = |rings: &mut Rings<M>, error, handed: &mut usize| {
-        // A broken channel is reported once, then left alone.
-        if !rings.failure_reported[p] {
-            rings.failure_reported[p] = true;
-            handler(Event::Failed { rank, error });
-            *handed += 1;
-        }
-    };
     if chan.id() != rings.chan_ids[p] {
         // The caller swapped this peer's channel out: its ring slots are posted on another
         // channel, so none of them may be read or re-posted again.
-        fail(rings, ChannelError::Replaced, &mut handed);
-        return Ok(handed);
+        return Ok(report_failure(rings, p, ChannelError::Replaced, handler));
     }
     if let Some(error) = chan.failure() {
-        fail(rings, error, &mut handed);
-        return Ok(handed);
+        return Ok(report_failure(rings, p, error, handler));
     }
     let done = chan.sends_completed();
     if done > rings.sends_seen[p] && handed < budget {
@@ -599,6 +592,27 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         }
     }
     Ok(handed)
+}
+
+/// Reports peer `p`'s broken channel to the handler, once (then it is left alone): how
+/// many events that was. Out of line: the rare case.
+#[cold]
+#[inline(never)]
+fn report_failure<M>(
+    rings: &mut Rings<M>,
+    p: usize,
+    error: ChannelError,
+    handler: &mut impl FnMut(Event<'_>),
+) -> usize {
+    if rings.failure_reported[p] {
+        return 0;
+    }
+    rings.failure_reported[p] = true;
+    handler(Event::Failed {
+        rank: rings.ranks[p],
+        error,
+    });
+    1
 }
 
 /// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to

@@ -606,6 +606,8 @@ struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
     /// `e`, or the failure news it is.
+    #[cold]
+    #[inline(never)]
     fn news(&mut self, e: BarrierError) -> BarrierError {
         failure::barrier_news(e, self.failures, self.multi, self.peer_flags)
     }
@@ -638,21 +640,22 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
         let data = FlagLayout::bytes(count);
-        let posted = if !self.wakeups.as_ref().is_some_and(|w| w.live) {
-            self.multi
-                .post_write_inline(rank, &data, slot)
-                .map(|_| ())
-                .map_err(barrier_error)
+        // Every error goes through one cold call (which turns it into failure news if it is
+        // one): the success path carries no conversion of the large error types.
+        if !self.wakeups.as_ref().is_some_and(|w| w.live) {
+            match self.multi.post_write_inline(rank, &data, slot) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(self.news(barrier_error(e))),
+            }
         } else {
             match self.multi.channel(rank) {
-                Ok(c) => c
-                    .post_write_imm_inline(&data, slot, wakeups::WAKE_IMM)
-                    .map(|_| ())
-                    .map_err(|error| BarrierError::Transport { rank, error }),
-                Err(e) => Err(barrier_error(e)),
+                Ok(c) => match c.post_write_imm_inline(&data, slot, wakeups::WAKE_IMM) {
+                    Ok(_) => Ok(()),
+                    Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
+                },
+                Err(e) => Err(self.news(barrier_error(e))),
             }
-        };
-        posted.map_err(|e| self.news(e))
+        }
     }
 
     #[inline]

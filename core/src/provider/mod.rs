@@ -151,10 +151,16 @@ pub trait Provider: QueuePair {
 
     /// For a queue pair whose completion queues are shared with others ([`shared`]): polls
     /// them once, keeps every completion for its queue pair, and calls `ready(qp_num)` for
-    /// each queue pair with completions waiting. Returns how many completions it took, or
+    /// each queue pair with completions waiting. `ready` returns true if the caller polls
+    /// that queue pair (both kinds, send then receive) right away, before anyone else can:
+    /// its next poll of each kind then takes what is waiting without polling the shared
+    /// queues again, which were just seen empty. Returns how many completions it took, or
     /// `None` for a provider with queues of its own (the default), whose caller polls each
     /// queue pair instead.
-    fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
+    fn poll_shared(
+        &mut self,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError> {
         let _ = ready;
         Ok(None)
     }

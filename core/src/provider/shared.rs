@@ -195,6 +195,15 @@ struct Slot {
     qp_num: u32,
     /// On the ready list.
     queued: bool,
+    /// Named ready by [`Provider::poll_shared`] just now, which polled both shared queues
+    /// until it saw them empty, to a caller that polls this queue pair (both kinds) right
+    /// away, before anyone else can (`MultiChannel::poll_ready`, which holds the channel
+    /// mutably): that next take of each kind does not poll the shared queues again. The
+    /// skipped poll is the one that would find a queue just seen empty; a completion
+    /// arriving in between waits for the next poll, as it would one instant later. A waiter
+    /// that arms completion events polls after arming with a take of its own, which these
+    /// flags never skip: they were spent inside the `poll_ready` that set them.
+    fresh: [bool; 2],
     /// A completion for this queue pair found its mailbox full (cannot happen while the
     /// queue pair keeps its depth; if it does, this queue pair's polls fail from then on).
     overflowed: bool,
@@ -268,25 +277,53 @@ impl<C: CompletionQueue> State<C> {
     /// sat in the queue behind a full batch of other queue pairs' completions, the sleep
     /// would last until its deadline. Bounded: at most one batch more than the queue holds,
     /// so completions arriving as fast as they are taken cannot keep the caller here.
+    #[inline]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
+        let n = self.poll_batch(recv)?;
+        if n < POLL_BATCH {
+            return Ok(n);
+        }
+        self.poll_rest(recv, n)
+    }
+
+    /// One poll of a shared queue, routed into mailboxes: how many it took.
+    #[inline]
+    fn poll_batch(&mut self, recv: bool) -> Result<usize, ProviderError> {
+        let n = if recv {
+            self.recv_cq.poll(&mut self.scratch)?
+        } else {
+            self.send_cq.poll(&mut self.scratch)?
+        }
+        .min(POLL_BATCH);
+        if n > 0 {
+            self.route_scratch(n, recv);
+        }
+        Ok(n)
+    }
+
+    /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
+    /// (an idle `progress`) pays for none of it.
+    #[inline(never)]
+    fn route_scratch(&mut self, n: usize, recv: bool) {
+        for i in 0..n {
+            let c = self.scratch[i];
+            self.route(c, recv);
+        }
+    }
+
+    /// [`State::poll_into_mailboxes`] after a first poll took a full batch (`total`): the
+    /// rare case, out of the idle path.
+    #[cold]
+    #[inline(never)]
+    fn poll_rest(&mut self, recv: bool, mut total: usize) -> Result<usize, ProviderError> {
         let capacity = if recv {
             self.recv_cq.capacity()
         } else {
             self.send_cq.capacity()
         };
-        let rounds = capacity as usize / POLL_BATCH + 1;
-        let mut total = 0;
-        for _ in 0..rounds {
-            let n = if recv {
-                self.recv_cq.poll(&mut self.scratch)?
-            } else {
-                self.send_cq.poll(&mut self.scratch)?
-            }
-            .min(POLL_BATCH);
-            for i in 0..n {
-                let c = self.scratch[i];
-                self.route(c, recv);
-            }
+        // One poll was made; `capacity / POLL_BATCH + 1` in all.
+        for _ in 0..capacity as usize / POLL_BATCH {
+            let n = self.poll_batch(recv)?;
             total += n;
             if n < POLL_BATCH {
                 break;
@@ -310,7 +347,8 @@ impl<C: CompletionQueue> State<C> {
                 s.send.len == 0
             }
         };
-        if empty(&self.slots[slot]) {
+        let fresh = core::mem::take(&mut self.slots[slot].fresh[usize::from(recv)]);
+        if empty(&self.slots[slot]) && !fresh {
             self.poll_into_mailboxes(recv)?;
         }
         if self.slots[slot].overflowed {
@@ -559,6 +597,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                 recv: Mailbox::new(caps.max_recv_wr, Completion::EMPTY),
                 qp_num: qpn,
                 queued: false,
+                fresh: [false; 2],
                 overflowed: false,
             });
             Ok(i as usize)
@@ -663,6 +702,7 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
             s.send.clear();
             s.recv.clear();
             s.overflowed = false;
+            s.fresh = [false; 2];
             Ok(())
         });
         match r {
@@ -741,14 +781,17 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
 
     /// Polls both shared queues until each is seen empty and names every queue pair with
     /// completions waiting in its mailbox (each once, oldest first). Does not allocate.
-    fn poll_shared(&mut self, ready: &mut dyn FnMut(u32)) -> Result<Option<usize>, ProviderError> {
+    fn poll_shared(
+        &mut self,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError> {
         self.shared
             .with(|st| {
                 let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
                 while let Some(i) = st.ready.pop() {
                     let s = &mut st.slots[i as usize];
                     s.queued = false;
-                    ready(s.qp_num);
+                    s.fresh = [ready(s.qp_num); 2];
                 }
                 Ok(Some(n))
             })
