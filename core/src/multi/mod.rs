@@ -55,11 +55,6 @@ pub enum MultiError {
     UnknownRank(u32),
     /// An operation failed on a peer.
     Peer(PeerError),
-    /// [`MultiChannel::new`] was given a channel without a peer rank
-    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
-    ChannelWithoutRank,
-    /// [`MultiChannel::new`] was given two channels to one rank.
-    DuplicateRank(u32),
     /// Polling the completion queues the channels share failed (every peer is affected).
     Completions(ProviderError),
 }
@@ -69,8 +64,6 @@ impl fmt::Display for MultiError {
         match self {
             Self::UnknownRank(r) => write!(f, "no channel to rank {r}"),
             Self::Peer(e) => write!(f, "{e}"),
-            Self::ChannelWithoutRank => f.write_str("a channel has no peer rank"),
-            Self::DuplicateRank(r) => write!(f, "two channels to rank {r}"),
             Self::Completions(e) => write!(f, "shared completion queues: {e}"),
         }
     }
@@ -78,12 +71,44 @@ impl fmt::Display for MultiError {
 
 impl core::error::Error for MultiError {}
 
+/// Why [`MultiChannel::new`] refused its channels (a setup error; no operation fails so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MultiBuildError {
+    /// A channel without a peer rank
+    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
+    ChannelWithoutRank,
+    /// Two channels to one rank.
+    DuplicateRank(u32),
+    /// A channel to a rank at or above [`MAX_WORLD`](crate::wire::MAX_WORLD).
+    RankTooLarge(u32),
+}
+
+impl fmt::Display for MultiBuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ChannelWithoutRank => f.write_str("a channel has no peer rank"),
+            Self::DuplicateRank(r) => write!(f, "two channels to rank {r}"),
+            Self::RankTooLarge(r) => write!(
+                f,
+                "a channel to rank {r}, at or above the largest world ({})",
+                crate::wire::MAX_WORLD
+            ),
+        }
+    }
+}
+
+impl core::error::Error for MultiBuildError {}
+
 /// No channel at this rank in [`MultiChannel`]'s lookup table.
 const NONE: u32 = u32::MAX;
 
 /// One channel per peer. See the [module docs](self).
 pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     chans: Vec<Channel<P, B, R>>,
+    /// Index into `chans` -> the rank that channel was given for, fixed at construction: the
+    /// rank an error names even if the caller later swaps another channel in.
+    rank_at: Vec<u32>,
     /// Rank -> index into `chans` (`NONE` where there is no channel): O(1) lookup.
     index: Vec<u32>,
     /// Per channel, the last send-queue ticket of the multi-peer call in progress: the call
@@ -108,30 +133,27 @@ fn at(rank: u32) -> impl Fn(ChannelError) -> MultiError {
     move |error| MultiError::Peer(PeerError { rank, error })
 }
 
-/// The rank a channel in a `MultiChannel` was built for (checked by `new`).
-fn rank_of<P: Provider, B: Backoff, const R: usize>(c: &Channel<P, B, R>) -> u32 {
-    c.peer().unwrap_or(NONE)
-}
-
 impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     /// Wraps connected channels, each of which knows its peer's rank
     /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)), below
     /// [`MAX_WORLD`](crate::wire::MAX_WORLD). Allocates (setup).
-    pub fn new(chans: Vec<Channel<P, B, R>>) -> Result<Self, MultiError> {
+    pub fn new(chans: Vec<Channel<P, B, R>>) -> Result<Self, MultiBuildError> {
         let mut top = 0;
+        let mut rank_at = Vec::with_capacity(chans.len());
         for c in &chans {
-            let r = c.peer().ok_or(MultiError::ChannelWithoutRank)?;
+            let r = c.peer().ok_or(MultiBuildError::ChannelWithoutRank)?;
+            rank_at.push(r);
             // The lookup table is sized by the largest rank.
             if r >= crate::wire::MAX_WORLD {
-                return Err(MultiError::UnknownRank(r));
+                return Err(MultiBuildError::RankTooLarge(r));
             }
             top = top.max(r as usize + 1);
         }
         let mut index = vec![NONE; top];
-        for (i, c) in chans.iter().enumerate() {
-            let r = rank_of(c) as usize;
+        for (i, &r) in rank_at.iter().enumerate() {
+            let r = r as usize;
             if index[r] != NONE {
-                return Err(MultiError::DuplicateRank(r as u32));
+                return Err(MultiBuildError::DuplicateRank(r as u32));
             }
             index[r] = i as u32;
         }
@@ -143,6 +165,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let ready = Vec::with_capacity(chans.len());
         Ok(Self {
             chans,
+            rank_at,
             index,
             last,
             qpns,
@@ -158,14 +181,14 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
 
     /// The peers' ranks, in the order the channels were given.
     pub fn ranks(&self) -> impl Iterator<Item = u32> + '_ {
-        self.chans.iter().map(rank_of)
+        self.rank_at.iter().copied()
     }
 
     /// The rank whose channel runs on queue pair `qp_num` (how a device's asynchronous event
     /// names a connection), if one does.
     pub fn rank_of_qp(&self, qp_num: u32) -> Option<u32> {
         let i = self.qpns.get(qp_num)?;
-        self.chans.get(i as usize).map(rank_of)
+        self.rank_at.get(i as usize).copied()
     }
 
     /// Every channel's queue pair number with the rank it leads to (what a thread watching
@@ -173,7 +196,8 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     pub fn qp_ranks(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.chans
             .iter()
-            .map(|c| (c.provider().qp_num(), rank_of(c)))
+            .zip(&self.rank_at)
+            .map(|(c, &rank)| (c.provider().qp_num(), rank))
     }
 
     /// The channel to `rank`.
@@ -233,6 +257,12 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         self.chans.iter().map(Channel::id)
     }
 
+    /// Every channel with the rank it was given for (fixed at construction, whatever channel
+    /// the caller has swapped in since).
+    pub(crate) fn ranked(&mut self) -> impl Iterator<Item = (u32, &mut Channel<P, B, R>)> + '_ {
+        self.rank_at.iter().copied().zip(self.chans.iter_mut())
+    }
+
     /// Every channel, each of which names its rank ([`Channel::peer`]).
     pub fn channels(&mut self) -> impl Iterator<Item = &mut Channel<P, B, R>> + '_ {
         self.chans.iter_mut()
@@ -267,7 +297,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let Some(first) = self.chans.first_mut() else {
             return Ok(0);
         };
-        let (table, ready) = (&self.qpns, &mut self.ready);
+        let (table, ready, rank_at) = (&self.qpns, &mut self.ready, &self.rank_at);
         ready.clear();
         let shared = first
             .provider_mut()
@@ -285,7 +315,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             .map_err(MultiError::Completions)?;
         let mut n = 0;
         let mut one = |i: usize, c: &mut Channel<P, B, R>| {
-            let rank = rank_of(c);
+            let rank = rank_at[i];
             let intact = c.failure().is_none();
             match c.poll() {
                 Ok(0) => {}
@@ -466,7 +496,11 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (u32, T)>,
     {
-        let mut guard = Settle::new(&mut self.chans, &self.index, &mut self.last);
+        let mut guard = Settle::new(
+            &mut self.chans,
+            (&self.index, &self.rank_at),
+            &mut self.last,
+        );
         let mut first = None;
         for (rank, item) in ops {
             let r = match guard.channel(rank) {
@@ -549,7 +583,11 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (u32, &'a mut [SgeMut<'a>])>,
     {
-        let mut guard = Settle::new(&mut self.chans, &self.index, &mut self.last);
+        let mut guard = Settle::new(
+            &mut self.chans,
+            (&self.index, &self.rank_at),
+            &mut self.last,
+        );
         let mut first = None;
         for (rank, sges) in ops {
             let r = match guard.channel(rank) {
@@ -565,11 +603,15 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 break;
             }
         }
-        for (c, last) in guard.chans.iter_mut().zip(guard.last.iter_mut()) {
+        for ((c, last), &rank) in guard
+            .chans
+            .iter_mut()
+            .zip(guard.last.iter_mut())
+            .zip(guard.rank_at)
+        {
             let Some(t) = *last else {
                 continue;
             };
-            let rank = rank_of(c);
             // Bounded by the channel's timeout; on error the channel is already drained.
             // The ticket is forgotten only once the wait returned: if the wait unwinds (a
             // panic in the caller's back-off or clock), the guard still settles this channel.
@@ -593,6 +635,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
 struct Settle<'m, P: Provider, B: Backoff + Clone, const R: usize> {
     chans: &'m mut [Channel<P, B, R>],
     index: &'m [u32],
+    rank_at: &'m [u32],
     /// The last ticket the call posted on each channel.
     last: &'m mut [Option<Ticket>],
     unwinding: bool,
@@ -601,13 +644,14 @@ struct Settle<'m, P: Provider, B: Backoff + Clone, const R: usize> {
 impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
     fn new(
         chans: &'m mut [Channel<P, B, R>],
-        index: &'m [u32],
+        (index, rank_at): (&'m [u32], &'m [u32]),
         last: &'m mut [Option<Ticket>],
     ) -> Self {
         last.fill(None);
         Self {
             chans,
             index,
+            rank_at,
             last,
             unwinding: true,
         }
@@ -627,14 +671,18 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
     /// posted on each channel, and reports the first failure.
     fn wait_all(&mut self) -> Result<(), MultiError> {
         let mut first = None;
-        for (c, last) in self.chans.iter_mut().zip(self.last.iter_mut()) {
+        for ((c, last), &rank) in self
+            .chans
+            .iter_mut()
+            .zip(self.last.iter_mut())
+            .zip(self.rank_at)
+        {
             if let Some(t) = *last {
                 // Forgotten only after the wait returned: a wait that unwinds (a panic in the
                 // caller's back-off or clock) leaves the ticket for `Drop` to settle.
                 let r = c.wait(t);
                 *last = None;
                 if let Err(error) = r {
-                    let rank = rank_of(c);
                     first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
                 }
             }

@@ -310,8 +310,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         if len.is_none_or(|l| l > region.len()) {
             return bad("the ring region is smaller than (world - 1) * slots * slot_size");
         }
-        for c in self.multi.channels() {
-            let rank = c.peer().unwrap_or(u32::MAX);
+        for (rank, c) in self.multi.ranked() {
             if let Some(error) = c.failure() {
                 return Err(NodeError::Channel { rank, error });
             }
@@ -473,8 +472,7 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
                 error: p.error,
             },
             MultiError::Completions(e) => NodeError::Completions(e),
-            // poll_ready fails only on the shared queues; channel failures go to the list.
-            _ => NodeError::UnknownRank(u32::MAX),
+            MultiError::UnknownRank(rank) => NodeError::UnknownRank(rank),
         })?;
     // The sweep: rare, because it is for the rare case (a caller that polled a node's
     // channel itself); an idle `progress` is then one poll of each shared queue.

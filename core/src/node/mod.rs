@@ -157,6 +157,8 @@ pub enum NodeError {
         /// The verb error.
         error: VerbsError,
     },
+    /// A ticket waited on the node that none of its channels issued.
+    ForeignTicket,
     /// The node's shared completion queues refused the queue pair to a peer (queues deeper
     /// than they hold, a queue pair not on the node's shared receive queue, ...).
     #[cfg(feature = "verbs")]
@@ -251,6 +253,7 @@ impl fmt::Display for NodeError {
             }
             #[cfg(feature = "verbs")]
             Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
+            Self::ForeignTicket => f.write_str("the ticket belongs to no channel of this node"),
             #[cfg(feature = "verbs")]
             Self::SharedCq { rank, error } => write!(
                 f,
@@ -621,10 +624,6 @@ fn barrier_error(e: MultiError) -> BarrierError {
         },
         MultiError::UnknownRank(r) => BarrierError::RankOutOfRange(r),
         MultiError::Completions(e) => BarrierError::Completions(e),
-        // Node builds its MultiChannel itself from one channel per rank: neither can happen.
-        MultiError::ChannelWithoutRank | MultiError::DuplicateRank(_) => {
-            BarrierError::RankOutOfRange(u32::MAX)
-        }
     }
 }
 
@@ -756,18 +755,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 });
             }
         }
-        let mut multi = MultiChannel::new(channels).map_err(|e| match e {
-            MultiError::DuplicateRank(_) | MultiError::ChannelWithoutRank => {
-                NodeError::InvalidArgument {
-                    what: "every channel must name a distinct peer rank",
-                }
-            }
-            MultiError::UnknownRank(r) => NodeError::UnknownRank(r),
-            MultiError::Peer(p) => NodeError::Channel {
-                rank: p.rank,
-                error: p.error,
-            },
-            MultiError::Completions(e) => NodeError::Completions(e),
+        let mut multi = MultiChannel::new(channels).map_err(|_| NodeError::InvalidArgument {
+            what: "every channel must name a distinct peer rank",
         })?;
         if multi.ranks().any(|r| r >= world) {
             return Err(NodeError::InvalidArgument {
@@ -939,7 +928,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Waits for a ticket of one of this node's channels (it names its rank), at most the
     /// channel's timeout. Does not allocate.
     pub fn wait(&mut self, t: Ticket) -> Result<Done, NodeError> {
-        let rank = t.peer().unwrap_or(u32::MAX);
+        // A ticket without a rank came from a channel outside any node.
+        let rank = t.peer().ok_or(NodeError::ForeignTicket)?;
         match self.channel(rank)?.wait(t) {
             Ok(done) => Ok(done),
             Err(error) => Err(self.channel_failed(rank, error)),

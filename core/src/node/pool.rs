@@ -76,8 +76,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let mut table = QpTable::new(peers);
         let mut probe = None;
-        for (p, c) in self.multi.channels().enumerate() {
-            let rank = c.peer().unwrap_or(u32::MAX);
+        for (p, (rank, c)) in self.multi.ranked().enumerate() {
             if let Some(error) = c.failure() {
                 return Err(NodeError::Channel { rank, error });
             }
@@ -121,7 +120,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let limit = u32::try_from(slots / POOL_LOW_WATER)
             .unwrap_or(u32::MAX)
             .max(1);
-        if let Ok(c) = pool_channel(&mut self.multi, &rings) {
+        if let Ok((_, c)) = pool_channel(&mut self.multi, &rings) {
             let _ = c.provider_mut().arm_srq_limit(limit);
         }
         self.rings = Some(rings);
@@ -134,10 +133,16 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
     multi: &'a mut MultiChannel<P, B>,
     rings: &Rings<M>,
-) -> Result<&'a mut Channel<P, B>, NodeError> {
-    let rank = rings.ranks.first().copied().unwrap_or(u32::MAX);
+) -> Result<(u32, &'a mut Channel<P, B>), NodeError> {
+    // A pooled node has at least one peer (`start_pool` refuses none): rank and channel id
+    // of position 0 are there whenever rings are.
+    let (Some(&rank), Some(&id)) = (rings.ranks.first(), rings.chan_ids.first()) else {
+        return Err(NodeError::InvalidArgument {
+            what: "a pooled node without peers has no pool channel",
+        });
+    };
     match multi.by_index(0) {
-        Some(c) if Some(c.id()) == rings.chan_ids.first().copied() => Ok(c),
+        Some(c) if c.id() == id => Ok((rank, c)),
         _ => Err(NodeError::Channel {
             rank,
             error: ChannelError::Replaced,
@@ -178,8 +183,7 @@ fn post_pool<P: Provider, M: Region, B: Backoff + Clone>(
             sges: s.as_ref().map_or(&[], core::slice::from_ref),
         };
     }
-    let chan = pool_channel(multi, rings)?;
-    let rank = chan.peer().unwrap_or(u32::MAX);
+    let (rank, chan) = pool_channel(multi, rings)?;
     // SAFETY: the pool memory is owned by the node and freed only once the shared queue is
     // gone (`Rings` drop asks its probe, and leaks it otherwise); each slot is read only
     // after its completion was polled, and re-posted after the handler's borrow ended.
@@ -242,7 +246,7 @@ fn next_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
     }
     let mut wc = [Completion::EMPTY; POOL_POLL];
     let want = want.min(POOL_POLL);
-    let chan = pool_channel(multi, rings)?;
+    let (_, chan) = pool_channel(multi, rings)?;
     let n = chan
         .provider_mut()
         .poll_srq(&mut wc[..want])

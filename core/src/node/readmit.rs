@@ -105,8 +105,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         self.barrier.poison();
         self.readmitting = Some(rank);
-        for c in self.multi.channels() {
-            let peer = c.peer().unwrap_or(u32::MAX);
+        for (peer, c) in self.multi.ranked() {
             if peer == rank {
                 // Nothing to wait for: the process it led to is gone. The queue pair goes to
                 // the error state even with nothing posted: left ready until the new one

@@ -86,13 +86,12 @@ impl Wakeups {
                 what: "barrier wake-ups need room for 4 receives on every queue pair",
             });
         }
-        for c in multi.channels() {
+        for (rank, c) in multi.ranked() {
             let mut q = Deque::new();
             for _ in 0..c.recv_capacity().min(WAKE_RECVS as u64) {
-                let t = c.post_recv_empty().map_err(|error| NodeError::Channel {
-                    rank: c.peer().unwrap_or(u32::MAX),
-                    error,
-                })?;
+                let t = c
+                    .post_recv_empty()
+                    .map_err(|error| NodeError::Channel { rank, error })?;
                 // WAKE_RECVS tickets fit a deque of WAKE_RECVS.
                 let _ = q.push_back(t);
             }
