@@ -14,11 +14,13 @@
 pub mod ah;
 pub mod async_event;
 pub mod cq;
+pub(crate) mod cq_ex;
 pub mod destroy;
 pub mod device;
 pub mod dmabuf;
 pub mod error;
 pub mod event;
+mod ext;
 pub mod ffi;
 pub mod mcast;
 pub mod mr;
@@ -32,14 +34,14 @@ pub mod ud;
 pub use crate::params::QpCaps;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEvents};
-pub use cq::{Cq, POLL_BATCH};
+pub use cq::{Cq, CqOptions, PollPath, POLL_BATCH};
 pub use destroy::{failed_destroys, FailedDestroys};
 pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
     LinkLayer, PortAttr, Route,
 };
 pub use dmabuf::{DmabufFd, DmabufRegion};
-pub use error::{Verb, VerbsError};
+pub use error::{DeviceName, TimestampRefusal, Verb, VerbsError};
 pub use event::{CompletionChannel, CqEvents};
 pub use mcast::IpMembership;
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};
