@@ -396,8 +396,8 @@ impl Cq {
                 }
                 Ok(n)
             }
-            // SAFETY: as above, without timestamps.
             Some(ex) => {
+                // SAFETY: as above, without timestamps.
                 unsafe { cq_ex::poll::<false>(ex.cq.as_ptr(), &ex.ops, out) }.map_err(ex_error)
             }
             // SAFETY: the CQ is live, and `&mut self` makes this the only poller.

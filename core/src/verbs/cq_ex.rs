@@ -214,7 +214,7 @@ pub(crate) unsafe fn poll<const TS: bool>(
     // SAFETY: forwarded; the closure reads the current completion only, and `i < max`.
     unsafe {
         drain(cq, ops, max, |i| {
-            *out.get_unchecked_mut(i) = read::<TS>(cq, ops);
+            read::<TS>(cq, ops, out.get_unchecked_mut(i));
         })
     }
 }
@@ -235,7 +235,8 @@ pub(crate) unsafe fn poll_datagrams<const TS: bool>(
     // SAFETY: as in `poll`.
     unsafe {
         drain(cq, ops, max, |i| {
-            let wc = read::<TS>(cq, ops);
+            let mut wc = Completion::EMPTY;
+            read::<TS>(cq, ops, &mut wc);
             *out.get_unchecked_mut(i) = if wc.status.is_success() && wc.kind.is_recv() {
                 DatagramCompletion {
                     wc,
@@ -255,7 +256,9 @@ pub(crate) unsafe fn poll_datagrams<const TS: bool>(
     }
 }
 
-/// Reads the completion the queue is positioned on, the way `ibv_poll_cq(3)` defines its
+/// Reads the completion the queue is positioned on into `slot` (written in place: a value
+/// returned through both this and the error path would be built on the stack and copied),
+/// the way `ibv_poll_cq(3)` defines its
 /// fields (as the legacy conversion does): an error completion only by `wr_id`, `status`,
 /// `vendor_err` and `qp_num`; a successful one also by its opcode, its length only for
 /// receives, reads and atomics, its immediate only where it has one.
@@ -263,7 +266,7 @@ pub(crate) unsafe fn poll_datagrams<const TS: bool>(
 /// # Safety
 /// Inside a poll batch of `cq`, whose functions are `ops`.
 #[inline(always)]
-unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps) -> Completion {
+unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut Completion) {
     // SAFETY: the caller's contract: the queue is positioned on a completion, whose wr_id
     // and status the provider stored in the queue, and whose other fields its readers give.
     unsafe {
@@ -271,7 +274,8 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps) -> Completi
         let status = (*cq).status;
         let qp_num = (ops.qp_num)(cq);
         if status != sys::ibv_wc_status::IBV_WC_SUCCESS {
-            return error(cq, ops, wr_id, status, qp_num);
+            error(cq, ops, slot, wr_id, status, qp_num);
+            return;
         }
         use sys::ibv_wc_opcode as op;
         let (kind, byte_len, imm) = match (ops.opcode)(cq) {
@@ -305,7 +309,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps) -> Completi
         } else {
             None
         };
-        Completion {
+        *slot = Completion {
             wr_id,
             status: WcStatus::Success,
             vendor_err: 0,
@@ -314,7 +318,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps) -> Completi
             imm,
             qp_num,
             timestamp,
-        }
+        };
     }
 }
 
@@ -327,11 +331,12 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps) -> Completi
 unsafe fn error(
     cq: *mut sys::ibv_cq_ex,
     ops: &ExOps,
+    slot: &mut Completion,
     wr_id: u64,
     status: u32,
     qp_num: u32,
-) -> Completion {
-    Completion {
+) {
+    *slot = Completion {
         wr_id,
         status: WcStatus::from_code(status),
         // SAFETY: forwarded.
@@ -341,5 +346,5 @@ unsafe fn error(
         imm: None,
         qp_num,
         timestamp: None,
-    }
+    };
 }
