@@ -51,8 +51,6 @@ pub enum Verb {
     QueryDeviceEx,
     /// `ibv_start_poll`
     StartPoll,
-    /// `ibv_next_poll`
-    NextPoll,
     /// `ibv_create_comp_channel`
     CreateCompChannel,
     /// `ibv_req_notify_cq`
@@ -110,7 +108,6 @@ impl Verb {
             Self::CreateCqEx => "ibv_create_cq_ex",
             Self::QueryDeviceEx => "ibv_query_device_ex",
             Self::StartPoll => "ibv_start_poll",
-            Self::NextPoll => "ibv_next_poll",
             Self::CreateCompChannel => "ibv_create_comp_channel",
             Self::ReqNotifyCq => "ibv_req_notify_cq",
             Self::GetCqEvent => "ibv_get_cq_event",

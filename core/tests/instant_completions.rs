@@ -5,12 +5,17 @@
 //! hardware timestamps flow from the device's clock to a `Completion`, to a provider and
 //! through a `Channel`'s waits.
 
+mod support;
+
 use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 use rverbs_core::params::QpCaps;
 use rverbs_core::provider::instant::{InstantCq, InstantDevice};
 use rverbs_core::provider::{CompletionQueue, Provider, QueuePair};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::wr::{AtomicOp, Opcode, RecvRequest, SendFlags, WorkRequest};
+
+#[global_allocator]
+static GLOBAL: support::Counting = support::Counting;
 
 fn caps() -> QpCaps {
     QpCaps {
@@ -247,4 +252,36 @@ fn a_channel_on_a_timestamped_provider_exposes_each_waited_completion_time() {
         )
         .unwrap();
     assert_eq!(plain.provider().last_send_timestamp(), None);
+}
+
+/// The extended poll allocates nothing, with and without timestamps, full or empty (its
+/// documentation says so; the hot path of every wait runs through it).
+#[test]
+fn the_extended_poll_does_not_allocate() {
+    let at_start = support::allocs();
+    let dev = InstantDevice::new();
+    assert!(
+        support::allocs() > at_start,
+        "the counting allocator is installed (setup allocates)"
+    );
+    for timestamps in [false, true] {
+        let (mut send_cq, recv_cq) = if timestamps {
+            (dev.cq_with_timestamps(64), dev.cq_with_timestamps(16))
+        } else {
+            (dev.cq(64), dev.cq(16))
+        };
+        let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+        let wrs: Vec<_> = (0..8).map(|i| signaled(i, Opcode::Write)).collect();
+        let mut out = [Completion::EMPTY; 16];
+        let before = support::allocs();
+        let mut taken = 0;
+        for _ in 0..100 {
+            // SAFETY: the instant device touches no memory.
+            unsafe { qp.post_send(&wrs) }.unwrap();
+            taken += send_cq.poll(&mut out).unwrap();
+            taken += send_cq.poll(&mut out).unwrap();
+        }
+        assert_eq!(support::allocs() - before, 0, "timestamps {timestamps}");
+        assert_eq!(taken, 800);
+    }
 }

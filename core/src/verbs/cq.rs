@@ -93,8 +93,8 @@ unsafe impl Send for Extended {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PollPath {
-    /// Created with `ibv_create_cq_ex` and polled with `ibv_start_poll`/`ibv_next_poll`/
-    /// `ibv_end_poll`, reading each completion's fields one at a time, only those a wait
+    /// Created with `ibv_create_cq_ex` and polled with `ibv_start_poll`/`ibv_end_poll` (one
+    /// completion per batch: see `cq_ex.rs` for why not `ibv_next_poll`), reading each completion's fields one at a time, only those a wait
     /// needs.
     Extended,
     /// Created with `ibv_create_cq` and polled with `ibv_poll_cq`, which writes every field

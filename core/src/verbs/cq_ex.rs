@@ -1,5 +1,5 @@
-//! Polling an extended completion queue (`ibv_cq_ex`): `ibv_start_poll`, `ibv_next_poll`,
-//! `ibv_end_poll`, and the `ibv_wc_read_*` accessors, all `static inline` in `verbs.h` over
+//! Polling an extended completion queue (`ibv_cq_ex`): `ibv_start_poll`, `ibv_end_poll`
+//! and the `ibv_wc_read_*` accessors, all `static inline` in `verbs.h` over
 //! the queue's own function pointers.
 //!
 //! Why: `ibv_poll_cq` makes the driver write every field of an `ibv_wc` (48 bytes) for each
@@ -11,10 +11,17 @@
 //! on a queue created for timestamps (a separate instantiation, so other queues do not even
 //! test for it). An error completion reads its vendor syndrome out of line.
 //!
-//! The protocol, as `ibv_create_cq_ex(3)` states it: `start_poll` returns `ENOENT` when the
-//! queue is empty, and then `end_poll` must not be called; after a successful `start_poll`,
-//! `next_poll` moves on (`ENOENT`: nothing more) and `end_poll` closes the batch, whatever
-//! `next_poll` returned (providers hold a lock across the batch).
+//! The protocol: `start_poll` returns `ENOENT` when the queue is empty, and then `end_poll`
+//! must not be called; after a successful `start_poll`, `end_poll` closes the batch
+//! (providers hold a lock across it and publish the consumer index there). rverbs makes each
+//! completion a batch of its own (`start_poll`, read, `end_poll`, then `start_poll` again
+//! for the next) and never calls `ibv_next_poll`: rxe's `next_poll`, on finding the queue
+//! empty, closes the batch itself (it stores the consumer index and drops its lock), so the
+//! `end_poll` every other provider expects after it would consume one entry more than the
+//! device wrote on rxe (rdma-core 44, `providers/rxe/rxe.c`), and no single sequence with
+//! `next_poll` is right on both. For a poll that takes one completion (a wait for one
+//! request) the calls are the same three either way; a batch of `k` costs `k - 1` calls
+//! more.
 
 use core::ffi::c_int;
 use core::num::NonZeroU64;
@@ -25,7 +32,6 @@ use crate::verb::errno::ENOENT;
 use crate::verb::{ProviderError, Verb};
 
 type Start = unsafe extern "C" fn(*mut sys::ibv_cq_ex, *mut sys::ibv_poll_cq_attr) -> c_int;
-type Next = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> c_int;
 type End = unsafe extern "C" fn(*mut sys::ibv_cq_ex);
 type Read32 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u32;
 type Read8 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u8;
@@ -54,7 +60,6 @@ pub(crate) const WALLCLOCK_WC_FLAG: u64 = sys::IBV_WC_EX_WITH_COMPLETION_TIMESTA
 #[derive(Clone, Copy)]
 pub(crate) struct ExOps {
     start: Start,
-    next: Next,
     end: End,
     opcode: Read32,
     vendor_err: Read32,
@@ -96,7 +101,6 @@ impl ExOps {
         };
         Some(Self {
             start: c.start_poll?,
-            next: c.next_poll?,
             end: c.end_poll?,
             opcode: c.read_opcode?,
             vendor_err: c.read_vendor_err?,
@@ -146,15 +150,16 @@ unsafe fn drain(
             Err(failed(Verb::StartPoll, rc))
         };
     }
-    // SAFETY: forwarded, inside the batch start_poll opened.
+    // SAFETY: forwarded, positioned on a completion by a successful start_poll.
     unsafe { batch(cq, ops, max, each) }
 }
 
-/// The batch [`drain`] opened: `each` on the current completion, `next_poll` until `max`
-/// or the queue is empty, then `end_poll` (also after `next_poll` failed).
+/// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
+/// again from `start_poll` until `max` or the queue is empty (see the module docs for why
+/// not `next_poll`).
 ///
 /// # Safety
-/// As for [`drain`], after a successful `start_poll`; `max > 0`.
+/// As for [`drain`], right after a successful `start_poll`; `max > 0`.
 #[inline(never)]
 unsafe fn batch(
     cq: *mut sys::ibv_cq_ex,
@@ -162,26 +167,26 @@ unsafe fn batch(
     max: usize,
     mut each: impl FnMut(usize),
 ) -> Result<usize, ProviderError> {
+    let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     let mut n = 0;
-    let r = loop {
+    loop {
         each(n);
         n += 1;
+        // SAFETY: closes the batch the last start_poll opened.
+        unsafe { (ops.end)(cq) };
         if n == max {
-            break Ok(n);
+            return Ok(n);
         }
-        // SAFETY: inside a batch start_poll opened.
-        let rc = unsafe { (ops.next)(cq) };
+        // SAFETY: the caller's contract; no batch is open.
+        let rc = unsafe { (ops.start)(cq, &mut attr) };
         if rc != 0 {
-            break if rc == ENOENT {
+            return if rc == ENOENT {
                 Ok(n)
             } else {
-                Err(failed(Verb::NextPoll, rc))
+                Err(failed(Verb::StartPoll, rc))
             };
         }
-    };
-    // SAFETY: closes the batch start_poll opened.
-    unsafe { (ops.end)(cq) };
-    r
+    }
 }
 
 #[cold]
@@ -197,7 +202,7 @@ fn failed(verb: Verb, rc: c_int) -> ProviderError {
 /// Polls up to `out.len()` completions of `cq` into `out`; returns how many. With `TS`, each
 /// successful completion carries its timestamp. Does not allocate.
 ///
-/// Fails with the verb (`ibv_start_poll`, `ibv_next_poll`) and its errno: a small error, so
+/// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
 /// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
 /// it a `VerbsError::Call`) carry no larger one through the hot path.
 ///

@@ -1,7 +1,10 @@
 //! The device layer: safe wrappers over `ibverbs-sys` (feature `verbs`).
 //!
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
-//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
+//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`] (created with
+//! `ibv_create_cq_ex` where the provider has it, and then polled by `cq_ex.rs` with
+//! `ibv_start_poll`/`ibv_end_poll`; the context's extended verbs, which
+//! `verbs.h` reaches through `struct verbs_context`, in `ext.rs`); completion
 //! channels and events in [`event`]; the device's asynchronous events (port down, queue pair
 //! fatal, ...) in [`async_event`]; RC queue pairs and posting in [`qp`]; shared receive
 //! queues in [`srq`] (the receive chain both kinds of queue post is built in `recv_chain.rs`,
