@@ -524,7 +524,7 @@ unsafe fn poll_raw(
 /// only by `wr_id`, `status`, `vendor_err` and `qp_num` (its opcode and lengths are
 /// undefined: kind [`CompletionKind::Other`], `byte_len` 0, no immediate); a successful one
 /// also by its opcode, its `byte_len` only for receives, reads and atomics (a send's or
-/// write's is undefined: 0), and its immediate when `wc_flags` says there is one.
+/// write's is undefined: 0), and a receive's immediate when `wc_flags` says there is one.
 #[inline]
 fn convert(wc: &sys::ibv_wc) -> Completion {
     if let Some((s, vendor_err)) = wc.error() {
@@ -562,7 +562,14 @@ fn convert(wc: &sys::ibv_wc) -> Completion {
         vendor_err: 0,
         kind,
         byte_len,
-        imm: wc.imm_data().map(u32::from_be),
+        // Receives only: rxe also flags the sender's completion of a send or write with
+        // immediate IBV_WC_WITH_IMM (with a zero immediate), which ibv_poll_cq(3) does not
+        // define; the extended path reads it for receives alone too.
+        imm: if kind.is_recv() {
+            wc.imm_data().map(u32::from_be)
+        } else {
+            None
+        },
         qp_num: wc.qp_num,
         timestamp: None,
     }
@@ -625,6 +632,10 @@ mod tests {
         wc.wc_flags = sys::ibv_wc_flags(0);
         let c = convert(&wc);
         assert_eq!((c.kind, c.byte_len, c.imm), (CompletionKind::Send, 0, None));
+        // rxe flags a send with immediate's own completion WITH_IMM: still no immediate.
+        wc.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_IMM;
+        let c = convert(&wc);
+        assert_eq!((c.kind, c.imm), (CompletionKind::Send, None));
         let c = convert(&stale());
         assert_eq!(
             (c.kind, c.byte_len, c.imm),
