@@ -8,11 +8,14 @@
 //! hand, as a C program on the legacy verbs would: it fills `ibv_send_wr`/`ibv_recv_wr`
 //! lists itself and calls the driver's `post_send` and `post_recv` directly (the extended
 //! `ibv_wr_*` entry points do not exist on the instant device yet, so no case has that
-//! baseline). It takes completions as rverbs does on the instant device, whose queues are
-//! extended ones: with the hand-written `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`
-//! sequence (side `raw`), reading only what it needs (`wr_id`, `status`, and a receive's
-//! length and immediate); side `raw-legacy` polls with `ibv_poll_cq` instead, for
-//! comparison. The driver's own instructions are in both columns.
+//! baseline). It takes completions through the extended entry points, as rverbs does on the
+//! instant device, whose queues are extended ones: with the usual hand-written
+//! `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` sequence (side `raw`; rverbs itself
+//! makes each completion a `start_poll`/`end_poll` batch, the same three calls for a poll
+//! that takes one completion, because rxe's `next_poll` does not fit that sequence),
+//! reading only what it needs (`wr_id`, `status`, and a receive's length and immediate);
+//! side `raw-legacy` polls with `ibv_poll_cq` instead, for comparison. The driver's own
+//! instructions are in both columns.
 //!
 //! `cost <case> <side> <n>` (side `rverbs`, `raw` or `raw-legacy`) sets the case up, then calls [`measured`] three times: `n`
 //! operations to warm up, then `n`, then `2n`. Under `valgrind --tool=callgrind
