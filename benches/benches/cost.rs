@@ -6,16 +6,23 @@
 //! `instant`): a driver behind libibverbs' operations table that completes each request when
 //! it is posted and never touches memory. The `raw` side of a case does the same work by
 //! hand, as a C program on the legacy verbs would: it fills `ibv_send_wr`/`ibv_recv_wr`
-//! lists itself and calls the driver's `post_send`, `post_recv` and `poll_cq` directly. The
+//! lists itself and calls the driver's `post_send` and `post_recv` directly. The
 //! `raw_wr` side of the cases that post ([`WR_CASES`]) posts as a C program on the extended
 //! verbs would: `ibv_wr_start`, per request the `wr_id`/`wr_flags` fields, one builder
 //! (`ibv_wr_rdma_write`, ...) and one data setter (`ibv_wr_set_sge`,
 //! `ibv_wr_set_inline_data`), then `ibv_wr_complete`, each called through the `ibv_qp_ex`
 //! entry points as `verbs.h`'s inline functions do (rverbs posts through the same entry
 //! points of the instant device's queue pairs). `tools/cost` compares rverbs with the
-//! cheaper of the two. The driver's own instructions are in every column.
+//! cheaper of the two. Both hand-written sides take completions through the extended entry
+//! points, as rverbs does on the instant device, whose queues are extended ones: with the
+//! usual hand-written `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` sequence (rverbs
+//! itself makes each completion a `start_poll`/`end_poll` batch, the same three calls for a
+//! poll that takes one completion, because rxe's `next_poll` does not fit that sequence),
+//! reading only what it needs (`wr_id`, `status`, and a receive's length and immediate);
+//! side `raw-legacy` posts the chain and polls with `ibv_poll_cq`, for comparison. The
+//! driver's own instructions are in every column.
 //!
-//! `cost <case> <side> <n>` sets the case up, then calls [`measured`] three times: `n`
+//! `cost <case> <side> <n>` (side `rverbs`, `raw` or `raw-legacy`) sets the case up, then calls [`measured`] three times: `n`
 //! operations to warm up, then `n`, then `2n`. Under `valgrind --tool=callgrind
 //! --collect-atstart=no --toggle-collect='cost::counted::*' --dump-after='cost::counted::measured'`
 //! each call is one dump of exactly the instructions inside it, so `(dump 3 - dump 2) / n`
@@ -147,6 +154,8 @@ struct Raw<const Q: usize = 1> {
     next: [u64; Q],
     done: [u64; Q],
     depth: u64,
+    /// Poll with `ibv_poll_cq` rather than the extended sequence.
+    legacy: bool,
 }
 
 const QP_SHIFT: u32 = 48;
@@ -175,6 +184,7 @@ impl<const Q: usize> Raw<Q> {
             next: [0; Q],
             done: [0; Q],
             depth: u64::from(caps().max_send_wr) - 1,
+            legacy: legacy_poll(),
         }
     }
 
@@ -331,9 +341,32 @@ impl<const Q: usize> Raw<Q> {
         assert_eq!(rc, 0, "ibv_post_send");
     }
 
-    /// `ibv_poll_cq` once; retires through each completion's id.
+    /// Polls once; retires through each completion's id.
     #[inline]
     fn poll(&mut self) -> usize {
+        if self.legacy {
+            return self.poll_legacy();
+        }
+        // SAFETY: the CQ lives as long as the device, and is an extended one (see
+        // `extended`); only this poller polls it.
+        unsafe {
+            poll_extended(self.cq, |cq| {
+                assert_eq!((*cq).status, 0, "completion status");
+                let id = (*cq).wr_id;
+                let (q, seq) = if Q == 1 {
+                    (0, id)
+                } else {
+                    let q = (id >> QP_SHIFT) as usize;
+                    (q.min(Q - 1), id & ((1 << QP_SHIFT) - 1))
+                };
+                self.done[q] = self.done[q].max(seq + 1);
+            })
+        }
+    }
+
+    /// `ibv_poll_cq` once; retires through each completion's id.
+    #[inline]
+    fn poll_legacy(&mut self) -> usize {
         let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; 16];
         // SAFETY: the CQ lives as long as the device; wc has room for 16 entries.
         let n = unsafe {
@@ -381,6 +414,8 @@ struct RawRecvs {
     sges: Vec<sys::ibv_sge>,
     base: *const u8,
     slot_size: usize,
+    /// Poll with `ibv_poll_cq` rather than the extended sequence.
+    legacy: bool,
 }
 
 impl RawRecvs {
@@ -410,6 +445,7 @@ impl RawRecvs {
                 .expect("in bounds")
                 .as_ptr(),
             slot_size: size,
+            legacy: legacy_poll(),
         };
         for (i, w) in r.wrs.iter_mut().enumerate() {
             w.wr_id = i as u64;
@@ -439,6 +475,41 @@ impl RawRecvs {
     /// the slot. Returns how many.
     #[inline]
     fn poll(&mut self, mut f: impl FnMut(&[u8], Option<u32>)) -> usize {
+        if self.legacy {
+            return self.poll_legacy(f);
+        }
+        let (base, slot_size) = (self.base, self.slot_size);
+        let mut done = [0usize; 16];
+        // SAFETY: the CQ lives as long as the device, and is an extended one (see
+        // `extended`); only this poller polls it. Slot i's receive completed and is
+        // re-posted only below; the device never writes memory, and nothing else writes the
+        // slots.
+        let n = unsafe {
+            let mut n = 0;
+            poll_extended(self.cq, |cq| {
+                assert_eq!((*cq).status, 0, "completion status");
+                let i = (*cq).wr_id as usize;
+                let len = ((*cq).read_byte_len.expect("read_byte_len")(cq) as usize).min(slot_size);
+                let flags = (*cq).read_wc_flags.expect("read_wc_flags")(cq);
+                let imm = (flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+                    .then(|| u32::from_be((*cq).read_imm_data.expect("read_imm_data")(cq)));
+                f(
+                    core::slice::from_raw_parts(base.add(i * slot_size), len),
+                    imm,
+                );
+                done[n] = i;
+                n += 1;
+            })
+        };
+        for &i in &done[..n] {
+            self.post(i);
+        }
+        n
+    }
+
+    /// Like [`RawRecvs::poll`], with `ibv_poll_cq`.
+    #[inline]
+    fn poll_legacy(&mut self, mut f: impl FnMut(&[u8], Option<u32>)) -> usize {
         let mut wc = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; 16];
         // SAFETY: the CQ lives as long as the device; wc has room for 16 entries.
         let n = unsafe {
@@ -460,6 +531,54 @@ impl RawRecvs {
             self.post(i);
         }
         n as usize
+    }
+}
+
+/// Whether the raw side polls with `ibv_poll_cq` (side `raw-legacy`) instead of the
+/// extended sequence (side `raw`): set once, before a case is set up.
+static LEGACY_POLL: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+fn legacy_poll() -> bool {
+    LEGACY_POLL.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// The hand-written extended poll: `ibv_start_poll`, then `ibv_next_poll` up to 16
+/// completions, calling `each` while the queue is positioned on each, then `ibv_end_poll`
+/// (only after a successful start, as `ibv_create_cq_ex(3)` requires). Returns how many.
+/// A C program calls these `static inline` wrappers of verbs.h, which call through the
+/// queue's pointers as here.
+///
+/// # Safety
+/// `cq` is a live queue of the instant device, whose queues are extended ones
+/// ([`InstantCq::raw_ex`] is the same address: `ibv_cq_ex_to_cq` is a cast), polled by
+/// nobody else meanwhile; `each` only reads the current completion.
+#[inline(always)]
+unsafe fn poll_extended(cq: *mut sys::ibv_cq, mut each: impl FnMut(*mut sys::ibv_cq_ex)) -> usize {
+    const ENOENT: i32 = 2;
+    let cq = cq.cast::<sys::ibv_cq_ex>();
+    let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
+    // SAFETY: the caller's contract.
+    unsafe {
+        let rc = (*cq).start_poll.expect("start_poll")(cq, &mut attr);
+        if rc == ENOENT {
+            return 0;
+        }
+        assert_eq!(rc, 0, "ibv_start_poll");
+        let mut n = 0;
+        loop {
+            each(cq);
+            n += 1;
+            if n == 16 {
+                break;
+            }
+            let rc = (*cq).next_poll.expect("next_poll")(cq);
+            if rc == ENOENT {
+                break;
+            }
+            assert_eq!(rc, 0, "ibv_next_poll");
+        }
+        (*cq).end_poll.expect("end_poll")(cq);
+        n
     }
 }
 
@@ -962,8 +1081,9 @@ fn main() {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["--list"] => CASES.iter().for_each(|c| println!("{c}")),
         ["--list-wr"] => WR_CASES.iter().for_each(|c| println!("{c}")),
-        [name, side @ ("rverbs" | "raw" | "raw_wr"), n] => {
+        [name, side @ ("rverbs" | "raw" | "raw_wr" | "raw-legacy"), n] => {
             let n: u64 = n.parse().expect("n: a number");
+            LEGACY_POLL.store(side == "raw-legacy", core::sync::atomic::Ordering::Relaxed);
             case(name, side != "rverbs", side == "raw_wr", n);
         }
         // `cargo bench` (which passes `--bench`) or no arguments: every case, briefly.
@@ -971,6 +1091,9 @@ fn main() {
             for c in CASES {
                 case(c, false, false, 64);
                 case(c, true, false, 64);
+                LEGACY_POLL.store(true, core::sync::atomic::Ordering::Relaxed);
+                case(c, true, false, 64);
+                LEGACY_POLL.store(false, core::sync::atomic::Ordering::Relaxed);
             }
             for c in WR_CASES {
                 case(c, true, true, 64);

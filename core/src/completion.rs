@@ -175,6 +175,12 @@ pub struct Completion {
     pub imm: Option<u32>,
     /// The local QP number the completion belongs to.
     pub qp_num: u32,
+    /// When the device completed the request: wall-clock nanoseconds since the Unix epoch,
+    /// as the device's clock reports them. Only on a completion queue created with hardware
+    /// timestamps (a device without them refuses such a queue at creation, so `None` never
+    /// stands for a missing clock), and only for successful completions; `None` elsewhere,
+    /// at no cost to queues without timestamps.
+    pub timestamp: Option<core::num::NonZeroU64>,
 }
 
 impl Completion {
@@ -187,6 +193,7 @@ impl Completion {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        timestamp: None,
     };
 }
 

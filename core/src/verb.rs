@@ -45,6 +45,12 @@ pub enum Verb {
     PostRecv,
     /// `ibv_poll_cq`
     PollCq,
+    /// `ibv_create_cq_ex`
+    CreateCqEx,
+    /// `ibv_query_device_ex`
+    QueryDeviceEx,
+    /// `ibv_start_poll`
+    StartPoll,
     /// `ibv_create_comp_channel`
     CreateCompChannel,
     /// `ibv_req_notify_cq`
@@ -99,6 +105,9 @@ impl Verb {
             Self::PostSend => "ibv_post_send",
             Self::PostRecv => "ibv_post_recv",
             Self::PollCq => "ibv_poll_cq",
+            Self::CreateCqEx => "ibv_create_cq_ex",
+            Self::QueryDeviceEx => "ibv_query_device_ex",
+            Self::StartPoll => "ibv_start_poll",
             Self::CreateCompChannel => "ibv_create_comp_channel",
             Self::ReqNotifyCq => "ibv_req_notify_cq",
             Self::GetCqEvent => "ibv_get_cq_event",
@@ -138,6 +147,8 @@ impl core::error::Error for ProviderError {}
 /// The errno values (Linux) rverbs names itself: what it answers with where a driver would,
 /// and the answers it tells apart. One place, so every layer means the same number.
 pub mod errno {
+    /// No such entry (an extended completion queue with nothing to poll).
+    pub const ENOENT: i32 = 2;
     /// Interrupted system call.
     pub const EINTR: i32 = 4;
     /// Input/output error (an answer that refused without saying why).

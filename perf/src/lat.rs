@@ -1,10 +1,13 @@
 //! The latency tests, each the loop of its perftest counterpart with rverbs calls in place
-//! of the verbs: a post time per iteration, nothing else measured.
+//! of the verbs: a post time per iteration, nothing else measured. With `--hw-timestamps`
+//! (write, read and atomic latency, which wait for every request) the time per iteration is
+//! the device's completion time of the request waited for instead, so the differences are
+//! round trips as the device's clock saw them, without the CPU's share.
 
 use std::time::Instant;
 
 use crate::report::LatReport;
-use crate::session::{Session, PATIENCE};
+use crate::session::{Chan, Session, PATIENCE};
 use crate::Res;
 
 /// Nanoseconds since the run started.
@@ -21,6 +24,18 @@ impl Stamp {
     }
 }
 
+/// The device's completion time of the request just waited for (`--hw-timestamps`); an
+/// error, never a made-up time, if the completion carried none.
+fn completion_time(chan: &Chan, iteration: u64) -> Res<u64> {
+    chan.provider()
+        .send_cq()
+        .last_timestamp()
+        .map(|t| t.get())
+        .ok_or_else(|| {
+            format!("iteration {iteration}: the device reported no completion timestamp").into()
+        })
+}
+
 /// `ib_write_lat`: both sides write `size` bytes into the other's buffer, the last byte
 /// carrying the iteration number (mod 256), and spin on the last byte of their own buffer
 /// until the peer's write of the same number lands. The server writes first. Every write is
@@ -35,6 +50,7 @@ pub(crate) fn write_lat(s: &mut Session) -> Res<Option<LatReport>> {
     let mut payload = vec![0u8; size];
     let mut posted = Vec::with_capacity(iters as usize);
     let server = s.server;
+    let hw = s.plan.hw_timestamps;
     let sge = [s.mem.sge(0..size).ok_or("buffer too small")?];
     let chan = s.chan.as_mut().ok_or("no channel")?;
     let clock = Stamp::new();
@@ -45,7 +61,9 @@ pub(crate) fn write_lat(s: &mut Session) -> Res<Option<LatReport>> {
             spin_for(&s.mem, watch, rcnt as u8, rcnt)?;
         }
         if scnt < iters {
-            posted.push(clock.now());
+            if !hw {
+                posted.push(clock.now());
+            }
             scnt += 1;
             let t = if inline {
                 payload[last] = scnt as u8;
@@ -58,6 +76,9 @@ pub(crate) fn write_lat(s: &mut Session) -> Res<Option<LatReport>> {
                 unsafe { chan.post_write(&sge, target) }?
             };
             chan.wait(t)?;
+            if hw {
+                posted.push(completion_time(chan, scnt)?);
+            }
             ccnt += 1;
         }
     }
@@ -152,9 +173,15 @@ pub(crate) fn read_lat(s: &mut Session) -> Res<Option<LatReport>> {
     let chan = s.chan.as_mut().ok_or("no channel")?;
     let mut sge = [s.mem.sge_mut(0..size).ok_or("buffer too small")?];
     let clock = Stamp::new();
-    for _ in 0..iters {
-        posted.push(clock.now());
+    let hw = s.plan.hw_timestamps;
+    for i in 0..iters {
+        if !hw {
+            posted.push(clock.now());
+        }
         chan.read(&mut sge, target)?;
+        if hw {
+            posted.push(completion_time(chan, i + 1)?);
+        }
     }
     Ok(LatReport::from_posts(size, &posted, 1))
 }
@@ -181,9 +208,15 @@ pub(crate) fn atomic_lat(s: &mut Session) -> Res<Option<LatReport>> {
     let chan = s.chan.as_mut().ok_or("no channel")?;
     let mut result = s.mem.sge_mut(0..8).ok_or("buffer too small")?;
     let clock = Stamp::new();
-    for _ in 0..iters {
-        posted.push(clock.now());
+    let hw = s.plan.hw_timestamps;
+    for i in 0..iters {
+        if !hw {
+            posted.push(clock.now());
+        }
         chan.fetch_add(&mut result, target, 1)?;
+        if hw {
+            posted.push(completion_time(chan, i + 1)?);
+        }
     }
     s.sync()?;
     Ok(LatReport::from_posts(8, &posted, 1))

@@ -10,7 +10,9 @@
 //! `read_bw`. Flags as perftest's: `-d` device, `-i` port, `-x` GID index (automatic when
 //! omitted), `-s` size, `-n` iterations, `-l` requests per post (doorbell), `-I` inline
 //! size, `-Q` a completion every N requests, `-m` path MTU, `-t` send queue depth, `-p` TCP
-//! port; `--json` prints one JSON object instead of the table.
+//! port; `--json` prints one JSON object instead of the table; `--hw-timestamps` takes
+//! write, read and atomic latency from the device's completion timestamps (refused at
+//! setup on a device without them, such as rxe).
 //!
 //! Method (as perftest's, see `docs/benchmarks.md`): latency is taken between consecutive
 //! posts; write and send report half the round trip, read and atomics the full round trip;
@@ -132,6 +134,12 @@ pub(crate) struct Args {
     /// Print one JSON object (settings and results) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Latency from the device's completion timestamps (the time between consecutive
+    /// completions of the requests waited for, as the device's clock saw them) instead of
+    /// the CPU's clock at each post. For write_lat, read_lat and atomic_lat; a device
+    /// without a completion clock (rxe, siw) refuses at setup.
+    #[arg(long = "hw-timestamps")]
+    pub(crate) hw_timestamps: bool,
 }
 
 /// The settings after perftest's defaults were applied.
@@ -145,6 +153,8 @@ pub(crate) struct Plan {
     pub(crate) cq_mod: u32,
     pub(crate) tx_depth: u32,
     pub(crate) rx_depth: u32,
+    /// Latency from completion timestamps (`--hw-timestamps`).
+    pub(crate) hw_timestamps: bool,
 }
 
 impl Args {
@@ -208,6 +218,13 @@ impl Args {
             return Err("-l must be a multiple of -Q".into());
         }
         let rx_depth = self.rx_depth.clamp(1, session::MAX_RX as u32);
+        if self.hw_timestamps && !matches!(t, Test::WriteLat | Test::ReadLat | Test::AtomicLat) {
+            return Err(
+                "--hw-timestamps is for write_lat, read_lat and atomic_lat (the tests \
+                        that wait for every request)"
+                    .into(),
+            );
+        }
         Ok(Plan {
             test: t,
             size,
@@ -217,6 +234,7 @@ impl Args {
             cq_mod,
             tx_depth,
             rx_depth,
+            hw_timestamps: self.hw_timestamps,
         })
     }
 }
@@ -310,5 +328,12 @@ mod tests {
         assert!(plan("rverbs-perf write_bw -l 32 -Q 5 -n 3200").is_err());
         assert!(plan("rverbs-perf write_bw -l 65 -n 6500").is_err());
         assert!(plan("rverbs-perf write_lat -s 0").is_err());
+        assert!(plan("rverbs-perf send_lat --hw-timestamps").is_err());
+        assert!(plan("rverbs-perf write_bw --hw-timestamps").is_err());
+        assert!(
+            plan("rverbs-perf read_lat --hw-timestamps")
+                .unwrap()
+                .hw_timestamps
+        );
     }
 }

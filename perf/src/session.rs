@@ -98,7 +98,14 @@ impl Session {
         cfg.max_inline_data = plan.inline;
         // A first PSN nobody can predict from the queue pair number (docs/security.md).
         cfg.send_psn = rverbs_std_shim::PSN_SOURCE;
-        let prepared = PreparedVerbs::new(&ctx, &pd, &cfg)?;
+        // Before the peer is contacted: a device without completion timestamps refuses here,
+        // naming itself and what it lacks.
+        let prepared = if plan.hw_timestamps {
+            PreparedVerbs::with_timestamps(&ctx, &pd, &cfg)
+                .map_err(|e| format!("--hw-timestamps: {e}"))?
+        } else {
+            PreparedVerbs::new(&ctx, &pd, &cfg)?
+        };
         let route = prepared.route();
 
         // Our half holds a post list of messages (reads of one post land side by side).
@@ -264,6 +271,7 @@ impl Session {
             "inline_size": p.inline,
             "inline_used": self.inline(),
             "post_path": self.post_path.to_string(),
+            "hw_timestamps": p.hw_timestamps,
             "results": results,
         })
     }

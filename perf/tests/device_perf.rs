@@ -136,3 +136,38 @@ fn mismatched_flags_are_refused_on_both_sides() {
         assert!(err.contains("give both sides the same flags"), "{err}");
     }
 }
+
+/// `--hw-timestamps` on a device without a completion clock (rxe) fails at setup, before
+/// any peer is contacted (the server would otherwise wait for its client), with an error
+/// naming the device and what it lacks; on a device with one, a read latency run reports
+/// from the device's times.
+#[test]
+fn hw_timestamps_are_refused_at_setup_where_the_device_has_no_clock() {
+    let Some(dev) = device() else { return };
+    if !dev.starts_with("rxe") {
+        let v = run(&dev, 18951, "read_lat", &["-n", "200", "--hw-timestamps"]);
+        assert_eq!(v["hw_timestamps"], true);
+        assert!(num(&v, "t_typical") > 0.0, "{v}");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_rverbs-perf");
+    for test in ["write_lat", "read_lat", "atomic_lat"] {
+        // As the server: no address, so it would listen; it must not get that far.
+        let out = Command::new(bin)
+            .args([test, "-d", &dev, "-p", "18952", "--hw-timestamps"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run rverbs-perf");
+        assert!(!out.status.success(), "{test} --hw-timestamps ran on {dev}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{err}");
+        assert!(
+            err.contains("--hw-timestamps")
+                && err.contains(&format!(
+                    "device {dev} cannot give hardware completion timestamps"
+                ))
+                && err.contains("completion_timestamp_mask"),
+            "{err}"
+        );
+    }
+}

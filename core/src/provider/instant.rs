@@ -70,6 +70,7 @@ use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::verbs::cq::{poll_completions, POLL_BATCH};
+use crate::verbs::cq_ex::{self, ExOps};
 use crate::verbs::ffi::sys;
 use crate::verbs::qp::post_recv_chain;
 use crate::verbs::send_ex::{ConnectedSender, DatagramSender};
@@ -77,6 +78,7 @@ use crate::verbs::{PostPath, VerbsError};
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 const ENOMEM: c_int = 12;
+const ENOENT: c_int = crate::verb::errno::ENOENT;
 
 /// `struct ibv_wc` as a driver writes it (the binding's fields are private).
 #[repr(C)]
@@ -100,19 +102,37 @@ struct RawWc {
 const _: () = assert!(core::mem::size_of::<RawWc>() == core::mem::size_of::<sys::ibv_wc>());
 const _: () = assert!(core::mem::align_of::<RawWc>() == core::mem::align_of::<sys::ibv_wc>());
 
-/// A completion queue's entries: a fixed ring.
+/// A completion queue's entries: a fixed ring, and for the extended poll the entry the
+/// queue is positioned on.
 struct Ring {
     wc: Vec<RawWc>,
     head: usize,
     len: usize,
+    /// Each entry's completion time on the device's clock, for a queue created with
+    /// timestamps (empty otherwise).
+    stamp: Vec<u64>,
+    /// The device's clock: it ticks once for each completion written into a queue with
+    /// timestamps (the device does no work that takes time), and is never 0 on a stamp.
+    clock: u64,
+    /// The completion an extended poll is positioned on, and its time.
+    cur: RawWc,
+    cur_stamp: u64,
 }
 
 impl Ring {
-    fn new(cap: usize) -> Self {
+    fn new(cap: usize, timestamps: bool) -> Self {
         Self {
             wc: vec![RawWc::default(); cap.max(1)],
             head: 0,
             len: 0,
+            stamp: if timestamps {
+                vec![0; cap.max(1)]
+            } else {
+                Vec::new()
+            },
+            clock: 0,
+            cur: RawWc::default(),
+            cur_stamp: 0,
         }
     }
 
@@ -124,7 +144,41 @@ impl Ring {
         }
         let at = (self.head + self.len) % cap;
         self.wc[at] = wc;
+        if let Some(s) = self.stamp.get_mut(at) {
+            self.clock += 1;
+            *s = self.clock;
+        }
         self.len += 1;
+        true
+    }
+
+    /// Publishes the `n` entries staged behind the last one (an extended post's section),
+    /// stamping each on the device's clock when the queue has timestamps.
+    #[inline(always)]
+    fn publish(&mut self, n: usize) {
+        if self.stamp.is_empty() {
+            self.len += n;
+            return;
+        }
+        let cap = self.wc.len();
+        for _ in 0..n {
+            let at = (self.head + self.len) % cap;
+            self.clock += 1;
+            self.stamp[at] = self.clock;
+            self.len += 1;
+        }
+    }
+
+    /// Positions the extended poll on the oldest entry and takes it off the ring; `false`
+    /// if the ring is empty.
+    #[inline]
+    fn take(&mut self) -> bool {
+        let at = self.head;
+        let Some(wc) = self.pop() else {
+            return false;
+        };
+        self.cur = wc;
+        self.cur_stamp = self.stamp.get(at).copied().unwrap_or(0);
         true
     }
 
@@ -451,7 +505,7 @@ unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
         let err = st.staged_err;
         if err == 0 {
             let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
-            ring.len += st.staged;
+            ring.publish(st.staged);
         }
         st.staged = 0;
         err
@@ -465,6 +519,77 @@ unsafe extern "C" fn drv_wr_complete(q: *mut sys::ibv_qp_ex) -> c_int {
 unsafe extern "C" fn drv_wr_abort(q: *mut sys::ibv_qp_ex) {
     // SAFETY: the caller's contract.
     unsafe { ex_state(q) }.staged = 0;
+}
+
+/// The ring behind an extended queue of this module.
+///
+/// # Safety
+/// `cq` is one of this module's queues, and nothing else borrows its ring meanwhile (one
+/// thread; the driver's functions do not nest).
+#[inline(always)]
+unsafe fn ring_of<'a>(cq: *mut sys::ibv_cq_ex) -> &'a mut Ring {
+    // SAFETY: the caller's contract: cq_context holds the queue's ring.
+    unsafe { &mut *(*cq).cq_context.cast::<Ring>() }
+}
+
+/// The driver's `start_poll` (and `next_poll`): positions the queue on the oldest
+/// completion, with its `wr_id` and `status` in the queue's fields; `ENOENT` when empty.
+///
+/// # Safety
+/// As for [`ring_of`].
+unsafe extern "C" fn drv_start_poll(
+    cq: *mut sys::ibv_cq_ex,
+    _attr: *mut sys::ibv_poll_cq_attr,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { drv_next_poll(cq) }
+}
+
+/// # Safety
+/// As for [`ring_of`].
+unsafe extern "C" fn drv_next_poll(cq: *mut sys::ibv_cq_ex) -> c_int {
+    // SAFETY: forwarded; the queue struct is ours to write (one thread).
+    unsafe {
+        let ring = ring_of(cq);
+        if !ring.take() {
+            return ENOENT;
+        }
+        (*cq).wr_id = ring.cur.wr_id;
+        (*cq).status = ring.cur.status;
+    }
+    0
+}
+
+/// The driver's `end_poll`: nothing to release (no lock).
+unsafe extern "C" fn drv_end_poll(_cq: *mut sys::ibv_cq_ex) {}
+
+/// Defines the driver's readers of the current completion.
+macro_rules! drv_readers {
+    ($($name:ident -> $t:ty = |$r:ident| $e:expr;)*) => {$(
+        /// A reader of the completion the queue is positioned on.
+        ///
+        /// # Safety
+        /// As for [`ring_of`].
+        unsafe extern "C" fn $name(cq: *mut sys::ibv_cq_ex) -> $t {
+            // SAFETY: forwarded.
+            let $r = unsafe { ring_of(cq) };
+            $e
+        }
+    )*};
+}
+
+drv_readers! {
+    drv_read_opcode -> u32 = |r| r.cur.opcode;
+    drv_read_vendor_err -> u32 = |r| r.cur.vendor_err;
+    drv_read_byte_len -> u32 = |r| r.cur.byte_len;
+    drv_read_imm_data -> u32 = |r| r.cur.imm_data;
+    drv_read_qp_num -> u32 = |r| r.cur.qp_num;
+    drv_read_src_qp -> u32 = |r| r.cur.src_qp;
+    drv_read_wc_flags -> core::ffi::c_uint = |r| r.cur.wc_flags;
+    drv_read_slid -> u32 = |r| u32::from(r.cur.slid);
+    drv_read_sl -> u8 = |r| r.cur.sl;
+    drv_read_dlid_path_bits -> u8 = |r| r.cur.dlid_path_bits;
+    drv_read_completion_wallclock_ns -> u64 = |r| r.cur_stamp;
 }
 
 /// A heap value the driver reaches through raw pointers (an `ibv_qp`'s context, a CQ's
@@ -565,15 +690,49 @@ impl InstantDevice {
 
     /// A completion queue of `capacity` entries. Allocates (setup).
     pub fn cq(&self, capacity: u32) -> InstantCq {
-        let ring = Heap::new(Ring::new(capacity as usize));
-        let mut raw: sys::ibv_cq = zeroed();
+        self.cq_with(capacity, false)
+    }
+
+    /// A completion queue of `capacity` entries whose completions carry the device's time
+    /// ([`Completion::timestamp`]: the device's clock ticks once per completion it writes
+    /// into such a queue). Allocates (setup).
+    pub fn cq_with_timestamps(&self, capacity: u32) -> InstantCq {
+        self.cq_with(capacity, true)
+    }
+
+    /// An extended queue (`ibv_cq_ex`, with the driver's poll functions), which also
+    /// answers the legacy `poll_cq` of the context's operations.
+    fn cq_with(&self, capacity: u32, timestamps: bool) -> InstantCq {
+        let ring = Heap::new(Ring::new(capacity as usize, timestamps));
+        let mut raw: sys::ibv_cq_ex = zeroed();
         raw.context = self.ctx();
         raw.cq_context = ring.get().cast::<c_void>();
         raw.cqe = capacity as c_int;
+        raw.start_poll = Some(drv_start_poll);
+        raw.next_poll = Some(drv_next_poll);
+        raw.end_poll = Some(drv_end_poll);
+        raw.read_opcode = Some(drv_read_opcode);
+        raw.read_vendor_err = Some(drv_read_vendor_err);
+        raw.read_byte_len = Some(drv_read_byte_len);
+        raw.read_imm_data = Some(drv_read_imm_data);
+        raw.read_qp_num = Some(drv_read_qp_num);
+        raw.read_src_qp = Some(drv_read_src_qp);
+        raw.read_wc_flags = Some(drv_read_wc_flags);
+        raw.read_slid = Some(drv_read_slid);
+        raw.read_sl = Some(drv_read_sl);
+        raw.read_dlid_path_bits = Some(drv_read_dlid_path_bits);
+        if timestamps {
+            raw.read_completion_wallclock_ns = Some(drv_read_completion_wallclock_ns);
+        }
+        let raw = Heap::new(raw);
+        // SAFETY: a live extended queue, just made, with every function set above.
+        let ops = unsafe { ExOps::of(raw.get(), timestamps) }.expect("the driver sets them all");
         InstantCq {
             wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
+            ops,
+            last_timestamp: None,
             inner: Rc::new(CqInner {
-                raw: Heap::new(raw),
+                raw,
                 ring,
                 capacity,
                 _dev: self.clone(),
@@ -644,6 +803,19 @@ impl InstantDevice {
         }
     }
 
+    /// Like [`InstantDevice::provider`], with completion queues that carry the device's
+    /// timestamps ([`InstantDevice::cq_with_timestamps`]). Allocates (setup).
+    pub fn provider_with_timestamps(&self, caps: QpCaps) -> InstantProvider {
+        let send_cq = self.cq_with_timestamps(caps.max_send_wr + 1);
+        let recv_cq = self.cq_with_timestamps(caps.max_recv_wr + 1);
+        let qp = self.qp(&send_cq, &recv_cq, caps);
+        InstantProvider {
+            qp,
+            send_cq,
+            recv_cq,
+        }
+    }
+
     /// A zeroed memory region of `len` bytes with `access`. Allocates (setup).
     pub fn region(&self, len: usize, access: AccessFlags) -> InstantRegion {
         let key = self.inner.next_key.get();
@@ -658,17 +830,24 @@ impl InstantDevice {
 
 struct CqInner {
     // Field order is drop order: nothing points at the ring once the CQ struct is gone.
-    raw: Heap<sys::ibv_cq>,
+    raw: Heap<sys::ibv_cq_ex>,
     ring: Heap<Ring>,
     capacity: u32,
     _dev: InstantDevice,
 }
 
-/// A completion queue of the instant device (poll it through [`CompletionQueue`]).
+/// A completion queue of the instant device: an extended queue, polled through
+/// [`CompletionQueue`] with `start_poll`/`next_poll`/`end_poll` as rverbs polls a device's
+/// extended queue ([`Cq::poll`](crate::verbs::Cq::poll)'s path), or through the legacy
+/// `poll_cq` ([`InstantCq::poll_legacy`]).
 pub struct InstantCq {
     inner: Rc<CqInner>,
-    /// Where polls put work completions (initialised once, as a device queue's).
+    /// The queue's poll functions, as [`Cq`](crate::verbs::Cq) keeps them.
+    ops: ExOps,
+    /// Where legacy polls put work completions (initialised once, as a device queue's).
     wc: Box<[sys::ibv_wc; POLL_BATCH]>,
+    /// The timestamp of the last completion a poll took (queues with timestamps only).
+    last_timestamp: Option<core::num::NonZeroU64>,
 }
 
 impl fmt::Debug for InstantCq {
@@ -683,7 +862,28 @@ impl InstantCq {
     /// The `ibv_cq` a hand-written poller passes to `ops.poll_cq`: valid while this handle
     /// lives, to be polled by one poller at a time.
     pub fn raw(&self) -> *mut sys::ibv_cq {
+        self.inner.raw.get().cast()
+    }
+
+    /// The same queue as `ibv_cq_ex`, for a hand-written `ibv_start_poll` sequence: valid
+    /// while this handle lives, to be polled by one poller at a time.
+    pub fn raw_ex(&self) -> *mut sys::ibv_cq_ex {
         self.inner.raw.get()
+    }
+
+    /// The timestamp of the last completion a poll took (`None` before the first, or on a
+    /// queue without timestamps).
+    pub fn last_timestamp(&self) -> Option<core::num::NonZeroU64> {
+        self.last_timestamp
+    }
+
+    /// Polls through the legacy `poll_cq` of the context's operations (every field of each
+    /// `ibv_wc` written, then converted), as rverbs polls a queue on the legacy path.
+    /// Completions polled this way carry no timestamp. Does not allocate.
+    pub fn poll_legacy(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+        // SAFETY: the CQ lives as long as this handle, and `&mut self` makes this the only
+        // poller.
+        unsafe { poll_completions(self.raw(), &mut self.wc, out) }.map_err(call_error)
     }
 }
 
@@ -698,11 +898,23 @@ fn call_error(e: VerbsError) -> ProviderError {
 }
 
 impl CompletionQueue for InstantCq {
-    #[inline]
+    // Inlined whole: an empty poll is then the driver's `start_poll` call and a test in the
+    // caller (an idle progress polls every queue), the batch itself being out of line.
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        // SAFETY: the CQ lives as long as this handle, and `&mut self` makes this the only
-        // poller.
-        unsafe { poll_completions(self.raw(), &mut self.wc, out) }.map_err(call_error)
+        let cq = self.raw_ex();
+        if self.ops.timestamps() {
+            // SAFETY: the CQ lives as long as this handle, its functions are `ops` (with
+            // the timestamp reader), and `&mut self` makes this the only poller.
+            let n = unsafe { cq_ex::poll::<true>(cq, &self.ops, out) }?;
+            if let Some(last) = n.checked_sub(1) {
+                self.last_timestamp = out[last].timestamp;
+            }
+            Ok(n)
+        } else {
+            // SAFETY: as above, without timestamps.
+            unsafe { cq_ex::poll::<false>(cq, &self.ops, out) }
+        }
     }
 
     fn capacity(&self) -> u32 {
@@ -952,6 +1164,10 @@ impl Provider for InstantProvider {
     #[inline]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.recv_cq.poll(out)
+    }
+
+    fn last_send_timestamp(&self) -> Option<core::num::NonZeroU64> {
+        self.send_cq.last_timestamp()
     }
 }
 

@@ -173,6 +173,13 @@ pub trait Provider: QueuePair {
         None
     }
 
+    /// The hardware timestamp of the last completion the last poll of the send completion
+    /// queue took, where that queue was created with timestamps (a latency test reads it
+    /// after waiting for one request); `None` (the default) otherwise.
+    fn last_send_timestamp(&self) -> Option<core::num::NonZeroU64> {
+        None
+    }
+
     /// For a queue pair on a shared receive queue: completions of receives posted with
     /// [`QueuePair::post_srq_recv`], whichever queue pair of that queue they arrived on
     /// (`qp_num` says which), in arrival order. None (the default) for a provider without.

@@ -277,7 +277,7 @@ impl<C: CompletionQueue> State<C> {
     /// sat in the queue behind a full batch of other queue pairs' completions, the sleep
     /// would last until its deadline. Bounded: at most one batch more than the queue holds,
     /// so completions arriving as fast as they are taken cannot keep the caller here.
-    #[inline]
+    #[inline(always)]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
         let n = self.poll_batch(recv)?;
         if n < POLL_BATCH {
@@ -287,7 +287,7 @@ impl<C: CompletionQueue> State<C> {
     }
 
     /// One poll of a shared queue, routed into mailboxes: how many it took.
-    #[inline]
+    #[inline(always)]
     fn poll_batch(&mut self, recv: bool) -> Result<usize, ProviderError> {
         let n = if recv {
             self.recv_cq.poll(&mut self.scratch)?

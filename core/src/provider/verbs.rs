@@ -4,7 +4,9 @@ use crate::completion::Completion;
 use crate::params::Mtu;
 use crate::params::QpCaps;
 use crate::provider::{Provider, ProviderError, QueuePair, Verb};
-use crate::verbs::{Context, Cq, CqEvents, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError};
+use crate::verbs::{
+    Context, Cq, CqEvents, CqOptions, Pd, PreparedQp, Qp, QpConfig, Route, VerbsError,
+};
 use crate::wire::Endpoint;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 use alloc::sync::Arc;
@@ -45,6 +47,23 @@ impl PreparedVerbs {
             send_cq,
             recv_cq,
             events: Some(Arc::new(events)),
+        })
+    }
+
+    /// Like [`PreparedVerbs::new`], with completion queues whose completions carry hardware
+    /// timestamps ([`CqOptions::timestamps`]): [`VerbsProvider::send_cq`]'s
+    /// [`last_timestamp`](Cq::last_timestamp) after a wait. A device without them (rxe,
+    /// siw) refuses here, with [`VerbsError::TimestampsUnsupported`] naming the device and
+    /// what it lacks.
+    pub fn with_timestamps(ctx: &Context, pd: &Pd, cfg: &QpConfig) -> Result<Self, VerbsError> {
+        let opts = CqOptions::new().timestamps(true);
+        let send_cq = ctx.create_cq_with_options(cfg.max_send_wr, None, opts)?;
+        let recv_cq = ctx.create_cq_with_options(cfg.max_recv_wr, None, opts)?;
+        Ok(Self {
+            qp: pd.create_rc_qp(&send_cq, &recv_cq, cfg)?,
+            send_cq,
+            recv_cq,
+            events: None,
         })
     }
 
@@ -142,6 +161,17 @@ impl VerbsProvider {
         &self.qp
     }
 
+    /// The send completion queue (to ask its [`poll_path`](Cq::poll_path), or its
+    /// [`last_timestamp`](Cq::last_timestamp)).
+    pub fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
+
+    /// The receive completion queue.
+    pub fn recv_cq(&self) -> &Cq {
+        &self.recv_cq
+    }
+
     /// The route this side sends on (GID index and GID, chosen automatically unless the
     /// configuration named one), readable from a connected channel:
     ///
@@ -216,6 +246,10 @@ impl Provider for VerbsProvider {
         self.events
             .clone()
             .map(|e| e as Arc<dyn crate::poll::Wakeup>)
+    }
+
+    fn last_send_timestamp(&self) -> Option<core::num::NonZeroU64> {
+        self.send_cq.last_timestamp()
     }
 }
 

@@ -5,11 +5,13 @@ use alloc::sync::Arc;
 use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
+use core::num::NonZeroU64;
 use core::ptr::NonNull;
 use core::sync::atomic::AtomicBool;
 
+use super::cq_ex::{self, ExOps};
 use super::device::Context;
-use super::error::{Result, Verb, VerbsError};
+use super::error::{DeviceName, Result, TimestampRefusal, Verb, VerbsError};
 use super::event::{ChannelInner, CompletionChannel};
 use super::ffi::{self, errno, sys};
 use crate::completion::{Completion, CompletionKind, DatagramCompletion, WcStatus};
@@ -68,7 +70,74 @@ pub struct Cq {
     /// and [`convert`] reads only what the completion defines. Kept here rather than on the
     /// stack so that an empty poll still writes no memory.
     wc: Box<[sys::ibv_wc; POLL_BATCH]>,
+    /// The extended queue and its poll functions, or `None` on the legacy path.
+    ex: Option<Extended>,
+    /// Why the queue is on the legacy path, if it is.
+    path: PollPath,
+    /// The timestamp of the last completion a poll took (queues with timestamps only).
+    last_timestamp: Option<NonZeroU64>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// An extended queue (the same object as [`CqInner::raw`], seen as `ibv_cq_ex`).
+struct Extended {
+    cq: NonNull<sys::ibv_cq_ex>,
+    ops: ExOps,
+}
+
+// SAFETY: the pointer names the queue `CqInner` owns (and is Send for); only the one `Cq`
+// holding this polls through it (`&mut self`), from whichever thread owns the `Cq`.
+unsafe impl Send for Extended {}
+
+/// How a [`Cq`] takes its completions from the device ([`Cq::poll_path`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PollPath {
+    /// Created with `ibv_create_cq_ex` and polled with `ibv_start_poll`/`ibv_end_poll` (one
+    /// completion per batch: see `cq_ex.rs` for why not `ibv_next_poll`), reading each completion's fields one at a time, only those a wait
+    /// needs.
+    Extended,
+    /// Created with `ibv_create_cq` and polled with `ibv_poll_cq`, which writes every field
+    /// of each `ibv_wc`.
+    Legacy {
+        /// Why: the errno `ibv_create_cq_ex` refused the queue with (`EOPNOTSUPP` from a
+        /// provider without it, or one that left a poll function rverbs calls unset), or
+        /// `None` where the legacy path was asked for ([`CqOptions::legacy`]).
+        create_cq_ex_errno: Option<i32>,
+    },
+}
+
+/// How [`Context::create_cq_with_options`] creates a completion queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqOptions {
+    timestamps: bool,
+    legacy: bool,
+}
+
+impl CqOptions {
+    /// The defaults: the extended verbs where the provider has them, no timestamps.
+    pub const fn new() -> Self {
+        Self {
+            timestamps: false,
+            legacy: false,
+        }
+    }
+
+    /// Asks for hardware completion timestamps in wall-clock time
+    /// ([`Completion::timestamp`]). A device that cannot give them refuses the queue at
+    /// creation ([`VerbsError::TimestampsUnsupported`]).
+    pub const fn timestamps(mut self, on: bool) -> Self {
+        self.timestamps = on;
+        self
+    }
+
+    /// Uses the legacy verbs (`ibv_create_cq`, `ibv_poll_cq`) even where the extended ones
+    /// exist: to compare the two, or to steer around a provider's extended path. Cannot be
+    /// combined with timestamps (refused at creation).
+    pub const fn legacy(mut self, on: bool) -> Self {
+        self.legacy = on;
+        self
+    }
 }
 
 impl fmt::Debug for Cq {
@@ -85,10 +154,33 @@ impl Context {
         self.create_cq_with(min_entries, None)
     }
 
+    /// Creates a completion queue with room for at least `min_entries` completions, on
+    /// `channel` if given, as `options` say: through `ibv_create_cq_ex` where the provider
+    /// has it (else `ibv_create_cq`; [`Cq::poll_path`] says which and why), with hardware
+    /// timestamps if asked for (refused with [`VerbsError::TimestampsUnsupported`] on a
+    /// device without them, such as rxe).
+    pub fn create_cq_with_options(
+        &self,
+        min_entries: u32,
+        channel: Option<&CompletionChannel>,
+        options: CqOptions,
+    ) -> Result<Cq> {
+        self.create_cq_full(min_entries, channel.map(|c| c.inner.clone()), options)
+    }
+
     pub(crate) fn create_cq_with(
         &self,
         min_entries: u32,
         channel: Option<Arc<ChannelInner>>,
+    ) -> Result<Cq> {
+        self.create_cq_full(min_entries, channel, CqOptions::new())
+    }
+
+    fn create_cq_full(
+        &self,
+        min_entries: u32,
+        channel: Option<Arc<ChannelInner>>,
+        options: CqOptions,
     ) -> Result<Cq> {
         let n = core::ffi::c_int::try_from(min_entries.max(1)).map_err(|_| {
             VerbsError::InvalidArgument {
@@ -98,14 +190,60 @@ impl Context {
         let raw_channel = channel
             .as_ref()
             .map_or(core::ptr::null_mut(), |c| c.raw.as_ptr());
-        // SAFETY: the context is open; the channel, if any, is live and belongs to it (the
-        // Arc keeps it alive as long as the CQ); no CQ context.
-        let raw =
-            unsafe { sys::ibv_create_cq(self.as_raw(), n, core::ptr::null_mut(), raw_channel, 0) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::CreateCq,
-            errno: errno(),
-        })?;
+        let (raw, ex, path) = if options.timestamps {
+            if options.legacy {
+                return Err(VerbsError::InvalidArgument {
+                    what: "completion timestamps need the extended verbs, not the legacy ones",
+                });
+            }
+            self.check_timestamps()?;
+            match self.create_ex(n, raw_channel, true) {
+                Ok(ex) => (ex.cq.cast::<sys::ibv_cq>(), Some(ex), PollPath::Extended),
+                Err(errno) if refusal(errno) => {
+                    return Err(self.no_timestamps(TimestampRefusal::NoWallClock { errno }))
+                }
+                Err(errno) => {
+                    return Err(VerbsError::Call {
+                        verb: Verb::CreateCqEx,
+                        errno,
+                    })
+                }
+            }
+        } else {
+            let tried = if options.legacy {
+                None
+            } else {
+                Some(self.create_ex(n, raw_channel, false))
+            };
+            match tried {
+                Some(Ok(ex)) => (ex.cq.cast::<sys::ibv_cq>(), Some(ex), PollPath::Extended),
+                Some(Err(errno)) if !refusal(errno) => {
+                    return Err(VerbsError::Call {
+                        verb: Verb::CreateCqEx,
+                        errno,
+                    })
+                }
+                other => {
+                    // SAFETY: the context is open; the channel, if any, is live and belongs
+                    // to it (the Arc keeps it alive as long as the CQ); no CQ context.
+                    let raw = unsafe {
+                        sys::ibv_create_cq(self.as_raw(), n, core::ptr::null_mut(), raw_channel, 0)
+                    };
+                    let raw = NonNull::new(raw).ok_or(VerbsError::Call {
+                        verb: Verb::CreateCq,
+                        errno: errno(),
+                    })?;
+                    let why = other.and_then(|r| r.err());
+                    (
+                        raw,
+                        None,
+                        PollPath::Legacy {
+                            create_cq_ex_errno: why,
+                        },
+                    )
+                }
+            }
+        };
         // SAFETY: raw is a live CQ; cqe holds the granted size.
         let capacity = u32::try_from(unsafe { (*raw.as_ptr()).cqe }).unwrap_or(min_entries);
         let armed = Arc::new(AtomicBool::new(false));
@@ -123,9 +261,86 @@ impl Context {
             }),
             capacity,
             wc: Box::new([sys::ibv_wc::default(); POLL_BATCH]),
+            ex,
+            path,
+            last_timestamp: None,
             _not_sync: PhantomData,
         })
     }
+
+    /// `ibv_create_cq_ex` with the standard fields (and the wall-clock timestamp), or the
+    /// errno it failed with; a queue whose provider left a poll function rverbs calls
+    /// unset is destroyed again and reported as `EOPNOTSUPP`.
+    fn create_ex(
+        &self,
+        n: core::ffi::c_int,
+        channel: *mut sys::ibv_comp_channel,
+        timestamps: bool,
+    ) -> core::result::Result<Extended, i32> {
+        let mut attr = sys::ibv_cq_init_attr_ex {
+            cqe: n as u32,
+            cq_context: core::ptr::null_mut(),
+            channel,
+            comp_vector: 0,
+            wc_flags: cq_ex::STANDARD_WC_FLAGS
+                | if timestamps {
+                    cq_ex::WALLCLOCK_WC_FLAG
+                } else {
+                    0
+                },
+            comp_mask: 0,
+            flags: 0,
+            parent_domain: core::ptr::null_mut(),
+        };
+        // SAFETY: the context is open; the channel, if any, belongs to it and outlives the
+        // queue (its owner keeps it in CqInner).
+        let cq = unsafe { super::ext::create_cq_ex(self.as_raw(), &mut attr) }?;
+        // SAFETY: a live extended queue, just created.
+        match unsafe { ExOps::of(cq.as_ptr(), timestamps) } {
+            Some(ops) => Ok(Extended { cq, ops }),
+            None => {
+                // SAFETY: ours, unused; an extended queue is destroyed as an ibv_cq.
+                let rc = unsafe { sys::ibv_destroy_cq(cq.as_ptr().cast()) };
+                super::destroy::check(super::destroy::Kind::Cq, rc);
+                Err(crate::verb::errno::EOPNOTSUPP)
+            }
+        }
+    }
+
+    /// Refuses timestamps on a device whose clock does not run (`ibv_query_device_ex`:
+    /// `completion_timestamp_mask` or `hca_core_clock` 0) or that cannot be asked.
+    fn check_timestamps(&self) -> Result<()> {
+        // SAFETY: the context is open.
+        match unsafe { super::ext::query_device_ex(self.as_raw()) } {
+            Err(errno) => Err(self.no_timestamps(TimestampRefusal::NoQuery { errno })),
+            Ok(a) if a.completion_timestamp_mask == 0 || a.hca_core_clock == 0 => {
+                Err(self.no_timestamps(TimestampRefusal::NoDeviceClock))
+            }
+            Ok(_) => Ok(()),
+        }
+    }
+
+    fn no_timestamps(&self, reason: TimestampRefusal) -> VerbsError {
+        VerbsError::TimestampsUnsupported {
+            device: DeviceName::new(self.name()),
+            reason,
+        }
+    }
+}
+
+/// A failed extended poll as the device layer reports it.
+fn ex_error(e: crate::verb::ProviderError) -> VerbsError {
+    VerbsError::Call {
+        verb: e.verb,
+        errno: e.errno,
+    }
+}
+
+/// Whether `ibv_create_cq_ex` failed because the provider lacks what was asked for (then
+/// rverbs falls back or refuses), not for want of resources.
+fn refusal(errno: i32) -> bool {
+    use crate::verb::errno::{EINVAL, ENOSYS, EOPNOTSUPP};
+    matches!(errno, EOPNOTSUPP | ENOSYS | EINVAL)
 }
 
 /// Most completions taken from the device in one `ibv_poll_cq` call.
@@ -168,8 +383,51 @@ impl Cq {
     /// many. Does not allocate.
     #[inline]
     pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
-        unsafe { poll_completions(self.as_raw(), &mut self.wc, out) }
+        let want = out.len().min(POLL_BATCH);
+        let out = &mut out[..want];
+        match &self.ex {
+            Some(ex) if ex.ops.timestamps() => {
+                // SAFETY: the CQ is live, its functions are `ops` (with the timestamp
+                // reader), and `&mut self` makes this the only poller.
+                let n = unsafe { cq_ex::poll::<true>(ex.cq.as_ptr(), &ex.ops, out) }
+                    .map_err(ex_error)?;
+                if let Some(last) = n.checked_sub(1) {
+                    self.last_timestamp = out[last].timestamp;
+                }
+                Ok(n)
+            }
+            Some(ex) => {
+                // SAFETY: as above, without timestamps.
+                unsafe { cq_ex::poll::<false>(ex.cq.as_ptr(), &ex.ops, out) }.map_err(ex_error)
+            }
+            // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+            None => unsafe { poll_completions(self.as_raw(), &mut self.wc, out) },
+        }
+    }
+
+    /// How this queue takes completions from the device, and why (the extended verbs, or
+    /// the legacy ones where the provider lacks the extended ones): a program that wants to
+    /// say which path it runs on asks here (core prints nothing).
+    pub fn poll_path(&self) -> PollPath {
+        self.path
+    }
+
+    /// Whether completions of this queue carry hardware timestamps
+    /// ([`CqOptions::timestamps`]).
+    pub fn has_timestamps(&self) -> bool {
+        self.ex.as_ref().is_some_and(|e| e.ops.timestamps())
+    }
+
+    /// The timestamp of the last completion a poll of this queue took (`None` before the
+    /// first, or on a queue without timestamps): what a latency test reads after it waited
+    /// for one request.
+    pub fn last_timestamp(&self) -> Option<NonZeroU64> {
+        self.last_timestamp
+    }
+
+    /// The raw `ibv_cq_ex`, on the extended path.
+    pub fn as_raw_ex(&self) -> Option<*mut sys::ibv_cq_ex> {
+        self.ex.as_ref().map(|e| e.cq.as_ptr())
     }
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions of a datagram queue pair,
@@ -177,6 +435,21 @@ impl Cq {
     /// completions, whose sender fields the device does not define). Does not allocate.
     #[inline]
     pub fn poll_datagrams(&mut self, out: &mut [DatagramCompletion]) -> Result<usize> {
+        let want = out.len().min(POLL_BATCH);
+        let out = &mut out[..want];
+        match &self.ex {
+            Some(ex) if ex.ops.timestamps() => {
+                // SAFETY: as in `poll`.
+                return unsafe { cq_ex::poll_datagrams::<true>(ex.cq.as_ptr(), &ex.ops, out) }
+                    .map_err(ex_error);
+            }
+            Some(ex) => {
+                // SAFETY: as in `poll`.
+                return unsafe { cq_ex::poll_datagrams::<false>(ex.cq.as_ptr(), &ex.ops, out) }
+                    .map_err(ex_error);
+            }
+            None => {}
+        }
         // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
         let n = unsafe { poll_raw(self.as_raw(), &mut self.wc, out.len()) }?;
         for (dst, src) in out.iter_mut().zip(&self.wc[..n]) {
@@ -251,7 +524,7 @@ unsafe fn poll_raw(
 /// only by `wr_id`, `status`, `vendor_err` and `qp_num` (its opcode and lengths are
 /// undefined: kind [`CompletionKind::Other`], `byte_len` 0, no immediate); a successful one
 /// also by its opcode, its `byte_len` only for receives, reads and atomics (a send's or
-/// write's is undefined: 0), and its immediate when `wc_flags` says there is one.
+/// write's is undefined: 0), and a receive's immediate when `wc_flags` says there is one.
 #[inline]
 fn convert(wc: &sys::ibv_wc) -> Completion {
     if let Some((s, vendor_err)) = wc.error() {
@@ -263,6 +536,7 @@ fn convert(wc: &sys::ibv_wc) -> Completion {
             byte_len: 0,
             imm: None,
             qp_num: wc.qp_num,
+            timestamp: None,
         };
     }
     use sys::ibv_wc_opcode as op;
@@ -288,8 +562,16 @@ fn convert(wc: &sys::ibv_wc) -> Completion {
         vendor_err: 0,
         kind,
         byte_len,
-        imm: wc.imm_data().map(u32::from_be),
+        // Receives only: rxe also flags the sender's completion of a send or write with
+        // immediate IBV_WC_WITH_IMM (with a zero immediate), which ibv_poll_cq(3) does not
+        // define; the extended path reads it for receives alone too.
+        imm: if kind.is_recv() {
+            wc.imm_data().map(u32::from_be)
+        } else {
+            None
+        },
         qp_num: wc.qp_num,
+        timestamp: None,
     }
 }
 
@@ -350,6 +632,10 @@ mod tests {
         wc.wc_flags = sys::ibv_wc_flags(0);
         let c = convert(&wc);
         assert_eq!((c.kind, c.byte_len, c.imm), (CompletionKind::Send, 0, None));
+        // rxe flags a send with immediate's own completion WITH_IMM: still no immediate.
+        wc.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_IMM;
+        let c = convert(&wc);
+        assert_eq!((c.kind, c.imm), (CompletionKind::Send, None));
         let c = convert(&stale());
         assert_eq!(
             (c.kind, c.byte_len, c.imm),

@@ -58,6 +58,103 @@ pub enum VerbsError {
         /// Which parameter.
         what: &'static str,
     },
+    /// Hardware completion timestamps were asked for
+    /// ([`CqOptions::timestamps`](super::cq::CqOptions::timestamps)) and the device cannot
+    /// give them: the completion queue is refused at setup, so no completion ever carries a
+    /// made-up time.
+    TimestampsUnsupported {
+        /// The device.
+        device: DeviceName,
+        /// What it lacks.
+        reason: TimestampRefusal,
+    },
+}
+
+/// Why a device cannot give completion timestamps ([`VerbsError::TimestampsUnsupported`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TimestampRefusal {
+    /// `ibv_query_device_ex` failed with this errno (`EOPNOTSUPP`: the provider cannot be
+    /// asked), so whether its clock runs is unknown.
+    NoQuery {
+        /// The errno.
+        errno: i32,
+    },
+    /// `ibv_query_device_ex` reports no completion clock (`completion_timestamp_mask` or
+    /// `hca_core_clock` is 0): software devices such as rxe and siw.
+    NoDeviceClock,
+    /// `ibv_create_cq_ex` refused a queue with wall-clock completion timestamps
+    /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`), or the provider gave it no reader
+    /// for them.
+    NoWallClock {
+        /// The errno of the refusal.
+        errno: i32,
+    },
+}
+
+impl fmt::Display for TimestampRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::NoQuery { errno } => write!(
+                f,
+                "ibv_query_device_ex failed ({} ({errno})), so its completion clock is unknown",
+                errno_name(errno)
+            ),
+            Self::NoDeviceClock => f.write_str(
+                "it keeps no completion clock (ibv_query_device_ex reports \
+                 completion_timestamp_mask or hca_core_clock 0, as software devices such as \
+                 rxe and siw do)",
+            ),
+            Self::NoWallClock { errno } => write!(
+                f,
+                "ibv_create_cq_ex refused wall-clock completion timestamps \
+                 (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: {} ({errno}))",
+                errno_name(errno)
+            ),
+        }
+    }
+}
+
+/// A device's kernel name, held by value so that errors stay `Copy` (up to 64 bytes, the
+/// kernel's limit; a longer name is cut at a character boundary).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DeviceName {
+    bytes: [u8; 64],
+    len: u8,
+}
+
+impl DeviceName {
+    /// The name `name` (cut to 64 bytes).
+    pub fn new(name: &str) -> Self {
+        let mut len = name.len().min(64);
+        while !name.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0u8; 64];
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Made from a &str cut at a character boundary.
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("<device>")
+    }
+}
+
+impl fmt::Debug for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl VerbsError {
@@ -121,6 +218,10 @@ impl fmt::Display for VerbsError {
                  asked for (it clamps that setting): ask for {granted}, or a value it keeps"
             ),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
+            Self::TimestampsUnsupported { device, reason } => write!(
+                f,
+                "device {device} cannot give hardware completion timestamps: {reason}"
+            ),
         }
     }
 }

@@ -56,7 +56,7 @@ unsafe impl Sync for ChannelInner {}
 /// an event on its file descriptor after they are armed and a completion arrives.
 #[derive(Clone)]
 pub struct CompletionChannel {
-    inner: Arc<ChannelInner>,
+    pub(super) inner: Arc<ChannelInner>,
 }
 
 impl fmt::Debug for CompletionChannel {

@@ -1,7 +1,10 @@
 //! The device layer: safe wrappers over `ibverbs-sys` (feature `verbs`).
 //!
 //! Where each verb is wrapped: devices, contexts, ports and GIDs in [`device`]; protection
-//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`]; completion
+//! domains in [`pd`]; memory regions in [`mr`]; completion queues in [`cq`] (created with
+//! `ibv_create_cq_ex` where the provider has it, and then polled by `cq_ex.rs` with
+//! `ibv_start_poll`/`ibv_end_poll`; the context's extended verbs, which
+//! `verbs.h` reaches through `struct verbs_context`, in `ext.rs`); completion
 //! channels and events in [`event`]; the device's asynchronous events (port down, queue pair
 //! fatal, ...) in [`async_event`]; RC queue pairs and posting in [`qp`]; shared receive
 //! queues in [`srq`] (the receive chain both kinds of queue post is built in `recv_chain.rs`,
@@ -15,11 +18,13 @@
 pub mod ah;
 pub mod async_event;
 pub mod cq;
+pub(crate) mod cq_ex;
 pub mod destroy;
 pub mod device;
 pub mod dmabuf;
 pub mod error;
 pub mod event;
+mod ext;
 pub mod ffi;
 pub mod mcast;
 pub mod mr;
@@ -34,14 +39,14 @@ pub mod ud;
 pub use crate::params::QpCaps;
 pub use ah::{AddressHandle, AhAttr, GlobalRoute};
 pub use async_event::{AsyncEvent, AsyncEvents};
-pub use cq::{Cq, POLL_BATCH};
+pub use cq::{Cq, CqOptions, PollPath, POLL_BATCH};
 pub use destroy::{failed_destroys, FailedDestroys};
 pub use device::{
     open_device, Context, Device, DeviceAttr, DeviceList, Gid, GidEntry, GidTable, GidType,
     LinkLayer, PortAttr, Route,
 };
 pub use dmabuf::{DmabufFd, DmabufRegion};
-pub use error::{Verb, VerbsError};
+pub use error::{DeviceName, TimestampRefusal, Verb, VerbsError};
 pub use event::{CompletionChannel, CqEvents};
 pub use mcast::IpMembership;
 pub use mr::{AccessFlags, MemoryRegion, OwnedRegion, SharedRegion};

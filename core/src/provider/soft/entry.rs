@@ -157,5 +157,6 @@ pub(super) const fn completion(
         byte_len: 0,
         imm: None,
         qp_num,
+        timestamp: None,
     }
 }

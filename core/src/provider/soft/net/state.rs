@@ -181,6 +181,8 @@ impl Cqe {
             byte_len: self.byte_len,
             imm: self.has_imm.then_some(self.imm),
             qp_num: QPN_BASE.wrapping_add(self.qp),
+            // The model keeps no device clock.
+            timestamp: None,
         }
     }
 }

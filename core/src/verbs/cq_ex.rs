@@ -1,0 +1,355 @@
+//! Polling an extended completion queue (`ibv_cq_ex`): `ibv_start_poll`, `ibv_end_poll`
+//! and the `ibv_wc_read_*` accessors, all `static inline` in `verbs.h` over
+//! the queue's own function pointers.
+//!
+//! Why: `ibv_poll_cq` makes the driver write every field of an `ibv_wc` (48 bytes) for each
+//! completion, and rverbs then converted all of them. Here the driver positions the queue on
+//! a completion (its `wr_id` and `status` are fields of the queue), and rverbs reads the rest
+//! one accessor at a time, only what the completion defines and a wait needs: the queue pair
+//! number (a shared queue is routed by it), the opcode, the length only of receives, reads
+//! and atomics, the immediate only where the completion carries one, and the timestamp only
+//! on a queue created for timestamps (a separate instantiation, so other queues do not even
+//! test for it). An error completion reads its vendor syndrome out of line.
+//!
+//! The protocol: `start_poll` returns `ENOENT` when the queue is empty, and then `end_poll`
+//! must not be called; after a successful `start_poll`, `end_poll` closes the batch
+//! (providers hold a lock across it and publish the consumer index there). rverbs makes each
+//! completion a batch of its own (`start_poll`, read, `end_poll`, then `start_poll` again
+//! for the next) and never calls `ibv_next_poll`: rxe's `next_poll`, on finding the queue
+//! empty, closes the batch itself (it stores the consumer index and drops its lock), so the
+//! `end_poll` every other provider expects after it would consume one entry more than the
+//! device wrote on rxe (rdma-core 44, `providers/rxe/rxe.c`), and no single sequence with
+//! `next_poll` is right on both. For a poll that takes one completion (a wait for one
+//! request) the calls are the same three either way; a batch of `k` costs `k - 1` calls
+//! more.
+
+use core::ffi::c_int;
+use core::num::NonZeroU64;
+
+use super::ffi::sys;
+use crate::completion::{Completion, CompletionKind, DatagramCompletion, WcStatus};
+use crate::verb::errno::ENOENT;
+use crate::verb::{ProviderError, Verb};
+
+type Start = unsafe extern "C" fn(*mut sys::ibv_cq_ex, *mut sys::ibv_poll_cq_attr) -> c_int;
+type End = unsafe extern "C" fn(*mut sys::ibv_cq_ex);
+type Read32 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u32;
+type Read8 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u8;
+type Read64 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u64;
+type ReadFlags = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> core::ffi::c_uint;
+
+/// The work-completion fields every extended queue of rverbs asks for
+/// (`IBV_WC_STANDARD_FLAGS` of verbs.h): what [`Completion`] and [`DatagramCompletion`]
+/// can hold. Asking does not make a poll read them.
+pub(crate) const STANDARD_WC_FLAGS: u64 = (sys::IBV_WC_EX_WITH_BYTE_LEN
+    | sys::IBV_WC_EX_WITH_IMM
+    | sys::IBV_WC_EX_WITH_QP_NUM
+    | sys::IBV_WC_EX_WITH_SRC_QP
+    | sys::IBV_WC_EX_WITH_SLID
+    | sys::IBV_WC_EX_WITH_SL
+    | sys::IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
+
+/// The extra field a queue created for timestamps asks for: the completion time as the
+/// wall clock in nanoseconds, converted by the provider (`ibv_wc_read_completion_wallclock_ns`).
+pub(crate) const WALLCLOCK_WC_FLAG: u64 = sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK as u64;
+
+/// An extended queue's poll functions, copied once when the queue is created (where rverbs
+/// checks that the provider set each one it calls; providers set them when they create the
+/// queue and never change them), so that a poll neither tests for null nor reloads them
+/// through the queue.
+#[derive(Clone, Copy)]
+pub(crate) struct ExOps {
+    start: Start,
+    end: End,
+    opcode: Read32,
+    vendor_err: Read32,
+    byte_len: Read32,
+    imm: Read32,
+    qp_num: Read32,
+    wc_flags: ReadFlags,
+    src_qp: Read32,
+    slid: Read32,
+    sl: Read8,
+    path_bits: Read8,
+    /// Set only for a queue created with timestamps.
+    wallclock: Option<Read64>,
+}
+
+impl core::fmt::Debug for ExOps {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ExOps")
+            .field("timestamps", &self.wallclock.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExOps {
+    /// The functions of `cq`, or `None` if the provider left one rverbs calls unset (or,
+    /// with `timestamps`, the wall-clock reader).
+    ///
+    /// # Safety
+    /// `cq` is a live extended queue.
+    pub(crate) unsafe fn of(cq: *mut sys::ibv_cq_ex, timestamps: bool) -> Option<Self> {
+        // SAFETY: the caller keeps the queue live; this reads its function pointers (the
+        // opcode reader's return type, an enum of C, is a u32 in every ABI rverbs builds
+        // for: bindgen's `Type` alias is `c_uint`).
+        let c = unsafe { &*cq };
+        let wallclock = if timestamps {
+            Some(c.read_completion_wallclock_ns?)
+        } else {
+            None
+        };
+        Some(Self {
+            start: c.start_poll?,
+            end: c.end_poll?,
+            opcode: c.read_opcode?,
+            vendor_err: c.read_vendor_err?,
+            byte_len: c.read_byte_len?,
+            imm: c.read_imm_data?,
+            qp_num: c.read_qp_num?,
+            wc_flags: c.read_wc_flags?,
+            src_qp: c.read_src_qp?,
+            slid: c.read_slid?,
+            sl: c.read_sl?,
+            path_bits: c.read_dlid_path_bits?,
+            wallclock,
+        })
+    }
+
+    /// Whether the queue reports completion timestamps.
+    pub(crate) fn timestamps(&self) -> bool {
+        self.wallclock.is_some()
+    }
+}
+
+/// Runs the poll protocol over at most `max` completions, calling `each(i)` while the
+/// queue is positioned on the `i`-th, and returns how many it took. The empty queue, which
+/// an idle progress loop meets most, costs the `start_poll` call and one test here; the
+/// batch runs out of line ([`batch`]), so the callers stay small enough to inline.
+///
+/// # Safety
+/// `cq` is a live extended queue whose functions are `ops`, polled by nobody else
+/// meanwhile; `each` only reads the current completion through `ops`.
+#[inline(always)]
+unsafe fn drain(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    each: impl FnMut(usize),
+) -> Result<usize, ProviderError> {
+    if max == 0 {
+        return Ok(0);
+    }
+    let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
+    // SAFETY: the caller's contract; `attr` is valid for the call.
+    let rc = unsafe { (ops.start)(cq, &mut attr) };
+    if rc != 0 {
+        return if rc == ENOENT {
+            Ok(0)
+        } else {
+            Err(failed(Verb::StartPoll, rc))
+        };
+    }
+    // SAFETY: forwarded, positioned on a completion by a successful start_poll.
+    unsafe { batch(cq, ops, max, each) }
+}
+
+/// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
+/// again from `start_poll` until `max` or the queue is empty (see the module docs for why
+/// not `next_poll`).
+///
+/// # Safety
+/// As for [`drain`], right after a successful `start_poll`; `max > 0`.
+#[inline(never)]
+unsafe fn batch(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    mut each: impl FnMut(usize),
+) -> Result<usize, ProviderError> {
+    let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
+    let mut n = 0;
+    loop {
+        each(n);
+        n += 1;
+        // SAFETY: closes the batch the last start_poll opened.
+        unsafe { (ops.end)(cq) };
+        if n == max {
+            return Ok(n);
+        }
+        // SAFETY: the caller's contract; no batch is open.
+        let rc = unsafe { (ops.start)(cq, &mut attr) };
+        if rc != 0 {
+            return if rc == ENOENT {
+                Ok(n)
+            } else {
+                Err(failed(Verb::StartPoll, rc))
+            };
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn failed(verb: Verb, rc: c_int) -> ProviderError {
+    ProviderError {
+        verb,
+        // Providers return a positive errno; some negate it.
+        errno: rc.saturating_abs(),
+    }
+}
+
+/// Polls up to `out.len()` completions of `cq` into `out`; returns how many. With `TS`, each
+/// successful completion carries its timestamp. Does not allocate.
+///
+/// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
+/// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
+/// it a `VerbsError::Call`) carry no larger one through the hot path.
+///
+/// # Safety
+/// `cq` is a live extended queue whose functions are `ops` (created with timestamps if
+/// `TS`), polled by nobody else meanwhile.
+#[inline(always)]
+pub(crate) unsafe fn poll<const TS: bool>(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    out: &mut [Completion],
+) -> Result<usize, ProviderError> {
+    let max = out.len();
+    // SAFETY: forwarded; the closure reads the current completion only, and `i < max`.
+    unsafe {
+        drain(cq, ops, max, |i| {
+            read::<TS>(cq, ops, out.get_unchecked_mut(i));
+        })
+    }
+}
+
+/// Polls up to `out.len()` completions of a datagram queue pair's queue, with what each
+/// successful receive says about its sender (zeros otherwise, as [`super::Cq::poll_datagrams`]
+/// documents). Does not allocate.
+///
+/// # Safety
+/// As for [`poll`].
+#[inline]
+pub(crate) unsafe fn poll_datagrams<const TS: bool>(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    out: &mut [DatagramCompletion],
+) -> Result<usize, ProviderError> {
+    let max = out.len();
+    // SAFETY: as in `poll`.
+    unsafe {
+        drain(cq, ops, max, |i| {
+            let mut wc = Completion::EMPTY;
+            read::<TS>(cq, ops, &mut wc);
+            *out.get_unchecked_mut(i) = if wc.status.is_success() && wc.kind.is_recv() {
+                DatagramCompletion {
+                    wc,
+                    src_qp: (ops.src_qp)(cq),
+                    slid: (ops.slid)(cq) as u16,
+                    sl: (ops.sl)(cq),
+                    path_bits: (ops.path_bits)(cq),
+                    grh: (ops.wc_flags)(cq) & sys::ibv_wc_flags::IBV_WC_GRH.0 != 0,
+                }
+            } else {
+                DatagramCompletion {
+                    wc,
+                    ..DatagramCompletion::EMPTY
+                }
+            };
+        })
+    }
+}
+
+/// Reads the completion the queue is positioned on into `slot` (written in place: a value
+/// returned through both this and the error path would be built on the stack and copied),
+/// the way `ibv_poll_cq(3)` defines its
+/// fields (as the legacy conversion does): an error completion only by `wr_id`, `status`,
+/// `vendor_err` and `qp_num`; a successful one also by its opcode, its length only for
+/// receives, reads and atomics, its immediate only where it has one.
+///
+/// # Safety
+/// Inside a poll batch of `cq`, whose functions are `ops`.
+#[inline(always)]
+unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut Completion) {
+    // SAFETY: the caller's contract: the queue is positioned on a completion, whose wr_id
+    // and status the provider stored in the queue, and whose other fields its readers give.
+    unsafe {
+        let wr_id = (*cq).wr_id;
+        let status = (*cq).status;
+        let qp_num = (ops.qp_num)(cq);
+        if status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+            error(cq, ops, slot, wr_id, status, qp_num);
+            return;
+        }
+        use sys::ibv_wc_opcode as op;
+        let (kind, byte_len, imm) = match (ops.opcode)(cq) {
+            op::IBV_WC_SEND => (CompletionKind::Send, 0, None),
+            op::IBV_WC_RDMA_WRITE => (CompletionKind::Write, 0, None),
+            op::IBV_WC_RDMA_READ => (CompletionKind::Read, (ops.byte_len)(cq), None),
+            op::IBV_WC_COMP_SWAP | op::IBV_WC_FETCH_ADD => {
+                (CompletionKind::Atomic, (ops.byte_len)(cq), None)
+            }
+            op::IBV_WC_RECV => {
+                let imm = if (ops.wc_flags)(cq) & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                    Some(u32::from_be((ops.imm)(cq)))
+                } else {
+                    None
+                };
+                (CompletionKind::Recv, (ops.byte_len)(cq), imm)
+            }
+            // Always carries an immediate.
+            op::IBV_WC_RECV_RDMA_WITH_IMM => (
+                CompletionKind::RecvWriteImm,
+                (ops.byte_len)(cq),
+                Some(u32::from_be((ops.imm)(cq))),
+            ),
+            _ => (CompletionKind::Other, 0, None),
+        };
+        let timestamp = if TS {
+            match ops.wallclock {
+                Some(f) => NonZeroU64::new(f(cq)),
+                None => None,
+            }
+        } else {
+            None
+        };
+        *slot = Completion {
+            wr_id,
+            status: WcStatus::Success,
+            vendor_err: 0,
+            kind,
+            byte_len,
+            imm,
+            qp_num,
+            timestamp,
+        };
+    }
+}
+
+/// An error completion (out of line: the hot path reads successes).
+///
+/// # Safety
+/// As for [`read`].
+#[cold]
+#[inline(never)]
+unsafe fn error(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    slot: &mut Completion,
+    wr_id: u64,
+    status: u32,
+    qp_num: u32,
+) {
+    *slot = Completion {
+        wr_id,
+        status: WcStatus::from_code(status),
+        // SAFETY: forwarded.
+        vendor_err: unsafe { (ops.vendor_err)(cq) },
+        kind: CompletionKind::Other,
+        byte_len: 0,
+        imm: None,
+        qp_num,
+        timestamp: None,
+    };
+}
