@@ -254,7 +254,7 @@ impl Connected {
             BootstrapError::Rdma(RdmaError::Setup {
                 rank: me,
                 device: device.clone(),
-                source,
+                source: Box::new(source),
             })
         };
         let Some(session) = self.session.as_tcp() else {
@@ -523,7 +523,7 @@ where
         BootstrapError::Rdma(RdmaError::Setup {
             rank,
             device: place.device.clone(),
-            source,
+            source: Box::new(source),
         })
     };
     let ctx = open_device(&place.device).map_err(|e| rdma(NodeError::Verbs(e)))?;

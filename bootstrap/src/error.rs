@@ -722,7 +722,7 @@ pub enum RdmaError {
         /// The RDMA device it used.
         device: String,
         /// What failed.
-        source: rverbs_core::node::NodeError,
+        source: Box<rverbs_core::node::NodeError>,
     },
 }
 
@@ -754,7 +754,7 @@ impl core::error::Error for RdmaError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             Self::LocalPortDown { source, .. } => Some(source.as_ref()),
-            Self::Setup { source, .. } => Some(source),
+            Self::Setup { source, .. } => Some(source.as_ref()),
         }
     }
 }
