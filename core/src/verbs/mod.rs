@@ -15,6 +15,7 @@
 pub mod ah;
 pub mod async_event;
 pub mod cq;
+mod create;
 pub mod destroy;
 pub mod device;
 pub mod dmabuf;
