@@ -17,7 +17,7 @@ use crate::exchange::ExchangeOptions;
 use crate::wire::{encode_table, FrameKind, Header};
 
 use super::join::root_rejoin;
-use super::round::{Outcome, Readers};
+use super::round::{settle, Outcome, Readers};
 use super::{send_reject, send_table_frame, table_payload};
 
 /// Rank 0 readmits `rejoiner` (not 0): `peers` are the session's links (entry `i` is rank
@@ -164,16 +164,9 @@ fn tally<'a>(
             }
         }
     }
-    if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| {
-            BootstrapError::Exchange(ExchangeError::Timeout {
-                rank: 0,
-                missing,
-                waited: clock.waited(),
-                detail: format!("readmitting rank {rejoiner}: the survivors' parts"),
-            })
-        }));
-    }
+    settle(failure, missing, clock, || {
+        format!("readmitting rank {rejoiner}: the survivors' parts")
+    })?;
     Ok(parts)
 }
 

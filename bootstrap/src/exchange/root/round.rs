@@ -173,17 +173,29 @@ fn tally(
             },
         }
     }
-    if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| {
-            BootstrapError::Exchange(ExchangeError::Timeout {
-                rank: 0,
-                missing,
-                waited: clock.waited(),
-                detail: "all-gather round".to_owned(),
-            })
-        }));
-    }
+    settle(failure, missing, clock, || "all-gather round".to_owned())?;
     Ok(blobs)
+}
+
+/// How a round rank 0 read from several peers ended: the first failure (in rank order),
+/// else a timeout naming the ranks in `missing` and what was waited for (`detail`), else
+/// success.
+pub(super) fn settle(
+    failure: Option<BootstrapError>,
+    missing: Vec<u32>,
+    clock: RoundTimer,
+    detail: impl FnOnce() -> String,
+) -> Result<()> {
+    match failure {
+        Some(error) => Err(error),
+        None if missing.is_empty() => Ok(()),
+        None => Err(BootstrapError::Exchange(ExchangeError::Timeout {
+            rank: 0,
+            missing,
+            waited: clock.waited(),
+            detail: detail(),
+        })),
+    }
 }
 
 /// Why `header` is not `peer`'s `Sync` for this round, if it is not.
