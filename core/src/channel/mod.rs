@@ -565,26 +565,29 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// completions come on that queue alone).
     #[inline]
     fn poll_send_cq(&mut self) -> Result<usize, ProviderError> {
-        let n = self.p.poll_send(&mut self.wc)?.min(POLL_AT_ONCE);
-        let mut seen = 0;
-        for i in 0..n {
-            let c = self.wc[i];
-            if c.qp_num == self.qp_num {
-                self.on_send_completion(&c);
-                seen += 1;
-            }
-        }
-        Ok(seen)
+        self.poll_cq(P::poll_send, Self::on_send_completion)
     }
 
     #[inline]
     fn poll_recv_cq(&mut self) -> Result<usize, ProviderError> {
-        let n = self.p.poll_recv(&mut self.wc)?.min(POLL_AT_ONCE);
+        self.poll_cq(P::poll_recv, Self::on_recv_completion)
+    }
+
+    /// Polls one completion queue once with `poll` and hands the completions of this
+    /// channel's queue pair to `on` (a shared queue may hold other queue pairs'); returns
+    /// how many were this channel's.
+    #[inline(always)]
+    fn poll_cq(
+        &mut self,
+        poll: fn(&mut P, &mut [Completion]) -> Result<usize, ProviderError>,
+        on: fn(&mut Self, &Completion),
+    ) -> Result<usize, ProviderError> {
+        let n = poll(&mut self.p, &mut self.wc)?.min(POLL_AT_ONCE);
         let mut seen = 0;
         for i in 0..n {
             let c = self.wc[i];
             if c.qp_num == self.qp_num {
-                self.on_recv_completion(&c);
+                on(self, &c);
                 seen += 1;
             }
         }
