@@ -599,6 +599,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         if c.wr_id >= self.next_seq {
             return;
         }
+        self.note_failure(c);
+        self.done_seq = self.done_seq.max(c.wr_id + 1);
+    }
+
+    /// Breaks the channel on `c` if it failed and nothing broke it before: the first
+    /// failure is the one reported.
+    fn note_failure(&mut self, c: &Completion) {
         if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
                 peer: self.peer,
@@ -607,7 +614,6 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 vendor_err: c.vendor_err,
             }));
         }
-        self.done_seq = self.done_seq.max(c.wr_id + 1);
     }
 
     fn on_recv_completion(&mut self, c: &Completion) {
@@ -625,14 +631,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             vendor_err: c.vendor_err,
             taken: false,
         };
-        if !c.status.is_success() && self.broken.is_none() {
-            self.broken = Some(Broken::Wr(WrFailure {
-                peer: self.peer,
-                wr_id: c.wr_id,
-                status: c.status,
-                vendor_err: c.vendor_err,
-            }));
-        }
+        self.note_failure(c);
         self.recv_done = self.recv_done.max(r + 1);
     }
 
