@@ -34,9 +34,22 @@ pub struct SgeMut<'a> {
 static_assertions::assert_eq_size!(Sge<'static>, [u64; 2]);
 static_assertions::assert_eq_size!(SgeMut<'static>, [u64; 2]);
 
-/// The accessors [`Sge`] and [`SgeMut`] share (one layout, two kinds of access).
-macro_rules! sge_accessors {
-    () => {
+/// The constructor and accessors [`Sge`] and [`SgeMut`] share (one layout, two kinds of
+/// access); the constructor's docs, which state each kind's safety contract, are the
+/// caller's.
+macro_rules! sge_common {
+    ($(#[$from_raw_doc:meta])*) => {
+        $(#[$from_raw_doc])*
+        #[inline]
+        pub const unsafe fn from_raw(addr: u64, len: u32, lkey: u32) -> Self {
+            Self {
+                addr,
+                len,
+                lkey,
+                _mem: PhantomData,
+            }
+        }
+
         /// Start address.
         #[inline]
         pub const fn addr(&self) -> u64 {
@@ -64,42 +77,25 @@ macro_rules! sge_accessors {
 }
 
 impl<'a> Sge<'a> {
-    /// An entry from raw parts.
-    ///
-    /// # Safety
-    /// `addr..addr+len` must lie inside a memory region with local key `lkey` that outlives
-    /// `'a`, and must not be written by anyone while a work request naming it is outstanding.
-    #[inline]
-    pub const unsafe fn from_raw(addr: u64, len: u32, lkey: u32) -> Self {
-        Self {
-            addr,
-            len,
-            lkey,
-            _mem: PhantomData,
-        }
+    sge_common! {
+        /// An entry from raw parts.
+        ///
+        /// # Safety
+        /// `addr..addr+len` must lie inside a memory region with local key `lkey` that
+        /// outlives `'a`, and must not be written by anyone while a work request naming it is
+        /// outstanding.
     }
-
-    sge_accessors!();
 }
 
 impl<'a> SgeMut<'a> {
-    /// An entry from raw parts.
-    ///
-    /// # Safety
-    /// `addr..addr+len` must lie inside a memory region with local key `lkey` and local write
-    /// access that outlives `'a`, and nothing else may read or write it while a work request
-    /// naming it is outstanding.
-    #[inline]
-    pub const unsafe fn from_raw(addr: u64, len: u32, lkey: u32) -> Self {
-        Self {
-            addr,
-            len,
-            lkey,
-            _mem: PhantomData,
-        }
+    sge_common! {
+        /// An entry from raw parts.
+        ///
+        /// # Safety
+        /// `addr..addr+len` must lie inside a memory region with local key `lkey` and local
+        /// write access that outlives `'a`, and nothing else may read or write it while a work
+        /// request naming it is outstanding.
     }
-
-    sge_accessors!();
 
     /// Reborrows the entry for a shorter time, so it can be posted again later.
     #[inline]

@@ -14,9 +14,10 @@ use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramErr
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
+use rverbs_core::poll::StaticClock;
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
 use rverbs_core::provider::soft::{
-    NetAddress, NetDatagram, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
+    NetAddress, NetDatagram, NetRegion, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
 };
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
 use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
@@ -163,26 +164,38 @@ impl DatagramProvider for TakesButFails<'_> {
     }
 }
 
-#[test]
-fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
-    const QKEY: u32 = 0x0123_4567;
-    const MTU: Mtu = Mtu::B256;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 32,
-    };
+const QKEY: u32 = 0x0123_4567;
+const MTU: Mtu = Mtu::B256;
+/// A send queue of 16, four times the channel's send slots.
+const CAPS: QpCaps = QpCaps::queues(16, 4);
+
+fn config() -> DatagramConfig {
     let mut c = DatagramConfig::default();
     c.recv_slots = 4;
     c.send_slots = 4;
     c.signal_every = 4;
     c.timeout = Duration::from_millis(50);
-    let mut mem = vec![vec![0u8; memory_needed(MTU.bytes(), &c)]; 2];
+    c
+}
+
+/// Memory for both ends of [`failing_pair`].
+fn pair_memory() -> Vec<Vec<u8>> {
+    vec![vec![0u8; memory_needed(MTU.bytes(), &config())]; 2]
+}
+
+type Failing<'n> = Datagram<TakesButFails<'n>, NetRegion<'n>>;
+type Healthy<'n> = Datagram<NetDatagram<'n>, NetRegion<'n>>;
+
+/// Node 0's datagram channel, whose posts fail after taking the request while the switch
+/// returned with it is on (it starts as `failing`), and node 1's, healthy.
+fn failing_pair<'n, 'm>(
+    net: &'n SoftNet<'m>,
+    mem: &'m mut [Vec<u8>],
+    failing: bool,
+    clocks: [StaticClock; 2],
+) -> (Failing<'n>, Healthy<'n>, Rc<Cell<bool>>) {
+    let fail = Rc::new(Cell::new(failing));
     let (ma, mb) = mem.split_at_mut(1);
-    let net = SoftNet::new(SoftNetConfig::new(2, caps));
-    let fail = Rc::new(Cell::new(true));
     let qp = TakesButFails {
         qp: net.create_datagram(0, QKEY, MTU).unwrap(),
         fail: fail.clone(),
@@ -190,15 +203,23 @@ fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
     let region = net
         .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let mut a = Datagram::new(qp, region, c, clock!()).unwrap();
+    let a = Datagram::new(qp, region, config(), clocks[0]).unwrap();
     let qp = net.create_datagram(1, QKEY, MTU).unwrap();
     let region = net
         .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
         .unwrap();
-    let b = Datagram::new(qp, region, c, clock!()).unwrap();
+    let b = Datagram::new(qp, region, config(), clocks[1]).unwrap();
+    (a, b, fail)
+}
+
+#[test]
+fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+    let mut mem = pair_memory();
+    let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
+    let (mut a, b, fail) = failing_pair(&net, &mut mem, true, [clock!(), clock!()]);
     let to_b = a.peer(&b.endpoint()).unwrap();
     // Twice the send queue, each one in the queue although its post failed.
-    for i in 0..2 * caps.max_send_wr as u8 {
+    for i in 0..2 * CAPS.max_send_wr as u8 {
         assert_eq!(
             a.send(&to_b, &[i; 8]),
             Err(DatagramError::Post { errno: 5 })
@@ -211,37 +232,9 @@ fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
 
 #[test]
 fn the_drain_datagram_of_wait_sent_stays_counted_when_its_post_fails_after_taking_it() {
-    const QKEY: u32 = 0x0123_4567;
-    const MTU: Mtu = Mtu::B256;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 32,
-    };
-    let mut c = DatagramConfig::default();
-    c.recv_slots = 4;
-    c.send_slots = 4;
-    c.signal_every = 4;
-    c.timeout = Duration::from_millis(50);
-    let mut mem = vec![vec![0u8; memory_needed(MTU.bytes(), &c)]; 2];
-    let (ma, mb) = mem.split_at_mut(1);
-    let net = SoftNet::new(SoftNetConfig::new(2, caps));
-    let fail = Rc::new(Cell::new(false));
-    let qp = TakesButFails {
-        qp: net.create_datagram(0, QKEY, MTU).unwrap(),
-        fail: fail.clone(),
-    };
-    let region = net
-        .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    let mut a = Datagram::new(qp, region, c, clock!()).unwrap();
-    let qp = net.create_datagram(1, QKEY, MTU).unwrap();
-    let region = net
-        .register(1, &mut mb[0], AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    let b = Datagram::new(qp, region, c, clock!()).unwrap();
+    let mut mem = pair_memory();
+    let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
+    let (mut a, b, fail) = failing_pair(&net, &mut mem, false, [clock!(), clock!()]);
     let to_b = a.peer(&b.endpoint()).unwrap();
     // One unsignaled datagram: wait_sent must post a signaled one behind it.
     a.send(&to_b, &[1; 8]).unwrap();

@@ -271,6 +271,14 @@ fn peer_error(port: u16) -> (BootstrapError, Duration) {
     (err, start.elapsed())
 }
 
+/// The wire error behind `err`, if it is a protocol failure.
+fn wire_error(err: &BootstrapError) -> Option<&WireError> {
+    match err {
+        BootstrapError::Exchange(ExchangeError::Protocol { source, .. }) => Some(source),
+        _ => None,
+    }
+}
+
 /// As [`peer_error`], for rank 1 of 2 exchanging node blobs.
 fn node_peer_error(port: u16) -> BootstrapError {
     exchange_at(at(port), 1, 2, &node_blob(1, 2), &personalized(quick())).unwrap_err()

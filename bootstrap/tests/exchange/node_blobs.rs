@@ -209,13 +209,10 @@ fn a_personalized_peer_refuses_a_plain_or_oversized_table() {
     fake.join().unwrap();
     assert!(
         matches!(
-            &err,
-            BootstrapError::Exchange(ExchangeError::Protocol {
-                source: WireError::TableEntryTooLarge {
-                    index: 0,
-                    limit: ADDRESSED_BLOB_LEN,
-                    ..
-                },
+            wire_error(&err),
+            Some(WireError::TableEntryTooLarge {
+                index: 0,
+                limit: ADDRESSED_BLOB_LEN,
                 ..
             })
         ),

@@ -565,26 +565,29 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// completions come on that queue alone).
     #[inline]
     fn poll_send_cq(&mut self) -> Result<usize, ProviderError> {
-        let n = self.p.poll_send(&mut self.wc)?.min(POLL_AT_ONCE);
-        let mut seen = 0;
-        for i in 0..n {
-            let c = self.wc[i];
-            if c.qp_num == self.qp_num {
-                self.on_send_completion(&c);
-                seen += 1;
-            }
-        }
-        Ok(seen)
+        self.poll_cq(P::poll_send, Self::on_send_completion)
     }
 
     #[inline]
     fn poll_recv_cq(&mut self) -> Result<usize, ProviderError> {
-        let n = self.p.poll_recv(&mut self.wc)?.min(POLL_AT_ONCE);
+        self.poll_cq(P::poll_recv, Self::on_recv_completion)
+    }
+
+    /// Polls one completion queue once with `poll` and hands the completions of this
+    /// channel's queue pair to `on` (a shared queue may hold other queue pairs'); returns
+    /// how many were this channel's.
+    #[inline(always)]
+    fn poll_cq(
+        &mut self,
+        poll: fn(&mut P, &mut [Completion]) -> Result<usize, ProviderError>,
+        on: fn(&mut Self, &Completion),
+    ) -> Result<usize, ProviderError> {
+        let n = poll(&mut self.p, &mut self.wc)?.min(POLL_AT_ONCE);
         let mut seen = 0;
         for i in 0..n {
             let c = self.wc[i];
             if c.qp_num == self.qp_num {
-                self.on_recv_completion(&c);
+                on(self, &c);
                 seen += 1;
             }
         }
@@ -596,6 +599,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         if c.wr_id >= self.next_seq {
             return;
         }
+        self.note_failure(c);
+        self.done_seq = self.done_seq.max(c.wr_id + 1);
+    }
+
+    /// Breaks the channel on `c` if it failed and nothing broke it before: the first
+    /// failure is the one reported.
+    fn note_failure(&mut self, c: &Completion) {
         if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
                 peer: self.peer,
@@ -604,7 +614,6 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 vendor_err: c.vendor_err,
             }));
         }
-        self.done_seq = self.done_seq.max(c.wr_id + 1);
     }
 
     fn on_recv_completion(&mut self, c: &Completion) {
@@ -622,14 +631,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             vendor_err: c.vendor_err,
             taken: false,
         };
-        if !c.status.is_success() && self.broken.is_none() {
-            self.broken = Some(Broken::Wr(WrFailure {
-                peer: self.peer,
-                wr_id: c.wr_id,
-                status: c.status,
-                vendor_err: c.vendor_err,
-            }));
-        }
+        self.note_failure(c);
         self.recv_done = self.recv_done.max(r + 1);
     }
 

@@ -19,6 +19,7 @@ pub mod ah;
 pub mod async_event;
 pub mod cq;
 pub(crate) mod cq_ex;
+mod create;
 pub mod destroy;
 pub mod device;
 pub mod dmabuf;

@@ -2,19 +2,20 @@
 
 use core::fmt;
 use core::mem::MaybeUninit;
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 use core::time::Duration;
 
 use alloc::sync::Arc;
 
 use super::cq::{Cq, CqInner};
+use super::create::{Ask, Created, Kind};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, sys};
 use super::mr::AccessFlags;
 use super::pd::Pd;
 use super::recv_chain::post_recv_wrs;
-use super::send_ex::{self, ConnectedSender, LegacyReason, PostPath};
+use super::send_ex::{ConnectedSender, LegacyReason, PostPath};
 use super::srq::{Srq, SrqInner};
 use crate::params::{AckTimeout, Mtu, Psn, PsnSource, QpCaps, RetryCount, RnrRetry, RnrTimer};
 use crate::wire::Endpoint;
@@ -153,6 +154,20 @@ pub struct RdAtomic {
 
 pub(super) struct QpHandle {
     pub(super) raw: NonNull<sys::ibv_qp>,
+}
+
+impl QpHandle {
+    /// Moves the queue pair to the error state: outstanding requests complete as flushed.
+    pub(super) fn set_error(&mut self) -> Result<()> {
+        let mut attr = zeroed_attr();
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        modify(
+            self.raw,
+            &mut attr,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
+            Verb::ModifyQpErr,
+        )
+    }
 }
 
 impl Drop for QpHandle {
@@ -327,9 +342,7 @@ impl Pd {
         srq: Option<&Srq>,
         cfg: &QpConfig,
     ) -> Result<PreparedQp> {
-        let ctx = self.context();
-        let port = ctx.query_port(cfg.port)?;
-        let dev = ctx.query_device()?;
+        let dev = self.context().query_device()?;
         let clamp = |limit: u32| {
             cfg.max_rd_atomic
                 .min(u8::try_from(limit).unwrap_or(u8::MAX))
@@ -338,62 +351,29 @@ impl Pd {
             initiator: clamp(dev.max_qp_init_rd_atom),
             responder: clamp(dev.max_qp_rd_atom),
         };
-        if !port.active {
-            return Err(VerbsError::PortNotActive {
-                port: cfg.port,
-                state: port.state,
-            });
-        }
-        let route = ctx.route(cfg.port, cfg.gid_index)?;
-        let mut init = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            srq: srq.map_or(ptr::null_mut(), Srq::as_raw),
-            cap: sys::ibv_qp_cap {
+        let ask = Ask {
+            port: cfg.port,
+            gid_index: cfg.gid_index,
+            caps: QpCaps {
                 max_send_wr: cfg.max_send_wr,
-                max_recv_wr: if srq.is_some() { 0 } else { cfg.max_recv_wr },
+                max_recv_wr: cfg.max_recv_wr,
                 max_send_sge: cfg.max_send_sge,
-                max_recv_sge: if srq.is_some() { 0 } else { cfg.max_recv_sge },
+                max_recv_sge: cfg.max_recv_sge,
                 max_inline_data: cfg.max_inline_data,
             },
-            qp_type: sys::ibv_qp_type::IBV_QPT_RC,
-            // Selective signaling: only requests flagged SIGNALED complete.
-            sq_sig_all: 0,
+            kind: Kind::Rc {
+                access: cfg.access,
+                srq,
+            },
         };
-        // SAFETY: the PD, both CQs and the SRQ are live (we hold them); init is fully
-        // initialised.
-        let created =
-            unsafe { send_ex::create_qp(self.as_raw(), &mut init, send_ex::CONNECTED_SEND_OPS) }
-                .map_err(|errno| VerbsError::Call {
-                    verb: Verb::CreateQp,
-                    errno,
-                })?;
-        let raw = created.raw;
-        let handle = QpHandle { raw };
-        // On an SRQ the queue pair's own receive queue takes nothing, whatever it reports.
-        let own_recv = |n: u32| if srq.is_some() { 0 } else { n };
-        let caps = QpCaps {
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: own_recv(init.cap.max_recv_wr),
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: own_recv(init.cap.max_recv_sge),
-            max_inline_data: init.cap.max_inline_data,
-        };
-        let mut attr = zeroed_attr();
-        attr.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
-        attr.pkey_index = 0;
-        attr.port_num = cfg.port;
-        attr.qp_access_flags = cfg.access.bits();
-        use sys::ibv_qp_attr_mask as m;
-        modify(
-            raw,
-            &mut attr,
-            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
-            Verb::ModifyQpInit,
-        )?;
-        // SAFETY: raw is live; qp_num is set at creation.
-        let qpn = unsafe { (*raw.as_ptr()).qp_num };
+        let Created {
+            handle,
+            ex,
+            qpn,
+            caps,
+            route,
+            port,
+        } = self.create_at_init(send_cq, recv_cq, &ask)?;
         let psn = cfg
             .send_psn
             .first_psn(qpn)
@@ -415,7 +395,7 @@ impl Pd {
             srq: srq.map(Srq::keep_alive),
             srq_wr: srq.map_or(0, Srq::max_wr),
             pd: self.clone(),
-            ex: created.ex,
+            ex,
         })
     }
 }
@@ -517,13 +497,19 @@ impl PreparedQp {
             Verb::ModifyQpRts,
         )?;
         check_transport(raw, cfg)?;
-        Ok(Qp {
+        let (route, rd_atomic) = (self.route, self.rd_atomic);
+        Ok(self.into_rts(route, mtu, rd_atomic, *remote))
+    }
+
+    /// The queue pair, now in RTS on `route` with `path_mtu`, `rd_atomic` and `remote`.
+    fn into_rts(self, route: Route, path_mtu: Mtu, rd_atomic: RdAtomic, remote: Endpoint) -> Qp {
+        Qp {
             qpn: self.qp_num(),
             caps: self.caps,
-            route: self.route,
-            path_mtu: mtu,
-            rd_atomic: self.rd_atomic,
-            remote: *remote,
+            route,
+            path_mtu,
+            rd_atomic,
+            remote,
             handle: self.handle,
             _send_cq: self.send_cq,
             _recv_cq: self.recv_cq,
@@ -532,7 +518,7 @@ impl PreparedQp {
             _pd: self.pd,
             // SAFETY: the extended form lives as long as the queue pair, which the Qp owns.
             sender: unsafe { ConnectedSender::new(self.ex) },
-        })
+        }
     }
 }
 
@@ -625,22 +611,7 @@ impl PreparedQp {
             Verb::ModifyQpRts,
         )?;
         check_transport(self.handle.raw, &cfg)?;
-        Ok(Qp {
-            qpn: self.qp_num(),
-            caps: self.caps,
-            route,
-            path_mtu: mtu,
-            rd_atomic,
-            remote,
-            handle: self.handle,
-            _send_cq: self.send_cq,
-            _recv_cq: self.recv_cq,
-            srq: self.srq,
-            srq_wr: self.srq_wr,
-            _pd: self.pd,
-            // SAFETY: the extended form lives as long as the queue pair, which the Qp owns.
-            sender: unsafe { ConnectedSender::new(self.ex) },
-        })
+        Ok(self.into_rts(route, mtu, rd_atomic, remote))
     }
 }
 
@@ -795,14 +766,7 @@ impl Qp {
 
     /// Moves the QP to the error state: outstanding requests complete as flushed.
     pub fn set_error(&mut self) -> Result<()> {
-        let mut attr = zeroed_attr();
-        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
-        modify(
-            self.handle.raw,
-            &mut attr,
-            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
-            Verb::ModifyQpErr,
-        )
+        self.handle.set_error()
     }
 
     /// Posts up to [`MAX_BATCH`](crate::wr::MAX_BATCH) send-queue requests with one doorbell:

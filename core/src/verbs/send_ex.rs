@@ -523,15 +523,48 @@ impl WrDatagram {
     }
 }
 
-/// A connected queue pair's send side: the extended entry points where it has them, and the
-/// legacy chain (its only path without them, and the one a batch with a many-entry request
-/// takes with them).
-pub(crate) struct ConnectedSender {
-    wr: Result<WrConnected, LegacyReason>,
-    chain: SendChain,
+/// The checked extended entry points of one transport ([`WrConnected`], [`WrDatagram`]).
+pub(crate) trait ExtendedOps: Sized {
+    /// What a sender holding these says of itself in `Debug`.
+    const SENDER: &'static str;
+
+    /// # Safety
+    /// `qpx` is a live extended queue pair, alive as long as the value.
+    unsafe fn open(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason>;
 }
 
-impl ConnectedSender {
+impl ExtendedOps for WrConnected {
+    const SENDER: &'static str = "ConnectedSender";
+
+    unsafe fn open(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::new(qpx) }
+    }
+}
+
+impl ExtendedOps for WrDatagram {
+    const SENDER: &'static str = "DatagramSender";
+
+    unsafe fn open(qpx: NonNull<sys::ibv_qp_ex>) -> Result<Self, LegacyReason> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::new(qpx) }
+    }
+}
+
+/// A queue pair's send side: the extended entry points where it has them, and the legacy
+/// chain (its only path without them, and the one a batch with a many-entry request takes
+/// with them).
+pub(crate) struct Sender<W> {
+    wr: Result<W, LegacyReason>,
+    pub(crate) chain: SendChain,
+}
+
+/// A connected queue pair's send side.
+pub(crate) type ConnectedSender = Sender<WrConnected>;
+/// A datagram queue pair's send side.
+pub(crate) type DatagramSender = Sender<WrDatagram>;
+
+impl<W: ExtendedOps> Sender<W> {
     /// The sender of a queue pair whose extended form is `ex` (or why it has none).
     /// Allocates (setup).
     ///
@@ -540,7 +573,7 @@ impl ConnectedSender {
     pub(crate) unsafe fn new(ex: Result<NonNull<sys::ibv_qp_ex>, LegacyReason>) -> Self {
         Self {
             // SAFETY: the caller's contract.
-            wr: ex.and_then(|q| unsafe { WrConnected::new(q) }),
+            wr: ex.and_then(|q| unsafe { W::open(q) }),
             chain: SendChain::new(),
         }
     }
@@ -553,6 +586,14 @@ impl ConnectedSender {
         }
     }
 
+    /// The extended entry points, if the queue pair has them.
+    #[inline(always)]
+    pub(crate) fn extended(&self) -> Option<&W> {
+        self.wr.as_ref().ok()
+    }
+}
+
+impl ConnectedSender {
     /// Posts `wrs` to `qp` with one doorbell. At most [`MAX_BATCH`]. Does not allocate.
     ///
     /// # Safety
@@ -574,51 +615,9 @@ impl ConnectedSender {
     }
 }
 
-impl fmt::Debug for ConnectedSender {
+impl<W: ExtendedOps> fmt::Debug for Sender<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectedSender")
-            .field("path", &self.path())
-            .finish()
-    }
-}
-
-/// A datagram queue pair's send side: as [`ConnectedSender`].
-pub(crate) struct DatagramSender {
-    wr: Result<WrDatagram, LegacyReason>,
-    pub(crate) chain: SendChain,
-}
-
-impl DatagramSender {
-    /// As [`ConnectedSender::new`].
-    ///
-    /// # Safety
-    /// As for [`ConnectedSender::new`].
-    pub(crate) unsafe fn new(ex: Result<NonNull<sys::ibv_qp_ex>, LegacyReason>) -> Self {
-        Self {
-            // SAFETY: the caller's contract.
-            wr: ex.and_then(|q| unsafe { WrDatagram::new(q) }),
-            chain: SendChain::new(),
-        }
-    }
-
-    /// How posts go.
-    pub(crate) fn path(&self) -> PostPath {
-        match &self.wr {
-            Ok(_) => PostPath::Extended,
-            Err(why) => PostPath::Legacy(*why),
-        }
-    }
-
-    /// The extended entry points, if the queue pair has them.
-    #[inline(always)]
-    pub(crate) fn extended(&self) -> Option<&WrDatagram> {
-        self.wr.as_ref().ok()
-    }
-}
-
-impl fmt::Debug for DatagramSender {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatagramSender")
+        f.debug_struct(W::SENDER)
             .field("path", &self.path())
             .finish()
     }

@@ -25,19 +25,19 @@
 //! ```
 
 use core::fmt;
-use core::ptr;
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use super::ah::AddressHandle;
 use super::cq::{Cq, CqInner};
+use super::create::{Ask, Created, Kind};
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{sys, EINVAL};
 use super::pd::Pd;
 use super::qp::{modify, post_recv_chain, zeroed_attr, QpHandle};
-use super::send_ex::{self, DatagramSender, PostPath};
+use super::send_ex::{DatagramSender, PostPath};
 use crate::gid::Gid;
 use crate::params::{Mtu, QpCaps};
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags};
@@ -137,52 +137,28 @@ impl Pd {
                 what: "a Q_Key with the high bit set is for privileged queue pairs only",
             });
         }
-        let ctx = self.context();
-        let port = ctx.query_port(cfg.port)?;
-        if !port.active {
-            return Err(VerbsError::PortNotActive {
-                port: cfg.port,
-                state: port.state,
-            });
-        }
-        let route = ctx.route(cfg.port, cfg.gid_index)?;
-        let mut init = sys::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            srq: ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
+        let ask = Ask {
+            port: cfg.port,
+            gid_index: cfg.gid_index,
+            caps: QpCaps {
                 max_send_wr: cfg.max_send_wr,
                 max_recv_wr: cfg.max_recv_wr,
                 max_send_sge: cfg.max_send_sge,
                 max_recv_sge: cfg.max_recv_sge,
                 max_inline_data: cfg.max_inline_data,
             },
-            qp_type: sys::ibv_qp_type::IBV_QPT_UD,
-            // Selective signaling: only requests flagged SIGNALED complete.
-            sq_sig_all: 0,
+            kind: Kind::Ud { qkey: cfg.qkey },
         };
-        // SAFETY: the PD and both CQs are live (we hold them); init is fully initialised.
-        let created =
-            unsafe { send_ex::create_qp(self.as_raw(), &mut init, send_ex::DATAGRAM_SEND_OPS) }
-                .map_err(|errno| VerbsError::Call {
-                    verb: Verb::CreateQp,
-                    errno,
-                })?;
-        let raw = created.raw;
-        let handle = QpHandle { raw };
+        let Created {
+            handle,
+            ex,
+            qpn,
+            caps,
+            route,
+            port,
+        } = self.create_at_init(send_cq, recv_cq, &ask)?;
+        let raw = handle.raw;
         use sys::ibv_qp_attr_mask as m;
-        let mut attr = zeroed_attr();
-        attr.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
-        attr.pkey_index = 0;
-        attr.port_num = cfg.port;
-        attr.qkey = cfg.qkey;
-        modify(
-            raw,
-            &mut attr,
-            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY).0,
-            Verb::ModifyQpInit,
-        )?;
         let mut attr = zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
         modify(raw, &mut attr, m::IBV_QP_STATE.0, Verb::ModifyQpRtr)?;
@@ -195,18 +171,10 @@ impl Pd {
             (m::IBV_QP_STATE | m::IBV_QP_SQ_PSN).0,
             Verb::ModifyQpRts,
         )?;
-        // SAFETY: raw is live; qp_num is set at creation.
-        let qpn = unsafe { (*raw.as_ptr()).qp_num };
         Ok(UdQp {
             qpn,
             qkey: cfg.qkey,
-            caps: QpCaps {
-                max_send_wr: init.cap.max_send_wr,
-                max_recv_wr: init.cap.max_recv_wr,
-                max_send_sge: init.cap.max_send_sge,
-                max_recv_sge: init.cap.max_recv_sge,
-                max_inline_data: init.cap.max_inline_data,
-            },
+            caps,
             route,
             port: cfg.port,
             link_layer: port.link_layer,
@@ -214,7 +182,7 @@ impl Pd {
             mtu: port.active_mtu,
             attached: Vec::new(),
             // SAFETY: the extended form lives as long as the queue pair, which the UdQp owns.
-            sender: unsafe { DatagramSender::new(created.ex) },
+            sender: unsafe { DatagramSender::new(ex) },
             handle,
             _send_cq: send_cq.keep_alive(),
             _recv_cq: recv_cq.keep_alive(),
@@ -339,14 +307,7 @@ impl UdQp {
 
     /// Moves the QP to the error state: outstanding requests complete as flushed.
     pub fn set_error(&mut self) -> Result<()> {
-        let mut attr = zeroed_attr();
-        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
-        modify(
-            self.handle.raw,
-            &mut attr,
-            sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
-            Verb::ModifyQpErr,
-        )
+        self.handle.set_error()
     }
 
     /// How this queue pair posts: through the extended `ibv_wr_*` entry points, or through

@@ -16,6 +16,7 @@
 use crate::gid::Gid;
 use crate::params::Mtu;
 
+use super::endpoint::check_header;
 pub use super::endpoint::EndpointError;
 
 /// Encoded size of a [`DatagramEndpoint`].
@@ -63,16 +64,7 @@ impl DatagramEndpoint {
                 got: b.len(),
             });
         };
-        if b[0] != VERSION {
-            return Err(EndpointError::UnsupportedVersion(b[0]));
-        }
-        if b[1] & !FLAG_GLOBAL != 0 {
-            return Err(EndpointError::UnknownFlags(b[1]));
-        }
-        if b[13..16] != [0, 0, 0] {
-            return Err(EndpointError::NonZeroReserved);
-        }
-        let global = b[1] & FLAG_GLOBAL != 0;
+        let global = check_header(b, VERSION, FLAG_GLOBAL)? & FLAG_GLOBAL != 0;
         let lid = u16::from_le_bytes([b[2], b[3]]);
         let qpn = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
         if qpn >= 0x00ff_ffff {

@@ -94,6 +94,24 @@ impl fmt::Display for EndpointError {
 
 impl core::error::Error for EndpointError {}
 
+/// Checks what an RC and a datagram endpoint lay out alike (each format with its own
+/// version): the version in byte 0, byte 1 holding no flag but `known`, the reserved bytes
+/// 13..16 zero. Returns the flags. `b` is a whole endpoint: the caller checked its length, so the
+/// indexing cannot panic.
+pub(super) fn check_header(b: &[u8], version: u8, known: u8) -> Result<u8, EndpointError> {
+    if b[0] != version {
+        return Err(EndpointError::UnsupportedVersion(b[0]));
+    }
+    let flags = b[1];
+    if flags & !known != 0 {
+        return Err(EndpointError::UnknownFlags(flags));
+    }
+    if b[13..16] != [0, 0, 0] {
+        return Err(EndpointError::NonZeroReserved);
+    }
+    Ok(flags)
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut x = [0u8; 4];
     x.copy_from_slice(&b[at..at + 4]);
@@ -128,16 +146,7 @@ impl Endpoint {
                 got: b.len(),
             });
         }
-        if b[0] != VERSION {
-            return Err(EndpointError::UnsupportedVersion(b[0]));
-        }
-        if b[1] & !FLAG_GLOBAL != 0 {
-            return Err(EndpointError::UnknownFlags(b[1]));
-        }
-        if b[13..16] != [0, 0, 0] {
-            return Err(EndpointError::NonZeroReserved);
-        }
-        let global = b[1] & FLAG_GLOBAL != 0;
+        let global = check_header(b, VERSION, FLAG_GLOBAL)? & FLAG_GLOBAL != 0;
         let lid = u16::from_le_bytes([b[2], b[3]]);
         let qpn = u32_at(b, 4);
         if qpn >= 1 << 24 {

@@ -58,14 +58,7 @@ pub(in crate::exchange) fn root_join(
     let mut lobby = Lobby::new(world_size);
     let mut last_liveness = Instant::now();
     while lobby.waiting() {
-        if Instant::now() >= clock.deadline {
-            readers.close_all();
-            return Err(lobby.give_up(options, clock));
-        }
-        lobby.accept_backlog(listener, &mut readers, options, clock, progress);
-        for arrival in readers.arrivals(POLL) {
-            lobby.admit(&mut readers, arrival, options, progress);
-        }
+        lobby.turn(listener, &mut readers, options, clock, progress)?;
         if last_liveness.elapsed() >= LIVENESS_EVERY {
             last_liveness = Instant::now();
             lobby.forget_lost(progress);
@@ -105,14 +98,7 @@ pub(in crate::exchange) fn root_rejoin(
     let mut lobby = Lobby::new(world_size);
     lobby.rejoin = Some(Rejoin { rank, old });
     while lobby.waiting() {
-        if Instant::now() >= clock.deadline {
-            readers.close_all();
-            return Err(lobby.give_up(options, clock));
-        }
-        lobby.accept_backlog(listener, &mut readers, options, clock, progress);
-        for arrival in readers.arrivals(POLL) {
-            lobby.admit(&mut readers, arrival, options, progress);
-        }
+        lobby.turn(listener, &mut readers, options, clock, progress)?;
         progress.tick(|| format!("rank 0 waiting for rank {rank} to rejoin"));
     }
     readers.close_all();
@@ -145,6 +131,27 @@ struct Lobby {
 }
 
 impl Lobby {
+    /// One turn of the wait: at the deadline, give up (closing every reader); else take
+    /// the connections in the listen backlog and admit every hello that arrived.
+    fn turn(
+        &mut self,
+        listener: &TcpListener,
+        readers: &mut HelloReaders,
+        options: &ExchangeOptions,
+        clock: RoundTimer,
+        progress: &mut Progress,
+    ) -> Result<()> {
+        if Instant::now() >= clock.deadline {
+            readers.close_all();
+            return Err(self.give_up(options, clock));
+        }
+        self.accept_backlog(listener, readers, options, clock, progress);
+        for arrival in readers.arrivals(POLL) {
+            self.admit(readers, arrival, options, progress);
+        }
+        Ok(())
+    }
+
     fn new(world_size: u32) -> Self {
         Self {
             world_size,
@@ -286,7 +293,7 @@ impl Lobby {
 
     /// Tells every joined peer that rank 0 gives up, and returns the error
     /// naming the ranks that never came.
-    fn give_up(mut self, options: &ExchangeOptions, clock: RoundTimer) -> BootstrapError {
+    fn give_up(&mut self, options: &ExchangeOptions, clock: RoundTimer) -> BootstrapError {
         let missing = self.missing();
         let reason = format!(
             "rendezvous timed out after {:.1?} waiting for ranks {missing:?}",

@@ -6,12 +6,10 @@
 
 use crate::error::{BootstrapError, ExchangeError, Result};
 use std::net::TcpListener;
-use std::sync::mpsc;
-use std::thread;
 
 use rverbs_core::wire::node::{NodeBlob, ADDRESSED_BLOB_LEN};
 
-use crate::exchange::frame_io::{read_frame, ReadError, READ_SLICE};
+use crate::exchange::frame_io::ReadError;
 use crate::exchange::progress::Progress;
 use crate::exchange::round_timer::RoundTimer;
 use crate::exchange::session::PeerLink;
@@ -19,10 +17,8 @@ use crate::exchange::ExchangeOptions;
 use crate::wire::{encode_table, FrameKind, Header};
 
 use super::join::root_rejoin;
+use super::round::{settle, Outcome, Readers};
 use super::{send_reject, send_table_frame, table_payload};
-
-/// What reading one survivor's part came to.
-type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
 
 /// Rank 0 readmits `rejoiner` (not 0): `peers` are the session's links (entry `i` is rank
 /// `i + 1`), `own` is rank 0's addressed node blob for the new process. Returns the new
@@ -47,18 +43,28 @@ pub(in crate::exchange) fn root_readmit(
                 world_size,
             },
         ))?;
-        let mut survivors: Vec<&mut PeerLink> = before.iter_mut().chain(after).collect();
-        read_parts_while(&mut survivors, options, clock, progress, |progress| {
-            root_rejoin(
-                listener,
-                world_size,
-                rejoiner,
-                &old.stream,
-                options,
-                clock,
-                progress,
-            )
-        })
+        let readers = Readers {
+            limit: ADDRESSED_BLOB_LEN as u32,
+            thread_name: "rverbs-bootstrap-readmit",
+            waiting: |_: &[Option<Outcome>]| "rank 0 waiting for the survivors' parts".to_owned(),
+        };
+        readers.read_while(
+            before.iter_mut().chain(after),
+            options,
+            clock,
+            progress,
+            |progress| {
+                root_rejoin(
+                    listener,
+                    world_size,
+                    rejoiner,
+                    &old.stream,
+                    options,
+                    clock,
+                    progress,
+                )
+            },
+        )
     };
     let refuse_all = |peers: &mut [PeerLink], error: &BootstrapError| {
         let reason = format!("readmitting rank {rejoiner} failed at rank 0: {error}");
@@ -117,64 +123,6 @@ pub(in crate::exchange) fn root_readmit(
     Ok(mine)
 }
 
-/// Reads one frame from each of `survivors`, each on a thread of its own, while `meanwhile`
-/// runs on this one; entry `i` is survivor `i`'s outcome, `None` if its reader never
-/// reported.
-fn read_parts_while<T>(
-    survivors: &mut [&mut PeerLink],
-    options: &ExchangeOptions,
-    clock: RoundTimer,
-    progress: &mut Progress,
-    meanwhile: impl FnOnce(&mut Progress) -> T,
-) -> (Vec<Option<Outcome>>, T) {
-    let limit = ADDRESSED_BLOB_LEN as u32;
-    let stall = options.io_timeout;
-    let mut outcomes: Vec<Option<Outcome>> = (0..survivors.len()).map(|_| None).collect();
-    let result = thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
-        let mut pending = 0usize;
-        for (index, peer) in survivors.iter_mut().enumerate() {
-            let tx = tx.clone();
-            let peer: &mut PeerLink = peer;
-            let spawned = thread::Builder::new()
-                .name("rverbs-bootstrap-readmit".to_owned())
-                .spawn_scoped(scope, move || {
-                    let outcome = read_frame(
-                        &peer.stream,
-                        &mut peer.seal,
-                        clock.deadline,
-                        clock.deadline,
-                        stall,
-                        limit,
-                        &mut || {},
-                    );
-                    let _ = tx.send((index, outcome));
-                });
-            match spawned {
-                Ok(_) => pending += 1,
-                Err(error) => outcomes[index] = Some(Err(ReadError::Io(error))),
-            }
-        }
-        drop(tx);
-        let result = meanwhile(progress);
-        // Every reader stops by the deadline, so this loop and the scope end too.
-        while pending > 0 {
-            match rx.recv_timeout(READ_SLICE) {
-                Ok((index, outcome)) => {
-                    outcomes[index] = Some(outcome);
-                    pending -= 1;
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    progress.tick(|| "rank 0 waiting for the survivors' parts".to_owned());
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        result
-    });
-    (outcomes, result)
-}
-
 /// The new process's table (entry 0 `own`, entry `s` survivor `s`'s endpoint blob for the
 /// new process, its own entry empty) if every survivor sent a good `Readmit`; otherwise the
 /// first failure in rank order, or a timeout naming the survivors that sent nothing.
@@ -216,16 +164,9 @@ fn tally<'a>(
             }
         }
     }
-    if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| {
-            BootstrapError::Exchange(ExchangeError::Timeout {
-                rank: 0,
-                missing,
-                waited: clock.waited(),
-                detail: format!("readmitting rank {rejoiner}: the survivors' parts"),
-            })
-        }));
-    }
+    settle(failure, missing, clock, || {
+        format!("readmitting rank {rejoiner}: the survivors' parts")
+    })?;
     Ok(parts)
 }
 

@@ -14,7 +14,7 @@ use crate::wire::{FrameKind, Header};
 use super::{round_limit, send_reject, send_table};
 
 /// What reading one peer's contribution came to.
-type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
+pub(super) type Outcome = core::result::Result<(Header, Vec<u8>), ReadError>;
 
 /// Rank 0's side of an all-gather round: read every peer's `Sync` in parallel,
 /// then send the table.
@@ -47,54 +47,94 @@ fn read_contributions(
     clock: RoundTimer,
     progress: &mut Progress,
 ) -> Vec<Option<Outcome>> {
-    let limit = round_limit(options);
-    let stall = options.io_timeout;
-    let mut outcomes: Vec<Option<Outcome>> = (0..peers.len()).map(|_| None).collect();
-    thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
-        let mut pending = 0usize;
-        for (index, peer) in peers.iter_mut().enumerate() {
-            let tx = tx.clone();
-            let spawned = thread::Builder::new()
-                .name("rverbs-bootstrap-sync".to_owned())
-                .spawn_scoped(scope, move || {
-                    let outcome = read_frame(
-                        &peer.stream,
-                        &mut peer.seal,
-                        clock.deadline,
-                        clock.deadline,
-                        stall,
-                        limit,
-                        &mut || {},
-                    );
-                    let _ = tx.send((index, outcome));
+    let readers = Readers {
+        limit: round_limit(options),
+        thread_name: "rverbs-bootstrap-sync",
+        waiting: |outcomes: &[Option<Outcome>]| {
+            let waiting: Vec<u32> = (1u32..)
+                .zip(outcomes)
+                .filter(|(_, outcome)| outcome.is_none())
+                .map(|(rank, _)| rank)
+                .collect();
+            format!("rank 0 waiting for ranks {waiting:?} (all-gather)")
+        },
+    };
+    readers
+        .read_while(peers.iter_mut(), options, clock, progress, |_| ())
+        .0
+}
+
+/// How rank 0 reads one frame from each of several peers at once: the largest frame it
+/// takes, its reader threads' name, and the progress line while it waits (given the
+/// outcomes so far).
+pub(super) struct Readers<W> {
+    pub(super) limit: u32,
+    pub(super) thread_name: &'static str,
+    pub(super) waiting: W,
+}
+
+impl<W: Fn(&[Option<Outcome>]) -> String> Readers<W> {
+    /// Reads one frame from each of `peers`, each on a thread of its own, while `meanwhile`
+    /// runs on this one; entry `i` is peer `i`'s outcome, `None` if its reader never
+    /// reported.
+    pub(super) fn read_while<'p, T>(
+        &self,
+        peers: impl Iterator<Item = &'p mut PeerLink>,
+        options: &ExchangeOptions,
+        clock: RoundTimer,
+        progress: &mut Progress,
+        meanwhile: impl FnOnce(&mut Progress) -> T,
+    ) -> (Vec<Option<Outcome>>, T) {
+        let (limit, stall) = (self.limit, options.io_timeout);
+        let mut outcomes: Vec<Option<Outcome>> = Vec::new();
+        let result = thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
+            let mut pending = 0usize;
+            for (index, peer) in peers.enumerate() {
+                let tx = tx.clone();
+                let spawned = thread::Builder::new()
+                    .name(self.thread_name.to_owned())
+                    .spawn_scoped(scope, move || {
+                        let outcome = read_frame(
+                            &peer.stream,
+                            &mut peer.seal,
+                            clock.deadline,
+                            clock.deadline,
+                            stall,
+                            limit,
+                            &mut || {},
+                        );
+                        let _ = tx.send((index, outcome));
+                    });
+                outcomes.push(match spawned {
+                    Ok(_) => {
+                        pending += 1;
+                        None
+                    }
+                    Err(error) => Some(Err(ReadError::Io(error))),
                 });
-            match spawned {
-                Ok(_) => pending += 1,
-                Err(error) => outcomes[index] = Some(Err(ReadError::Io(error))),
             }
-        }
-        drop(tx);
-        // Every reader stops by the deadline, so this loop and the scope end too.
-        while pending > 0 {
-            match rx.recv_timeout(READ_SLICE) {
-                Ok((index, outcome)) => {
-                    outcomes[index] = Some(outcome);
-                    pending -= 1;
+            drop(tx);
+            let result = meanwhile(progress);
+            // Every reader stops by the deadline, so this loop and the scope end too.
+            while pending > 0 {
+                match rx.recv_timeout(READ_SLICE) {
+                    Ok((index, outcome)) => {
+                        if let Some(slot) = outcomes.get_mut(index) {
+                            *slot = Some(outcome);
+                        }
+                        pending -= 1;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        progress.tick(|| (self.waiting)(&outcomes));
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => progress.tick(|| {
-                    let waiting: Vec<u32> = (1u32..)
-                        .zip(&outcomes)
-                        .filter(|(_, outcome)| outcome.is_none())
-                        .map(|(rank, _)| rank)
-                        .collect();
-                    format!("rank 0 waiting for ranks {waiting:?} (all-gather)")
-                }),
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
-        }
-    });
-    outcomes
+            result
+        });
+        (outcomes, result)
+    }
 }
 
 /// The table (`bytes` is rank 0's entry) if every peer sent a good `Sync`;
@@ -133,17 +173,29 @@ fn tally(
             },
         }
     }
-    if failure.is_some() || !missing.is_empty() {
-        return Err(failure.unwrap_or_else(|| {
-            BootstrapError::Exchange(ExchangeError::Timeout {
-                rank: 0,
-                missing,
-                waited: clock.waited(),
-                detail: "all-gather round".to_owned(),
-            })
-        }));
-    }
+    settle(failure, missing, clock, || "all-gather round".to_owned())?;
     Ok(blobs)
+}
+
+/// How a round rank 0 read from several peers ended: the first failure (in rank order),
+/// else a timeout naming the ranks in `missing` and what was waited for (`detail`), else
+/// success.
+pub(super) fn settle(
+    failure: Option<BootstrapError>,
+    missing: Vec<u32>,
+    clock: RoundTimer,
+    detail: impl FnOnce() -> String,
+) -> Result<()> {
+    match failure {
+        Some(error) => Err(error),
+        None if missing.is_empty() => Ok(()),
+        None => Err(BootstrapError::Exchange(ExchangeError::Timeout {
+            rank: 0,
+            missing,
+            waited: clock.waited(),
+            detail: detail(),
+        })),
+    }
 }
 
 /// Why `header` is not `peer`'s `Sync` for this round, if it is not.

@@ -128,6 +128,22 @@ const fn done(status: WcStatus) -> Outcome {
     }
 }
 
+/// Posts `wrs` one at a time with `post` (which counts it in the stats too): a batch over
+/// [`MAX_BATCH`] is refused whole; otherwise posting stops at the first refusal and says how
+/// many went before it, as a device's chain post does.
+fn post_each<T>(wrs: &[T], mut post: impl FnMut(&T) -> Result<(), i32>) -> Result<(), PostFailure> {
+    if wrs.len() > MAX_BATCH {
+        return Err(PostFailure {
+            posted: 0,
+            errno: EINVAL,
+        });
+    }
+    for (i, wr) in wrs.iter().enumerate() {
+        post(wr).map_err(|errno| PostFailure { posted: i, errno })?;
+    }
+    Ok(())
+}
+
 /// Posts send requests to `q` (checks, occupancy, inline copies); runs nothing.
 ///
 /// # Safety
@@ -137,31 +153,21 @@ pub(super) unsafe fn post_send<W: Wiring>(
     q: usize,
     wrs: &[WorkRequest<'_>],
 ) -> Result<(), PostFailure> {
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: EINVAL,
-        });
-    }
     let caps = w.caps();
-    for (i, wr) in wrs.iter().enumerate() {
-        let posted = check_send(&caps, wr).and_then(|()| {
-            if w.send_used(q) >= u64::from(caps.max_send_wr) {
-                return Err(ENOMEM);
-            }
-            w.push_send(q, |sges, inline| {
-                // SAFETY: forwarded posting contract.
-                unsafe { build_send(wr, sges, inline) }
-            })
-        });
-        if let Err(errno) = posted {
-            return Err(PostFailure { posted: i, errno });
+    post_each(wrs, |wr| {
+        check_send(&caps, wr)?;
+        if w.send_used(q) >= u64::from(caps.max_send_wr) {
+            return Err(ENOMEM);
         }
+        w.push_send(q, |sges, inline| {
+            // SAFETY: forwarded posting contract.
+            unsafe { build_send(wr, sges, inline) }
+        })?;
         if let Some(stats) = w.stats(q) {
             stats.sends_posted += 1;
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Posts receives to `q`; runs nothing.
@@ -170,32 +176,20 @@ pub(super) fn post_recv<W: Wiring>(
     q: usize,
     wrs: &[RecvRequest<'_>],
 ) -> Result<(), PostFailure> {
-    if wrs.len() > MAX_BATCH {
-        return Err(PostFailure {
-            posted: 0,
-            errno: EINVAL,
-        });
-    }
     let caps = w.caps();
-    for (i, wr) in wrs.iter().enumerate() {
-        let errno = if wr.sges.len() > caps.max_recv_sge as usize {
-            EINVAL
-        } else if w.recv_used(q) >= u64::from(caps.max_recv_wr) {
-            ENOMEM
-        } else {
-            match w.push_recv(q, wr.wr_id, wr.sges) {
-                Ok(()) => {
-                    if let Some(stats) = w.stats(q) {
-                        stats.recvs_posted += 1;
-                    }
-                    continue;
-                }
-                Err(errno) => errno,
-            }
-        };
-        return Err(PostFailure { posted: i, errno });
-    }
-    Ok(())
+    post_each(wrs, |wr| {
+        if wr.sges.len() > caps.max_recv_sge as usize {
+            return Err(EINVAL);
+        }
+        if w.recv_used(q) >= u64::from(caps.max_recv_wr) {
+            return Err(ENOMEM);
+        }
+        w.push_recv(q, wr.wr_id, wr.sges)?;
+        if let Some(stats) = w.stats(q) {
+            stats.recvs_posted += 1;
+        }
+        Ok(())
+    })
 }
 
 /// Moves `q` to the error state and flushes everything outstanding on it, signaled or not.
