@@ -21,7 +21,7 @@ use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 
-use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
+use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
 #[global_allocator]

@@ -23,9 +23,9 @@ use rverbs_core::datagram::{
     memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
 };
 use rverbs_core::memory::{AccessFlags, Region};
+use rverbs_core::model::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::params::{Mtu, QpCaps};
 use rverbs_core::poll::{Deadline, StaticClock};
-use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
 #[global_allocator]

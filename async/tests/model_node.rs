@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use rverbs_async::{AsyncNode, YieldEvents};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, Event, Receive};
 use rverbs_core::poll::{StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_testkit::{block_on, CAPS};
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));

@@ -2,7 +2,7 @@
 //! the measuring half of `tools/cost` (which runs this binary under valgrind, reads the
 //! counts and checks them against `benches/cost-budgets.txt`).
 //!
-//! Every case runs on the instant device (`rverbs_core::provider::instant`, feature
+//! Every case runs on the instant device (`rverbs_core::instant`, feature
 //! `instant`): a driver behind libibverbs' operations table that completes each request when
 //! it is posted and never touches memory. The `raw` side of a case does the same work by
 //! hand, as a C program on the legacy verbs would: it fills `ibv_send_wr`/`ibv_recv_wr`
@@ -48,14 +48,14 @@ use rverbs_core::wire::FlagLayout;
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig};
+use rverbs_core::instant::{
+    Arrivals, InstantCq, InstantDevice, InstantQp, InstantRegion, PeerHand,
+};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{Event, Node, NodeParts};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
-use rverbs_core::provider::instant::{
-    Arrivals, InstantCq, InstantDevice, InstantQp, InstantRegion, PeerHand,
-};
 use rverbs_core::provider::shared::{RoutedQp, SharedCqs};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::ffi::sys;

@@ -13,8 +13,8 @@ use core::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{Side, SoftFabric};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::provider::soft::{Side, SoftFabric};
 use rverbs_std_shim::MONOTONIC;
 
 /// Bytes per request.

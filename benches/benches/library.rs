@@ -1,6 +1,6 @@
 //! rverbs' own cost per request, against the same work done by hand on raw verbs.
 //!
-//! Both sides run on the instant device (`rverbs_core::provider::instant`, feature
+//! Both sides run on the instant device (`rverbs_core::instant`, feature
 //! `instant`): a driver behind libibverbs' operations table that completes every request
 //! the moment it is posted and never touches memory. So the `rverbs/*` numbers are what the
 //! library adds per request (sequence numbers, signaling, scatter/gather checks, building
@@ -35,11 +35,11 @@ use rverbs_core::wire::FlagLayout;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rverbs_core::channel::{Channel, ChannelConfig};
+use rverbs_core::instant::{InstantDevice, InstantProvider, InstantRegion};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::Node;
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
-use rverbs_core::provider::instant::{InstantDevice, InstantProvider, InstantRegion};
 use rverbs_core::provider::shared::SharedCqs;
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::ffi::sys;
@@ -404,8 +404,8 @@ fn poll_raw_cq(cq: *mut sys::ibv_cq) -> i32 {
 
 type InstantNode = Node<
     rverbs_core::provider::shared::RoutedQp<
-        rverbs_core::provider::instant::InstantQp,
-        rverbs_core::provider::instant::InstantCq,
+        rverbs_core::instant::InstantQp,
+        rverbs_core::instant::InstantCq,
     >,
     InstantRegion,
     Spin,
@@ -413,7 +413,7 @@ type InstantNode = Node<
 
 /// Rank 0 of a world of 2 on the instant device, and a hand that writes its flags as rank 1
 /// would.
-fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::provider::instant::PeerHand) {
+fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::instant::PeerHand) {
     let world = 2;
     // The node's queue pair completes into the shared queues it is routed by.
     let (scq, rcq) = (dev.cq(256), dev.cq(256));

@@ -16,11 +16,11 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetQp, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::node::SoftNode;
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::shared::SharedCqs;
-use rverbs_core::provider::soft::{NetQp, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_std_shim::MONOTONIC;
 

@@ -53,7 +53,9 @@
 //!
 //! # Map
 //! - [`verbs`]: safe wrappers over `ibverbs-sys` (device, port, GID, PD, MR, CQ, QP).
-//! - [`provider`]: the seam the engine is written against; a real QP or an in-memory model.
+//! - [`provider`]: the seam the engine is written against (a real QP implements it);
+//!   [`model`]: the software model, an in-memory fabric that implements it too; `instant`
+//!   (feature `instant`): the instant device, for counting rverbs' own cost.
 //! - [`channel`]: one peer — blocking, batched, scoped and ticket posting (a bare verb waits;
 //!   `post_*` returns a ticket); the lowest-latency call for each operation is named there.
 //! - [`multi`], [`node`], [`barrier`]: many peers, ranks, barriers.
@@ -78,8 +80,9 @@
 //! 3. Wire formats: [`wire`], every byte layout a peer reads (endpoints, node flags,
 //!    notices, datagram headers).
 //! 4. The device: [`verbs`], the safe wrappers over libibverbs.
-//! 5. Providers: [`provider`], the seam the engine is written against, and what implements
-//!    it (the device, the software model, the instant device).
+//! 5. Providers: [`provider`], the seam the engine is written against and the device's
+//!    implementation of it; then [`model`] (the software model) and `instant` (the instant
+//!    device), each in a folder of its own.
 //! 6. One peer: [`channel`] (connected), [`datagram`] (unreliable datagrams and multicast).
 //! 7. The connection manager: `cm` (it connects channels, so it sits above them; a
 //!    datagram queue pair joins groups through it by the provider's `GroupJoiner`).
@@ -92,7 +95,7 @@
 //! - `rdmacm`: the `cm` module, linking the system's librdmacm (Debian `librdmacm-dev`;
 //!   bindings generated at build time, so libclang too). Implies `verbs`.
 //! - `serde`: serde traits on configuration types.
-//! - `instant`: `provider::instant`, a driver that completes every request at once without
+//! - `instant`: the `instant` module, a driver that completes every request at once without
 //!   touching memory, for measuring rverbs' own cost (implies `verbs`).
 //! - `device-tests`: builds the tests that need an RDMA device.
 //!
@@ -157,9 +160,17 @@ pub mod datagram;
 pub mod failure;
 mod fatal;
 pub mod gid;
+// The instant device is a driver: the C structures libibverbs hands to one, and its
+// operations, written in Rust.
+#[cfg(feature = "instant")]
+#[allow(unsafe_code)]
+pub mod instant;
 // Owned memory is an `unsafe trait`; volatile access to bytes the device writes.
 #[allow(unsafe_code)]
 pub mod memory;
+// The software model executes work requests on raw memory, as a device does.
+#[allow(unsafe_code)]
+pub mod model;
 // Multi-peer calls post through the channel's `unsafe` calls under a drain guard.
 #[cfg(feature = "alloc")]
 #[allow(unsafe_code)]

@@ -22,7 +22,7 @@ use crate::sge::{RemoteMemory, Sge, SgeMut};
 bitflags! {
     /// Access a memory region grants (`ibv_access_flags`): the same flags for a device
     /// region ([`Pd::register`](crate::verbs::Pd::register) and friends) and for the
-    /// software model's ([`SoftFabric::register`](crate::provider::soft::SoftFabric::register)).
+    /// software model's ([`SoftFabric::register`](crate::model::SoftFabric::register)).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub struct AccessFlags: u32 {
         /// The local device may write (receives, RDMA read targets). Required by remote write.
@@ -48,7 +48,7 @@ impl AccessFlags {
 /// The CPU's view of registered bytes that a peer or the device may change at any time:
 /// volatile copies and loads only, never a reference. One implementation for the device's
 /// [`SharedRegion`](crate::verbs::SharedRegion) and the model's
-/// [`SoftRegion`](crate::provider::soft::SoftRegion), so both check bounds and alignment the
+/// [`SoftRegion`](crate::model::SoftRegion), so both check bounds and alignment the
 /// same way.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct VolatileBytes {

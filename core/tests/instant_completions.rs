@@ -8,8 +8,8 @@
 mod support;
 
 use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
+use rverbs_core::instant::{InstantCq, InstantDevice};
 use rverbs_core::params::QpCaps;
-use rverbs_core::provider::instant::{InstantCq, InstantDevice};
 use rverbs_core::provider::{CompletionQueue, Provider, QueuePair};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::wr::{AtomicOp, Opcode, RecvRequest, SendFlags, WorkRequest};

@@ -9,8 +9,8 @@
 //! `Arrivals`, with which the cost bench plays a peer's sends.
 
 use rverbs_core::completion::{Completion, CompletionKind};
+use rverbs_core::instant::InstantDevice;
 use rverbs_core::params::QpCaps;
-use rverbs_core::provider::instant::InstantDevice;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::{LegacyReason, PostPath};

@@ -7,11 +7,11 @@
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
 use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetCq, NetQp, Side, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::multi::{MultiChannel, MultiError, PeerError};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::shared::{RoutedQp, SharedCqs};
-use rverbs_core::provider::soft::{NetCq, NetQp, Side, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::provider::{Provider, QueuePair};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::wr::{AtomicFault, AtomicOp, Opcode, SendFlags, WorkRequest};

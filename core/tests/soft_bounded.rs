@@ -16,12 +16,12 @@ use rverbs_core::completion::{Completion, DatagramCompletion, WcStatus};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetAddress, NetDatagram, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, Event, NodeError, Receive};
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Deadline, Spin, StaticClock, StepClock};
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
 use rverbs_core::provider::shared::{SharedCqError, SharedCqs};
-use rverbs_core::provider::soft::{NetAddress, NetDatagram, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::provider::ProviderError;
 use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest};
 
@@ -297,7 +297,7 @@ fn send_room_for_more_than_can_ever_fit_says_no() {
     let f = SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap());
     let dst = f
         .register(
-            rverbs_core::provider::soft::Side::B,
+            rverbs_core::model::Side::B,
             &mut mem,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )
@@ -334,7 +334,7 @@ fn a_queue_pair_that_completes_elsewhere_is_refused_by_shared_queues() {
 /// shared by mistake, or a flood the channel ignores): traffic that is never the awaited
 /// work.
 struct ForeignFlood<'f> {
-    end: rverbs_core::provider::soft::SoftEnd<'f>,
+    end: rverbs_core::model::SoftEnd<'f>,
     flushing: bool,
     polls: u64,
 }
@@ -379,7 +379,7 @@ fn a_channel_receive_ends_at_its_deadline_while_foreign_completions_keep_coming(
     let f = SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap());
     let mut buf = f
         .register(
-            rverbs_core::provider::soft::Side::A,
+            rverbs_core::model::Side::A,
             &mut mem,
             AccessFlags::LOCAL_WRITE,
         )

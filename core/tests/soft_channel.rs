@@ -1,4 +1,4 @@
-//! The engine ([`Channel`]) driven over the in-memory RC model ([`rverbs_core::provider::soft`]).
+//! The engine ([`Channel`]) driven over the in-memory RC model ([`rverbs_core::model`]).
 //!
 //! Both channels live on one thread, so a two-sided operation needs its receive posted
 //! before the send runs: the receiver posts in a [`Channel::scope`] and the sender sends
@@ -12,9 +12,9 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done, WrFailure};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{Side, SoftFabric, SoftRegion};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::Spin;
-use rverbs_core::provider::soft::{Side, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 use rverbs_testkit::clock;
 

@@ -7,10 +7,10 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, Event, NodeError, PeerCounters, Receive};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{StaticClock, StepClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 
 const SLOTS: usize = 4;
 const SLOT: usize = 16;

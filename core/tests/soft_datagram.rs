@@ -13,10 +13,10 @@ use rverbs_core::datagram::{
     memory_needed, Datagram, DatagramConfig, DatagramError, Group, SequenceTracker, Sequencer,
 };
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::params::{Mtu, QpCaps};
 use rverbs_core::poll::StepClock;
 use rverbs_core::provider::datagram::DatagramProvider;
-use rverbs_core::provider::soft::{NetDatagram, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_testkit::PanicAfter;
 use support::allocs;
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::failure::{Failure, FailureCause};
+use rverbs_core::model::SoftNet;
 use rverbs_core::node::{soft_world_bytes, NodeError, SoftNode};
 use rverbs_core::poll::{Spin, StaticClock};
-use rverbs_core::provider::soft::SoftNet;
 use rverbs_testkit::clock;
 use rverbs_testkit::{barrier_answers, net, nodes};
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::SoftNet;
 use rverbs_core::node::{soft_world_bytes, NodeError, SoftNode};
 use rverbs_core::poll::{Spin, StaticClock, StepClock};
-use rverbs_core::provider::soft::SoftNet;
 use rverbs_core::wire::notice;
 use rverbs_testkit::{net, nodes};
 

@@ -7,8 +7,8 @@ mod support;
 
 use rverbs_core::completion::{Completion, WcStatus};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetQp, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::params::QpCaps;
-use rverbs_core::provider::soft::{NetQp, NetRegion, SoftNet, SoftNetConfig};
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::sge::{RemoteMemory, Sge};
 use rverbs_core::wr::{Opcode, RecvRequest, SendFlags, WorkRequest};

@@ -12,12 +12,12 @@ use std::time::Duration;
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{
     soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
 };
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StaticClock};
-use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
 use rverbs_testkit::clock;
 use rverbs_testkit::{net, nodes};
 

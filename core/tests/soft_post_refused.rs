@@ -13,12 +13,12 @@ use rverbs_core::completion::{Completion, DatagramCompletion};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{
+    NetAddress, NetDatagram, NetRegion, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
+};
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::StaticClock;
 use rverbs_core::provider::datagram::{DatagramProvider, Destination};
-use rverbs_core::provider::soft::{
-    NetAddress, NetDatagram, NetRegion, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
-};
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
 use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
 use rverbs_testkit::clock;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{Side, SoftFabric};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::provider::soft::{Side, SoftFabric};
 use rverbs_testkit::clock;
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;

@@ -16,10 +16,10 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::completion::Completion;
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{NetCq, NetQp, SoftNet, SoftNetConfig};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Backoff, StaticClock, StepClock};
 use rverbs_core::provider::shared::{RoutedQp, SharedCqs};
-use rverbs_core::provider::soft::{NetCq, NetQp, SoftNet, SoftNetConfig};
 use rverbs_core::provider::{CompletionQueue, ProviderError};
 
 type Chan<'n> = Channel<RoutedQp<NetQp<'n>, Watched<'n>>, EventModel>;

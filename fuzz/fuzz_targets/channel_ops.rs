@@ -29,7 +29,7 @@ use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Ticket};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StepClock};
-use rverbs_core::provider::soft::{Side, SoftEnd, SoftFabric, SoftRegion};
+use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
 /// Bytes of each registered region.

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
+use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world, soft_world_with, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
-use rverbs_core::provider::soft::{SoftFabric, SoftNet, SoftNetConfig};
 
 /// The queue sizes most tests use: 16 send and 16 receive requests of one entry each.
 pub const CAPS: QpCaps = QpCaps::queues(16, 16);

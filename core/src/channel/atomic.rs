@@ -43,7 +43,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// use rverbs_core::memory::AccessFlags;
     /// use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
     /// use rverbs_core::poll::StepClock;
-    /// use rverbs_core::provider::soft::{Side, SoftFabric};
+    /// use rverbs_core::model::{Side, SoftFabric};
     ///
     /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
     /// #[repr(align(8))]

@@ -19,7 +19,7 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 ///
 /// ```compile_fail
 /// # use rverbs_core::channel::Channel;
-/// # use rverbs_core::provider::soft::SoftEnd;
+/// # use rverbs_core::model::SoftEnd;
 /// fn f(chan: &mut Channel<SoftEnd<'_>>) {
 ///     let batch = chan.batch();
 ///     chan.poll().unwrap(); // error: `chan` is still borrowed by `batch`

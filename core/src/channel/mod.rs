@@ -23,7 +23,7 @@
 //! use rverbs_core::memory::AccessFlags;
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 //! use rverbs_core::poll::StepClock;
-//! use rverbs_core::provider::soft::{Side, SoftFabric};
+//! use rverbs_core::model::{Side, SoftFabric};
 //!
 //! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 //! let caps = QpCaps::queues(32, 32).with_sges(2);

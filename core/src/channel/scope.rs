@@ -16,7 +16,7 @@ use crate::wr::{Opcode, SendFlags, WorkRequest};
 ///
 /// ```compile_fail
 /// # use rverbs_core::channel::Channel;
-/// # use rverbs_core::provider::soft::{SoftEnd, SoftRegion};
+/// # use rverbs_core::model::{SoftEnd, SoftRegion};
 /// # use rverbs_core::sge::RemoteMemory;
 /// fn f(chan: &mut Channel<SoftEnd<'_>>, mr: &mut SoftRegion<'_>, remote: RemoteMemory) {
 ///     let sges = [mr.sge(0..8).unwrap()];
@@ -34,7 +34,7 @@ use crate::wr::{Opcode, SendFlags, WorkRequest};
 ///
 /// ```compile_fail,E0597
 /// # use rverbs_core::channel::Channel;
-/// # use rverbs_core::provider::soft::{SoftEnd, SoftRegion};
+/// # use rverbs_core::model::{SoftEnd, SoftRegion};
 /// fn f(chan: &mut Channel<SoftEnd<'_>>, mr: &mut SoftRegion<'_>) {
 ///     chan.scope(|s| {
 ///         let mut inner = [mr.sge_mut(0..8).unwrap()];

@@ -37,7 +37,7 @@
 //! use rverbs_core::memory::AccessFlags;
 //! use rverbs_core::params::{Mtu, QpCaps};
 //! use rverbs_core::poll::StepClock;
-//! use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+//! use rverbs_core::model::{SoftNet, SoftNetConfig};
 //!
 //! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 //! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 8, max_send_sge: 2, max_recv_sge: 1,
@@ -264,7 +264,7 @@ struct Broke {
 /// A datagram endpoint. See the [module docs](self).
 ///
 /// `P` is the provider (a [`VerbsDatagram`](crate::provider::verbs_ud::VerbsDatagram), or
-/// a [`NetDatagram`](crate::provider::soft::NetDatagram) of the model), `M` the memory it
+/// a [`NetDatagram`](crate::model::NetDatagram) of the model), `M` the memory it
 /// receives into and stages large sends in, `B` what waits do between empty polls, and `N`
 /// the size of its slot tables (receive slots and send slots, each at most `N`).
 pub struct Datagram<P: DatagramProvider, M: Region, B: Backoff = Spin, const N: usize = 64> {
@@ -504,7 +504,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     ///
     /// ```compile_fail,E0308
     /// use rverbs_core::datagram::Datagram;
-    /// use rverbs_core::provider::soft::{NetDatagram, NetRegion};
+    /// use rverbs_core::model::{NetDatagram, NetRegion};
     /// type End<'n> = Datagram<NetDatagram<'n>, NetRegion<'n>>;
     /// fn separate<'n>(a: &mut End<'n>, b: &mut End<'n>) {
     ///     core::mem::swap(a.provider(), b.provider());

@@ -19,7 +19,7 @@
 //!
 //! ```
 //! # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
-//! # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+//! # use rverbs_core::model::{SoftNet, SoftNetConfig};
 //! use rverbs_core::node::{soft_world, soft_world_bytes, Members};
 //! # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 //! # let mut arena = vec![0u8; soft_world_bytes(4, 64)];
@@ -996,7 +996,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ///
     /// ```
     /// # use rverbs_core::node::{soft_world, soft_world_bytes, Members};
-    /// # use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+    /// # use rverbs_core::model::{SoftNet, SoftNetConfig};
     /// # use rverbs_core::{channel::ChannelConfig, params::QpCaps, poll::{Spin, StepClock}};
     /// # static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
     /// # let mut arena = vec![0u8; soft_world_bytes(1, 64)];

@@ -10,9 +10,9 @@ use super::{flags_len, Components, Node, NodeError, NodeParts, Receive};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::AccessFlags;
+use crate::model::{NetCq, NetQp, NetRegion, SoftNet};
 use crate::poll::{Backoff, StaticClock};
 use crate::provider::shared::{RoutedQp, SharedCqs};
-use crate::provider::soft::{NetCq, NetQp, NetRegion, SoftNet};
 use crate::sge::RemoteMemory;
 
 /// A node on the software model.
@@ -65,7 +65,7 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
 /// use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, Receive};
 /// use rverbs_core::params::QpCaps;
 /// use rverbs_core::poll::{Spin, StepClock};
-/// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+/// use rverbs_core::model::{SoftNet, SoftNetConfig};
 ///
 /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 /// let caps = QpCaps::queues(16, 16);
@@ -218,7 +218,7 @@ pub const fn soft_rejoin_bytes(world: u32, window_len: usize) -> usize {
 /// use rverbs_core::node::{Components, Members};
 /// use rverbs_core::params::QpCaps;
 /// use rverbs_core::poll::{Spin, StepClock};
-/// use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+/// use rverbs_core::model::{SoftNet, SoftNetConfig};
 ///
 /// static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 /// let caps = QpCaps::queues(16, 16);

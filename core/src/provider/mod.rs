@@ -1,14 +1,15 @@
 //! The provider seam: the few verbs the engine needs, behind one trait.
 //!
 //! [`crate::channel::Channel`] and everything above it are written against [`Provider`], not
-//! against libibverbs. Two implementations exist:
+//! against libibverbs. The implementations:
 //! - [`verbs`] (feature `verbs`): a real RC queue pair with its own send and receive CQs;
-//! - [`soft`]: a deterministic in-memory model of an RC connection, so the engine builds
-//!   and is tested without a device, under `no_std`, Miri and fuzzers. It never stands in for
-//!   a device in a test that claims to test the data path.
-//! - `instant` (feature `instant`): a driver behind libibverbs' own operations table that
-//!   completes every request at once without touching memory, so benchmarks time rverbs'
-//!   work alone.
+//! - [`crate::model`], outside this folder: a deterministic in-memory model of RC
+//!   connections and datagrams, so the engine builds and is tested without a device, under
+//!   `no_std`, Miri and fuzzers. It never stands in for a device in a test that claims to
+//!   test the data path.
+//! - `crate::instant` (feature `instant`), outside this folder: the instant device, a driver
+//!   behind libibverbs' own operations table that completes every request at once without
+//!   touching memory, so benchmarks count rverbs' work alone.
 //!
 //! Datagrams (UD) have a seam of their own, [`datagram::DatagramProvider`]: a real
 //! [`verbs_ud::VerbsDatagram`], or datagram queue pairs of the model's net.
@@ -18,11 +19,8 @@ use crate::params::QpCaps;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 pub mod datagram;
-#[cfg(feature = "instant")]
-pub mod instant;
 #[cfg(feature = "alloc")]
 pub mod shared;
-pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 #[cfg(feature = "verbs")]

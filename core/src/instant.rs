@@ -33,7 +33,7 @@
 //! use rverbs_core::channel::{Channel, ChannelConfig};
 //! use rverbs_core::memory::AccessFlags;
 //! use rverbs_core::params::QpCaps;
-//! use rverbs_core::provider::instant::InstantDevice;
+//! use rverbs_core::instant::InstantDevice;
 //! use rverbs_core::poll::StepClock;
 //!
 //! static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));

@@ -7,7 +7,7 @@
 //! use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 //! use rverbs_core::memory::AccessFlags;
 //! use rverbs_core::params::QpCaps;
-//! use rverbs_core::provider::soft::{SoftNet, SoftNetConfig};
+//! use rverbs_core::model::{SoftNet, SoftNetConfig};
 //! use rverbs_core::provider::{CompletionQueue, QueuePair};
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!

@@ -13,7 +13,7 @@
 //! use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 //! use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 //! use rverbs_core::memory::AccessFlags;
-//! use rverbs_core::provider::soft::{Side, SoftFabric};
+//! use rverbs_core::model::{Side, SoftFabric};
 //! use rverbs_core::provider::{Provider, QueuePair};
 //! use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 //!

@@ -163,7 +163,7 @@ impl fmt::Debug for Registered {
 /// #![forbid(unsafe_code)]
 /// use rverbs_core::memory::AccessFlags;
 /// use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-/// use rverbs_core::provider::soft::{Side, SoftFabric};
+/// use rverbs_core::model::{Side, SoftFabric};
 ///
 /// #[repr(align(8))]
 /// struct Flags([u8; 16]);
