@@ -106,7 +106,7 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
         (ROUNDS - 1) * 4
     );
     assert_eq!(allocs, 0, "allocations per operation after setup");
-    assert!(a.channel().failure().is_none() && b.channel().failure().is_none());
+    assert!(a.channel().fault().is_none() && b.channel().fault().is_none());
 }
 
 /// 100 barriers of three ranks of this process, awaited in one tokio task; `events` makes
@@ -578,8 +578,8 @@ fn atomics_and_a_receive_ring_awaited_on_completion_events() {
             assert_eq!(got, reply.as_bytes(), "reply {i}");
             buf = back;
         }
-        assert!(a.channel().failure().is_none());
-        assert!(b.channel().failure().is_none());
+        assert!(a.channel().fault().is_none());
+        assert!(b.channel().fault().is_none());
     });
     eprintln!("{test}: 3 fetch_add, 2 compare_swap, {MESSAGES} ring receives and replies");
 }

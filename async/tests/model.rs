@@ -391,5 +391,5 @@ fn an_operation_allocates_nothing() {
         "allocations in 100 operations"
     );
     assert_eq!(b_win.load_u64(40), Some(51));
-    let _: Option<ChannelError> = a.channel().failure();
+    let _: Option<ChannelError> = a.channel().fault();
 }

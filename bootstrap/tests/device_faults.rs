@@ -418,7 +418,7 @@ fn survivor(
         (0, 0),
         "{wait}: requests still in flight after the error"
     );
-    let failure = chan.failure().expect("the channel is broken");
+    let failure = chan.fault().expect("the channel is broken");
     assert!(names(&failure, 1), "{wait}: {failure:?}");
     // A broken channel refuses new work at once instead of waiting again.
     let t = Instant::now();

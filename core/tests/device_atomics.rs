@@ -211,7 +211,7 @@ fn both_operations_in_every_style_against_another_process() {
         (r0.load_u64(16), r1.load_u64(16)),
         (Some(17), Some(u64::MAX))
     );
-    assert!(a.failure().is_none());
+    assert!(a.fault().is_none());
     drop(chans);
     let words = t.finish();
     assert_eq!(&words[..4], &[117, 0xcc, 1, 3], "{words:?}");

@@ -134,7 +134,7 @@ fn both_atomics_on_every_posting_style() {
     );
     assert_eq!((words.load_u64(16), words.load_u64(24)), (Some(7), Some(1)));
     assert_eq!(a.outstanding_sends(), 0);
-    assert!(a.failure().is_none());
+    assert!(a.fault().is_none());
 }
 
 #[test]
@@ -317,10 +317,7 @@ fn misaligned_or_wrongly_sized_atomics_are_refused_before_posting() {
             .starts_with("atomic refused before posting: "));
     }
     assert_eq!(f.stats(Side::A).sends_posted, 0, "nothing was posted");
-    assert!(
-        a.failure().is_none(),
-        "a refusal does not break the channel"
-    );
+    assert!(a.fault().is_none(), "a refusal does not break the channel");
     assert_eq!((word.load_u64(0), word.load_u64(8)), (Some(0), Some(0)));
     // The channel still works.
     a.fetch_add(&mut res.sge_mut(0..8).unwrap(), remote, 1)

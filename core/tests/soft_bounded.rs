@@ -310,7 +310,7 @@ fn send_room_for_more_than_can_ever_fit_says_no() {
     a.wait(t).unwrap();
     assert!(!a.send_room(usize::MAX));
     assert!(!a.send_room(usize::MAX - 1));
-    assert_eq!(a.failure(), None);
+    assert_eq!(a.fault(), None);
 }
 
 #[test]

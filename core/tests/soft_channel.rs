@@ -94,7 +94,7 @@ fn send_and_recv_move_the_bytes() {
     assert_eq!(&bytes::<6>(&dst, 16), b"second");
     assert_eq!(a.outstanding_sends(), 0);
     assert_eq!(b.outstanding_recvs(), 0);
-    assert!(a.failure().is_none() && b.failure().is_none());
+    assert!(a.fault().is_none() && b.fault().is_none());
 }
 
 #[test]
@@ -410,7 +410,7 @@ fn bad_rkey_fails_then_the_channel_is_broken() {
     };
     assert_eq!(first.status, WcStatus::RemoteAccess);
     assert_eq!(first.wr_id, 1);
-    assert_eq!(a.failure(), Some(ChannelError::Broken(first)));
+    assert_eq!(a.fault(), Some(ChannelError::Broken(first)));
     assert_eq!(a.write(&g, dst.remote()), Err(ChannelError::Broken(first)));
     assert_eq!(a.outstanding_sends(), 0);
     // Out of bounds is a remote access error too.
@@ -473,7 +473,7 @@ fn recv_timeout_flushes_and_times_out() {
     assert_eq!(b.outstanding_recvs(), 0);
     assert_eq!(f.recv_queue_used(Side::B), 0);
     assert!(f.in_error(Side::B));
-    assert_eq!(b.failure(), Some(ChannelError::TimedOut { peer: None }));
+    assert_eq!(b.fault(), Some(ChannelError::TimedOut { peer: None }));
     // The buffer is ours again.
     assert!(rm.write_from(0, b"reusable"));
     let t = b.clock().now().as_nanos();
@@ -679,7 +679,7 @@ fn flushed_receive_breaks_the_channel() {
     let r = a.recv_timeout(&mut [rm.sge_mut(0..0).unwrap()], Duration::from_millis(10));
     assert!(r.is_err(), "{r:?}");
     assert!(
-        a.failure().is_some(),
+        a.fault().is_some(),
         "an error reached the QP but the channel is not broken"
     );
     assert!(a

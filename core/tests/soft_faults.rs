@@ -348,7 +348,7 @@ fn half_posted_chain_is_drained_before_the_error() {
     let r = b.run();
     assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
     settled(&a);
-    match a.failure() {
+    match a.fault() {
         Some(ChannelError::Broken(WrFailure { peer, .. })) => assert_eq!(peer, Some(5)),
         other => panic!("{other:?}"),
     }
@@ -448,7 +448,7 @@ fn a_ticket_is_waited_only_on_its_own_channel() {
     assert_eq!(y.wait(t), Err(ChannelError::ForeignTicket));
     assert_eq!(y.try_wait(t), Some(Err(ChannelError::ForeignTicket)));
     assert!(
-        y.failure().is_none(),
+        y.fault().is_none(),
         "a foreign ticket does not break the channel"
     );
     assert_eq!(x.wait(t), Ok(rverbs_core::channel::Done::default()));

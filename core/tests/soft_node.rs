@@ -561,7 +561,7 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
         let _ = nodes[0].multi().poll();
         let _ = nodes[2].multi().poll();
     }
-    assert!(nodes[0].channel(2).unwrap().failure().is_some());
+    assert!(nodes[0].channel(2).unwrap().fault().is_some());
     // Barriers without rank 2 go on.
     for _ in 0..20 {
         barrier_in_random_order(

@@ -94,7 +94,7 @@ fn a_refused_post_does_not_count_toward_the_signaling_interval() {
     refuse.set(true);
     let e = a.post_write_inline(&[2; 8], at(0)).unwrap_err();
     assert_eq!(e, ChannelError::Post { errno: 12 });
-    assert_eq!(a.failure(), None);
+    assert_eq!(a.fault(), None);
     assert_eq!(a.outstanding_sends(), (k - 1) as u64);
 
     // k - 1 more: if the refused one counted as signaled, none of these is.

@@ -135,7 +135,7 @@ fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
         .scope(|s| s.write_inline(b"scoped", remote).map(|_| ()))
         .unwrap()
         .unwrap();
-    assert!(ring.channel().failure().is_none());
+    assert!(ring.channel().fault().is_none());
     let mut got = [0u8; 6];
     assert!(target.read_into(0, &mut got));
     assert_eq!(&got, b"scoped");

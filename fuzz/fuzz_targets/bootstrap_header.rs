@@ -76,8 +76,10 @@ fuzz_target!(|data: &[u8]| {
     let mut peer = Seal::peer(Some(&secret), [3; CHALLENGE_LEN]);
     let from_root = root.challenge_frame(7, 0, 2);
     let from_peer = peer.challenge_frame(7, 1, 2);
-    peer.open(&decode_frame(&from_root, LIMIT).unwrap()).unwrap();
-    root.open(&decode_frame(&from_peer, LIMIT).unwrap()).unwrap();
+    peer.open(&decode_frame(&from_root, LIMIT).unwrap())
+        .unwrap();
+    root.open(&decode_frame(&from_peer, LIMIT).unwrap())
+        .unwrap();
     let payload = &data[..data.len().min(LIMIT as usize)];
     // The opening frame of a first start or of a restarted rank, or a survivor's part.
     let kind = [FrameKind::Hello, FrameKind::Rejoin, FrameKind::Readmit][data.len() % 3];

@@ -27,9 +27,9 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Ticket};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StepClock};
-use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
 /// Bytes of each registered region.
@@ -211,8 +211,8 @@ fn check<const RA: usize, const RB: usize>(
         assert_eq!(got, src_pattern(i), "source region of side {i} was written");
     }
     let now = [
-        (a.failure(), a.outstanding_sends(), a.outstanding_recvs()),
-        (b.failure(), b.outstanding_sends(), b.outstanding_recvs()),
+        (a.fault(), a.outstanding_sends(), a.outstanding_recvs()),
+        (b.fault(), b.outstanding_sends(), b.outstanding_recvs()),
     ];
     for (i, (failure, sends, recvs)) in now.into_iter().enumerate() {
         assert!(
@@ -264,7 +264,7 @@ fn op_write<const RY: usize>(
     inp: &mut Input<'_>,
 ) {
     let x = 1 - y;
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let healthy = w.healthy();
     let (sges, bytes, local_ok) = w.gather(y, inp);
     let (remote, remote_ok) = w.remote(x, bytes.len(), inp);
@@ -276,7 +276,7 @@ fn op_write<const RY: usize>(
     };
     let r = ch.write(&sges, remote);
     drop(sges);
-    expect("write", broken, ok, &r, ch.failure().is_some());
+    expect("write", broken, ok, &r, ch.fault().is_some());
     if ok {
         w.apply(x, off, &bytes);
     }
@@ -289,7 +289,7 @@ fn op_read<const RY: usize>(
     inp: &mut Input<'_>,
 ) {
     let x = 1 - y;
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let healthy = w.healthy();
     let (l, d) = (inp.byte(), inp.byte());
     let len = (l % 40) as usize;
@@ -305,7 +305,7 @@ fn op_read<const RY: usize>(
         let mut s = [w.mem[y].sge_mut(dst..dst + len).expect("in bounds")];
         ch.read(&mut s, remote)
     };
-    expect("read", broken, ok, &r, ch.failure().is_some());
+    expect("read", broken, ok, &r, ch.fault().is_some());
     if ok {
         let got: Vec<u8> = w.shadow[x][off..off + len].to_vec();
         w.apply(y, dst, &got);
@@ -319,7 +319,7 @@ fn op_write_inline<const RY: usize>(
     inp: &mut Input<'_>,
 ) {
     let x = 1 - y;
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let healthy = w.healthy();
     let l = inp.byte();
     let nowait = l & 0x80 != 0;
@@ -354,7 +354,7 @@ fn op_write_inline<const RY: usize>(
         }
     } else {
         let r = ch.write_inline(data, remote);
-        expect("write_inline", broken, ok, &r, ch.failure().is_some());
+        expect("write_inline", broken, ok, &r, ch.fault().is_some());
         if ok {
             w.apply(x, off, data);
         }
@@ -368,7 +368,7 @@ fn op_send_inline<const RY: usize>(
     ch: &mut Chan<'_, RY>,
     inp: &mut Input<'_>,
 ) {
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let l = inp.byte();
     let data = inp.take(l as usize % (INLINE + 9));
     let r = ch.send_inline(data);
@@ -377,7 +377,7 @@ fn op_send_inline<const RY: usize>(
         broken,
         false,
         &r,
-        ch.failure().is_some(),
+        ch.fault().is_some(),
     );
 }
 
@@ -393,7 +393,7 @@ fn op_batch<const RY: usize>(
     inp: &mut Input<'_>,
 ) {
     let x = 1 - y;
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let healthy = w.healthy();
     let n = 1 + (inp.byte() % 12) as usize;
     let mode = inp.byte();
@@ -455,7 +455,7 @@ fn op_batch<const RY: usize>(
             broken && !empty,
             ok || empty,
             &r,
-            ch.failure().is_some(),
+            ch.fault().is_some(),
         );
     } else {
         // SAFETY: gather entries name the source regions and inline data the input, both
@@ -478,7 +478,7 @@ fn op_batch<const RY: usize>(
                     "submit failed with {e:?} on a healthy fabric"
                 );
                 assert!(
-                    ch.failure().is_some(),
+                    ch.fault().is_some(),
                     "submit failed with {e:?}, channel not broken"
                 );
             }
@@ -511,7 +511,7 @@ fn op_wait<const RY: usize>(
             "wait reported success for requests that failed or were flushed"
         );
     }
-    if ch.failure().is_none() {
+    if ch.fault().is_none() {
         assert!(
             r.is_ok() && ok,
             "wait: {r:?} (predicted ok={ok}) on a channel not broken"
@@ -535,9 +535,9 @@ fn op_wait_all<const RY: usize>(w: &mut World<'_, '_>, y: usize, ch: &mut Chan<'
     }
     assert_eq!(
         r.is_ok(),
-        ch.failure().is_none(),
+        ch.fault().is_none(),
         "wait_all: {r:?} vs {:?}",
-        ch.failure()
+        ch.fault()
     );
     if r.is_ok() {
         // Everything completed successfully: every ticket of this side was good.
@@ -570,7 +570,7 @@ fn send_one<const RY: usize>(
     len: usize,
     inline: Option<&[u8]>,
 ) {
-    let broken = ch.failure().is_some();
+    let broken = ch.fault().is_some();
     let healthy = !fabric.in_error(Side::A) && !fabric.in_error(Side::B);
     let pattern = src_pattern(y);
     let bytes: &[u8] = match inline {
@@ -599,7 +599,7 @@ fn send_one<const RY: usize>(
             ch.send(&g)
         }
     };
-    expect("send", broken, ok, &r, ch.failure().is_some());
+    expect("send", broken, ok, &r, ch.fault().is_some());
 }
 
 /// `x` posts receives in a scope while `y` sends (and `x` waits for some of them).
@@ -629,7 +629,7 @@ fn op_scoped_pair<const RX: usize, const RY: usize>(
         at += len;
     }
     let nsteps = 1 + (inp.byte() % 12) as usize;
-    let x_broken = xc.failure().is_some();
+    let x_broken = xc.fault().is_some();
 
     let World {
         fabric,
@@ -763,7 +763,7 @@ fn op_scoped_pair<const RX: usize, const RY: usize>(
                 0,
                 Some(&[]),
             );
-            if consumed == before || yc.failure().is_some() {
+            if consumed == before || yc.fault().is_some() {
                 break;
             }
         }
@@ -775,7 +775,7 @@ fn op_scoped_pair<const RX: usize, const RY: usize>(
     // closure's value.
     if r.is_err() {
         assert!(
-            xc.failure().is_some(),
+            xc.fault().is_some(),
             "scope failed with {r:?}, channel not broken"
         );
     }
@@ -797,7 +797,7 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
     let rlen = rl as usize % (LEN + 1);
     let roff = ro as usize % (LEN - rlen + 1);
     let timeout = Duration::from_millis(u64::from(t));
-    let (xb, yb) = (xc.failure().is_some(), yc.failure().is_some());
+    let (xb, yb) = (xc.fault().is_some(), yc.fault().is_some());
     let healthy = w.healthy();
     let matched = with_send && !xb && !yb && healthy;
     let ok = matched && len <= rlen;
@@ -827,14 +827,14 @@ fn op_recv_timeout<const RX: usize, const RY: usize>(
     } else {
         (xc.recv_timeout(&mut rs, timeout), None)
     };
-    expect("recv_timeout", xb, ok, &recv, xc.failure().is_some());
+    expect("recv_timeout", xb, ok, &recv, xc.fault().is_some());
     if let Ok(info) = recv {
         assert_eq!((info.byte_len, info.imm), (len as u32, None));
     }
     if let Some(send) = send {
         if send.is_ok() && !yb {
             assert!(
-                ok || yc.failure().is_none(),
+                ok || yc.fault().is_none(),
                 "scope hid a failure of its send"
             );
         }

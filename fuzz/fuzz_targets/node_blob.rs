@@ -20,7 +20,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Some(to) = b.addressee() {
-        let endpoint = b.endpoint_for(to).expect("decode validated the addressee's slot");
+        let endpoint = b
+            .endpoint_for(to)
+            .expect("decode validated the addressee's slot");
         let encoded = NodeBlob::encode_addressed(b.rank, b.world, to, endpoint, b.flags, b.window)
             .expect("a decoded addressed blob re-encodes");
         assert_eq!(encoded[..], data[..]);
@@ -40,7 +42,10 @@ fuzz_target!(|data: &[u8]| {
     for to in (0..b.world).filter(|&r| r != b.rank) {
         let a = NodeBlob::cut_for(data, to).expect("a valid full blob cuts for every peer");
         let d = NodeBlob::decode(&a).expect("a cut blob decodes");
-        assert_eq!((d.rank, d.world, d.addressee()), (b.rank, b.world, Some(to)));
+        assert_eq!(
+            (d.rank, d.world, d.addressee()),
+            (b.rank, b.world, Some(to))
+        );
         assert_eq!((d.flags, d.window), (b.flags, b.window));
         assert_eq!(d.endpoint_for(to), b.endpoint_for(to));
         assert_eq!(d.endpoint_for(b.rank), None);

@@ -35,10 +35,10 @@ use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, soft_world_with, Event, NodeError, Receive, SoftNode};
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::{Spin, StepClock};
-use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::wire::flags::{FlagLayout, SLOT_LEN};
 use rverbs_core::wire::notice;
 

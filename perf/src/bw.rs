@@ -116,7 +116,7 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
         chan.poll_sends()?;
         // A request that failed (retries exhausted: the peer is gone) breaks the channel and
         // flushes the rest, which then retire too: report it, not a rate.
-        if let Some(e) = chan.failure() {
+        if let Some(e) = chan.fault() {
             return Err(e.into());
         }
         let retired = posted - chan.outstanding_sends() as usize;

@@ -240,7 +240,7 @@ pub struct ChannelCounters {
     /// Whether a wait reached its deadline without the peer answering (the channel broke
     /// then: a channel times out at most once).
     pub timed_out: bool,
-    /// The first failure, if the channel is broken ([`Channel::failure`]).
+    /// The first failure, if the channel is broken ([`Channel::fault`]).
     pub failure: Option<ChannelError>,
 }
 
@@ -467,8 +467,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         &mut self.p
     }
 
-    /// The first failure, if the channel is broken.
-    pub fn failure(&self) -> Option<ChannelError> {
+    /// The channel's fault: the first error that broke it, if it is broken (a failure, in
+    /// rverbs' words, is news about a rank: [`crate::failure::Failure`]).
+    pub fn fault(&self) -> Option<ChannelError> {
         self.broken.map(|b| match b {
             Broken::Wr(w) => ChannelError::Broken(w),
             Broken::TimedOut => ChannelError::TimedOut { peer: self.peer },
@@ -487,7 +488,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             receives_posted: self.recv_next,
             receives_completed: self.recv_done,
             timed_out: matches!(self.broken, Some(Broken::TimedOut)),
-            failure: self.failure(),
+            failure: self.fault(),
         }
     }
 
@@ -700,12 +701,12 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[cold]
     #[inline(never)]
     fn make_room(&mut self, need: u64) -> Result<(), ChannelError> {
-        if let Some(e) = self.failure() {
+        if let Some(e) = self.fault() {
             return Err(e);
         }
         if !self.fits(need) {
             self.poll_until_on(Queues::Sends, |c| c.fits(need), None)?;
-            if let Some(e) = self.failure() {
+            if let Some(e) = self.fault() {
                 return Err(e);
             }
         }
@@ -752,7 +753,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// # Safety
     /// The posting contract for the scatter buffers.
     unsafe fn post_recv_sges(&mut self, sges: &[Sge<'_>]) -> Result<u64, ChannelError> {
-        if let Some(e) = self.failure() {
+        if let Some(e) = self.fault() {
             return Err(e);
         }
         self.check_sges(sges.len(), self.caps.max_recv_sge)?;

@@ -101,7 +101,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     /// must not grant remote write or atomic access (a peer could then change a message
     /// while it is read). On error nothing stays posted. Does not allocate.
     pub fn new(chan: Channel<P, B, R>, mem: M, slot_size: usize) -> Result<Self, ChannelError> {
-        if let Some(e) = chan.failure() {
+        if let Some(e) = chan.fault() {
             return Err(e);
         }
         let access = mem.access();

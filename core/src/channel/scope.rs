@@ -104,7 +104,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         core::mem::forget(guard);
         r?;
         if self.broken != already_broken {
-            if let Some(e) = self.failure() {
+            if let Some(e) = self.fault() {
                 return Err(e);
             }
         }

@@ -266,7 +266,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub fn wait_all(&mut self) -> Result<(), ChannelError> {
         self.cover_all()?;
         self.poll_until(Self::all_done, None)?;
-        self.failure().map_or(Ok(()), Err)
+        self.fault().map_or(Ok(()), Err)
     }
 
     /// Returns once nothing posted on this channel can still touch memory: everything
@@ -300,7 +300,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[cfg(feature = "rdmacm")]
     pub(crate) fn wait_sends(&mut self) -> Result<(), ChannelError> {
         self.poll_until(|c| c.done_seq >= c.next_seq, None)?;
-        self.failure().map_or(Ok(()), Err)
+        self.fault().map_or(Ok(()), Err)
     }
 
     /// Closes the channel for good: every later call fails with
@@ -332,7 +332,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             // The failure came after these requests (or on the receive side): if they
             // completed, they completed successfully.
             Some(_) if last < self.failure_seq() => Ok(()),
-            Some(_) => self.failure().map_or(Ok(()), Err),
+            Some(_) => self.fault().map_or(Ok(()), Err),
         }
     }
 

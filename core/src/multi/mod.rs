@@ -316,13 +316,13 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let mut n = 0;
         let mut one = |i: usize, c: &mut Channel<P, B, R>| {
             let rank = rank_at[i];
-            let intact = c.failure().is_none();
+            let intact = c.fault().is_none();
             match c.poll() {
                 Ok(0) => {}
                 Ok(k) => {
                     n += k;
                     // A channel this poll broke (an error completion) is reported once, here.
-                    match c.failure() {
+                    match c.fault() {
                         Some(ChannelError::Broken(w)) if intact => {
                             f((i, rank), Err(ChannelError::Failed(w)));
                         }

@@ -77,7 +77,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         let chan = self.channel(rank)?;
         if !chan.send_room(1) {
-            return match chan.failure() {
+            return match chan.fault() {
                 Some(error) => Err(NodeError::Channel { rank, error }),
                 None => Err(NodeError::WouldBlock { rank }),
             };

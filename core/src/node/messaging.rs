@@ -311,7 +311,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return bad("the ring region is smaller than (world - 1) * slots * slot_size");
         }
         for (rank, c) in self.multi.ranked() {
-            if let Some(error) = c.failure() {
+            if let Some(error) = c.fault() {
                 return Err(NodeError::Channel { rank, error });
             }
             if c.outstanding_recvs() + slots as u64 > c.recv_capacity() {
@@ -518,8 +518,7 @@ fn has_events<P: Provider, M, B: Backoff + Clone>(
 ) -> bool {
     multi.by_index(p).is_some_and(|c| {
         c.sends_completed() > rings.sends_seen[p]
-            || ((c.failure().is_some() || c.id() != rings.chan_ids[p])
-                && !rings.failure_reported[p])
+            || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
     })
 }
 
@@ -541,7 +540,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         // channel, so none of them may be read or re-posted again.
         return Ok(report_failure(rings, p, ChannelError::Replaced, handler));
     }
-    if let Some(error) = chan.failure() {
+    if let Some(error) = chan.fault() {
         return Ok(report_failure(rings, p, error, handler));
     }
     let done = chan.sends_completed();

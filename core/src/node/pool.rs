@@ -77,7 +77,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let mut table = QpTable::new(peers);
         let mut probe = None;
         for (p, (rank, c)) in self.multi.ranked().enumerate() {
-            if let Some(error) = c.failure() {
+            if let Some(error) = c.fault() {
                 return Err(NodeError::Channel { rank, error });
             }
             if c.provider().srq_capacity() as usize != depth {

@@ -114,7 +114,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 c.shut();
                 continue;
             }
-            if let Some(error) = c.failure() {
+            if let Some(error) = c.fault() {
                 return refuse(ReadmitError::Channel { rank: peer, error });
             }
             if let Err(error) = c.wait_all() {
