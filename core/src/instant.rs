@@ -77,7 +77,7 @@ use crate::verbs::send_ex::{ConnectedSender, DatagramSender};
 use crate::verbs::{PostPath, VerbsError};
 use crate::wr::{DatagramRequest, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
-const ENOMEM: c_int = 12;
+const ENOMEM: c_int = crate::verb::errno::ENOMEM;
 const ENOENT: c_int = crate::verb::errno::ENOENT;
 
 /// `struct ibv_wc` as a driver writes it (the binding's fields are private).
@@ -1333,7 +1333,7 @@ impl PeerHand {
 const DATAGRAM_QKEY: u32 = 0x1111_1111;
 /// The path MTU its datagram queue pairs report.
 const DATAGRAM_MTU: u32 = 1024;
-const EOPNOTSUPP: c_int = 95;
+const EOPNOTSUPP: c_int = crate::verb::errno::EOPNOTSUPP;
 
 /// An address on the instant device: an `ibv_ah` of its own (zeroed: the driver reads
 /// nothing of it) that a hand-written baseline puts in its requests as rverbs does.
