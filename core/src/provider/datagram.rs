@@ -5,8 +5,8 @@
 //! - [`verbs_ud`](super::verbs_ud) (feature `verbs`): a [`UdQp`](crate::verbs::UdQp) with
 //!   its own two completion queues, address handles for addresses, and multicast groups
 //!   joined on the device and in the IP layer;
-//! - the software model's [`NetDatagram`](super::soft::NetDatagram) (feature `alloc`):
-//!   datagram queue pairs on the nodes of a [`SoftNet`](super::soft::SoftNet), unicast and
+//! - the software model's [`NetDatagram`](crate::model::NetDatagram) (feature `alloc`):
+//!   datagram queue pairs on the nodes of a [`SoftNet`](crate::model::SoftNet), unicast and
 //!   multicast fan-out, executed deterministically inside the calls.
 //!
 //! What both promise: a send completes once the datagram left (whether anybody received it
