@@ -563,8 +563,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// memory.
     fn flush_and_drain(&mut self) {
         let qp_num = self.qp_num;
-        let who = format_args!("datagram queue pair {qp_num}");
-        crate::poll::drain::flush_and_drain(self, &who);
+        crate::poll::drain::flush_and_drain(self, &format_args!("datagram queue pair {qp_num}"));
     }
 
     fn all_done(&self) -> bool {
