@@ -6,7 +6,7 @@ use core::time::Duration;
 use std::ffi::CString;
 use std::time::Instant;
 
-use crate::exchange::{ExchangeOptions, Personalize};
+use crate::exchange::{check_own_blob, ExchangeOptions, Personalize};
 
 use super::env::LauncherEnv;
 use super::ffi::{Client, Status};
@@ -178,22 +178,7 @@ impl PmixSession {
         let limit = personalize.map_or(self.options.max_blob_size, |p| {
             p.blob_limit(self.world_size)
         });
-        if blob.len() > limit {
-            return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
-                rank: self.rank,
-                len: blob.len(),
-                limit,
-            }));
-        }
-        if let Some(p) = personalize {
-            p.check(self.rank, self.world_size, blob)
-                .map_err(|reason| {
-                    BootstrapError::Exchange(ExchangeError::InvalidArgument {
-                        rank: self.rank,
-                        reason: format!("{p:?} refuses this rank's blob: {reason}"),
-                    })
-                })?;
-        }
+        check_own_blob(self.rank, self.world_size, blob, limit, personalize)?;
         self.round_trip(blob, limit, personalize)
     }
 
