@@ -13,7 +13,7 @@ use crate::sge::Sge;
 use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, WorkRequest, ATOMIC_LEN, MAX_BATCH};
 
 use super::entry::{build_send, check_send, completion, RawSge, SendHeader, NO_SGE};
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::spans::{copy_spans, gather, Spans};
 use super::{AccessFlags, SoftStats, EINVAL, ENOMEM, MAX_SGE};
 
@@ -55,17 +55,8 @@ pub(super) trait Wiring {
     fn mark_error(&mut self, q: usize);
     /// Whether `q` answers no requests (its process is dead, or it is in the error state).
     fn unreachable(&self, q: usize) -> bool;
-    /// Resolves `addr..addr+len` by `key` against the memory `q` may use (its side's or
-    /// node's region table), needing `need`.
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8>;
+    /// Resolves `at` against the memory `q` may use (its side's or node's region table).
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8>;
     /// Send-queue slots of `q` in use (posted, not retired by a polled completion).
     fn send_used(&self, q: usize) -> u64;
     /// Receive-queue slots of `q` in use.
@@ -306,9 +297,7 @@ enum Local<'a> {
 
 /// Resolves local entries of `q` (lkeys), each needing `need`.
 fn resolve_local<W: Wiring>(w: &W, q: usize, sges: &[RawSge], need: AccessFlags) -> Option<Spans> {
-    gather(sges, |s| {
-        w.resolve(q, KeyKind::Local, s.key, s.addr, u64::from(s.len), need)
-    })
+    gather(sges, |s| w.resolve(q, &Reach::entry(s, need)))
 }
 
 /// One attempt at the request `h` at the head of `s`'s send queue.
@@ -347,7 +336,7 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
         } else {
             AccessFlags::REMOTE_WRITE
         };
-        match w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, u64::from(total), need) {
+        match w.resolve(p, &Reach::remote(h.rkey, h.raddr, total, need)) {
             Some(ptr) => Spans::one(ptr, total as usize),
             None => {
                 // Class C responder error: NAK to the requester, responder to error.
@@ -415,7 +404,7 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
 fn atomic<W: Wiring>(w: &mut W, p: usize, h: &SendHeader, op: AtomicOp, local: &Spans) -> Outcome {
     let len = u64::from(ATOMIC_LEN);
     let need = AccessFlags::REMOTE_ATOMIC;
-    let Some(ptr) = w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, len, need) else {
+    let Some(ptr) = w.resolve(p, &Reach::remote(h.rkey, h.raddr, ATOMIC_LEN, need)) else {
         enter_error(w, p);
         return done(WcStatus::RemoteAccess);
     };

@@ -10,9 +10,9 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 use super::entry::{RawSge, SendHeader};
 use super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
 use super::fabric::Shared;
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::queues::{QpState, SendCqe, NO_RECV, NO_SEND};
-use super::{AccessFlags, SoftStats, ENOMEM, EOVERFLOW, MAX_INLINE, MAX_SGE, QP_NUMS};
+use super::{SoftStats, ENOMEM, EOVERFLOW, MAX_INLINE, MAX_SGE, QP_NUMS};
 
 /// Both queue pairs, borrowed for one call: queue pair `s` is side `s`, its peer `1 - s`.
 pub(super) struct Pair<'s> {
@@ -50,16 +50,8 @@ impl Wiring for Pair<'_> {
         self.st[q].error || self.st[q].dead
     }
 
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        self.st[q].resolve(q, kind, key, addr, len, need)
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8> {
+        self.st[q].resolve(q, at)
     }
 
     fn send_used(&self, q: usize) -> u64 {

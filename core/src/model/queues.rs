@@ -4,9 +4,9 @@
 use crate::completion::Completion;
 
 use super::entry::{RawSge, SendHeader, NO_HEADER, NO_SGE};
-use super::keys::{split_key, KeyKind};
+use super::keys::{split_key, Reach};
 use super::region::{RegionSlot, NO_REGION};
-use super::{AccessFlags, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP};
+use super::{SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP};
 
 /// A fixed-capacity FIFO. A full ring hands the rejected value back.
 pub(super) struct Ring<T: Copy> {
@@ -160,20 +160,12 @@ impl QpState {
         }
     }
 
-    /// Resolves `addr..addr+len` against the region named by `key`, or `None`.
-    pub(super) fn resolve(
-        &self,
-        side: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        let (gen, k, s, slot) = split_key(key);
-        if k != kind || s != side {
+    /// Resolves `at` against the region its key names, or `None`.
+    pub(super) fn resolve(&self, side: usize, at: &Reach) -> Option<*mut u8> {
+        let (gen, k, s, slot) = split_key(at.sge.key);
+        if k != at.kind || s != side {
             return None;
         }
-        self.regions.get(slot)?.reach(gen, addr, len, need)
+        self.regions.get(slot)?.reach(gen, at)
     }
 }

@@ -6,7 +6,7 @@ use crate::provider::{Provider, QueuePair};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::{
     AccessFlags, Side, SoftEnd, SoftError, SoftFabric, SoftRegion, SoftStats, EINVAL, ENOMEM,
     MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP,
@@ -515,20 +515,20 @@ fn stale_and_foreign_keys_do_not_resolve() {
     let st = f.shared.state.borrow();
     let at = fresh.remote().addr;
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.rkey(), at, 8, RW)
+        .resolve(1, &Reach::remote(fresh.rkey(), at, 8, RW))
         .is_some());
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.rkey(), at + 1, 8, RW)
+        .resolve(1, &Reach::remote(fresh.rkey(), at + 1, 8, RW))
         .is_none());
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.lkey(), at, 8, RW)
+        .resolve(1, &Reach::remote(fresh.lkey(), at, 8, RW))
         .is_none());
     let sa = s.remote();
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, sa.rkey, sa.addr, 8, RW)
+        .resolve(1, &Reach::remote(sa.rkey, sa.addr, 8, RW))
         .is_none());
     assert!(st[0]
-        .resolve(0, KeyKind::Remote, sa.rkey, sa.addr, 8, RW)
+        .resolve(0, &Reach::remote(sa.rkey, sa.addr, 8, RW))
         .is_some());
 }
 

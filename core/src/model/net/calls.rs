@@ -12,8 +12,8 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::super::entry::{RawSge, SendHeader, NO_SGE};
 use super::super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
-use super::super::keys::KeyKind;
-use super::super::{AccessFlags, SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::keys::Reach;
+use super::super::{SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
 use super::region::split_net_key;
 use super::state::{Cqe, SrqState, World, QPN_BASE};
 use crate::verb::errno::EOPNOTSUPP;
@@ -34,6 +34,16 @@ impl World {
 
     fn node_of(&self, q: usize) -> Option<usize> {
         self.qps.get(q).map(|qp| qp.node as usize)
+    }
+
+    /// Resolves `at` against `node`'s region table (a net key names no node: generations
+    /// are unique in the net, so another node's key finds another generation or nothing).
+    pub(super) fn resolve_at(&self, node: usize, at: &Reach) -> Option<*mut u8> {
+        let (gen, kind, slot) = split_net_key(at.sge.key);
+        if kind != at.kind {
+            return None;
+        }
+        self.nodes.get(node)?.regions.get(slot)?.reach(gen, at)
     }
 
     /// The shared receive queue `q` takes its receives from, if it is on one.
@@ -82,21 +92,8 @@ impl Wiring for World {
         }
     }
 
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        let (gen, k, slot) = split_net_key(key);
-        if k != kind {
-            return None;
-        }
-        let node = self.nodes.get(self.node_of(q)?)?;
-        node.regions.get(slot)?.reach(gen, addr, len, need)
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8> {
+        self.resolve_at(self.node_of(q)?, at)
     }
 
     fn send_used(&self, q: usize) -> u64 {

@@ -53,11 +53,10 @@ use crate::wire::grh::{NetworkHeader, GRH_LEN};
 use crate::wr::{DatagramRequest, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
 use super::super::entry::{build_send, check_send, completion, RawSge, NO_SGE};
-use super::super::keys::KeyKind;
+use super::super::keys::Reach;
 use super::super::spans::{copy_spans, gather, Spans};
 use super::super::{AccessFlags, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
 use super::calls::NetState;
-use super::region::split_net_key;
 use super::state::RingPos;
 use super::world::SoftNet;
 use super::NET_MAX_INLINE;
@@ -226,14 +225,7 @@ impl NetState {
 
     /// Resolves `addr..addr+len` by lkey against `node`'s regions.
     fn resolve_local(&self, node: usize, s: &RawSge, need: AccessFlags) -> Option<*mut u8> {
-        let (gen, kind, slot) = split_net_key(s.key);
-        if kind != KeyKind::Local {
-            return None;
-        }
-        let n = self.world.nodes.get(node)?;
-        n.regions
-            .get(slot)?
-            .reach(gen, s.addr, u64::from(s.len), need)
+        self.world.resolve_at(node, &Reach::entry(s, need))
     }
 
     /// Delivers one datagram to queue pair `dst` by the rules of the module docs.
