@@ -5,10 +5,11 @@
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;
+use crate::provider::{ProviderError, Verb};
 use crate::sge::Sge;
 use crate::wr::{Opcode, SendFlags, WorkRequest, ATOMIC_LEN};
 
-use super::EINVAL;
+use super::{EINVAL, EOVERFLOW};
 
 /// A scatter/gather entry as posted: resolved (by key) only when the request executes.
 #[derive(Clone, Copy, Debug)]
@@ -159,4 +160,27 @@ pub(super) const fn completion(
         qp_num,
         timestamp: None,
     }
+}
+
+/// The poll of every completion queue of the models: `Err` once the queue overflowed (a
+/// device's poll fails then), else up to `out.len()` completions, each popped by `next`
+/// (which also retires the request the completion ends). Does not allocate.
+pub(super) fn poll_into<T>(
+    overflowed: bool,
+    out: &mut [T],
+    mut next: impl FnMut() -> Option<T>,
+) -> Result<usize, ProviderError> {
+    if overflowed {
+        return Err(ProviderError {
+            verb: Verb::PollCq,
+            errno: EOVERFLOW,
+        });
+    }
+    let mut n = 0;
+    for slot in out.iter_mut() {
+        let Some(c) = next() else { break };
+        *slot = c;
+        n += 1;
+    }
+    Ok(n)
 }

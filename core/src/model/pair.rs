@@ -3,16 +3,16 @@
 
 use crate::completion::Completion;
 use crate::params::QpCaps;
-use crate::provider::{ProviderError, Verb};
+use crate::provider::ProviderError;
 use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-use super::entry::{RawSge, SendHeader};
+use super::entry::{poll_into, RawSge, SendHeader};
 use super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
 use super::fabric::Shared;
 use super::keys::Reach;
 use super::queues::{QpState, SendCqe, NO_RECV, NO_SEND};
-use super::{SoftStats, ENOMEM, EOVERFLOW, MAX_INLINE, MAX_SGE, QP_NUMS};
+use super::{SoftStats, ENOMEM, MAX_INLINE, MAX_SGE, QP_NUMS};
 
 /// Both queue pairs, borrowed for one call: queue pair `s` is side `s`, its peer `1 - s`.
 pub(super) struct Pair<'s> {
@@ -152,11 +152,6 @@ fn progress(w: &mut Pair<'_>, tick: Option<usize>) {
     }
 }
 
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
-
 impl Shared {
     /// Both queue pairs as a [`Wiring`], for one call.
     pub(super) fn pair<'s>(&self, st: &'s mut [QpState; 2]) -> Pair<'s> {
@@ -202,17 +197,11 @@ impl Shared {
         let mut st = self.state.borrow_mut();
         progress(&mut self.pair(&mut st), Some(side));
         let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(OVERFLOW);
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.scq.pop() else { break };
-            *slot = c.wc;
+        poll_into(qp.cq_overflow, out, || {
+            let c = qp.scq.pop()?;
             qp.sq_retired = qp.sq_retired.max(c.seq + 1);
-            n += 1;
-        }
-        Ok(n)
+            Some(c.wc)
+        })
     }
 
     pub(super) fn poll_recv(
@@ -223,17 +212,11 @@ impl Shared {
         let mut st = self.state.borrow_mut();
         progress(&mut self.pair(&mut st), None);
         let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(OVERFLOW);
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.rcq.pop() else { break };
-            *slot = c;
+        poll_into(qp.cq_overflow, out, || {
+            let c = qp.rcq.pop()?;
             qp.rq_retired += 1;
-            n += 1;
-        }
-        Ok(n)
+            Some(c)
+        })
     }
 
     pub(super) fn set_error(&self, side: usize) {

@@ -6,14 +6,14 @@ use alloc::boxed::Box;
 
 use crate::completion::Completion;
 use crate::params::QpCaps;
-use crate::provider::{ProviderError, Verb};
+use crate::provider::ProviderError;
 use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-use super::super::entry::{RawSge, SendHeader, NO_SGE};
+use super::super::entry::{poll_into, RawSge, SendHeader, NO_SGE};
 use super::super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
 use super::super::keys::Reach;
-use super::super::{SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::{SoftStats, EINVAL, ENOMEM, MAX_SGE};
 use super::region::split_net_key;
 use super::state::{Cqe, SrqState, World, QPN_BASE};
 use crate::verb::errno::EOPNOTSUPP;
@@ -250,11 +250,6 @@ impl Wiring for World {
     }
 }
 
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
-
 /// The world and the scratch room execution copies an inline payload into.
 pub(super) struct NetState {
     pub(super) world: World,
@@ -398,19 +393,13 @@ impl NetState {
         let Some(n) = w.nodes.get_mut(node) else {
             return Ok(0);
         };
-        if n.send_cq.overflow {
-            return Err(OVERFLOW);
-        }
-        let mut count = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = n.send_cq.pop() else { break };
-            *slot = c.completion();
+        poll_into(n.send_cq.overflow, out, || {
+            let c = n.send_cq.pop()?;
             if let Some(qp) = w.qps.get_mut(c.qp as usize) {
                 qp.sq_retired = qp.sq_retired.max(c.seq + 1);
             }
-            count += 1;
-        }
-        Ok(count)
+            Some(c.completion())
+        })
     }
 
     /// Up to `out.len()` completions of `node`'s receive CQ.
@@ -423,13 +412,8 @@ impl NetState {
         let Some(n) = w.nodes.get_mut(node) else {
             return Ok(0);
         };
-        if n.recv_cq.overflow {
-            return Err(OVERFLOW);
-        }
-        let mut count = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = n.recv_cq.pop() else { break };
-            *slot = c.completion();
+        poll_into(n.recv_cq.overflow, out, || {
+            let c = n.recv_cq.pop()?;
             match w.qps.get_mut(c.qp as usize) {
                 Some(qp) if qp.on_srq => {
                     if let Some(srq) = n.srq.as_mut() {
@@ -439,9 +423,8 @@ impl NetState {
                 Some(qp) => qp.rq_retired += 1,
                 None => {}
             }
-            count += 1;
-        }
-        Ok(count)
+            Some(c.completion())
+        })
     }
 
     /// Kills `node`: dead, and every queue pair of it flushed (its datagram queue pairs

@@ -52,10 +52,10 @@ use crate::provider::{ProviderError, Verb};
 use crate::wire::grh::{NetworkHeader, GRH_LEN};
 use crate::wr::{DatagramRequest, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
-use super::super::entry::{build_send, check_send, completion, RawSge, NO_SGE};
+use super::super::entry::{build_send, check_send, completion, poll_into, RawSge, NO_SGE};
 use super::super::keys::Reach;
 use super::super::spans::{copy_spans, gather, Spans};
-use super::super::{AccessFlags, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::{AccessFlags, EINVAL, ENOMEM, MAX_SGE};
 use super::calls::NetState;
 use super::state::RingPos;
 use super::world::SoftNet;
@@ -495,19 +495,12 @@ impl NetState {
         let Some(d) = self.world.ud.get_mut(u) else {
             return Ok(0);
         };
-        if d.overflow {
-            return Err(OVERFLOW);
-        }
         let cap = d.scq.len() as u32;
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(i) = d.scq_pos.pop(cap) else { break };
-            let (wc, seq) = d.scq[i];
-            *slot = wc;
+        poll_into(d.overflow, out, || {
+            let (wc, seq) = d.scq[d.scq_pos.pop(cap)?];
             d.sq_retired = d.sq_retired.max(seq + 1);
-            n += 1;
-        }
-        Ok(n)
+            Some(wc)
+        })
     }
 
     fn ud_poll_recv(
@@ -518,25 +511,14 @@ impl NetState {
         let Some(d) = self.world.ud.get_mut(u) else {
             return Ok(0);
         };
-        if d.overflow {
-            return Err(OVERFLOW);
-        }
         let cap = d.rcq.len() as u32;
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(i) = d.rcq_pos.pop(cap) else { break };
-            *slot = d.rcq[i];
+        poll_into(d.overflow, out, || {
+            let c = d.rcq[d.rcq_pos.pop(cap)?];
             d.rq_retired += 1;
-            n += 1;
-        }
-        Ok(n)
+            Some(c)
+        })
     }
 }
-
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
 
 /// The network header of a datagram from `sgid` to `dgid` with `payload` bytes.
 fn header(sgid: Gid, dgid: Gid, payload: u64) -> [u8; GRH_LEN] {
