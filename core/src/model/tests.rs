@@ -39,6 +39,11 @@ fn wr<'a>(id: u64, op: Opcode, flags: SendFlags, sges: &'a [Sge<'a>]) -> WorkReq
 }
 
 /// A scatter entry as the entry type receive requests carry.
+/// The failure of a post that posted `posted` requests and refused the next with `errno`.
+pub(super) fn refused(posted: usize, errno: i32) -> PostFailure {
+    PostFailure { posted, errno }
+}
+
 fn rs<'a>(x: &SgeMut<'a>) -> Sge<'a> {
     // SAFETY: same range and key; the caller keeps the SgeMut borrowed meanwhile.
     unsafe { Sge::from_raw(x.addr(), x.len(), x.lkey()) }
@@ -376,13 +381,7 @@ fn queue_full_is_enomem_with_posted_count() {
     unsafe { a.post_send(&w) }.unwrap();
     // SAFETY: as above.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 2,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(2, ENOMEM));
     let (_, n) = poll_s(&mut a);
     assert_eq!(n, 8);
     assert_eq!(f.send_queue_used(Side::A), 0);
@@ -399,13 +398,7 @@ fn queue_full_is_enomem_with_posted_count() {
     }; 9];
     // SAFETY: names no memory.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 8,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(8, ENOMEM));
 }
 
 #[test]
@@ -421,39 +414,21 @@ fn einval_for_sges_and_inline() {
     ];
     // SAFETY: zero rkey: nothing is written remotely; the first fails with RemoteAccess.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 1,
-            errno: EINVAL
-        }
-    );
+    assert_eq!(e, refused(1, EINVAL));
     let data = [7u8; 33];
     // SAFETY: inline data is a live slice.
     let big = [unsafe { Sge::from_raw(data.as_ptr() as u64, 33, 0) }];
     let w = [wr(3, Opcode::Send, SendFlags::INLINE, &big)];
     // SAFETY: rejected before reading.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 0,
-            errno: EINVAL
-        }
-    );
+    assert_eq!(e, refused(0, EINVAL));
     let rr = [RecvRequest {
         wr_id: 0,
         sges: &four,
     }];
     // SAFETY: rejected.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 0,
-            errno: EINVAL
-        }
-    );
+    assert_eq!(e, refused(0, EINVAL));
 }
 
 #[test]

@@ -9,9 +9,10 @@ use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::{QpCaps, RetryCount, RnrRetry};
 use crate::provider::{CompletionQueue, QueuePair, Verb};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
-use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{Opcode, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
 use super::super::keys::KeyKind;
+use super::super::tests::refused;
 use super::super::{AccessFlags, SoftError, EINVAL, ENOMEM, EOVERFLOW};
 use super::region::{net_key, split_net_key};
 use super::{NetCq, NetQp, SoftNet, SoftNetConfig, NET_MAX_INLINE, NET_MAX_QUEUE};
@@ -578,13 +579,7 @@ fn posts_are_checked_like_the_two_party_model() {
     unsafe { a.post_send(&w) }.unwrap();
     // SAFETY: as above.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 1,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(1, ENOMEM));
     assert_eq!(poll(&mut s0).len(), 4);
     let too_many = [op(0, Opcode::Write, &[]); MAX_BATCH + 1];
     // SAFETY: as above.
