@@ -64,6 +64,8 @@ use self::session::Link;
 pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
 pub use self::session::{Session, DROPPED_REASON};
+#[cfg(feature = "verbs")]
+pub(crate) use self::watch::WatchThread;
 pub use self::watch::{Departure, Watch};
 
 pub use self::readmit::exchange_rejoin;
