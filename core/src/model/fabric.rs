@@ -60,8 +60,8 @@ impl fmt::Debug for QpDebug<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let q = self.0;
         f.debug_struct("Qp")
-            .field("send_used", &(q.sq_posted - q.sq_retired))
-            .field("recv_used", &(q.rq_posted - q.rq_retired))
+            .field("send_used", &q.sq_count.used())
+            .field("recv_used", &q.rq_count.used())
             .field("unexecuted_sends", &q.sq.len)
             .field("posted_recvs", &q.rq.len)
             .field("error", &q.error)
@@ -171,13 +171,13 @@ impl<'m> SoftFabric<'m> {
     /// Send-queue slots of `side` in use (posted, not yet retired by a polled completion).
     pub fn send_queue_used(&self, side: Side) -> u64 {
         let st = self.shared.state.borrow();
-        st[side.index()].sq_posted - st[side.index()].sq_retired
+        st[side.index()].sq_count.used()
     }
 
     /// Receive-queue slots of `side` in use (posted, completion not yet polled).
     pub fn recv_queue_used(&self, side: Side) -> u64 {
         let st = self.shared.state.borrow();
-        st[side.index()].rq_posted - st[side.index()].rq_retired
+        st[side.index()].rq_count.used()
     }
 
     /// Counters of `side`.

@@ -55,11 +55,11 @@ impl Wiring for Pair<'_> {
     }
 
     fn send_used(&self, q: usize) -> u64 {
-        self.st[q].sq_posted - self.st[q].sq_retired
+        self.st[q].sq_count.used()
     }
 
     fn recv_used(&self, q: usize) -> u64 {
-        self.st[q].rq_posted - self.st[q].rq_retired
+        self.st[q].rq_count.used()
     }
 
     fn push_send(
@@ -71,7 +71,7 @@ impl Wiring for Pair<'_> {
         w.hdr = fill(&mut w.sges, &mut w.inline_data)?;
         let qp = &mut self.st[q];
         qp.sq.push(w).map_err(|_| ENOMEM)?;
-        qp.sq_posted += 1;
+        qp.sq_count.posted += 1;
         Ok(())
     }
 
@@ -84,7 +84,7 @@ impl Wiring for Pair<'_> {
         r.nsge = sges.len();
         let qp = &mut self.st[q];
         qp.rq.push(r).map_err(|_| ENOMEM)?;
-        qp.rq_posted += 1;
+        qp.rq_count.posted += 1;
         Ok(())
     }
 
@@ -103,7 +103,7 @@ impl Wiring for Pair<'_> {
         }
         // The ring holds the requests not yet executed, the newest at position
         // `sq_posted - 1`.
-        Some((w.hdr, qp.sq_posted - qp.sq.len as u64))
+        Some((w.hdr, qp.sq_count.posted - qp.sq.len as u64))
     }
 
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader> {
@@ -112,7 +112,7 @@ impl Wiring for Pair<'_> {
 
     fn pop_send(&mut self, q: usize) -> Option<(u64, u64)> {
         let qp = &mut self.st[q];
-        let seq = qp.sq_posted - qp.sq.len as u64;
+        let seq = qp.sq_count.posted - qp.sq.len as u64;
         qp.sq.pop().map(|w| (w.hdr.wr_id, seq))
     }
 
@@ -199,7 +199,7 @@ impl Shared {
         let qp = &mut st[side];
         poll_into(qp.cq_overflow, out, || {
             let c = qp.scq.pop()?;
-            qp.sq_retired = qp.sq_retired.max(c.seq + 1);
+            qp.sq_count.retire_to(c.seq);
             Some(c.wc)
         })
     }
@@ -214,7 +214,7 @@ impl Shared {
         let qp = &mut st[side];
         poll_into(qp.cq_overflow, out, || {
             let c = qp.rcq.pop()?;
-            qp.rq_retired += 1;
+            qp.rq_count.retired += 1;
             Some(c)
         })
     }

@@ -97,11 +97,11 @@ impl Wiring for World {
     }
 
     fn send_used(&self, q: usize) -> u64 {
-        self.qps.get(q).map_or(0, |qp| qp.sq_posted - qp.sq_retired)
+        self.qps.get(q).map_or(0, |qp| qp.sq_count.used())
     }
 
     fn recv_used(&self, q: usize) -> u64 {
-        self.qps.get(q).map_or(0, |qp| qp.rq_posted - qp.rq_retired)
+        self.qps.get(q).map_or(0, |qp| qp.rq_count.used())
     }
 
     fn push_send(
@@ -118,7 +118,7 @@ impl Wiring for World {
         let h = fill(sges, inline)?;
         *qp.send.get_mut(i).ok_or(ENOMEM)? = h;
         qp.sq.len += 1;
-        qp.sq_posted += 1;
+        qp.sq_count.posted += 1;
         Ok(())
     }
 
@@ -142,7 +142,7 @@ impl Wiring for World {
         }
         *qp.recv.get_mut(i).ok_or(ENOMEM)? = wr_id;
         qp.rq.len += 1;
-        qp.rq_posted += 1;
+        qp.rq_count.posted += 1;
         Ok(())
     }
 
@@ -167,7 +167,7 @@ impl Wiring for World {
         }
         // The ring holds the requests not yet executed, the newest at position
         // `sq_posted - 1`.
-        Some((h, qp.sq_posted - u64::from(qp.sq.len)))
+        Some((h, qp.sq_count.posted - u64::from(qp.sq.len)))
     }
 
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader> {
@@ -179,7 +179,7 @@ impl Wiring for World {
     fn pop_send(&mut self, q: usize) -> Option<(u64, u64)> {
         let cap = self.caps.max_send_wr;
         let qp = self.qps.get_mut(q)?;
-        let seq = qp.sq_posted - u64::from(qp.sq.len);
+        let seq = qp.sq_count.posted - u64::from(qp.sq.len);
         let i = qp.sq.pop(cap)?;
         let wr_id = qp.send.get(i).map_or(0, |h| h.wr_id);
         if qp.sq.len == 0 {
@@ -396,7 +396,7 @@ impl NetState {
         poll_into(n.send_cq.overflow, out, || {
             let c = n.send_cq.pop()?;
             if let Some(qp) = w.qps.get_mut(c.qp as usize) {
-                qp.sq_retired = qp.sq_retired.max(c.seq + 1);
+                qp.sq_count.retire_to(c.seq);
             }
             Some(c.completion())
         })
@@ -420,7 +420,7 @@ impl NetState {
                         srq.retired += 1;
                     }
                 }
-                Some(qp) => qp.rq_retired += 1,
+                Some(qp) => qp.rq_count.retired += 1,
                 None => {}
             }
             Some(c.completion())

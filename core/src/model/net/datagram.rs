@@ -15,7 +15,7 @@
 //!   with more than the caps' entries, an inline payload over `max_inline_data`, or a
 //!   payload over the MTU the queue pair was made with is refused at post (`EINVAL`); one
 //!   whose entries do not resolve completes with [`WcStatus::LocalProtection`] and moves the
-//!   sender to the error state. Occupancy as in the RC model: a send holds its slot until a
+//!   sender to the error state. Count as in the RC model: a send holds its slot until a
 //!   completion at or past it has been polled.
 //! - **Delivery to a queue pair** happens only if it exists on the node the address names,
 //!   is not in the error state, its node is alive, the Q_Key matches and a receive is
@@ -52,7 +52,7 @@ use crate::provider::{ProviderError, Verb};
 use crate::wire::grh::{NetworkHeader, GRH_LEN};
 use crate::wr::{DatagramRequest, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
-use super::super::entry::{build_send, check_send, completion, poll_into, RawSge, NO_SGE};
+use super::super::entry::{build_send, check_send, completion, poll_into, Count, RawSge, NO_SGE};
 use super::super::keys::Reach;
 use super::super::spans::{copy_spans, gather, Spans};
 use super::super::{AccessFlags, EINVAL, ENOMEM, MAX_SGE};
@@ -73,10 +73,8 @@ pub(crate) struct UdState {
     mtu: u32,
     error: bool,
     rq: RingPos,
-    rq_posted: u64,
-    rq_retired: u64,
-    sq_posted: u64,
-    sq_retired: u64,
+    sq_count: Count,
+    rq_count: Count,
     /// `max_recv_wr` receive ids.
     recv_ids: Box<[u64]>,
     /// `max_recv_wr` × `max_recv_sge` receive entries (unused ones zero-length).
@@ -99,10 +97,8 @@ impl UdState {
             mtu,
             error: false,
             rq: RingPos::default(),
-            rq_posted: 0,
-            rq_retired: 0,
-            sq_posted: 0,
-            sq_retired: 0,
+            sq_count: Count::ZERO,
+            rq_count: Count::ZERO,
             recv_ids: alloc::vec![0; rw].into_boxed_slice(),
             recv_sges: alloc::vec![NO_SGE; rw * caps.max_recv_sge as usize].into_boxed_slice(),
             // One more than the queue for the drain request a flush posts.
@@ -347,7 +343,7 @@ impl NetState {
             if let Err(errno) = check_send(&caps, &as_rc) {
                 return fail(errno);
             }
-            if d.sq_posted - d.sq_retired >= u64::from(caps.max_send_wr) {
+            if d.sq_count.used() >= u64::from(caps.max_send_wr) {
                 return fail(ENOMEM);
             }
             let mut sges = [NO_SGE; MAX_SGE];
@@ -356,9 +352,9 @@ impl NetState {
             let Ok(h) = built else {
                 return fail(EINVAL);
             };
-            let seq = d.sq_posted;
+            let seq = d.sq_count.posted;
             if let Some(d) = self.world.ud.get_mut(u) {
-                d.sq_posted += 1;
+                d.sq_count.posted += 1;
             }
             if let Some(n) = self.world.nodes.get_mut(node) {
                 n.stats.sends_posted += 1;
@@ -461,7 +457,7 @@ impl NetState {
             if wr.sges.len() > nr {
                 return fail(EINVAL);
             }
-            if d.rq_posted - d.rq_retired >= u64::from(cap) {
+            if d.rq_count.used() >= u64::from(cap) {
                 return fail(ENOMEM);
             }
             let Some(at) = d.rq.tail(cap) else {
@@ -478,7 +474,7 @@ impl NetState {
                 *id = wr.wr_id;
             }
             d.rq.len += 1;
-            d.rq_posted += 1;
+            d.rq_count.posted += 1;
             let node = d.node as usize;
             if let Some(n) = self.world.nodes.get_mut(node) {
                 n.stats.recvs_posted += 1;
@@ -498,7 +494,7 @@ impl NetState {
         let cap = d.scq.len() as u32;
         poll_into(d.overflow, out, || {
             let (wc, seq) = d.scq[d.scq_pos.pop(cap)?];
-            d.sq_retired = d.sq_retired.max(seq + 1);
+            d.sq_count.retire_to(seq);
             Some(wc)
         })
     }
@@ -514,7 +510,7 @@ impl NetState {
         let cap = d.rcq.len() as u32;
         poll_into(d.overflow, out, || {
             let c = d.rcq[d.rcq_pos.pop(cap)?];
-            d.rq_retired += 1;
+            d.rq_count.retired += 1;
             Some(c)
         })
     }

@@ -248,7 +248,7 @@ impl<'m> SoftNet<'m> {
         let st = self.state.borrow();
         qp_index(qp_num)
             .and_then(|q| st.world.qps.get(q))
-            .map_or(0, |qp| qp.sq_posted - qp.sq_retired)
+            .map_or(0, |qp| qp.sq_count.used())
     }
 
     /// Receive-queue slots of the queue pair numbered `qp_num` in use (posted, completion
@@ -257,7 +257,7 @@ impl<'m> SoftNet<'m> {
         let st = self.state.borrow();
         qp_index(qp_num)
             .and_then(|q| st.world.qps.get(q))
-            .map_or(0, |qp| qp.rq_posted - qp.rq_retired)
+            .map_or(0, |qp| qp.rq_count.used())
     }
 
     /// Queue pairs of `node` whose send-queue head waits (for a receive at the peer, or for
