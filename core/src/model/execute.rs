@@ -71,15 +71,10 @@ pub(super) trait Wiring {
     ) -> Result<(), i32>;
     /// Appends a receive to `q`'s receive queue; `Err(ENOMEM)` if it is full.
     fn push_recv(&mut self, q: usize, wr_id: u64, sges: &[Sge<'_>]) -> Result<(), i32>;
-    /// Copies the head of `q`'s send queue out (execution changes the queues while it reads
-    /// the request): its entries into `sges`, its inline bytes into `inline`. Returns the
-    /// header and the head's position in the send queue, or `None` if the queue is empty.
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)>;
+    /// Copies the head of `q`'s send queue out into `into` (execution changes the queues
+    /// while it reads the request). Returns the header and the head's position in the send
+    /// queue, or `None` if the queue is empty.
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)>;
     /// The header of the head of `q`'s send queue, for its retry state.
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader>;
     /// Removes the head of `q`'s send queue; its `(wr_id, position)`.
@@ -216,20 +211,23 @@ fn fail_recv<W: Wiring>(w: &mut W, p: usize, status: WcStatus) {
 pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, mut tick: bool) {
     let limits = w.limits();
     let qp_num = w.qp_num(q);
-    let mut sges = [NO_SGE; MAX_SGE];
+    let mut head = HeadCopy {
+        sges: [NO_SGE; MAX_SGE],
+        inline,
+    };
     loop {
         if w.in_error(q) {
             // Requests posted in the error state, or left over by an error elsewhere.
             enter_error(w, q);
             return;
         }
-        let Some((h, seq)) = w.load_send_head(q, &mut sges, inline) else {
+        let Some((h, seq)) = w.load_send_head(q, &mut head) else {
             return;
         };
         let local = if h.inline {
-            Local::Inline(inline.get(..usize::from(h.inline_len)).unwrap_or(&[]))
+            Local::Inline(head.inline.get(..usize::from(h.inline_len)).unwrap_or(&[]))
         } else {
-            Local::Entries(sges.get(..usize::from(h.nsge)).unwrap_or(&[]))
+            Local::Entries(head.sges.get(..usize::from(h.nsge)).unwrap_or(&[]))
         };
         let (status, byte_len) = match execute(w, q, &h, local) {
             Outcome::Done { status, byte_len } => (status, byte_len),
@@ -286,6 +284,13 @@ pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, 
             enter_error(w, q);
         }
     }
+}
+
+/// Where execution copies the head of a send queue ([`Wiring::load_send_head`]): its
+/// entries, and room for its inline bytes (at least `max_inline_data`).
+pub(super) struct HeadCopy<'a> {
+    pub(super) sges: [RawSge; MAX_SGE],
+    pub(super) inline: &'a mut [u8],
 }
 
 /// The local side of a request: its payload, copied at post time, or its entries.

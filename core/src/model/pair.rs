@@ -8,7 +8,7 @@ use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::entry::{poll_into, RawSge, SendHeader};
-use super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
+use super::execute::{self, enter_error, run_send_queue, HeadCopy, Limits, Wiring};
 use super::fabric::Shared;
 use super::keys::Reach;
 use super::queues::{QpState, SendCqe, NO_RECV, NO_SEND};
@@ -88,17 +88,12 @@ impl Wiring for Pair<'_> {
         Ok(())
     }
 
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)> {
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)> {
         let qp = &self.st[q];
         let w = qp.sq.front()?;
-        *sges = w.sges;
+        into.sges = w.sges;
         let n = usize::from(w.hdr.inline_len);
-        if let (Some(d), Some(s)) = (inline.get_mut(..n), w.inline_data.get(..n)) {
+        if let (Some(d), Some(s)) = (into.inline.get_mut(..n), w.inline_data.get(..n)) {
             d.copy_from_slice(s);
         }
         // The ring holds the requests not yet executed, the newest at position

@@ -11,7 +11,7 @@ use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::super::entry::{poll_into, RawSge, SendHeader, NO_SGE};
-use super::super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
+use super::super::execute::{self, enter_error, run_send_queue, HeadCopy, Limits, Wiring};
 use super::super::keys::Reach;
 use super::super::{SoftStats, EINVAL, ENOMEM, MAX_SGE};
 use super::region::split_net_key;
@@ -146,12 +146,7 @@ impl Wiring for World {
         Ok(())
     }
 
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)> {
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)> {
         let (ns, ni) = (self.caps_send_sges(), self.caps.max_inline_data as usize);
         let qp = self.qps.get(q)?;
         let i = qp.sq.front()?;
@@ -159,11 +154,11 @@ impl Wiring for World {
         if h.inline {
             let n = usize::from(h.inline_len);
             let src = qp.inline.get(i * ni..i * ni + n)?;
-            inline.get_mut(..n)?.copy_from_slice(src);
+            into.inline.get_mut(..n)?.copy_from_slice(src);
         } else {
             let n = usize::from(h.nsge);
             let src = qp.sges.get(i * ns..i * ns + n)?;
-            sges.get_mut(..n)?.copy_from_slice(src);
+            into.sges.get_mut(..n)?.copy_from_slice(src);
         }
         // The ring holds the requests not yet executed, the newest at position
         // `sq_posted - 1`.
