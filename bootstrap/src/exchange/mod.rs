@@ -63,6 +63,8 @@ use self::session::Link;
 
 pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
+#[cfg(feature = "pmix")]
+pub(crate) use self::session::session_accessors;
 pub use self::session::{Session, DROPPED_REASON};
 #[cfg(feature = "verbs")]
 pub(crate) use self::watch::WatchThread;

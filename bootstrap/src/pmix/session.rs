@@ -111,17 +111,7 @@ impl PmixSession {
         })
     }
 
-    /// This process's rank in the job.
-    #[must_use]
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    /// Number of ranks in the job.
-    #[must_use]
-    pub fn world_size(&self) -> u32 {
-        self.world_size
-    }
+    crate::exchange::session_accessors!();
 
     /// This process's rank among the job's processes on this host.
     #[must_use]
@@ -139,12 +129,6 @@ impl PmixSession {
     #[must_use]
     pub fn launcher(&self) -> &LauncherEnv {
         &self.launcher
-    }
-
-    /// The options in force (timeout, blob limit).
-    #[must_use]
-    pub fn options(&self) -> &ExchangeOptions {
-        &self.options
     }
 
     /// Sets the deadline of each later round (rounded up to whole seconds: `PMIX_TIMEOUT`
