@@ -13,11 +13,8 @@ use super::{
 };
 
 const CAPS: QpCaps = QpCaps {
-    max_send_wr: 8,
-    max_recv_wr: 8,
-    max_send_sge: 3,
-    max_recv_sge: 3,
     max_inline_data: 32,
+    ..QpCaps::queues(8, 8).with_sges(3)
 };
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
