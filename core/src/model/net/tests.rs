@@ -18,11 +18,8 @@ use super::region::{net_key, split_net_key};
 use super::{NetCq, NetQp, SoftNet, SoftNetConfig, NET_MAX_INLINE, NET_MAX_QUEUE};
 
 pub(super) const CAPS: QpCaps = QpCaps {
-    max_send_wr: 4,
-    max_recv_wr: 4,
-    max_send_sge: 2,
-    max_recv_sge: 2,
     max_inline_data: 16,
+    ..QpCaps::queues(4, 4).with_sges(2)
 };
 
 pub(super) const RW: AccessFlags = AccessFlags::LOCAL_WRITE
