@@ -308,19 +308,14 @@ fn peer_session(
 ) -> Result<(Session, Vec<Vec<u8>>)> {
     let clock = RoundTimer::start(options.timeout);
     let mut progress = Progress::new(options.progress, clock, options.timeout);
-    let addr = fmt_addr(host, port);
-    let (link, blobs) = peer::peer_join(
-        host,
-        port,
-        addr,
+    let join = peer::Join {
         hello,
         rank,
         world_size,
         blob,
         options,
-        clock,
-        &mut progress,
-    )?;
+    };
+    let (link, blobs) = peer::peer_join(host, port, &join, clock, &mut progress)?;
     let link = Link::Peer(Box::new(link));
     Ok((Session::new(rank, world_size, options.clone(), link), blobs))
 }
