@@ -1,6 +1,8 @@
 //! The fabric's two queue pairs as a [`Wiring`], and its calls: which queues each call runs
 //! (both, every time) and how its per-queue-pair completion queues are polled.
 
+use core::cell::RefMut;
+
 use crate::completion::Completion;
 use crate::params::QpCaps;
 use crate::provider::ProviderError;
@@ -157,6 +159,19 @@ impl Shared {
         }
     }
 
+    /// Runs `post` on the pair, then lets both sides progress (what was posted may be what a
+    /// blocked head waits for).
+    fn posting(
+        &self,
+        post: impl FnOnce(&mut Pair<'_>) -> Result<(), PostFailure>,
+    ) -> Result<(), PostFailure> {
+        let mut st = self.state.borrow_mut();
+        let mut w = self.pair(&mut st);
+        let result = post(&mut w);
+        progress(&mut w, None);
+        result
+    }
+
     /// # Safety
     /// The posting contract.
     pub(super) unsafe fn post_send(
@@ -164,12 +179,8 @@ impl Shared {
         side: usize,
         wrs: &[WorkRequest<'_>],
     ) -> Result<(), PostFailure> {
-        let mut st = self.state.borrow_mut();
-        let mut w = self.pair(&mut st);
         // SAFETY: forwarded posting contract.
-        let result = unsafe { execute::post_send(&mut w, side, wrs) };
-        progress(&mut w, None);
-        result
+        self.posting(|w| unsafe { execute::post_send(w, side, wrs) })
     }
 
     pub(super) fn post_recv(
@@ -177,11 +188,15 @@ impl Shared {
         side: usize,
         wrs: &[RecvRequest<'_>],
     ) -> Result<(), PostFailure> {
+        self.posting(|w| execute::post_recv(w, side, wrs))
+    }
+
+    /// The queues of `side` to poll, after the pair progressed (with a tick for `tick`): a
+    /// poll is when the model runs.
+    fn to_poll(&self, side: usize, tick: Option<usize>) -> RefMut<'_, QpState> {
         let mut st = self.state.borrow_mut();
-        let mut w = self.pair(&mut st);
-        let result = execute::post_recv(&mut w, side, wrs);
-        progress(&mut w, None);
-        result
+        progress(&mut self.pair(&mut st), tick);
+        RefMut::map(st, |st| &mut st[side])
     }
 
     pub(super) fn poll_send(
@@ -189,9 +204,7 @@ impl Shared {
         side: usize,
         out: &mut [Completion],
     ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        progress(&mut self.pair(&mut st), Some(side));
-        let qp = &mut st[side];
+        let mut qp = self.to_poll(side, Some(side));
         poll_into(qp.cq_overflow, out, || {
             let c = qp.scq.pop()?;
             qp.sq_count.retire_to(c.seq);
@@ -204,9 +217,7 @@ impl Shared {
         side: usize,
         out: &mut [Completion],
     ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        progress(&mut self.pair(&mut st), None);
-        let qp = &mut st[side];
+        let mut qp = self.to_poll(side, None);
         poll_into(qp.cq_overflow, out, || {
             let c = qp.rcq.pop()?;
             qp.rq_count.retired += 1;
