@@ -36,6 +36,11 @@ fn wr<'a>(id: u64, op: Opcode, flags: SendFlags, sges: &'a [Sge<'a>]) -> WorkReq
 }
 
 /// A scatter entry as the entry type receive requests carry.
+/// A receive request `wr_id` scattering into `sges`.
+pub(super) fn recv<'a>(wr_id: u64, sges: &'a [Sge<'a>]) -> RecvRequest<'a> {
+    RecvRequest { wr_id, sges }
+}
+
 /// The failure of a post that posted `posted` requests and refused the next with `errno`.
 pub(super) fn refused(posted: usize, errno: i32) -> PostFailure {
     PostFailure { posted, errno }
@@ -130,16 +135,7 @@ fn send_recv_scatter_imm_and_write_imm() {
     {
         let [x, y] = d.sges_mut([0..2, 4..8]).unwrap();
         let rs = [rs(&x), rs(&y)];
-        let rr = [
-            RecvRequest {
-                wr_id: 10,
-                sges: &rs,
-            },
-            RecvRequest {
-                wr_id: 11,
-                sges: &[],
-            },
-        ];
+        let rr = [recv(10, &rs), recv(11, &[])];
         // SAFETY: the region outlives the receives, polled below.
         unsafe { b.post_recv(&rr) }.unwrap();
         let g = [s.sge(0..5).unwrap()];
@@ -232,10 +228,7 @@ fn bad_lkey_fails_and_flushes_the_rest() {
         x.remote = s.remote();
         x.flags = SendFlags::empty();
     }
-    let rr = [RecvRequest {
-        wr_id: 9,
-        sges: &[],
-    }];
+    let rr = [recv(9, &[])];
     // SAFETY: the receive names no memory.
     unsafe { a.post_recv(&rr) }.unwrap();
     // SAFETY: nothing is written (the first fails, the rest flush).
@@ -269,16 +262,7 @@ fn short_receive_is_a_length_error_on_both_sides() {
     {
         let m = d.sge_mut(0..4).unwrap();
         let rs = [rs(&m)];
-        let rr = [
-            RecvRequest {
-                wr_id: 1,
-                sges: &rs,
-            },
-            RecvRequest {
-                wr_id: 2,
-                sges: &rs,
-            },
-        ];
+        let rr = [recv(1, &rs), recv(2, &rs)];
         // SAFETY: nothing is written (too short), the second flushes.
         unsafe { b.post_recv(&rr) }.unwrap();
         let g = [s.sge(0..8).unwrap()];
@@ -304,10 +288,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
     // SAFETY: the region outlives the request, polled below.
     unsafe { a.post_send(&w) }.unwrap();
     assert_eq!(poll_s(&mut a).1, 0); // retry 1 of 2
-    let rr = [RecvRequest {
-        wr_id: 3,
-        sges: &[],
-    }];
+    let rr = [recv(3, &[])];
     // A receive posted in time unblocks the send; a zero-length receive cannot hold 4 bytes.
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
@@ -351,10 +332,7 @@ fn rnr_retry_zero_fails_at_once() {
 fn dead_peer_is_retry_exceeded() {
     let f = fabric(); // retry_count 3
     let (mut a, mut b) = f.ends().unwrap();
-    let rr = [RecvRequest {
-        wr_id: 3,
-        sges: &[],
-    }];
+    let rr = [recv(3, &[])];
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
     f.kill(Side::B);
@@ -389,10 +367,7 @@ fn queue_full_is_enomem_with_posted_count() {
     let e = unsafe { a.post_send(&too_many) }.unwrap_err();
     assert_eq!(e.errno, EINVAL);
 
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &[],
-    }; 9];
+    let rr = [recv(0, &[]); 9];
     // SAFETY: names no memory.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
     assert_eq!(e, refused(8, ENOMEM));
@@ -419,10 +394,7 @@ fn einval_for_sges_and_inline() {
     // SAFETY: rejected before reading.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
     assert_eq!(e, refused(0, EINVAL));
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &four,
-    }];
+    let rr = [recv(0, &four)];
     // SAFETY: rejected.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
     assert_eq!(e, refused(0, EINVAL));
@@ -449,10 +421,7 @@ fn inline_is_copied_at_post_time() {
     {
         let m = d.sge_mut(0..8).unwrap();
         let rs = [rs(&m)];
-        let rr = [RecvRequest {
-            wr_id: 4,
-            sges: &rs,
-        }];
+        let rr = [recv(4, &rs)];
         // SAFETY: the region outlives the receive, polled below.
         unsafe { b.post_recv(&rr) }.unwrap();
     }
@@ -535,10 +504,7 @@ fn registration_errors() {
 fn set_error_flushes_and_peer_sees_no_ack() {
     let f = fabric();
     let (mut a, mut b) = f.ends().unwrap();
-    let rr = [RecvRequest {
-        wr_id: 1,
-        sges: &[],
-    }; 2];
+    let rr = [recv(1, &[]); 2];
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
     b.set_error().unwrap();
