@@ -69,9 +69,14 @@ impl ConnectOptions {
     /// # Ok::<(), rverbs_bootstrap::BootstrapError>(())
     /// ```
     pub fn for_config(config: &ClusterConfig) -> Self {
+        Self::for_job(config.job_id())
+    }
+
+    /// The defaults, with `job_id` the job's.
+    fn for_job(job_id: u64) -> Self {
         Self {
             exchange: ExchangeOptions {
-                job_id: config.job_id(),
+                job_id,
                 personalize: Some(&NodeBlobs),
                 ..ExchangeOptions::default()
             },
@@ -87,16 +92,7 @@ impl ConnectOptions {
 /// cluster file uses (under PMIx the job is the launcher's namespace; the job id is unused).
 impl Default for ConnectOptions {
     fn default() -> Self {
-        Self {
-            exchange: ExchangeOptions {
-                personalize: Some(&NodeBlobs),
-                ..ExchangeOptions::default()
-            },
-            node: std_node_config(),
-            wait: WaitPolicy::default(),
-            first_barrier_timeout: Duration::from_secs(30),
-            on_device_event: None,
-        }
+        Self::for_job(0)
     }
 }
 

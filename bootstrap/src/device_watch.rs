@@ -10,11 +10,10 @@
 //! [`failure_of_event`] what it means for the node and raises that on the alarm, which ends
 //! the node's current wait at once (a blocking wait is woken).
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use rverbs_core::failure::{Failure, FailureCause};
@@ -22,6 +21,8 @@ use rverbs_core::node::failure_of_event;
 use rverbs_core::node::FailureAlarm;
 use rverbs_core::verbs::{AsyncEvent, AsyncEvents, Context};
 use rverbs_std_shim::readable::wait_readable;
+
+use crate::exchange::WatchThread;
 
 /// How often the watcher looks at its stop flag while no event comes.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -49,18 +50,8 @@ struct Log {
 /// of one node's on its alarm. Stops (and joins) when dropped.
 #[derive(Debug)]
 pub struct DeviceWatch {
-    stop: Arc<AtomicBool>,
     log: Arc<Mutex<Log>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for DeviceWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    _thread: WatchThread,
 }
 
 /// What the watch needs to know about the node it speaks for.
@@ -88,24 +79,18 @@ impl DeviceWatch {
         node: WatchedNode,
         mut on_event: impl FnMut(&SeenEvent) + Send + 'static,
     ) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
         // Room for the whole log now: the thread runs beside a node that must not allocate
         // once connected, so a logged event never grows it.
         let log = Arc::new(Mutex::new(Log {
             events: VecDeque::with_capacity(LOG_LEN),
             dropped: 0,
         }));
-        let (stop2, log2) = (stop.clone(), log.clone());
-        let started = Arc::new(std::sync::Barrier::new(2));
-        let go = Arc::clone(&started);
-        let thread = std::thread::Builder::new()
-            .name(format!("rverbs-device-watch-{}", node.rank))
-            .spawn(move || {
-                // Whatever starting a thread allocates happens before `start` returns.
-                go.wait();
-                drop(go);
+        let log2 = log.clone();
+        // Whatever starting a thread allocates happens before `start` returns.
+        let thread =
+            WatchThread::start(format!("rverbs-device-watch-{}", node.rank), move |stop| {
                 let rank_of = |q: u32| node.qp_ranks.iter().find(|e| e.0 == q).map(|e| e.1);
-                while !stop2.load(Ordering::Acquire) {
+                while !stop.load(Ordering::Acquire) {
                     // The descriptor stays open: `events` holds its context.
                     match wait_readable(events.fd(), TICK) {
                         Ok(true) => {}
@@ -146,11 +131,9 @@ impl DeviceWatch {
                     }
                 }
             })?;
-        started.wait();
         Ok(Self {
-            stop,
             log,
-            thread: Some(thread),
+            _thread: thread,
         })
     }
 

@@ -6,6 +6,34 @@
 use core::fmt;
 use core::time::Duration;
 
+/// The checked constructor and the getter of a newtype that holds an integer code up to a
+/// largest valid value: the one place each bound is kept (the types below are this idea).
+macro_rules! bounded_code {
+    (
+        $ty:ident($int:ty) up to $max:expr;
+        $(#[doc = $new_doc:literal])* fn $new:ident($v:ident);
+        $(#[doc = $get_doc:literal])* fn $get:ident;
+    ) => {
+        impl $ty {
+            $(#[doc = $new_doc])*
+            #[inline]
+            pub const fn $new($v: $int) -> Option<Self> {
+                if $v <= $max {
+                    Some(Self($v))
+                } else {
+                    None
+                }
+            }
+
+            $(#[doc = $get_doc])*
+            #[inline]
+            pub const fn $get(self) -> $int {
+                self.0
+            }
+        }
+    };
+}
+
 /// Path MTU: the largest payload of one packet on the path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -55,19 +83,17 @@ impl Mtu {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AckTimeout(u8);
 
+bounded_code! {
+    AckTimeout(u8) up to 31;
+    /// The timeout for a code, or `None` if `code > 31`.
+    fn from_code(code);
+    /// The verbs code.
+    fn code;
+}
+
 impl AckTimeout {
     /// Never time out (not recommended: a dead peer then hangs the sender).
     pub const INFINITE: Self = Self(0);
-
-    /// The timeout for a code, or `None` if `code > 31`.
-    #[inline]
-    pub const fn from_code(code: u8) -> Option<Self> {
-        if code <= 31 {
-            Some(Self(code))
-        } else {
-            None
-        }
-    }
 
     /// The smallest code whose timeout is at least `d` (saturating at code 31).
     pub fn at_least(d: Duration) -> Self {
@@ -77,12 +103,6 @@ impl AckTimeout {
             code += 1;
         }
         Self(code)
-    }
-
-    /// The verbs code.
-    #[inline]
-    pub const fn code(self) -> u8 {
-        self.0
     }
 
     /// The timeout, or `None` for infinite.
@@ -117,22 +137,12 @@ impl Default for AckTimeout {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RetryCount(u8);
 
-impl RetryCount {
+bounded_code! {
+    RetryCount(u8) up to 7;
     /// The count, or `None` if `n > 7`.
-    #[inline]
-    pub const fn new(n: u8) -> Option<Self> {
-        if n <= 7 {
-            Some(Self(n))
-        } else {
-            None
-        }
-    }
-
+    fn new(n);
     /// The count.
-    #[inline]
-    pub const fn get(self) -> u8 {
-        self.0
-    }
+    fn get;
 }
 
 impl Default for RetryCount {
@@ -182,23 +192,15 @@ const RNR_TABLE_10US: [u32; 32] = [
     2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
 ];
 
-impl RnrTimer {
+bounded_code! {
+    RnrTimer(u8) up to 31;
     /// The timer for a code, or `None` if `code > 31`.
-    #[inline]
-    pub const fn from_code(code: u8) -> Option<Self> {
-        if code <= 31 {
-            Some(Self(code))
-        } else {
-            None
-        }
-    }
-
+    fn from_code(code);
     /// The code.
-    #[inline]
-    pub const fn code(self) -> u8 {
-        self.0
-    }
+    fn code;
+}
 
+impl RnrTimer {
     /// The smallest code whose delay is at least `d`.
     pub fn at_least(d: Duration) -> Self {
         let want = d.as_micros();
@@ -232,27 +234,19 @@ impl Default for RnrTimer {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Psn(u32);
 
-impl Psn {
+bounded_code! {
+    Psn(u32) up to 0x00ff_ffff;
     /// The PSN, or `None` if it does not fit in 24 bits.
-    #[inline]
-    pub const fn new(v: u32) -> Option<Self> {
-        if v < (1 << 24) {
-            Some(Self(v))
-        } else {
-            None
-        }
-    }
+    fn new(v);
+    /// The value.
+    fn get;
+}
 
+impl Psn {
     /// The PSN taken modulo 2^24.
     #[inline]
     pub const fn wrapping(v: u32) -> Self {
         Self(v & 0x00ff_ffff)
-    }
-
-    /// The value.
-    #[inline]
-    pub const fn get(self) -> u32 {
-        self.0
     }
 }
 

@@ -83,21 +83,6 @@ pub struct ClusterConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawRank {
-    rank: u64,
-    host: String,
-    port: u64,
-    device: String,
-    #[serde(default)]
-    ib_port: Option<u64>,
-    #[serde(default)]
-    gid_index: Option<u64>,
-    #[serde(default)]
-    comment: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawHost {
     hostname: String,
     port: u64,
@@ -115,7 +100,7 @@ struct RawConfig {
 
 /// The rank list, whose key picks the layout.
 enum RawList {
-    Native(Bounded<RawRank>),
+    Native(Bounded<Entry>),
     Legacy(Bounded<RawHost>),
 }
 
@@ -260,15 +245,20 @@ const LEGACY_FIELDS: FieldNames = FieldNames {
     device: "ibdev",
 };
 
-/// Layout-neutral entry before validation.
-#[derive(Debug)]
+/// Layout-neutral entry before validation; the native layout's entries parse straight into
+/// it (the legacy layout's are mapped).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Entry {
     rank: u64,
     host: String,
     port: u64,
     device: String,
+    #[serde(default)]
     ib_port: Option<u64>,
+    #[serde(default)]
     gid_index: Option<u64>,
+    #[serde(default)]
     comment: Option<String>,
 }
 
@@ -368,22 +358,7 @@ impl ClusterConfig {
                     .collect();
                 (ConfigLayout::Legacy, hosts.total, entries)
             }
-            RawList::Native(ranks) => {
-                let entries = ranks
-                    .items
-                    .into_iter()
-                    .map(|rank| Entry {
-                        rank: rank.rank,
-                        host: rank.host,
-                        port: rank.port,
-                        device: rank.device,
-                        ib_port: rank.ib_port,
-                        gid_index: rank.gid_index,
-                        comment: rank.comment,
-                    })
-                    .collect();
-                (ConfigLayout::Native, ranks.total, entries)
-            }
+            RawList::Native(ranks) => (ConfigLayout::Native, ranks.total, ranks.items),
         };
         let ranks = validate(origin, layout, entries, total)?;
         Ok(Self {

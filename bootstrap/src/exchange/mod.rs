@@ -55,7 +55,7 @@ use std::net::TcpListener;
 
 use crate::config::ClusterConfig;
 use crate::secret::JobSecret;
-use crate::wire::MAX_PAYLOAD;
+use crate::wire::{FrameKind, MAX_PAYLOAD};
 
 use self::progress::Progress;
 use self::round_timer::RoundTimer;
@@ -63,7 +63,11 @@ use self::session::Link;
 
 pub use self::node_blobs::NodeBlobs;
 pub use self::personalize::Personalize;
+#[cfg(feature = "pmix")]
+pub(crate) use self::session::session_accessors;
 pub use self::session::{Session, DROPPED_REASON};
+#[cfg(feature = "verbs")]
+pub(crate) use self::watch::WatchThread;
 pub use self::watch::{Departure, Watch};
 
 pub use self::readmit::exchange_rejoin;
@@ -147,6 +151,34 @@ impl ExchangeOptions {
     }
 }
 
+/// Checks this rank's own first-round blob, before any peer sees it, against `limit` and
+/// against `personalize` (which must be able to cut it): the same refusals for the TCP
+/// exchange and the PMIx one.
+pub(crate) fn check_own_blob(
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    limit: usize,
+    personalize: Option<&dyn Personalize>,
+) -> Result<()> {
+    if blob.len() > limit {
+        return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
+            rank,
+            len: blob.len(),
+            limit,
+        }));
+    }
+    if let Some(p) = personalize {
+        p.check(rank, world_size, blob).map_err(|reason| {
+            BootstrapError::Exchange(ExchangeError::InvalidArgument {
+                rank,
+                reason: format!("{p:?} refuses this rank's blob: {reason}"),
+            })
+        })?;
+    }
+    Ok(())
+}
+
 /// Where rank 0 waits for the others.
 #[derive(Debug)]
 pub enum Rendezvous {
@@ -220,28 +252,14 @@ pub fn exchange_at(
         }));
     }
     let limit = options.hello_limit(world_size);
-    if blob.len() > limit {
-        return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
-            rank,
-            len: blob.len(),
-            limit,
-        }));
-    }
-    if let Some(p) = options.personalize {
-        p.check(rank, world_size, blob).map_err(|reason| {
-            BootstrapError::Exchange(ExchangeError::InvalidArgument {
-                rank,
-                reason: format!("{p:?} refuses this rank's blob: {reason}"),
-            })
-        })?;
-    }
+    check_own_blob(rank, world_size, blob, limit, options.personalize)?;
     if world_size == 1 {
         let session = Session::new(rank, world_size, options.clone(), Link::Alone);
         return Ok((session, vec![blob.to_vec()]));
     }
-    let clock = RoundTimer::start(options.timeout);
-    let mut progress = Progress::new(options.progress, clock, options.timeout);
     if rank == 0 {
+        let clock = RoundTimer::start(options.timeout);
+        let mut progress = Progress::new(options.progress, clock, options.timeout);
         let listener = match rendezvous {
             Rendezvous::Listener(listener) => listener,
             Rendezvous::Address { host, port } => TcpListener::bind((host.as_str(), port))
@@ -265,27 +283,41 @@ pub fn exchange_at(
                     .to_owned(),
             }));
         };
-        let addr = fmt_addr(&host, port);
-        let (link, blobs) = peer::peer_join(
+        peer_session(
             &host,
             port,
-            addr,
-            crate::wire::FrameKind::Hello,
+            FrameKind::Hello,
             rank,
             world_size,
             blob,
             options,
-            clock,
-            &mut progress,
-        )?;
-        let session = Session::new(
-            rank,
-            world_size,
-            options.clone(),
-            Link::Peer(Box::new(link)),
-        );
-        Ok((session, blobs))
+        )
     }
+}
+
+/// A rank other than 0 joins rank 0 at `host:port` (`hello` is `Hello`, or `Rejoin` for a
+/// restarted rank) within `options.timeout`, and its session runs over that link.
+fn peer_session(
+    host: &str,
+    port: u16,
+    hello: FrameKind,
+    rank: u32,
+    world_size: u32,
+    blob: &[u8],
+    options: &ExchangeOptions,
+) -> Result<(Session, Vec<Vec<u8>>)> {
+    let clock = RoundTimer::start(options.timeout);
+    let mut progress = Progress::new(options.progress, clock, options.timeout);
+    let join = peer::Join {
+        hello,
+        rank,
+        world_size,
+        blob,
+        options,
+    };
+    let (link, blobs) = peer::peer_join(host, port, &join, clock, &mut progress)?;
+    let link = Link::Peer(Box::new(link));
+    Ok((Session::new(rank, world_size, options.clone(), link), blobs))
 }
 
 fn fmt_addr(host: &str, port: u16) -> String {

@@ -20,7 +20,7 @@ use super::personalize::Personalize;
 use super::progress::Progress;
 use super::round_timer::RoundTimer;
 use super::session::PeerLink;
-use super::ExchangeOptions;
+use super::{fmt_addr, ExchangeOptions};
 
 /// The longest pause between attempts, whatever `retry_interval` says.
 const MAX_PAUSE: Duration = Duration::from_secs(2);
@@ -178,19 +178,15 @@ impl TurnedAway {
 /// once get from Linux: the listen queue (128 with std) overflows, SYN cookies
 /// stand in for it, and a cookie connection whose first data segment was
 /// dropped is reset when the next one arrives.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn peer_join(
     host: &str,
     port: u16,
-    addr: String,
-    hello: FrameKind,
-    rank: u32,
-    world_size: u32,
-    blob: &[u8],
-    options: &ExchangeOptions,
+    join: &Join<'_>,
     clock: RoundTimer,
     progress: &mut Progress,
 ) -> Result<(PeerLink, Vec<Vec<u8>>)> {
+    let (rank, options) = (join.rank, join.options);
+    let addr = fmt_addr(host, port);
     let mut backoff = Backoff::new(options, rank);
     let mut turned_away = TurnedAway::default();
     loop {
@@ -220,9 +216,7 @@ pub(super) fn peer_join(
             stream,
             seal: Seal::peer(options.secret.as_ref(), challenge),
         };
-        match join_once(
-            &mut link, hello, rank, world_size, blob, options, clock, progress,
-        ) {
+        match join_once(&mut link, join, clock, progress) {
             Ok(blobs) => return Ok((link, blobs)),
             Err(Attempt::Fail(error)) => return Err(*error),
             Err(Attempt::Again { what, error }) => {
@@ -244,19 +238,31 @@ pub(super) fn peer_join(
     }
 }
 
-/// One attempt over a fresh connection: the challenges, then the hello round (`hello` is
-/// `Hello`, or `Rejoin` for a restarted rank).
-#[allow(clippy::too_many_arguments)]
+/// What a rank other than 0 brings to rank 0 when it joins: its hello (`Hello`, or `Rejoin`
+/// for a restarted rank), its place in the world, its blob, and the exchange's options.
+#[derive(Clone, Copy)]
+pub(super) struct Join<'a> {
+    pub(super) hello: FrameKind,
+    pub(super) rank: u32,
+    pub(super) world_size: u32,
+    pub(super) blob: &'a [u8],
+    pub(super) options: &'a ExchangeOptions,
+}
+
+/// One attempt over a fresh connection: the challenges, then the hello round.
 fn join_once(
     link: &mut PeerLink,
-    hello: FrameKind,
-    rank: u32,
-    world_size: u32,
-    blob: &[u8],
-    options: &ExchangeOptions,
+    join: &Join<'_>,
     clock: RoundTimer,
     progress: &mut Progress,
 ) -> core::result::Result<Vec<Vec<u8>>, Attempt> {
+    let Join {
+        hello,
+        rank,
+        world_size,
+        blob,
+        options,
+    } = *join;
     // Ours first, without waiting for rank 0's: a connection that the listen
     // queue only knows by its SYN cookie comes to exist when data arrives.
     let frame = link.seal.challenge_frame(options.job_id, rank, world_size);

@@ -9,12 +9,12 @@ use crate::config::ClusterConfig;
 use crate::wire::FrameKind;
 
 use super::node_blobs::NodeBlobs;
-use super::peer::{peer_join, peer_round};
+use super::peer::peer_round;
 use super::progress::Progress;
 use super::root::root_readmit;
 use super::round_timer::RoundTimer;
 use super::session::{Link, Session};
-use super::{fmt_addr, ExchangeOptions};
+use super::{peer_session, ExchangeOptions};
 
 /// Why a world cannot readmit its rank 0.
 pub(crate) const RANK_ZERO: &str = "rank 0 holds the rendezvous (every rank's bootstrap \
@@ -147,25 +147,13 @@ pub fn exchange_rejoin(
         }));
     }
     let root = config.rank(0);
-    let clock = RoundTimer::start(options.timeout);
-    let mut progress = Progress::new(options.progress, clock, options.timeout);
-    let (link, blobs) = peer_join(
+    peer_session(
         &root.host,
         root.port,
-        fmt_addr(&root.host, root.port),
         FrameKind::Rejoin,
         rank,
         world_size,
         blob,
         options,
-        clock,
-        &mut progress,
-    )?;
-    let session = Session::new(
-        rank,
-        world_size,
-        options.clone(),
-        Link::Peer(Box::new(link)),
-    );
-    Ok((session, blobs))
+    )
 }

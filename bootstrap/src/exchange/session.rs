@@ -27,6 +27,32 @@ use super::root::root_round;
 use super::round_timer::RoundTimer;
 use super::ExchangeOptions;
 
+/// The accessors both sessions (this TCP one and [`PmixSession`](crate::pmix::PmixSession))
+/// offer over their `rank`, `world_size` and `options`: one set of docs and one behaviour.
+macro_rules! session_accessors {
+    () => {
+        /// This process's rank in the job.
+        #[must_use]
+        pub fn rank(&self) -> u32 {
+            self.rank
+        }
+
+        /// Number of ranks in the job.
+        #[must_use]
+        pub fn world_size(&self) -> u32 {
+            self.world_size
+        }
+
+        /// The options in force for later rounds (timeout, blob limit, ...).
+        #[must_use]
+        pub fn options(&self) -> &$crate::exchange::ExchangeOptions {
+            &self.options
+        }
+    };
+}
+#[cfg(feature = "pmix")]
+pub(crate) use session_accessors;
+
 /// The open connections after an exchange: rank 0 holds one per peer, every
 /// other rank one to rank 0, a world of one none.
 ///
@@ -125,23 +151,7 @@ impl Session {
         }
     }
 
-    /// This process's rank.
-    #[must_use]
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    /// Number of ranks.
-    #[must_use]
-    pub fn world_size(&self) -> u32 {
-        self.world_size
-    }
-
-    /// The options in force for later rounds.
-    #[must_use]
-    pub fn options(&self) -> &ExchangeOptions {
-        &self.options
-    }
+    session_accessors!();
 
     /// Sets the overall deadline of each later [`Session::allgather`] round.
     pub fn set_timeout(&mut self, timeout: Duration) {

@@ -48,11 +48,43 @@ pub enum Departure {
 /// dropped.
 #[derive(Debug)]
 pub struct Watch {
+    _thread: WatchThread,
+}
+
+/// The thread of a watch (this module's, and the device watch's): it runs `body` with its
+/// stop flag, which dropping this sets before it joins the thread. Started only once the
+/// thread runs, so that whatever starting a thread allocates happens before: the watches
+/// run beside a node that must not allocate once connected (and counts every thread).
+#[derive(Debug)]
+pub(crate) struct WatchThread {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Drop for Watch {
+impl WatchThread {
+    /// Starts the thread `name` running `body`, and returns once it runs.
+    pub(crate) fn start(
+        name: String,
+        body: impl FnOnce(&AtomicBool) + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let go = Arc::clone(&started);
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            go.wait();
+            drop(go);
+            body(&flag);
+        })?;
+        started.wait();
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for WatchThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
@@ -92,8 +124,6 @@ impl Session {
             })?;
             watched.push((rank, copy, check));
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
         // This session closing on purpose shuts its connections down too: not a failure.
         let closing = Arc::clone(&self.closing);
         // Everything the thread needs is allocated here, and `watch` returns only once the
@@ -101,59 +131,49 @@ impl Session {
         // counts every thread.
         let mut hung = vec![false; watched.len()];
         let mut set = PollSet::with_capacity(watched.len());
-        let started = Arc::new(std::sync::Barrier::new(2));
-        let go = Arc::clone(&started);
-        let thread = std::thread::Builder::new()
-            .name(format!("rverbs-watch-{}", self.rank()))
-            .spawn(move || {
-                go.wait();
-                drop(go);
-                let ending = || flag.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
-                while !ending() && !watched.is_empty() {
-                    hung.fill(false);
-                    let fds = watched.iter().map(|(_, s, _)| s.as_fd());
-                    // No allocation per tick: the watch runs beside a node that must not.
-                    match wait_for_hangup(&mut set, fds, TICK, &mut hung) {
-                        Ok(0) => continue,
-                        Ok(_) => {}
-                        // A failing poll(2) is not a rank's failure: try again next tick.
-                        Err(_) => {
-                            std::thread::sleep(TICK);
-                            continue;
-                        }
+        let thread = WatchThread::start(format!("rverbs-watch-{}", self.rank()), move |stop| {
+            let ending = || stop.load(Ordering::Acquire) || closing.load(Ordering::Acquire);
+            while !ending() && !watched.is_empty() {
+                hung.fill(false);
+                let fds = watched.iter().map(|(_, s, _)| s.as_fd());
+                // No allocation per tick: the watch runs beside a node that must not.
+                match wait_for_hangup(&mut set, fds, TICK, &mut hung) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    // A failing poll(2) is not a rank's failure: try again next tick.
+                    Err(_) => {
+                        std::thread::sleep(TICK);
+                        continue;
                     }
-                    if ending() {
-                        break;
-                    }
-                    let mut i = 0;
-                    watched.retain(|(rank, stream, check)| {
-                        let gone = hung[i];
-                        i += 1;
-                        if gone {
-                            match last_word(stream, check) {
-                                LastWord::Goodbye => {}
-                                LastWord::Nothing => lost(*rank, Departure::Crashed),
-                                LastWord::GaveUp(why) => lost(*rank, Departure::GaveUp(why)),
-                            }
-                        }
-                        !gone
-                    });
                 }
-            })
-            .map_err(|source| {
-                BootstrapError::Exchange(ExchangeError::Io {
-                    rank: self.rank(),
-                    peer: None,
-                    addr: String::new(),
-                    op: "watch (start the thread)",
-                    source,
-                })
-            })?;
-        started.wait();
-        Ok(Watch {
-            stop,
-            thread: Some(thread),
+                if ending() {
+                    break;
+                }
+                let mut i = 0;
+                watched.retain(|(rank, stream, check)| {
+                    let gone = hung[i];
+                    i += 1;
+                    if gone {
+                        match last_word(stream, check) {
+                            LastWord::Goodbye => {}
+                            LastWord::Nothing => lost(*rank, Departure::Crashed),
+                            LastWord::GaveUp(why) => lost(*rank, Departure::GaveUp(why)),
+                        }
+                    }
+                    !gone
+                });
+            }
         })
+        .map_err(|source| {
+            BootstrapError::Exchange(ExchangeError::Io {
+                rank: self.rank(),
+                peer: None,
+                addr: String::new(),
+                op: "watch (start the thread)",
+                source,
+            })
+        })?;
+        Ok(Watch { _thread: thread })
     }
 }
 

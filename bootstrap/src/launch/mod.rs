@@ -164,21 +164,29 @@ fn finish(
     })
 }
 
+/// An environment of exactly these variables, for the tests of what reads one (this
+/// module's [`resolve_with`], the PMIx launcher detection).
+#[cfg(test)]
+pub(crate) fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let owned: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+        .collect();
+    move |name| {
+        owned
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let owned: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-            .collect();
-        move |name| {
-            owned
-                .iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-        }
+    /// The error resolving from these variables alone (no explicit rank or size) gives.
+    fn env_refused(pairs: &[(&str, &str)]) -> LaunchError {
+        resolve_with(None, None, env(pairs)).unwrap_err()
     }
 
     #[test]
@@ -230,7 +238,7 @@ mod tests {
                 missing: "explicit world size"
             }
         ));
-        let err = resolve_with(None, None, env(&[("SLURM_NTASKS", "4")])).unwrap_err();
+        let err = env_refused(&[("SLURM_NTASKS", "4")]);
         assert!(matches!(
             err,
             LaunchError::Incomplete {
@@ -239,40 +247,24 @@ mod tests {
             }
         ));
         // A half-set higher-priority pair does not fall through to a complete one.
-        let err = resolve_with(
-            None,
-            None,
-            env(&[("RVERBS_RANK", "0"), ("PMI_RANK", "0"), ("PMI_SIZE", "1")]),
-        )
-        .unwrap_err();
+        let err = env_refused(&[("RVERBS_RANK", "0"), ("PMI_RANK", "0"), ("PMI_SIZE", "1")]);
         assert!(err.to_string().contains("RVERBS_WORLD_SIZE"), "{err}");
     }
 
     #[test]
     fn non_numeric_names_variable() {
-        let err = resolve_with(
-            None,
-            None,
-            env(&[("OMPI_COMM_WORLD_RANK", "x"), ("OMPI_COMM_WORLD_SIZE", "2")]),
-        )
-        .unwrap_err();
+        let err = env_refused(&[("OMPI_COMM_WORLD_RANK", "x"), ("OMPI_COMM_WORLD_SIZE", "2")]);
         assert!(matches!(
             &err,
             LaunchError::NotNumeric { variable: "OMPI_COMM_WORLD_RANK", value } if value == "x"
         ));
-        let err =
-            resolve_with(None, None, env(&[("PMI_RANK", "0"), ("PMI_SIZE", "-1")])).unwrap_err();
+        let err = env_refused(&[("PMI_RANK", "0"), ("PMI_SIZE", "-1")]);
         assert!(err.to_string().contains("PMI_SIZE"), "{err}");
     }
 
     #[test]
     fn rank_out_of_range_and_zero_world() {
-        let err = resolve_with(
-            None,
-            None,
-            env(&[("RVERBS_RANK", "4"), ("RVERBS_WORLD_SIZE", "4")]),
-        )
-        .unwrap_err();
+        let err = env_refused(&[("RVERBS_RANK", "4"), ("RVERBS_WORLD_SIZE", "4")]);
         assert!(matches!(
             err,
             LaunchError::RankOutOfRange {
@@ -292,7 +284,7 @@ mod tests {
 
     #[test]
     fn nothing_set() {
-        let err = resolve_with(None, None, env(&[])).unwrap_err();
+        let err = env_refused(&[]);
         assert!(matches!(err, LaunchError::Unset));
     }
 }

@@ -147,16 +147,7 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> LauncherEnv {
-        let owned: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        LauncherEnv::detect_with(move |name| {
-            owned
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        })
+        LauncherEnv::detect_with(crate::launch::env(pairs))
     }
 
     #[test]

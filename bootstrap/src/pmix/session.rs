@@ -6,7 +6,7 @@ use core::time::Duration;
 use std::ffi::CString;
 use std::time::Instant;
 
-use crate::exchange::{ExchangeOptions, Personalize};
+use crate::exchange::{check_own_blob, ExchangeOptions, Personalize};
 
 use super::env::LauncherEnv;
 use super::ffi::{Client, Status};
@@ -111,17 +111,7 @@ impl PmixSession {
         })
     }
 
-    /// This process's rank in the job.
-    #[must_use]
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    /// Number of ranks in the job.
-    #[must_use]
-    pub fn world_size(&self) -> u32 {
-        self.world_size
-    }
+    crate::exchange::session_accessors!();
 
     /// This process's rank among the job's processes on this host.
     #[must_use]
@@ -139,12 +129,6 @@ impl PmixSession {
     #[must_use]
     pub fn launcher(&self) -> &LauncherEnv {
         &self.launcher
-    }
-
-    /// The options in force (timeout, blob limit).
-    #[must_use]
-    pub fn options(&self) -> &ExchangeOptions {
-        &self.options
     }
 
     /// Sets the deadline of each later round (rounded up to whole seconds: `PMIX_TIMEOUT`
@@ -178,22 +162,7 @@ impl PmixSession {
         let limit = personalize.map_or(self.options.max_blob_size, |p| {
             p.blob_limit(self.world_size)
         });
-        if blob.len() > limit {
-            return Err(BootstrapError::Exchange(ExchangeError::BlobTooLarge {
-                rank: self.rank,
-                len: blob.len(),
-                limit,
-            }));
-        }
-        if let Some(p) = personalize {
-            p.check(self.rank, self.world_size, blob)
-                .map_err(|reason| {
-                    BootstrapError::Exchange(ExchangeError::InvalidArgument {
-                        rank: self.rank,
-                        reason: format!("{p:?} refuses this rank's blob: {reason}"),
-                    })
-                })?;
-        }
+        check_own_blob(self.rank, self.world_size, blob, limit, personalize)?;
         self.round_trip(blob, limit, personalize)
     }
 

@@ -152,6 +152,15 @@ use crate::provider::datagram::{DatagramProvider, Destination};
 use crate::wire::datagram::DatagramEndpoint;
 use crate::wire::grh::GRH_LEN;
 
+/// Where datagrams to a port go: its GID when `global` (routed), else its LID.
+fn destination(global: bool, gid: Gid, lid: u16) -> Destination {
+    if global {
+        Destination::Gid(gid)
+    } else {
+        Destination::Lid(lid)
+    }
+}
+
 /// The queue pair number of a datagram sent to a multicast group.
 pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
 /// Most payload parts one send gathers.
@@ -401,12 +410,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         }
         let (gid, lid) = (p.gid(), p.lid());
         let global = !gid.is_zero();
-        let me = if global {
-            Destination::Gid(gid)
-        } else {
-            Destination::Lid(lid)
-        };
-        let drain_to = p.address(me)?;
+        let drain_to = p.address(destination(global, gid, lid))?;
         // One send-queue entry stays free for the drain request of a flush.
         let depth = caps.max_send_wr - 1;
         let k = cfg
@@ -544,16 +548,24 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// Makes an address for the endpoint `to` (setup: may allocate; keep the peer). Its
     /// payloads are limited to the smaller of both MTUs.
     pub fn peer(&mut self, to: &DatagramEndpoint) -> Result<Peer<P::Address>, DatagramError> {
-        let dest = if to.global {
-            Destination::Gid(to.gid)
-        } else {
-            Destination::Lid(to.lid)
-        };
+        let mtu = self.mtu.min(to.mtu.bytes());
+        self.peer_at(destination(to.global, to.gid, to.lid), to.qpn, to.qkey, mtu)
+    }
+
+    /// A peer at `dest` (setup: may allocate): queue pair `qpn` taking `qkey`, payloads of
+    /// at most `mtu` bytes.
+    fn peer_at(
+        &mut self,
+        dest: Destination,
+        qpn: u32,
+        qkey: u32,
+        mtu: u32,
+    ) -> Result<Peer<P::Address>, DatagramError> {
         Ok(Peer {
             address: self.p.address(dest)?,
-            qpn: to.qpn,
-            qkey: to.qkey,
-            mtu: self.mtu.min(to.mtu.bytes()),
+            qpn,
+            qkey,
+            mtu,
         })
     }
 

@@ -1,11 +1,11 @@
 //! Receiving: the pool of receive slots, polling, and handing datagrams over without their
 //! network header.
 
-use super::{Datagram, DatagramError, Peer, Slot};
+use super::{destination, Datagram, DatagramError, Peer, Slot};
 use crate::completion::{Completion, DatagramCompletion, WcStatus};
 use crate::gid::Gid;
 use crate::poll::{Backoff, Deadline, Patience};
-use crate::provider::datagram::{DatagramProvider, Destination};
+use crate::provider::datagram::DatagramProvider;
 use crate::provider::ProviderError;
 use crate::wire::grh::{NetworkHeader, GRH_LEN};
 use crate::wr::RecvRequest;
@@ -288,16 +288,7 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
     /// endpoints that talk to each other; use [`Datagram::peer`] with its endpoint
     /// otherwise.
     pub fn reply_to(&mut self, from: &Source) -> Result<Peer<P::Address>, DatagramError> {
-        let dest = if from.gid.is_zero() {
-            Destination::Lid(from.lid)
-        } else {
-            Destination::Gid(from.gid)
-        };
-        Ok(Peer {
-            address: self.p.address(dest)?,
-            qpn: from.qpn,
-            qkey: self.qkey,
-            mtu: self.mtu,
-        })
+        let dest = destination(!from.gid.is_zero(), from.gid, from.lid);
+        self.peer_at(dest, from.qpn, self.qkey, self.mtu)
     }
 }

@@ -8,6 +8,21 @@ use crate::provider::datagram::DatagramProvider;
 use crate::sge::Sge;
 use crate::wr::{DatagramRequest, SendFlags};
 
+/// A signaled request with no data from the endpoint to itself (its address `dest`, its queue
+/// pair `qpn`) under `qkey`: its completion retires the unsignaled sends posted before it
+/// (`wait_sent` with a Q_Key the endpoint refuses, the drain with its own).
+fn to_self<A>(wr_id: u64, dest: &A, qpn: u32, qkey: u32) -> DatagramRequest<'_, A> {
+    DatagramRequest {
+        wr_id,
+        flags: SendFlags::SIGNALED,
+        sges: &[],
+        imm: None,
+        dest,
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+    }
+}
+
 impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, B, N> {
     /// Sends `payload` to `to`: inline when it fits the queue pair's inline limit, else
     /// copied into the next send slot. The bytes are free again when the call returns; the
@@ -155,15 +170,8 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             if !self.fits() {
                 self.wait_sends(Self::fits)?;
             }
-            let wr = DatagramRequest {
-                wr_id: self.next_seq,
-                flags: SendFlags::SIGNALED,
-                sges: &[],
-                imm: None,
-                dest: &*self.drain_to,
-                remote_qpn: self.qp_num,
-                remote_qkey: (self.qkey ^ 1) & 0x7fff_ffff,
-            };
+            let qkey = (self.qkey ^ 1) & 0x7fff_ffff;
+            let wr = to_self(self.next_seq, &*self.drain_to, self.qp_num, qkey);
             // SAFETY: the request names no memory at all.
             if let Err(f) = unsafe { self.p.post_send(&[wr]) } {
                 if f.posted > 0 {
@@ -280,15 +288,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
     /// in the error state (the verbs drain idiom): it completes flushed after everything
     /// posted before it, retiring unsignaled sends that will never complete on their own.
     pub(super) fn post_drain_request(&mut self) {
-        let wr = DatagramRequest {
-            wr_id: self.next_seq,
-            flags: SendFlags::SIGNALED,
-            sges: &[],
-            imm: None,
-            dest: &*self.drain_to,
-            remote_qpn: self.qp_num,
-            remote_qkey: self.qkey,
-        };
+        let wr = to_self(self.next_seq, &*self.drain_to, self.qp_num, self.qkey);
         // SAFETY: the request names no memory at all.
         match unsafe { self.p.post_send(&[wr]) } {
             // Queued, even if the post reports a failure after that: counted, so the drain

@@ -5,10 +5,11 @@
 
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;
+use crate::provider::{ProviderError, Verb};
 use crate::sge::Sge;
 use crate::wr::{Opcode, SendFlags, WorkRequest, ATOMIC_LEN};
 
-use super::EINVAL;
+use super::{EINVAL, EOVERFLOW};
 
 /// A scatter/gather entry as posted: resolved (by key) only when the request executes.
 #[derive(Clone, Copy, Debug)]
@@ -159,4 +160,58 @@ pub(super) const fn completion(
         qp_num,
         timestamp: None,
     }
+}
+
+/// The requests a work queue holds, as a device counts them: posted, and retired by a
+/// polled completion (a send completion retires every send before it). The same count for
+/// the fabric's queue pairs, the net's and its datagram queue pairs.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Count {
+    /// Requests posted; for a send queue also the position the next one takes.
+    pub(super) posted: u64,
+    /// Requests retired (for a send queue: every position before this one).
+    pub(super) retired: u64,
+}
+
+impl Count {
+    pub(super) const ZERO: Self = Self {
+        posted: 0,
+        retired: 0,
+    };
+
+    /// Slots in use.
+    #[inline]
+    pub(super) fn used(&self) -> u64 {
+        self.posted - self.retired
+    }
+
+    /// A send completion of position `seq` was polled: it retires `seq` and every send
+    /// before it (unsignaled ones included).
+    #[inline]
+    pub(super) fn retire_to(&mut self, seq: u64) {
+        self.retired = self.retired.max(seq + 1);
+    }
+}
+
+/// The poll of every completion queue of the models: `Err` once the queue overflowed (a
+/// device's poll fails then), else up to `out.len()` completions, each popped by `next`
+/// (which also retires the request the completion ends). Does not allocate.
+pub(super) fn poll_into<T>(
+    overflowed: bool,
+    out: &mut [T],
+    mut next: impl FnMut() -> Option<T>,
+) -> Result<usize, ProviderError> {
+    if overflowed {
+        return Err(ProviderError {
+            verb: Verb::PollCq,
+            errno: EOVERFLOW,
+        });
+    }
+    let mut n = 0;
+    for slot in out.iter_mut() {
+        let Some(c) = next() else { break };
+        *slot = c;
+        n += 1;
+    }
+    Ok(n)
 }

@@ -13,7 +13,7 @@ use crate::sge::Sge;
 use crate::wr::{AtomicOp, Opcode, PostFailure, RecvRequest, WorkRequest, ATOMIC_LEN, MAX_BATCH};
 
 use super::entry::{build_send, check_send, completion, RawSge, SendHeader, NO_SGE};
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::spans::{copy_spans, gather, Spans};
 use super::{AccessFlags, SoftStats, EINVAL, ENOMEM, MAX_SGE};
 
@@ -55,17 +55,8 @@ pub(super) trait Wiring {
     fn mark_error(&mut self, q: usize);
     /// Whether `q` answers no requests (its process is dead, or it is in the error state).
     fn unreachable(&self, q: usize) -> bool;
-    /// Resolves `addr..addr+len` by `key` against the memory `q` may use (its side's or
-    /// node's region table), needing `need`.
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8>;
+    /// Resolves `at` against the memory `q` may use (its side's or node's region table).
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8>;
     /// Send-queue slots of `q` in use (posted, not retired by a polled completion).
     fn send_used(&self, q: usize) -> u64;
     /// Receive-queue slots of `q` in use.
@@ -80,15 +71,10 @@ pub(super) trait Wiring {
     ) -> Result<(), i32>;
     /// Appends a receive to `q`'s receive queue; `Err(ENOMEM)` if it is full.
     fn push_recv(&mut self, q: usize, wr_id: u64, sges: &[Sge<'_>]) -> Result<(), i32>;
-    /// Copies the head of `q`'s send queue out (execution changes the queues while it reads
-    /// the request): its entries into `sges`, its inline bytes into `inline`. Returns the
-    /// header and the head's position in the send queue, or `None` if the queue is empty.
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)>;
+    /// Copies the head of `q`'s send queue out into `into` (execution changes the queues
+    /// while it reads the request). Returns the header and the head's position in the send
+    /// queue, or `None` if the queue is empty.
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)>;
     /// The header of the head of `q`'s send queue, for its retry state.
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader>;
     /// Removes the head of `q`'s send queue; its `(wr_id, position)`.
@@ -225,20 +211,23 @@ fn fail_recv<W: Wiring>(w: &mut W, p: usize, status: WcStatus) {
 pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, mut tick: bool) {
     let limits = w.limits();
     let qp_num = w.qp_num(q);
-    let mut sges = [NO_SGE; MAX_SGE];
+    let mut head = HeadCopy {
+        sges: [NO_SGE; MAX_SGE],
+        inline,
+    };
     loop {
         if w.in_error(q) {
             // Requests posted in the error state, or left over by an error elsewhere.
             enter_error(w, q);
             return;
         }
-        let Some((h, seq)) = w.load_send_head(q, &mut sges, inline) else {
+        let Some((h, seq)) = w.load_send_head(q, &mut head) else {
             return;
         };
         let local = if h.inline {
-            Local::Inline(inline.get(..usize::from(h.inline_len)).unwrap_or(&[]))
+            Local::Inline(head.inline.get(..usize::from(h.inline_len)).unwrap_or(&[]))
         } else {
-            Local::Entries(sges.get(..usize::from(h.nsge)).unwrap_or(&[]))
+            Local::Entries(head.sges.get(..usize::from(h.nsge)).unwrap_or(&[]))
         };
         let (status, byte_len) = match execute(w, q, &h, local) {
             Outcome::Done { status, byte_len } => (status, byte_len),
@@ -297,6 +286,13 @@ pub(super) fn run_send_queue<W: Wiring>(w: &mut W, inline: &mut [u8], q: usize, 
     }
 }
 
+/// Where execution copies the head of a send queue ([`Wiring::load_send_head`]): its
+/// entries, and room for its inline bytes (at least `max_inline_data`).
+pub(super) struct HeadCopy<'a> {
+    pub(super) sges: [RawSge; MAX_SGE],
+    pub(super) inline: &'a mut [u8],
+}
+
 /// The local side of a request: its payload, copied at post time, or its entries.
 #[derive(Clone, Copy)]
 enum Local<'a> {
@@ -306,9 +302,7 @@ enum Local<'a> {
 
 /// Resolves local entries of `q` (lkeys), each needing `need`.
 fn resolve_local<W: Wiring>(w: &W, q: usize, sges: &[RawSge], need: AccessFlags) -> Option<Spans> {
-    gather(sges, |s| {
-        w.resolve(q, KeyKind::Local, s.key, s.addr, u64::from(s.len), need)
-    })
+    gather(sges, |s| w.resolve(q, &Reach::entry(s, need)))
 }
 
 /// One attempt at the request `h` at the head of `s`'s send queue.
@@ -347,7 +341,7 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
         } else {
             AccessFlags::REMOTE_WRITE
         };
-        match w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, u64::from(total), need) {
+        match w.resolve(p, &Reach::remote(h.rkey, h.raddr, total, need)) {
             Some(ptr) => Spans::one(ptr, total as usize),
             None => {
                 // Class C responder error: NAK to the requester, responder to error.
@@ -415,7 +409,7 @@ fn execute<W: Wiring>(w: &mut W, s: usize, h: &SendHeader, local: Local<'_>) -> 
 fn atomic<W: Wiring>(w: &mut W, p: usize, h: &SendHeader, op: AtomicOp, local: &Spans) -> Outcome {
     let len = u64::from(ATOMIC_LEN);
     let need = AccessFlags::REMOTE_ATOMIC;
-    let Some(ptr) = w.resolve(p, KeyKind::Remote, h.rkey, h.raddr, len, need) else {
+    let Some(ptr) = w.resolve(p, &Reach::remote(h.rkey, h.raddr, ATOMIC_LEN, need)) else {
         enter_error(w, p);
         return done(WcStatus::RemoteAccess);
     };

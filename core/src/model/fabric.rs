@@ -3,7 +3,6 @@
 use core::cell::RefCell;
 use core::fmt;
 use core::marker::PhantomData;
-use core::ptr::NonNull;
 
 use crate::completion::Completion;
 #[cfg(doc)]
@@ -13,9 +12,9 @@ use crate::provider::{Provider, ProviderError, QueuePair};
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
 use super::execute::{enter_error, Limits};
-use super::keys::{make_key, KeyKind, GEN_MASK};
+use super::keys::{make_key, GEN_MASK};
 use super::queues::QpState;
-use super::region::{check_registration, RegionSlot, Registered};
+use super::region::{check_registration, register_in};
 use super::{AccessFlags, Side, SoftError, SoftRegion, SoftStats, MAX_INLINE, MAX_SGE, QUEUE_CAP};
 
 /// The state both ends share (no lifetime: the region table holds raw pointers whose
@@ -61,8 +60,8 @@ impl fmt::Debug for QpDebug<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let q = self.0;
         f.debug_struct("Qp")
-            .field("send_used", &(q.sq_posted - q.sq_retired))
-            .field("recv_used", &(q.rq_posted - q.rq_retired))
+            .field("send_used", &q.sq_count.used())
+            .field("recv_used", &q.rq_count.used())
             .field("unexecuted_sends", &q.sq.len)
             .field("posted_recvs", &q.rq.len)
             .field("error", &q.error)
@@ -136,42 +135,23 @@ impl<'m> SoftFabric<'m> {
         access: AccessFlags,
     ) -> Result<SoftRegion<'_>, SoftError> {
         check_registration(buf.len(), access)?;
-        let len = buf.len();
-        // One pointer for the model's table and the region's view, so neither invalidates
-        // the other (Miri's aliasing models check this).
-        let base = NonNull::from(buf).cast::<u8>();
-        let ptr = base.as_ptr();
         let s = side.index();
         let mut st = self.shared.state.borrow_mut();
-        let qp = &mut st[s];
-        let (slot, r) = qp
-            .regions
-            .iter_mut()
-            .enumerate()
-            .find(|(_, r)| !r.live)
-            .ok_or(SoftError::TableFull)?;
-        let gen = match (r.gen + 1) & GEN_MASK {
-            0 => 1,
-            g => g,
-        };
-        *r = RegionSlot {
-            ptr,
-            len,
+        let (slot, reg) = register_in(
+            &mut st[s].regions,
+            buf,
             access,
-            gen,
-            live: true,
-        };
+            |last| match (last + 1) & GEN_MASK {
+                0 => Ok(1),
+                g => Ok(g),
+            },
+            |gen, kind, slot| make_key(gen, kind, s, slot),
+        )?;
         Ok(SoftRegion {
             shared: &self.shared,
             side,
             slot,
-            reg: Registered {
-                ptr: base,
-                len,
-                lkey: make_key(gen, KeyKind::Local, s, slot),
-                rkey: make_key(gen, KeyKind::Remote, s, slot),
-                access,
-            },
+            reg,
         })
     }
 
@@ -191,13 +171,13 @@ impl<'m> SoftFabric<'m> {
     /// Send-queue slots of `side` in use (posted, not yet retired by a polled completion).
     pub fn send_queue_used(&self, side: Side) -> u64 {
         let st = self.shared.state.borrow();
-        st[side.index()].sq_posted - st[side.index()].sq_retired
+        st[side.index()].sq_count.used()
     }
 
     /// Receive-queue slots of `side` in use (posted, completion not yet polled).
     pub fn recv_queue_used(&self, side: Side) -> u64 {
         let st = self.shared.state.borrow();
-        st[side.index()].rq_posted - st[side.index()].rq_retired
+        st[side.index()].rq_count.used()
     }
 
     /// Counters of `side`.

@@ -2,6 +2,9 @@
 //! foreign or wrong-kind key does not resolve. The scrambling is shared with the net's keys
 //! (`net::region`), which pack other fields.
 
+use super::entry::RawSge;
+use super::AccessFlags;
+
 const KEY_MIX: u32 = 0x9e37_79b9;
 const KEY_UNMIX: u32 = inverse_odd(KEY_MIX);
 const GEN_BITS: u32 = 22;
@@ -27,6 +30,30 @@ pub(super) const fn scramble(raw: u32) -> u32 {
 /// The packed fields of a scrambled key.
 pub(super) const fn unscramble(key: u32) -> u32 {
     key.wrapping_mul(KEY_UNMIX)
+}
+
+/// What a request names to reach memory: a key of `kind` with the bytes it should cover (an
+/// entry's lkey and range, or a request's rkey and remote range), and the access it needs
+/// there. A side's or node's region table resolves it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reach {
+    pub(super) kind: KeyKind,
+    pub(super) sge: RawSge,
+    pub(super) need: AccessFlags,
+}
+
+impl Reach {
+    /// The bytes of a local entry, by its lkey.
+    pub(super) fn entry(sge: &RawSge, need: AccessFlags) -> Self {
+        let (kind, sge) = (KeyKind::Local, *sge);
+        Self { kind, sge, need }
+    }
+
+    /// The bytes a peer names by an rkey.
+    pub(super) fn remote(key: u32, addr: u64, len: u32, need: AccessFlags) -> Self {
+        let (kind, sge) = (KeyKind::Remote, RawSge { addr, len, key });
+        Self { kind, sge, need }
+    }
 }
 
 /// Whether a key names local memory (an lkey, for the owner's own work requests) or remote

@@ -1,18 +1,20 @@
 //! The fabric's two queue pairs as a [`Wiring`], and its calls: which queues each call runs
 //! (both, every time) and how its per-queue-pair completion queues are polled.
 
+use core::cell::RefMut;
+
 use crate::completion::Completion;
 use crate::params::QpCaps;
-use crate::provider::{ProviderError, Verb};
+use crate::provider::ProviderError;
 use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-use super::entry::{RawSge, SendHeader};
-use super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
+use super::entry::{poll_into, RawSge, SendHeader};
+use super::execute::{self, enter_error, run_send_queue, HeadCopy, Limits, Wiring};
 use super::fabric::Shared;
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::queues::{QpState, SendCqe, NO_RECV, NO_SEND};
-use super::{AccessFlags, SoftStats, ENOMEM, EOVERFLOW, MAX_INLINE, MAX_SGE, QP_NUMS};
+use super::{SoftStats, ENOMEM, MAX_INLINE, MAX_SGE, QP_NUMS};
 
 /// Both queue pairs, borrowed for one call: queue pair `s` is side `s`, its peer `1 - s`.
 pub(super) struct Pair<'s> {
@@ -50,24 +52,16 @@ impl Wiring for Pair<'_> {
         self.st[q].error || self.st[q].dead
     }
 
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        self.st[q].resolve(q, kind, key, addr, len, need)
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8> {
+        self.st[q].resolve(q, at)
     }
 
     fn send_used(&self, q: usize) -> u64 {
-        self.st[q].sq_posted - self.st[q].sq_retired
+        self.st[q].sq_count.used()
     }
 
     fn recv_used(&self, q: usize) -> u64 {
-        self.st[q].rq_posted - self.st[q].rq_retired
+        self.st[q].rq_count.used()
     }
 
     fn push_send(
@@ -79,7 +73,7 @@ impl Wiring for Pair<'_> {
         w.hdr = fill(&mut w.sges, &mut w.inline_data)?;
         let qp = &mut self.st[q];
         qp.sq.push(w).map_err(|_| ENOMEM)?;
-        qp.sq_posted += 1;
+        qp.sq_count.posted += 1;
         Ok(())
     }
 
@@ -92,26 +86,21 @@ impl Wiring for Pair<'_> {
         r.nsge = sges.len();
         let qp = &mut self.st[q];
         qp.rq.push(r).map_err(|_| ENOMEM)?;
-        qp.rq_posted += 1;
+        qp.rq_count.posted += 1;
         Ok(())
     }
 
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)> {
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)> {
         let qp = &self.st[q];
         let w = qp.sq.front()?;
-        *sges = w.sges;
+        into.sges = w.sges;
         let n = usize::from(w.hdr.inline_len);
-        if let (Some(d), Some(s)) = (inline.get_mut(..n), w.inline_data.get(..n)) {
+        if let (Some(d), Some(s)) = (into.inline.get_mut(..n), w.inline_data.get(..n)) {
             d.copy_from_slice(s);
         }
         // The ring holds the requests not yet executed, the newest at position
         // `sq_posted - 1`.
-        Some((w.hdr, qp.sq_posted - qp.sq.len as u64))
+        Some((w.hdr, qp.sq_count.posted - qp.sq.len as u64))
     }
 
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader> {
@@ -120,7 +109,7 @@ impl Wiring for Pair<'_> {
 
     fn pop_send(&mut self, q: usize) -> Option<(u64, u64)> {
         let qp = &mut self.st[q];
-        let seq = qp.sq_posted - qp.sq.len as u64;
+        let seq = qp.sq_count.posted - qp.sq.len as u64;
         qp.sq.pop().map(|w| (w.hdr.wr_id, seq))
     }
 
@@ -160,11 +149,6 @@ fn progress(w: &mut Pair<'_>, tick: Option<usize>) {
     }
 }
 
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
-
 impl Shared {
     /// Both queue pairs as a [`Wiring`], for one call.
     pub(super) fn pair<'s>(&self, st: &'s mut [QpState; 2]) -> Pair<'s> {
@@ -175,6 +159,19 @@ impl Shared {
         }
     }
 
+    /// Runs `post` on the pair, then lets both sides progress (what was posted may be what a
+    /// blocked head waits for).
+    fn posting(
+        &self,
+        post: impl FnOnce(&mut Pair<'_>) -> Result<(), PostFailure>,
+    ) -> Result<(), PostFailure> {
+        let mut st = self.state.borrow_mut();
+        let mut w = self.pair(&mut st);
+        let result = post(&mut w);
+        progress(&mut w, None);
+        result
+    }
+
     /// # Safety
     /// The posting contract.
     pub(super) unsafe fn post_send(
@@ -182,12 +179,8 @@ impl Shared {
         side: usize,
         wrs: &[WorkRequest<'_>],
     ) -> Result<(), PostFailure> {
-        let mut st = self.state.borrow_mut();
-        let mut w = self.pair(&mut st);
         // SAFETY: forwarded posting contract.
-        let result = unsafe { execute::post_send(&mut w, side, wrs) };
-        progress(&mut w, None);
-        result
+        self.posting(|w| unsafe { execute::post_send(w, side, wrs) })
     }
 
     pub(super) fn post_recv(
@@ -195,11 +188,15 @@ impl Shared {
         side: usize,
         wrs: &[RecvRequest<'_>],
     ) -> Result<(), PostFailure> {
+        self.posting(|w| execute::post_recv(w, side, wrs))
+    }
+
+    /// The queues of `side` to poll, after the pair progressed (with a tick for `tick`): a
+    /// poll is when the model runs.
+    fn to_poll(&self, side: usize, tick: Option<usize>) -> RefMut<'_, QpState> {
         let mut st = self.state.borrow_mut();
-        let mut w = self.pair(&mut st);
-        let result = execute::post_recv(&mut w, side, wrs);
-        progress(&mut w, None);
-        result
+        progress(&mut self.pair(&mut st), tick);
+        RefMut::map(st, |st| &mut st[side])
     }
 
     pub(super) fn poll_send(
@@ -207,20 +204,12 @@ impl Shared {
         side: usize,
         out: &mut [Completion],
     ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        progress(&mut self.pair(&mut st), Some(side));
-        let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(OVERFLOW);
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.scq.pop() else { break };
-            *slot = c.wc;
-            qp.sq_retired = qp.sq_retired.max(c.seq + 1);
-            n += 1;
-        }
-        Ok(n)
+        let mut qp = self.to_poll(side, Some(side));
+        poll_into(qp.cq_overflow, out, || {
+            let c = qp.scq.pop()?;
+            qp.sq_count.retire_to(c.seq);
+            Some(c.wc)
+        })
     }
 
     pub(super) fn poll_recv(
@@ -228,20 +217,12 @@ impl Shared {
         side: usize,
         out: &mut [Completion],
     ) -> Result<usize, ProviderError> {
-        let mut st = self.state.borrow_mut();
-        progress(&mut self.pair(&mut st), None);
-        let qp = &mut st[side];
-        if qp.cq_overflow {
-            return Err(OVERFLOW);
-        }
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = qp.rcq.pop() else { break };
-            *slot = c;
-            qp.rq_retired += 1;
-            n += 1;
-        }
-        Ok(n)
+        let mut qp = self.to_poll(side, None);
+        poll_into(qp.cq_overflow, out, || {
+            let c = qp.rcq.pop()?;
+            qp.rq_count.retired += 1;
+            Some(c)
+        })
     }
 
     pub(super) fn set_error(&self, side: usize) {

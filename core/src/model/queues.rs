@@ -3,10 +3,10 @@
 
 use crate::completion::Completion;
 
-use super::entry::{RawSge, SendHeader, NO_HEADER, NO_SGE};
-use super::keys::{split_key, KeyKind};
+use super::entry::{Count, RawSge, SendHeader, NO_HEADER, NO_SGE};
+use super::keys::{split_key, Reach};
 use super::region::{RegionSlot, NO_REGION};
-use super::{AccessFlags, SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP};
+use super::{SoftStats, MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP};
 
 /// A fixed-capacity FIFO. A full ring hands the rejected value back.
 pub(super) struct Ring<T: Copy> {
@@ -108,10 +108,8 @@ pub(super) struct QpState {
     pub(super) rq: Ring<RecvWqe>,
     pub(super) scq: Ring<SendCqe>,
     pub(super) rcq: Ring<Completion>,
-    pub(super) sq_posted: u64,
-    pub(super) sq_retired: u64,
-    pub(super) rq_posted: u64,
-    pub(super) rq_retired: u64,
+    pub(super) sq_count: Count,
+    pub(super) rq_count: Count,
     pub(super) error: bool,
     pub(super) dead: bool,
     pub(super) cq_overflow: bool,
@@ -126,10 +124,8 @@ impl QpState {
             rq: Ring::new(NO_RECV),
             scq: Ring::new(NO_SEND_CQE),
             rcq: Ring::new(Completion::EMPTY),
-            sq_posted: 0,
-            sq_retired: 0,
-            rq_posted: 0,
-            rq_retired: 0,
+            sq_count: Count::ZERO,
+            rq_count: Count::ZERO,
             error: false,
             dead: false,
             cq_overflow: false,
@@ -160,20 +156,12 @@ impl QpState {
         }
     }
 
-    /// Resolves `addr..addr+len` against the region named by `key`, or `None`.
-    pub(super) fn resolve(
-        &self,
-        side: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        let (gen, k, s, slot) = split_key(key);
-        if k != kind || s != side {
+    /// Resolves `at` against the region its key names, or `None`.
+    pub(super) fn resolve(&self, side: usize, at: &Reach) -> Option<*mut u8> {
+        let (gen, k, s, slot) = split_key(at.sge.key);
+        if k != at.kind || s != side {
             return None;
         }
-        self.regions.get(slot)?.reach(gen, addr, len, need)
+        self.regions.get(slot)?.reach(gen, at)
     }
 }

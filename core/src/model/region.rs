@@ -10,6 +10,7 @@ use crate::memory::VolatileBytes;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
 use super::fabric::Shared;
+use super::keys::{KeyKind, Reach};
 #[cfg(doc)]
 use super::SoftFabric;
 use super::{AccessFlags, Side, SoftError};
@@ -24,6 +25,43 @@ pub(super) fn check_registration(len: usize, access: AccessFlags) -> Result<(), 
         return Err(SoftError::RemoteWriteNeedsLocalWrite);
     }
     Ok(())
+}
+
+/// Registers `buf` (already passed by [`check_registration`]) in the first free slot of
+/// `table`: `next_gen` picks the generation from the slot's last one, `key` makes the keys
+/// of (generation, kind, slot). The fabric and the net differ only in those two.
+pub(super) fn register_in(
+    table: &mut [RegionSlot],
+    buf: &mut [u8],
+    access: AccessFlags,
+    next_gen: impl FnOnce(u32) -> Result<u32, SoftError>,
+    key: impl Fn(u32, KeyKind, usize) -> u32,
+) -> Result<(usize, Registered), SoftError> {
+    let len = buf.len();
+    // One pointer for the model's table and the region's view, so neither invalidates
+    // the other (Miri's aliasing models check this).
+    let base = NonNull::from(buf).cast::<u8>();
+    let (slot, r) = table
+        .iter_mut()
+        .enumerate()
+        .find(|(_, r)| !r.live)
+        .ok_or(SoftError::TableFull)?;
+    let gen = next_gen(r.gen)?;
+    *r = RegionSlot {
+        ptr: base.as_ptr(),
+        len,
+        access,
+        gen,
+        live: true,
+    };
+    let reg = Registered {
+        ptr: base,
+        len,
+        lkey: key(gen, KeyKind::Local, slot),
+        rkey: key(gen, KeyKind::Remote, slot),
+        access,
+    };
+    Ok((slot, reg))
 }
 
 /// One entry of a region table, what keys resolve against.
@@ -47,20 +85,14 @@ pub(super) const NO_REGION: RegionSlot = RegionSlot {
 };
 
 impl RegionSlot {
-    /// A pointer to `addr..addr+len` if the slot holds a live registration of generation
-    /// `gen` (never 0) that grants `need` and covers the range.
-    pub(super) fn reach(
-        &self,
-        gen: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        if gen == 0 || !self.live || self.gen != gen || !self.access.contains(need) {
+    /// A pointer to `at`'s bytes if the slot holds a live registration of generation `gen`
+    /// (never 0) that grants `at.need` and covers the range (`at`'s key already led here).
+    pub(super) fn reach(&self, gen: u32, at: &Reach) -> Option<*mut u8> {
+        if gen == 0 || !self.live || self.gen != gen || !self.access.contains(at.need) {
             return None;
         }
-        let off = addr.checked_sub(self.ptr.addr() as u64)?;
-        let end = off.checked_add(len)?;
+        let off = at.sge.addr.checked_sub(self.ptr.addr() as u64)?;
+        let end = off.checked_add(u64::from(at.sge.len))?;
         if end > self.len as u64 {
             return None;
         }
@@ -142,9 +174,16 @@ impl Registered {
     }
 }
 
-impl fmt::Debug for Registered {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registered")
+impl Registered {
+    /// The `Debug` of a region type: its name, its owner (`side` or `node`), then this.
+    pub(super) fn debug_as(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        owner: (&str, &dyn fmt::Debug),
+    ) -> fmt::Result {
+        f.debug_struct(name)
+            .field(owner.0, owner.1)
             .field("len", &self.len)
             .field("lkey", &self.lkey)
             .field("rkey", &self.rkey)
@@ -187,13 +226,7 @@ pub struct SoftRegion<'f> {
 
 impl fmt::Debug for SoftRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SoftRegion")
-            .field("side", &self.side)
-            .field("len", &self.reg.len)
-            .field("lkey", &self.reg.lkey)
-            .field("rkey", &self.reg.rkey)
-            .field("access", &self.reg.access)
-            .finish()
+        self.reg.debug_as(f, "SoftRegion", ("side", &self.side))
     }
 }
 
@@ -214,33 +247,35 @@ impl SoftRegion<'_> {
     pub fn side(&self) -> Side {
         self.side
     }
-
-    /// Local key.
-    #[inline]
-    pub fn lkey(&self) -> u32 {
-        self.reg.lkey
-    }
-
-    /// Remote key.
-    #[inline]
-    pub fn rkey(&self) -> u32 {
-        self.reg.rkey
-    }
-
-    /// The descriptor the peer needs to RDMA the region (which succeeds only with the
-    /// matching remote access).
-    pub fn remote(&self) -> RemoteMemory {
-        self.reg.remote()
-    }
 }
 
 crate::memory::region_by_inherent_methods!(SoftRegion<'_>);
 
 /// The accessors both region types (`SoftRegion`, the net's `NetRegion`) offer over their
 /// `reg: Registered` core: one set of docs and one behaviour, beside the methods that differ
-/// (keys, side or node).
+/// (side or node). The keys' scope is the owner's: the queue pairs of its side or node take
+/// the local key, the peers that reach it the remote one.
 macro_rules! registered_accessors {
     () => {
+        /// Local key: good in work requests of the queue pairs of the side or node the region
+        /// is registered with.
+        #[inline]
+        pub fn lkey(&self) -> u32 {
+            self.reg.lkey
+        }
+
+        /// Remote key: good in work requests that peers of that side or node send it.
+        #[inline]
+        pub fn rkey(&self) -> u32 {
+            self.reg.rkey
+        }
+
+        /// The descriptor peers need to RDMA the region (which succeeds only with the matching
+        /// remote access). One descriptor serves every peer.
+        pub fn remote(&self) -> $crate::sge::RemoteMemory {
+            self.reg.remote()
+        }
+
         /// Length in bytes.
         #[inline]
         pub fn len(&self) -> usize {

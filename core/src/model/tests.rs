@@ -6,18 +6,15 @@ use crate::provider::{Provider, QueuePair};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
 
-use super::keys::KeyKind;
+use super::keys::Reach;
 use super::{
     AccessFlags, Side, SoftEnd, SoftError, SoftFabric, SoftRegion, SoftStats, EINVAL, ENOMEM,
     MAX_INLINE, MAX_REGIONS, MAX_SGE, QUEUE_CAP,
 };
 
 const CAPS: QpCaps = QpCaps {
-    max_send_wr: 8,
-    max_recv_wr: 8,
-    max_send_sge: 3,
-    max_recv_sge: 3,
     max_inline_data: 32,
+    ..QpCaps::queues(8, 8).with_sges(3)
 };
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -39,6 +36,16 @@ fn wr<'a>(id: u64, op: Opcode, flags: SendFlags, sges: &'a [Sge<'a>]) -> WorkReq
 }
 
 /// A scatter entry as the entry type receive requests carry.
+/// A receive request `wr_id` scattering into `sges`.
+pub(super) fn recv<'a>(wr_id: u64, sges: &'a [Sge<'a>]) -> RecvRequest<'a> {
+    RecvRequest { wr_id, sges }
+}
+
+/// The failure of a post that posted `posted` requests and refused the next with `errno`.
+pub(super) fn refused(posted: usize, errno: i32) -> PostFailure {
+    PostFailure { posted, errno }
+}
+
 fn rs<'a>(x: &SgeMut<'a>) -> Sge<'a> {
     // SAFETY: same range and key; the caller keeps the SgeMut borrowed meanwhile.
     unsafe { Sge::from_raw(x.addr(), x.len(), x.lkey()) }
@@ -128,16 +135,7 @@ fn send_recv_scatter_imm_and_write_imm() {
     {
         let [x, y] = d.sges_mut([0..2, 4..8]).unwrap();
         let rs = [rs(&x), rs(&y)];
-        let rr = [
-            RecvRequest {
-                wr_id: 10,
-                sges: &rs,
-            },
-            RecvRequest {
-                wr_id: 11,
-                sges: &[],
-            },
-        ];
+        let rr = [recv(10, &rs), recv(11, &[])];
         // SAFETY: the region outlives the receives, polled below.
         unsafe { b.post_recv(&rr) }.unwrap();
         let g = [s.sge(0..5).unwrap()];
@@ -230,10 +228,7 @@ fn bad_lkey_fails_and_flushes_the_rest() {
         x.remote = s.remote();
         x.flags = SendFlags::empty();
     }
-    let rr = [RecvRequest {
-        wr_id: 9,
-        sges: &[],
-    }];
+    let rr = [recv(9, &[])];
     // SAFETY: the receive names no memory.
     unsafe { a.post_recv(&rr) }.unwrap();
     // SAFETY: nothing is written (the first fails, the rest flush).
@@ -267,16 +262,7 @@ fn short_receive_is_a_length_error_on_both_sides() {
     {
         let m = d.sge_mut(0..4).unwrap();
         let rs = [rs(&m)];
-        let rr = [
-            RecvRequest {
-                wr_id: 1,
-                sges: &rs,
-            },
-            RecvRequest {
-                wr_id: 2,
-                sges: &rs,
-            },
-        ];
+        let rr = [recv(1, &rs), recv(2, &rs)];
         // SAFETY: nothing is written (too short), the second flushes.
         unsafe { b.post_recv(&rr) }.unwrap();
         let g = [s.sge(0..8).unwrap()];
@@ -302,10 +288,7 @@ fn rnr_waits_for_a_receive_then_gives_up() {
     // SAFETY: the region outlives the request, polled below.
     unsafe { a.post_send(&w) }.unwrap();
     assert_eq!(poll_s(&mut a).1, 0); // retry 1 of 2
-    let rr = [RecvRequest {
-        wr_id: 3,
-        sges: &[],
-    }];
+    let rr = [recv(3, &[])];
     // A receive posted in time unblocks the send; a zero-length receive cannot hold 4 bytes.
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
@@ -349,10 +332,7 @@ fn rnr_retry_zero_fails_at_once() {
 fn dead_peer_is_retry_exceeded() {
     let f = fabric(); // retry_count 3
     let (mut a, mut b) = f.ends().unwrap();
-    let rr = [RecvRequest {
-        wr_id: 3,
-        sges: &[],
-    }];
+    let rr = [recv(3, &[])];
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
     f.kill(Side::B);
@@ -376,13 +356,7 @@ fn queue_full_is_enomem_with_posted_count() {
     unsafe { a.post_send(&w) }.unwrap();
     // SAFETY: as above.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 2,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(2, ENOMEM));
     let (_, n) = poll_s(&mut a);
     assert_eq!(n, 8);
     assert_eq!(f.send_queue_used(Side::A), 0);
@@ -393,19 +367,10 @@ fn queue_full_is_enomem_with_posted_count() {
     let e = unsafe { a.post_send(&too_many) }.unwrap_err();
     assert_eq!(e.errno, EINVAL);
 
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &[],
-    }; 9];
+    let rr = [recv(0, &[]); 9];
     // SAFETY: names no memory.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 8,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(8, ENOMEM));
 }
 
 #[test]
@@ -421,39 +386,18 @@ fn einval_for_sges_and_inline() {
     ];
     // SAFETY: zero rkey: nothing is written remotely; the first fails with RemoteAccess.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 1,
-            errno: EINVAL
-        }
-    );
+    assert_eq!(e, refused(1, EINVAL));
     let data = [7u8; 33];
     // SAFETY: inline data is a live slice.
     let big = [unsafe { Sge::from_raw(data.as_ptr() as u64, 33, 0) }];
     let w = [wr(3, Opcode::Send, SendFlags::INLINE, &big)];
     // SAFETY: rejected before reading.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 0,
-            errno: EINVAL
-        }
-    );
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &four,
-    }];
+    assert_eq!(e, refused(0, EINVAL));
+    let rr = [recv(0, &four)];
     // SAFETY: rejected.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 0,
-            errno: EINVAL
-        }
-    );
+    assert_eq!(e, refused(0, EINVAL));
 }
 
 #[test]
@@ -477,10 +421,7 @@ fn inline_is_copied_at_post_time() {
     {
         let m = d.sge_mut(0..8).unwrap();
         let rs = [rs(&m)];
-        let rr = [RecvRequest {
-            wr_id: 4,
-            sges: &rs,
-        }];
+        let rr = [recv(4, &rs)];
         // SAFETY: the region outlives the receive, polled below.
         unsafe { b.post_recv(&rr) }.unwrap();
     }
@@ -515,20 +456,20 @@ fn stale_and_foreign_keys_do_not_resolve() {
     let st = f.shared.state.borrow();
     let at = fresh.remote().addr;
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.rkey(), at, 8, RW)
+        .resolve(1, &Reach::remote(fresh.rkey(), at, 8, RW))
         .is_some());
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.rkey(), at + 1, 8, RW)
+        .resolve(1, &Reach::remote(fresh.rkey(), at + 1, 8, RW))
         .is_none());
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, fresh.lkey(), at, 8, RW)
+        .resolve(1, &Reach::remote(fresh.lkey(), at, 8, RW))
         .is_none());
     let sa = s.remote();
     assert!(st[1]
-        .resolve(1, KeyKind::Remote, sa.rkey, sa.addr, 8, RW)
+        .resolve(1, &Reach::remote(sa.rkey, sa.addr, 8, RW))
         .is_none());
     assert!(st[0]
-        .resolve(0, KeyKind::Remote, sa.rkey, sa.addr, 8, RW)
+        .resolve(0, &Reach::remote(sa.rkey, sa.addr, 8, RW))
         .is_some());
 }
 
@@ -563,10 +504,7 @@ fn registration_errors() {
 fn set_error_flushes_and_peer_sees_no_ack() {
     let f = fabric();
     let (mut a, mut b) = f.ends().unwrap();
-    let rr = [RecvRequest {
-        wr_id: 1,
-        sges: &[],
-    }; 2];
+    let rr = [recv(1, &[]); 2];
     // SAFETY: names no memory.
     unsafe { b.post_recv(&rr) }.unwrap();
     b.set_error().unwrap();

@@ -129,6 +129,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChanne
     }
 }
 
+/// The verbs [`MultiChannel`] forwards to the channel of one rank: each calls the channel's
+/// method of the same name and names the rank in its error (one idea, written once).
+macro_rules! to_rank {
+    ($($(#[doc = $doc:literal])* fn $verb:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)*) => {$(
+        $(#[doc = $doc])*
+        pub fn $verb(&mut self, rank: u32, $($arg: $ty),*) -> Result<$ok, MultiError> {
+            self.channel(rank)?.$verb($($arg),*).map_err(at(rank))
+        }
+    )*};
+}
+
 fn at(rank: u32) -> impl Fn(ChannelError) -> MultiError {
     move |error| MultiError::Peer(PeerError { rank, error })
 }
@@ -346,80 +357,33 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         Ok(n)
     }
 
-    /// Sends to `rank` and waits. Does not allocate.
-    pub fn send(&mut self, rank: u32, sges: &[Sge<'_>]) -> Result<(), MultiError> {
-        self.channel(rank)?.send(sges).map_err(at(rank))
-    }
-
-    /// Sends `data` inline to `rank` and waits. Does not allocate.
-    pub fn send_inline(&mut self, rank: u32, data: &[u8]) -> Result<(), MultiError> {
-        self.channel(rank)?.send_inline(data).map_err(at(rank))
-    }
-
-    /// Receives from `rank` and waits. Does not allocate.
-    pub fn recv(&mut self, rank: u32, sges: &mut [SgeMut<'_>]) -> Result<Done, MultiError> {
-        self.channel(rank)?.recv(sges).map_err(at(rank))
-    }
-
-    /// Writes to `rank`'s memory and waits. Does not allocate.
-    pub fn write(
-        &mut self,
-        rank: u32,
-        sges: &[Sge<'_>],
-        remote: RemoteMemory,
-    ) -> Result<(), MultiError> {
-        self.channel(rank)?.write(sges, remote).map_err(at(rank))
-    }
-
-    /// Writes `data` inline to `rank`'s memory and waits. Does not allocate.
-    pub fn write_inline(
-        &mut self,
-        rank: u32,
-        data: &[u8],
-        remote: RemoteMemory,
-    ) -> Result<(), MultiError> {
-        self.channel(rank)?
-            .write_inline(data, remote)
-            .map_err(at(rank))
-    }
-
-    /// Reads `rank`'s memory and waits. Does not allocate.
-    pub fn read(
-        &mut self,
-        rank: u32,
-        sges: &mut [SgeMut<'_>],
-        remote: RemoteMemory,
-    ) -> Result<(), MultiError> {
-        self.channel(rank)?.read(sges, remote).map_err(at(rank))
-    }
-
-    /// Compare-and-swap on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
-    /// `result` (see [`Channel::compare_swap`]). Does not allocate.
-    pub fn compare_swap(
-        &mut self,
-        rank: u32,
-        result: &mut SgeMut<'_>,
-        remote: RemoteMemory,
-        compare: u64,
-        swap: u64,
-    ) -> Result<(), MultiError> {
-        self.channel(rank)?
-            .compare_swap(result, remote, compare, swap)
-            .map_err(at(rank))
-    }
-
-    /// Fetch-and-add on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
-    /// `result` (see [`Channel::fetch_add`]). Does not allocate.
-    pub fn fetch_add(
-        &mut self,
-        rank: u32,
-        result: &mut SgeMut<'_>,
-        remote: RemoteMemory,
-        add: u64,
-    ) -> Result<(), MultiError> {
-        self.channel(rank)?
-            .fetch_add(result, remote, add)
-            .map_err(at(rank))
+    to_rank! {
+        /// Sends to `rank` and waits. Does not allocate.
+        fn send(sges: &[Sge<'_>]) -> ();
+        /// Sends `data` inline to `rank` and waits. Does not allocate.
+        fn send_inline(data: &[u8]) -> ();
+        /// Receives from `rank` and waits. Does not allocate.
+        fn recv(sges: &mut [SgeMut<'_>]) -> Done;
+        /// Writes to `rank`'s memory and waits. Does not allocate.
+        fn write(sges: &[Sge<'_>], remote: RemoteMemory) -> ();
+        /// Writes `data` inline to `rank`'s memory and waits. Does not allocate.
+        fn write_inline(data: &[u8], remote: RemoteMemory) -> ();
+        /// Reads `rank`'s memory and waits. Does not allocate.
+        fn read(sges: &mut [SgeMut<'_>], remote: RemoteMemory) -> ();
+        /// Compare-and-swap on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
+        /// `result` (see [`Channel::compare_swap`]). Does not allocate.
+        fn compare_swap(
+            result: &mut SgeMut<'_>, remote: RemoteMemory, compare: u64, swap: u64
+        ) -> ();
+        /// Fetch-and-add on `rank`'s 8 bytes at `remote` and waits; the prior value lands in
+        /// `result` (see [`Channel::fetch_add`]). Does not allocate.
+        fn fetch_add(result: &mut SgeMut<'_>, remote: RemoteMemory, add: u64) -> ();
+        /// Posts an inline send to `rank` and returns its ticket (the lowest-latency send).
+        /// Does not allocate.
+        fn post_send_inline(data: &[u8]) -> Ticket;
+        /// Posts an inline write to `rank`'s memory and returns its ticket (the lowest-latency
+        /// write). Does not allocate.
+        fn post_write_inline(data: &[u8], remote: RemoteMemory) -> Ticket;
     }
 
     /// Posts a compare-and-swap on `rank`'s memory and returns its ticket, for
@@ -460,25 +424,6 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         unsafe { c.post_fetch_add(result, remote, add) }.map_err(at(rank))
     }
 
-    /// Posts an inline send to `rank` and returns its ticket (the lowest-latency send).
-    /// Does not allocate.
-    pub fn post_send_inline(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, MultiError> {
-        self.channel(rank)?.post_send_inline(data).map_err(at(rank))
-    }
-
-    /// Posts an inline write to `rank`'s memory and returns its ticket (the lowest-latency
-    /// write). Does not allocate.
-    pub fn post_write_inline(
-        &mut self,
-        rank: u32,
-        data: &[u8],
-        remote: RemoteMemory,
-    ) -> Result<Ticket, MultiError> {
-        self.channel(rank)?
-            .post_write_inline(data, remote)
-            .map_err(at(rank))
-    }
-
     /// Waits for a ticket of one of these channels (it names its rank). Does not allocate.
     pub fn wait(&mut self, t: Ticket) -> Result<Done, MultiError> {
         let rank = t.peer().unwrap_or(NONE);
@@ -496,6 +441,28 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     where
         I: IntoIterator<Item = (u32, T)>,
     {
+        let post = |c: &mut Channel<P, B, R>, item| {
+            let mut b = c.batch();
+            add(&mut b, item)?;
+            // SAFETY: the items' buffers are borrowed for 'a, beyond this call, and the
+            // guard of `post_all_then_wait` settles every channel before the call returns or
+            // unwinds.
+            unsafe { b.post() }
+        };
+        self.post_all_then_wait(ops, post, |_, _| {})
+    }
+
+    /// Posts each item on its rank's channel with `post` (which answers the ticket to wait
+    /// for, if it posted anything), stopping at the first failure, then waits for the last
+    /// ticket of every channel posted on, handing each completion to `on_done` with its
+    /// rank. Settles every channel whichever way it ends ([`Settle`]). The first failure,
+    /// posting or waiting, is the answer. Does not allocate.
+    fn post_all_then_wait<T>(
+        &mut self,
+        ops: impl IntoIterator<Item = (u32, T)>,
+        mut post: impl FnMut(&mut Channel<P, B, R>, T) -> Result<Option<Ticket>, ChannelError>,
+        on_done: impl FnMut(u32, Done),
+    ) -> Result<(), MultiError> {
         let mut guard = Settle::new(
             &mut self.chans,
             (&self.index, &self.rank_at),
@@ -505,27 +472,20 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         for (rank, item) in ops {
             let r = match guard.channel(rank) {
                 None => Err(MultiError::UnknownRank(rank)),
-                Some((c, last)) => {
-                    let mut b = c.batch();
-                    add(&mut b, item)
-                        // SAFETY: the items' buffers are borrowed for 'a, beyond this call,
-                        // and the guard settles every channel before the call returns or
-                        // unwinds.
-                        .and_then(|()| unsafe { b.post() })
-                        .map(|t| {
-                            if t.is_some() {
-                                *last = t;
-                            }
-                        })
-                        .map_err(at(rank))
-                }
+                Some((c, last)) => post(c, item)
+                    .map(|t| {
+                        if t.is_some() {
+                            *last = t;
+                        }
+                    })
+                    .map_err(at(rank)),
             };
             if let Err(e) = r {
                 first = Some(e);
                 break;
             }
         }
-        let waited = guard.wait_all();
+        let waited = guard.wait_all(on_done);
         first.map_or(waited, Err)
     }
 
@@ -578,54 +538,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     pub fn gather_receive<'a, I>(
         &mut self,
         ops: I,
-        mut on_recv: impl FnMut(u32, Done),
+        on_recv: impl FnMut(u32, Done),
     ) -> Result<(), MultiError>
     where
         I: IntoIterator<Item = (u32, &'a mut [SgeMut<'a>])>,
     {
-        let mut guard = Settle::new(
-            &mut self.chans,
-            (&self.index, &self.rank_at),
-            &mut self.last,
-        );
-        let mut first = None;
-        for (rank, sges) in ops {
-            let r = match guard.channel(rank) {
-                None => Err(MultiError::UnknownRank(rank)),
-                // SAFETY: 'a outlives this call, and the guard settles every channel before
-                // the call returns or unwinds.
-                Some((c, last)) => unsafe { c.post_recv(sges) }
-                    .map(|t| *last = Some(t))
-                    .map_err(at(rank)),
-            };
-            if let Err(e) = r {
-                first = Some(e);
-                break;
-            }
-        }
-        for ((c, last), &rank) in guard
-            .chans
-            .iter_mut()
-            .zip(guard.last.iter_mut())
-            .zip(guard.rank_at)
-        {
-            let Some(t) = *last else {
-                continue;
-            };
-            // Bounded by the channel's timeout; on error the channel is already drained.
-            // The ticket is forgotten only once the wait returned: if the wait unwinds (a
-            // panic in the caller's back-off or clock), the guard still settles this channel.
-            let r = c.wait(t);
-            *last = None;
-            match r {
-                Ok(info) => on_recv(rank, info),
-                Err(error) => {
-                    first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
-                }
-            }
-        }
-        let waited = guard.wait_all();
-        first.map_or(waited, Err)
+        let post = |c: &mut Channel<P, B, R>, sges: &'a mut [SgeMut<'a>]| {
+            // SAFETY: 'a outlives this call, and the guard of `post_all_then_wait` settles
+            // every channel before the call returns or unwinds.
+            unsafe { c.post_recv(sges) }.map(Some)
+        };
+        self.post_all_then_wait(ops, post, on_recv)
     }
 }
 
@@ -668,8 +591,9 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
     }
 
     /// The normal exit: waits (at most each channel's timeout) for the last ticket the call
-    /// posted on each channel, and reports the first failure.
-    fn wait_all(&mut self) -> Result<(), MultiError> {
+    /// posted on each channel, hands each completion to `on_done` with its rank, and reports
+    /// the first failure.
+    fn wait_all(&mut self, mut on_done: impl FnMut(u32, Done)) -> Result<(), MultiError> {
         let mut first = None;
         for ((c, last), &rank) in self
             .chans
@@ -682,8 +606,11 @@ impl<'m, P: Provider, B: Backoff + Clone, const R: usize> Settle<'m, P, B, R> {
                 // caller's back-off or clock) leaves the ticket for `Drop` to settle.
                 let r = c.wait(t);
                 *last = None;
-                if let Err(error) = r {
-                    first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
+                match r {
+                    Ok(done) => on_done(rank, done),
+                    Err(error) => {
+                        first.get_or_insert(MultiError::Peer(PeerError { rank, error }));
+                    }
                 }
             }
         }

@@ -55,10 +55,10 @@ pub(in crate::exchange) fn root_join(
     })?;
 
     let mut readers = HelloReaders::new(world_size, options);
-    let mut lobby = Lobby::new(world_size);
+    let mut lobby = Lobby::new(world_size, options, clock);
     let mut last_liveness = Instant::now();
     while lobby.waiting() {
-        lobby.turn(listener, &mut readers, options, clock, progress)?;
+        lobby.turn(listener, &mut readers, progress)?;
         if last_liveness.elapsed() >= LIVENESS_EVERY {
             last_liveness = Instant::now();
             lobby.forget_lost(progress);
@@ -95,10 +95,10 @@ pub(in crate::exchange) fn root_rejoin(
         })
     })?;
     let mut readers = HelloReaders::new(world_size, options);
-    let mut lobby = Lobby::new(world_size);
+    let mut lobby = Lobby::new(world_size, options, clock);
     lobby.rejoin = Some(Rejoin { rank, old });
     while lobby.waiting() {
-        lobby.turn(listener, &mut readers, options, clock, progress)?;
+        lobby.turn(listener, &mut readers, progress)?;
         progress.tick(|| format!("rank 0 waiting for rank {rank} to rejoin"));
     }
     readers.close_all();
@@ -118,9 +118,12 @@ struct Rejoin {
     old: TcpStream,
 }
 
-/// The ranks that have joined so far, and the connections turned away meanwhile.
+/// The ranks that have joined so far, and the connections turned away meanwhile, under the
+/// round's options and timer.
 #[derive(Debug)]
-struct Lobby {
+struct Lobby<'a> {
+    options: &'a ExchangeOptions,
+    clock: RoundTimer,
     world_size: u32,
     /// Slot `r` holds rank r's connection and blob; slot 0 stays empty.
     joined: Vec<Option<(PeerLink, Vec<u8>)>>,
@@ -130,30 +133,30 @@ struct Lobby {
     rejoin: Option<Rejoin>,
 }
 
-impl Lobby {
+impl<'a> Lobby<'a> {
     /// One turn of the wait: at the deadline, give up (closing every reader); else take
     /// the connections in the listen backlog and admit every hello that arrived.
     fn turn(
         &mut self,
         listener: &TcpListener,
         readers: &mut HelloReaders,
-        options: &ExchangeOptions,
-        clock: RoundTimer,
         progress: &mut Progress,
     ) -> Result<()> {
-        if Instant::now() >= clock.deadline {
+        if Instant::now() >= self.clock.deadline {
             readers.close_all();
-            return Err(self.give_up(options, clock));
+            return Err(self.give_up());
         }
-        self.accept_backlog(listener, readers, options, clock, progress);
+        self.accept_backlog(listener, readers, progress);
         for arrival in readers.arrivals(POLL) {
-            self.admit(readers, arrival, options, progress);
+            self.admit(readers, arrival, progress);
         }
         Ok(())
     }
 
-    fn new(world_size: u32) -> Self {
+    fn new(world_size: u32, options: &'a ExchangeOptions, clock: RoundTimer) -> Self {
         Self {
+            options,
+            clock,
             world_size,
             joined: (0..world_size).map(|_| None).collect(),
             count: 0,
@@ -184,10 +187,9 @@ impl Lobby {
         &mut self,
         listener: &TcpListener,
         readers: &mut HelloReaders,
-        options: &ExchangeOptions,
-        clock: RoundTimer,
         progress: &mut Progress,
     ) {
+        let (options, clock) = (self.options, self.clock);
         for _ in 0..ACCEPT_BATCH {
             match listener.accept() {
                 Ok((stream, addr)) => {
@@ -219,13 +221,8 @@ impl Lobby {
 
     /// Seats the sender of a good hello in its rank's slot; refuses anything
     /// else with a `Reject` frame saying why.
-    fn admit(
-        &mut self,
-        readers: &mut HelloReaders,
-        arrival: Arrival,
-        options: &ExchangeOptions,
-        progress: &mut Progress,
-    ) {
+    fn admit(&mut self, readers: &mut HelloReaders, arrival: Arrival, progress: &mut Progress) {
+        let options = self.options;
         // A connection closed to make room was logged then.
         let Some(Claimed {
             stream,
@@ -293,7 +290,8 @@ impl Lobby {
 
     /// Tells every joined peer that rank 0 gives up, and returns the error
     /// naming the ranks that never came.
-    fn give_up(&mut self, options: &ExchangeOptions, clock: RoundTimer) -> BootstrapError {
+    fn give_up(&mut self) -> BootstrapError {
+        let (options, clock) = (self.options, self.clock);
         let missing = self.missing();
         let reason = format!(
             "rendezvous timed out after {:.1?} waiting for ranks {missing:?}",

@@ -6,14 +6,14 @@ use alloc::boxed::Box;
 
 use crate::completion::Completion;
 use crate::params::QpCaps;
-use crate::provider::{ProviderError, Verb};
+use crate::provider::ProviderError;
 use crate::sge::Sge;
 use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 
-use super::super::entry::{RawSge, SendHeader, NO_SGE};
-use super::super::execute::{self, enter_error, run_send_queue, Limits, Wiring};
-use super::super::keys::KeyKind;
-use super::super::{AccessFlags, SoftStats, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::entry::{poll_into, RawSge, SendHeader, NO_SGE};
+use super::super::execute::{self, enter_error, run_send_queue, HeadCopy, Limits, Wiring};
+use super::super::keys::Reach;
+use super::super::{SoftStats, EINVAL, ENOMEM, MAX_SGE};
 use super::region::split_net_key;
 use super::state::{Cqe, SrqState, World, QPN_BASE};
 use crate::verb::errno::EOPNOTSUPP;
@@ -34,6 +34,16 @@ impl World {
 
     fn node_of(&self, q: usize) -> Option<usize> {
         self.qps.get(q).map(|qp| qp.node as usize)
+    }
+
+    /// Resolves `at` against `node`'s region table (a net key names no node: generations
+    /// are unique in the net, so another node's key finds another generation or nothing).
+    pub(super) fn resolve_at(&self, node: usize, at: &Reach) -> Option<*mut u8> {
+        let (gen, kind, slot) = split_net_key(at.sge.key);
+        if kind != at.kind {
+            return None;
+        }
+        self.nodes.get(node)?.regions.get(slot)?.reach(gen, at)
     }
 
     /// The shared receive queue `q` takes its receives from, if it is on one.
@@ -82,29 +92,16 @@ impl Wiring for World {
         }
     }
 
-    fn resolve(
-        &self,
-        q: usize,
-        kind: KeyKind,
-        key: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Option<*mut u8> {
-        let (gen, k, slot) = split_net_key(key);
-        if k != kind {
-            return None;
-        }
-        let node = self.nodes.get(self.node_of(q)?)?;
-        node.regions.get(slot)?.reach(gen, addr, len, need)
+    fn resolve(&self, q: usize, at: &Reach) -> Option<*mut u8> {
+        self.resolve_at(self.node_of(q)?, at)
     }
 
     fn send_used(&self, q: usize) -> u64 {
-        self.qps.get(q).map_or(0, |qp| qp.sq_posted - qp.sq_retired)
+        self.qps.get(q).map_or(0, |qp| qp.sq_count.used())
     }
 
     fn recv_used(&self, q: usize) -> u64 {
-        self.qps.get(q).map_or(0, |qp| qp.rq_posted - qp.rq_retired)
+        self.qps.get(q).map_or(0, |qp| qp.rq_count.used())
     }
 
     fn push_send(
@@ -121,7 +118,7 @@ impl Wiring for World {
         let h = fill(sges, inline)?;
         *qp.send.get_mut(i).ok_or(ENOMEM)? = h;
         qp.sq.len += 1;
-        qp.sq_posted += 1;
+        qp.sq_count.posted += 1;
         Ok(())
     }
 
@@ -145,16 +142,11 @@ impl Wiring for World {
         }
         *qp.recv.get_mut(i).ok_or(ENOMEM)? = wr_id;
         qp.rq.len += 1;
-        qp.rq_posted += 1;
+        qp.rq_count.posted += 1;
         Ok(())
     }
 
-    fn load_send_head(
-        &self,
-        q: usize,
-        sges: &mut [RawSge; MAX_SGE],
-        inline: &mut [u8],
-    ) -> Option<(SendHeader, u64)> {
+    fn load_send_head(&self, q: usize, into: &mut HeadCopy<'_>) -> Option<(SendHeader, u64)> {
         let (ns, ni) = (self.caps_send_sges(), self.caps.max_inline_data as usize);
         let qp = self.qps.get(q)?;
         let i = qp.sq.front()?;
@@ -162,15 +154,15 @@ impl Wiring for World {
         if h.inline {
             let n = usize::from(h.inline_len);
             let src = qp.inline.get(i * ni..i * ni + n)?;
-            inline.get_mut(..n)?.copy_from_slice(src);
+            into.inline.get_mut(..n)?.copy_from_slice(src);
         } else {
             let n = usize::from(h.nsge);
             let src = qp.sges.get(i * ns..i * ns + n)?;
-            sges.get_mut(..n)?.copy_from_slice(src);
+            into.sges.get_mut(..n)?.copy_from_slice(src);
         }
         // The ring holds the requests not yet executed, the newest at position
         // `sq_posted - 1`.
-        Some((h, qp.sq_posted - u64::from(qp.sq.len)))
+        Some((h, qp.sq_count.posted - u64::from(qp.sq.len)))
     }
 
     fn send_head_mut(&mut self, q: usize) -> Option<&mut SendHeader> {
@@ -182,7 +174,7 @@ impl Wiring for World {
     fn pop_send(&mut self, q: usize) -> Option<(u64, u64)> {
         let cap = self.caps.max_send_wr;
         let qp = self.qps.get_mut(q)?;
-        let seq = qp.sq_posted - u64::from(qp.sq.len);
+        let seq = qp.sq_count.posted - u64::from(qp.sq.len);
         let i = qp.sq.pop(cap)?;
         let wr_id = qp.send.get(i).map_or(0, |h| h.wr_id);
         if qp.sq.len == 0 {
@@ -252,11 +244,6 @@ impl Wiring for World {
         self.nodes.get_mut(n).map(|node| &mut node.stats)
     }
 }
-
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
 
 /// The world and the scratch room execution copies an inline payload into.
 pub(super) struct NetState {
@@ -401,19 +388,13 @@ impl NetState {
         let Some(n) = w.nodes.get_mut(node) else {
             return Ok(0);
         };
-        if n.send_cq.overflow {
-            return Err(OVERFLOW);
-        }
-        let mut count = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = n.send_cq.pop() else { break };
-            *slot = c.completion();
+        poll_into(n.send_cq.overflow, out, || {
+            let c = n.send_cq.pop()?;
             if let Some(qp) = w.qps.get_mut(c.qp as usize) {
-                qp.sq_retired = qp.sq_retired.max(c.seq + 1);
+                qp.sq_count.retire_to(c.seq);
             }
-            count += 1;
-        }
-        Ok(count)
+            Some(c.completion())
+        })
     }
 
     /// Up to `out.len()` completions of `node`'s receive CQ.
@@ -426,25 +407,19 @@ impl NetState {
         let Some(n) = w.nodes.get_mut(node) else {
             return Ok(0);
         };
-        if n.recv_cq.overflow {
-            return Err(OVERFLOW);
-        }
-        let mut count = 0;
-        for slot in out.iter_mut() {
-            let Some(c) = n.recv_cq.pop() else { break };
-            *slot = c.completion();
+        poll_into(n.recv_cq.overflow, out, || {
+            let c = n.recv_cq.pop()?;
             match w.qps.get_mut(c.qp as usize) {
                 Some(qp) if qp.on_srq => {
                     if let Some(srq) = n.srq.as_mut() {
                         srq.retired += 1;
                     }
                 }
-                Some(qp) => qp.rq_retired += 1,
+                Some(qp) => qp.rq_count.retired += 1,
                 None => {}
             }
-            count += 1;
-        }
-        Ok(count)
+            Some(c.completion())
+        })
     }
 
     /// Kills `node`: dead, and every queue pair of it flushed (its datagram queue pairs

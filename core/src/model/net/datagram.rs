@@ -15,7 +15,7 @@
 //!   with more than the caps' entries, an inline payload over `max_inline_data`, or a
 //!   payload over the MTU the queue pair was made with is refused at post (`EINVAL`); one
 //!   whose entries do not resolve completes with [`WcStatus::LocalProtection`] and moves the
-//!   sender to the error state. Occupancy as in the RC model: a send holds its slot until a
+//!   sender to the error state. Count as in the RC model: a send holds its slot until a
 //!   completion at or past it has been polled.
 //! - **Delivery to a queue pair** happens only if it exists on the node the address names,
 //!   is not in the error state, its node is alive, the Q_Key matches and a receive is
@@ -52,12 +52,11 @@ use crate::provider::{ProviderError, Verb};
 use crate::wire::grh::{NetworkHeader, GRH_LEN};
 use crate::wr::{DatagramRequest, Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest};
 
-use super::super::entry::{build_send, check_send, completion, RawSge, NO_SGE};
-use super::super::keys::KeyKind;
+use super::super::entry::{build_send, check_send, completion, poll_into, Count, RawSge, NO_SGE};
+use super::super::keys::Reach;
 use super::super::spans::{copy_spans, gather, Spans};
-use super::super::{AccessFlags, EINVAL, ENOMEM, EOVERFLOW, MAX_SGE};
+use super::super::{AccessFlags, EINVAL, ENOMEM, MAX_SGE};
 use super::calls::NetState;
-use super::region::split_net_key;
 use super::state::RingPos;
 use super::world::SoftNet;
 use super::NET_MAX_INLINE;
@@ -74,10 +73,8 @@ pub(crate) struct UdState {
     mtu: u32,
     error: bool,
     rq: RingPos,
-    rq_posted: u64,
-    rq_retired: u64,
-    sq_posted: u64,
-    sq_retired: u64,
+    sq_count: Count,
+    rq_count: Count,
     /// `max_recv_wr` receive ids.
     recv_ids: Box<[u64]>,
     /// `max_recv_wr` × `max_recv_sge` receive entries (unused ones zero-length).
@@ -100,10 +97,8 @@ impl UdState {
             mtu,
             error: false,
             rq: RingPos::default(),
-            rq_posted: 0,
-            rq_retired: 0,
-            sq_posted: 0,
-            sq_retired: 0,
+            sq_count: Count::ZERO,
+            rq_count: Count::ZERO,
             recv_ids: alloc::vec![0; rw].into_boxed_slice(),
             recv_sges: alloc::vec![NO_SGE; rw * caps.max_recv_sge as usize].into_boxed_slice(),
             // One more than the queue for the drain request a flush posts.
@@ -226,14 +221,7 @@ impl NetState {
 
     /// Resolves `addr..addr+len` by lkey against `node`'s regions.
     fn resolve_local(&self, node: usize, s: &RawSge, need: AccessFlags) -> Option<*mut u8> {
-        let (gen, kind, slot) = split_net_key(s.key);
-        if kind != KeyKind::Local {
-            return None;
-        }
-        let n = self.world.nodes.get(node)?;
-        n.regions
-            .get(slot)?
-            .reach(gen, s.addr, u64::from(s.len), need)
+        self.world.resolve_at(node, &Reach::entry(s, need))
     }
 
     /// Delivers one datagram to queue pair `dst` by the rules of the module docs.
@@ -355,7 +343,7 @@ impl NetState {
             if let Err(errno) = check_send(&caps, &as_rc) {
                 return fail(errno);
             }
-            if d.sq_posted - d.sq_retired >= u64::from(caps.max_send_wr) {
+            if d.sq_count.used() >= u64::from(caps.max_send_wr) {
                 return fail(ENOMEM);
             }
             let mut sges = [NO_SGE; MAX_SGE];
@@ -364,9 +352,9 @@ impl NetState {
             let Ok(h) = built else {
                 return fail(EINVAL);
             };
-            let seq = d.sq_posted;
+            let seq = d.sq_count.posted;
             if let Some(d) = self.world.ud.get_mut(u) {
-                d.sq_posted += 1;
+                d.sq_count.posted += 1;
             }
             if let Some(n) = self.world.nodes.get_mut(node) {
                 n.stats.sends_posted += 1;
@@ -469,7 +457,7 @@ impl NetState {
             if wr.sges.len() > nr {
                 return fail(EINVAL);
             }
-            if d.rq_posted - d.rq_retired >= u64::from(cap) {
+            if d.rq_count.used() >= u64::from(cap) {
                 return fail(ENOMEM);
             }
             let Some(at) = d.rq.tail(cap) else {
@@ -486,7 +474,7 @@ impl NetState {
                 *id = wr.wr_id;
             }
             d.rq.len += 1;
-            d.rq_posted += 1;
+            d.rq_count.posted += 1;
             let node = d.node as usize;
             if let Some(n) = self.world.nodes.get_mut(node) {
                 n.stats.recvs_posted += 1;
@@ -503,19 +491,12 @@ impl NetState {
         let Some(d) = self.world.ud.get_mut(u) else {
             return Ok(0);
         };
-        if d.overflow {
-            return Err(OVERFLOW);
-        }
         let cap = d.scq.len() as u32;
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(i) = d.scq_pos.pop(cap) else { break };
-            let (wc, seq) = d.scq[i];
-            *slot = wc;
-            d.sq_retired = d.sq_retired.max(seq + 1);
-            n += 1;
-        }
-        Ok(n)
+        poll_into(d.overflow, out, || {
+            let (wc, seq) = d.scq[d.scq_pos.pop(cap)?];
+            d.sq_count.retire_to(seq);
+            Some(wc)
+        })
     }
 
     fn ud_poll_recv(
@@ -526,25 +507,14 @@ impl NetState {
         let Some(d) = self.world.ud.get_mut(u) else {
             return Ok(0);
         };
-        if d.overflow {
-            return Err(OVERFLOW);
-        }
         let cap = d.rcq.len() as u32;
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(i) = d.rcq_pos.pop(cap) else { break };
-            *slot = d.rcq[i];
-            d.rq_retired += 1;
-            n += 1;
-        }
-        Ok(n)
+        poll_into(d.overflow, out, || {
+            let c = d.rcq[d.rcq_pos.pop(cap)?];
+            d.rq_count.retired += 1;
+            Some(c)
+        })
     }
 }
-
-const OVERFLOW: ProviderError = ProviderError {
-    verb: Verb::PollCq,
-    errno: EOVERFLOW,
-};
 
 /// The network header of a datagram from `sgid` to `dgid` with `payload` bytes.
 fn header(sgid: Gid, dgid: Gid, payload: u64) -> [u8; GRH_LEN] {

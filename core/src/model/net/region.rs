@@ -3,8 +3,6 @@
 use core::cell::RefCell;
 use core::fmt;
 
-use crate::sge::RemoteMemory;
-
 use super::super::keys::{scramble, unscramble, KeyKind};
 use super::super::region::Registered;
 #[cfg(doc)]
@@ -60,13 +58,7 @@ pub struct NetRegion<'n> {
 
 impl fmt::Debug for NetRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NetRegion")
-            .field("node", &self.node)
-            .field("len", &self.reg.len)
-            .field("lkey", &self.reg.lkey)
-            .field("rkey", &self.reg.rkey)
-            .field("access", &self.reg.access)
-            .finish()
+        self.reg.debug_as(f, "NetRegion", ("node", &self.node))
     }
 }
 
@@ -90,24 +82,6 @@ impl NetRegion<'_> {
     #[inline]
     pub fn node(&self) -> u32 {
         self.node
-    }
-
-    /// Local key: good in work requests of any queue pair of [`NetRegion::node`].
-    #[inline]
-    pub fn lkey(&self) -> u32 {
-        self.reg.lkey
-    }
-
-    /// Remote key: good in work requests that any peer of [`NetRegion::node`] sends it.
-    #[inline]
-    pub fn rkey(&self) -> u32 {
-        self.reg.rkey
-    }
-
-    /// The descriptor peers need to RDMA the region (which succeeds only with the matching
-    /// remote access). One descriptor serves every peer.
-    pub fn remote(&self) -> RemoteMemory {
-        self.reg.remote()
     }
 }
 

@@ -9,7 +9,7 @@ use core::mem::size_of;
 use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::QpCaps;
 
-use super::super::entry::{RawSge, SendHeader, NO_HEADER, NO_SGE};
+use super::super::entry::{Count, RawSge, SendHeader, NO_HEADER, NO_SGE};
 use super::super::execute::Limits;
 use super::super::region::{RegionSlot, NO_REGION};
 use super::super::SoftStats;
@@ -63,10 +63,8 @@ pub(super) struct QpSlot {
     pub(super) next: u32,
     pub(super) sq: RingPos,
     pub(super) rq: RingPos,
-    pub(super) sq_posted: u64,
-    pub(super) sq_retired: u64,
-    pub(super) rq_posted: u64,
-    pub(super) rq_retired: u64,
+    pub(super) sq_count: Count,
+    pub(super) rq_count: Count,
     /// `max_send_wr` send headers.
     pub(super) send: Box<[SendHeader]>,
     /// `max_send_wr` × `max_send_sge` send entries, then `max_recv_wr` × `max_recv_sge`
@@ -94,10 +92,8 @@ impl QpSlot {
             next: NONE,
             sq: RingPos::default(),
             rq: RingPos::default(),
-            sq_posted: 0,
-            sq_retired: 0,
-            rq_posted: 0,
-            rq_retired: 0,
+            sq_count: Count::ZERO,
+            rq_count: Count::ZERO,
             send: alloc::vec![NO_HEADER; sw].into_boxed_slice(),
             sges: alloc::vec![NO_SGE; sges].into_boxed_slice(),
             inline: alloc::vec![0u8; sw * caps.max_inline_data as usize].into_boxed_slice(),

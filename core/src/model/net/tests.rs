@@ -9,19 +9,17 @@ use crate::completion::{Completion, CompletionKind, WcStatus};
 use crate::params::{QpCaps, RetryCount, RnrRetry};
 use crate::provider::{CompletionQueue, QueuePair, Verb};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
-use crate::wr::{Opcode, PostFailure, RecvRequest, SendFlags, WorkRequest, MAX_BATCH};
+use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 
 use super::super::keys::KeyKind;
+use super::super::tests::{recv, refused};
 use super::super::{AccessFlags, SoftError, EINVAL, ENOMEM, EOVERFLOW};
 use super::region::{net_key, split_net_key};
 use super::{NetCq, NetQp, SoftNet, SoftNetConfig, NET_MAX_INLINE, NET_MAX_QUEUE};
 
 pub(super) const CAPS: QpCaps = QpCaps {
-    max_send_wr: 4,
-    max_recv_wr: 4,
-    max_send_sge: 2,
-    max_recv_sge: 2,
     max_inline_data: 16,
+    ..QpCaps::queues(4, 4).with_sges(2)
 };
 
 pub(super) const RW: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -69,10 +67,7 @@ pub(super) fn poll(cq: &mut NetCq<'_>) -> Vec<Completion> {
 }
 
 fn recv_empty(qp: &mut NetQp<'_>, id: u64) {
-    let rr = [RecvRequest {
-        wr_id: id,
-        sges: &[],
-    }];
+    let rr = [recv(id, &[])];
     // SAFETY: names no memory.
     unsafe { qp.post_recv(&rr) }.unwrap();
 }
@@ -119,17 +114,13 @@ fn operations_complete_into_their_nodes_queues() {
     r2.write_from(0, b"two!");
     {
         let m = r1.sge_mut(16..26).unwrap();
-        let rr = [RecvRequest {
-            wr_id: 100,
-            sges: &[rs(&m)],
-        }];
+        let into = [rs(&m)];
+        let rr = [recv(100, &into)];
         // SAFETY: the region outlives the receive, polled below.
         unsafe { q10.post_recv(&rr) }.unwrap();
         let m = r3.sge_mut(0..8).unwrap();
-        let rr = [RecvRequest {
-            wr_id: 300,
-            sges: &[rs(&m)],
-        }];
+        let into = [rs(&m)];
+        let rr = [recv(300, &into)];
         // SAFETY: as above.
         unsafe { q30.post_recv(&rr) }.unwrap();
     }
@@ -327,10 +318,8 @@ fn a_receive_posted_while_the_send_waits_wins() {
     assert_eq!(net.waiting(0), 1);
     {
         let m = dst.sge_mut(0..8).unwrap();
-        let rr = [RecvRequest {
-            wr_id: 20,
-            sges: &[rs(&m)],
-        }];
+        let into = [rs(&m)];
+        let rr = [recv(20, &into)];
         // The send runs inside this post.
         // SAFETY: the region outlives the receive, polled below.
         unsafe { q20.post_recv(&rr) }.unwrap();
@@ -510,16 +499,8 @@ fn length_and_protection_errors_fail_both_ends() {
     let (mut s0, mut v1) = (net.send_cq(0).unwrap(), net.recv_cq(1).unwrap());
     {
         let m = dst.sge_mut(0..4).unwrap();
-        let rr = [
-            RecvRequest {
-                wr_id: 1,
-                sges: &[rs(&m)],
-            },
-            RecvRequest {
-                wr_id: 2,
-                sges: &[rs(&m)],
-            },
-        ];
+        let into = [rs(&m)];
+        let rr = [recv(1, &into), recv(2, &into)];
         // SAFETY: nothing is written (too short), the second flushes.
         unsafe { b.post_recv(&rr) }.unwrap();
         // SAFETY: as above.
@@ -578,13 +559,7 @@ fn posts_are_checked_like_the_two_party_model() {
     unsafe { a.post_send(&w) }.unwrap();
     // SAFETY: as above.
     let e = unsafe { a.post_send(&w) }.unwrap_err();
-    assert_eq!(
-        e,
-        PostFailure {
-            posted: 1,
-            errno: ENOMEM
-        }
-    );
+    assert_eq!(e, refused(1, ENOMEM));
     assert_eq!(poll(&mut s0).len(), 4);
     let too_many = [op(0, Opcode::Write, &[]); MAX_BATCH + 1];
     // SAFETY: as above.
@@ -600,16 +575,10 @@ fn posts_are_checked_like_the_two_party_model() {
     w.flags |= SendFlags::INLINE;
     // SAFETY: rejected before reading.
     assert_eq!(unsafe { a.post_send(&[w]) }.unwrap_err().errno, EINVAL);
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &three,
-    }];
+    let rr = [recv(0, &three)];
     // SAFETY: rejected.
     assert_eq!(unsafe { b.post_recv(&rr) }.unwrap_err().errno, EINVAL);
-    let rr = [RecvRequest {
-        wr_id: 0,
-        sges: &[],
-    }; 5];
+    let rr = [recv(0, &[]); 5];
     // SAFETY: names no memory.
     let e = unsafe { b.post_recv(&rr) }.unwrap_err();
     assert_eq!((e.posted, e.errno), (4, ENOMEM));

@@ -6,8 +6,9 @@ use alloc::vec::Vec;
 use crate::completion::{CompletionKind, WcStatus};
 use crate::provider::QueuePair;
 use crate::sge::Sge;
-use crate::wr::{Opcode, RecvRequest, SendFlags, WorkRequest};
+use crate::wr::{Opcode, SendFlags, WorkRequest};
 
+use super::super::tests::recv;
 use super::super::{AccessFlags, EINVAL};
 use super::tests::{poll, CAPS};
 use super::{SoftNet, SoftNetConfig};
@@ -35,10 +36,7 @@ fn queue_pairs_on_a_shared_receive_queue_take_its_oldest_receive_and_flush_none_
     let (mut r2, mut s2) = net.connect(0, 2).unwrap();
     assert_eq!(net.create_srq(1, 4), None, "node 1 has queue pairs already");
     assert_eq!((r1.srq_capacity(), s1.srq_capacity()), (4, 0));
-    let own = [RecvRequest {
-        wr_id: 9,
-        sges: &[],
-    }];
+    let own = [recv(9, &[])];
     // SAFETY: names no memory.
     let e = unsafe { r1.post_recv(&own) }.unwrap_err();
     assert_eq!(
@@ -73,10 +71,7 @@ fn queue_pairs_on_a_shared_receive_queue_take_its_oldest_receive_and_flush_none_
         })
         .collect();
     let post = |qp: &mut super::NetQp<'_>, i: usize| {
-        let rr = [RecvRequest {
-            wr_id: 100 + i as u64,
-            sges: core::slice::from_ref(&slots[i]),
-        }];
+        let rr = [recv(100 + i as u64, core::slice::from_ref(&slots[i]))];
         // SAFETY: the pool's slots stay registered and are read only after completion.
         unsafe { qp.post_srq_recv(&rr) }.unwrap();
     };

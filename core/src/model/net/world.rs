@@ -3,15 +3,13 @@
 use core::cell::RefCell;
 use core::fmt;
 use core::marker::PhantomData;
-use core::ptr::NonNull;
 
 #[cfg(doc)]
 use crate::completion::WcStatus;
 use crate::params::QpCaps;
 
 use super::super::execute::Limits;
-use super::super::keys::KeyKind;
-use super::super::region::{check_registration, RegionSlot, Registered};
+use super::super::region::{check_registration, register_in};
 use super::super::{AccessFlags, SoftError, SoftStats, MAX_SGE};
 use super::calls::NetState;
 use super::handles::{CqKind, NetCq, NetQp};
@@ -105,45 +103,32 @@ impl<'m> SoftNet<'m> {
         access: AccessFlags,
     ) -> Result<NetRegion<'_>, SoftError> {
         check_registration(buf.len(), access)?;
-        let len = buf.len();
-        // One pointer for the model's table and the region's view, so neither invalidates
-        // the other (Miri's aliasing models check this).
-        let base = NonNull::from(buf).cast::<u8>();
         let mut st = self.state.borrow_mut();
         let w = &mut st.world;
         let n = w
             .nodes
             .get_mut(node as usize)
             .ok_or(SoftError::NoSuchNode)?;
-        let (slot, r) = n
-            .regions
-            .iter_mut()
-            .enumerate()
-            .find(|(_, r)| !r.live)
-            .ok_or(SoftError::TableFull)?;
-        let gen = w.next_gen;
-        if gen == 0 || gen > GEN_MASK {
-            return Err(SoftError::KeysExhausted);
-        }
-        w.next_gen = gen + 1;
-        *r = RegionSlot {
-            ptr: base.as_ptr(),
-            len,
+        let next_gen = &mut w.next_gen;
+        let (slot, reg) = register_in(
+            &mut n.regions,
+            buf,
             access,
-            gen,
-            live: true,
-        };
+            |_| {
+                let gen = *next_gen;
+                if gen == 0 || gen > GEN_MASK {
+                    return Err(SoftError::KeysExhausted);
+                }
+                *next_gen = gen + 1;
+                Ok(gen)
+            },
+            net_key,
+        )?;
         Ok(NetRegion {
             state: &self.state,
             node,
             slot,
-            reg: Registered {
-                ptr: base,
-                len,
-                lkey: net_key(gen, KeyKind::Local, slot),
-                rkey: net_key(gen, KeyKind::Remote, slot),
-                access,
-            },
+            reg,
         })
     }
 
@@ -263,7 +248,7 @@ impl<'m> SoftNet<'m> {
         let st = self.state.borrow();
         qp_index(qp_num)
             .and_then(|q| st.world.qps.get(q))
-            .map_or(0, |qp| qp.sq_posted - qp.sq_retired)
+            .map_or(0, |qp| qp.sq_count.used())
     }
 
     /// Receive-queue slots of the queue pair numbered `qp_num` in use (posted, completion
@@ -272,7 +257,7 @@ impl<'m> SoftNet<'m> {
         let st = self.state.borrow();
         qp_index(qp_num)
             .and_then(|q| st.world.qps.get(q))
-            .map_or(0, |qp| qp.rq_posted - qp.rq_retired)
+            .map_or(0, |qp| qp.rq_count.used())
     }
 
     /// Queue pairs of `node` whose send-queue head waits (for a receive at the peer, or for
