@@ -152,7 +152,7 @@ macro_rules! world {
         let $net = SoftNet::new(SoftNetConfig::new(2, caps()));
         let mut $arena = vec![0u8; soft_world_bytes(2, 64)];
         let mut $mem = vec![0u8; 2 * $slots * $slot];
-        let mut $nodes = rverbs_testkit::nodes_receiving(&$net, &mut $arena, $receive, clock());
+        let mut $nodes = rverbs_testkit::nodes(&$net, &mut $arena, $receive, clock());
         for (n, m) in $nodes.iter_mut().zip($mem.chunks_mut($slots * $slot)) {
             let region = $net
                 .register(n.rank(), m, AccessFlags::LOCAL_WRITE)

@@ -7,12 +7,11 @@ use rverbs_core::node::Members;
 use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
-use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::{FailureCause, QpFault};
-use rverbs_core::node::{soft_world, soft_world_bytes, NodeError};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::node::{soft_world_bytes, NodeError};
+use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::verbs::AsyncEvent;
-use rverbs_testkit::net;
+use rverbs_testkit::{net, nodes};
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 
@@ -22,16 +21,7 @@ fn a_fatal_queue_pair_names_its_peer_and_a_port_down_names_this_rank() {
     let net = net(world);
     let clock: StaticClock = &CLOCK;
     let mut arena = vec![0u8; soft_world_bytes(world, 64)];
-    let mut nodes = soft_world(
-        &net,
-        &mut arena,
-        64,
-        ChannelConfig::default(),
-        BarrierAlgorithm::Dissemination,
-        Spin,
-        clock,
-    )
-    .unwrap();
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::Dissemination, clock);
 
     // The table a watcher thread would take: every peer once, each queue pair once.
     let table = nodes[1].qp_ranks();

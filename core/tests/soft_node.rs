@@ -17,7 +17,7 @@ use rverbs_core::node::{
     soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
 };
 use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::poll::Spin;
 use rverbs_testkit::clock;
 use rverbs_testkit::{net, nodes};
 
@@ -41,32 +41,6 @@ impl Rng {
 
 fn caps() -> QpCaps {
     QpCaps::queues(16, 16)
-}
-
-fn world<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
-    nodes(net, arena, BarrierAlgorithm::default(), clock)
-}
-
-/// [`world`] with barrier wake-ups chosen at build (one-sided traffic only).
-fn wakeup_world<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
-    let alg = BarrierAlgorithm::default();
-    soft_world_with(
-        net,
-        arena,
-        64,
-        ChannelConfig::default(),
-        (alg, Spin, clock),
-        Components::barrier_wakeups(),
-    )
-    .unwrap()
 }
 
 /// Runs one barrier over `members` with ranks starting in random order and polled in random
@@ -117,7 +91,7 @@ fn every_algorithm_at_256_ranks_with_random_arrivals() {
     let net = net(WORLD);
     let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock);
     let all: Vec<u32> = (0..WORLD).collect();
     let mut rng = Rng(0x5eed_1234);
     for alg in BarrierAlgorithm::ALL {
@@ -141,7 +115,7 @@ fn sub_groups_run_side_by_side() {
     let net = net(WORLD);
     let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock);
     let evens: Vec<u32> = (0..WORLD).step_by(2).collect();
     let odds: Vec<u32> = (1..WORLD).step_by(2).collect();
     let mut rng = Rng(77);
@@ -160,7 +134,7 @@ fn a_rank_that_stops_is_named_by_the_timeout() {
     let net = net(world_size);
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock);
     let stopped = world_size - 1;
     let timeout = Duration::from_millis(5);
     for n in nodes.iter_mut().filter(|n| n.rank() != stopped) {
@@ -231,7 +205,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
     };
     let mut rings = vec![0u8; world_size as usize * mem_len];
     let clock = clock!(STEP);
-    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, receive, clock);
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, receive, clock);
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
@@ -386,7 +360,7 @@ fn messages_per_barrier_per_algorithm() {
         let net = net(n);
         let mut arena = vec![0u8; soft_world_bytes(n, 64)];
         let clock = clock!(STEP);
-        let mut nodes = world(&net, &mut arena, clock);
+        let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock);
         let all: Vec<u32> = (0..n).collect();
         let mut rng = Rng(3);
         let mut counts = Vec::new();
@@ -428,7 +402,7 @@ fn a_barrier_is_polled_with_the_members_it_started_with_whatever_later_starts_na
     let net = net(4);
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock);
     for n in nodes.iter_mut() {
         n.set_algorithm(BarrierAlgorithm::BinaryTree);
     }
@@ -456,7 +430,7 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, Components::barrier_wakeups(), clock);
     for n in nodes.iter_mut() {
         assert!(n.barrier_wakeups());
         assert!(!n.barrier_wakeups_live());
@@ -537,7 +511,7 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
     let net = net(2);
     let mut arena = vec![0u8; soft_world_bytes(2, 64)];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, Components::barrier_wakeups(), clock);
     for _ in 0..(if cfg!(miri) { 20 } else { 60 }) {
         barrier_rank_1_last(&mut nodes);
     }
@@ -550,7 +524,7 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
     let net = net(3);
     let mut arena = vec![0u8; soft_world_bytes(3, 64)];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, Components::barrier_wakeups(), clock);
     let all = [0u32, 1, 2];
     let mut rng = Rng(9);
     barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng);
@@ -585,7 +559,7 @@ fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
     let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = world(&net, &mut arena, clock!(STEP));
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)

@@ -36,7 +36,7 @@ pub use device::{device, test_device};
 pub use future::{block_on, poll_once};
 pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
 pub use region::OnDrop;
-pub use soft::{barrier_answers, caps, fabric, net, nodes, nodes_receiving, CAPS};
+pub use soft::{barrier_answers, caps, fabric, net, nodes, Build, CAPS, WINDOW};
 
 /// The kit's own `rverbs-core`, for its macros.
 #[doc(hidden)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::ChannelConfig;
 use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
-use rverbs_core::node::{soft_world, soft_world_with, NodeError, Receive, SoftNode};
+use rverbs_core::node::{soft_world_with, Components, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 
@@ -34,34 +34,73 @@ pub fn net<'m>(world: u32) -> SoftNet<'m> {
     SoftNet::new(SoftNetConfig::new(world, CAPS))
 }
 
-/// Every rank of `net` as a node, fully connected, with windows of 64 bytes, default
-/// channels, barriers by `alg`, spinning, on `clock`; memory from `arena` (at least
-/// `soft_world_bytes(world, 64)` long).
+/// The window every node of [`nodes`] exposes to its peers, in bytes.
+pub const WINDOW: usize = 64;
+
+/// How [`nodes`] builds each node beyond its network: its channels, its barrier algorithm
+/// and its components. Each part alone converts into the rest at their defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Build {
+    /// Every channel's configuration.
+    pub channel: ChannelConfig,
+    /// The barrier algorithm.
+    pub barrier: BarrierAlgorithm,
+    /// What the node carries (messaging, barrier wake-ups, readmission).
+    pub components: Components,
+}
+
+impl From<BarrierAlgorithm> for Build {
+    fn from(barrier: BarrierAlgorithm) -> Self {
+        Self {
+            barrier,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<Components> for Build {
+    fn from(components: Components) -> Self {
+        Self {
+            components,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<Receive> for Build {
+    fn from(receive: Receive) -> Self {
+        Components::from(receive).into()
+    }
+}
+
+impl From<(BarrierAlgorithm, Components)> for Build {
+    fn from((barrier, components): (BarrierAlgorithm, Components)) -> Self {
+        Self {
+            barrier,
+            components,
+            ..Self::default()
+        }
+    }
+}
+
+/// Every rank of `net` as a node, fully connected, with windows of [`WINDOW`] bytes, built as
+/// `build` says (a barrier algorithm, components, where messages land, or all in a
+/// [`Build`]), spinning, on `clock`; memory from `arena` (at least
+/// `soft_world_bytes(world, WINDOW)` long).
 pub fn nodes<'n, 'm: 'n>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
-    alg: BarrierAlgorithm,
+    build: impl Into<Build>,
     clock: StaticClock,
 ) -> Vec<SoftNode<'n, Spin>> {
-    soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock)
-        .expect("a world of the model's own ranks connects")
-}
-
-/// As [`nodes`], with the default barrier algorithm and messages received as `receive`
-/// says (a ring per peer, or one shared pool).
-pub fn nodes_receiving<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    receive: Receive,
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
+    let build = build.into();
     soft_world_with(
         net,
         arena,
-        64,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::default(), Spin, clock),
-        receive,
+        WINDOW,
+        build.channel,
+        (build.barrier, Spin, clock),
+        build.components,
     )
     .expect("a world of the model's own ranks connects")
 }
