@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
 use rverbs_core::completion::{Completion, DatagramCompletion};
-use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError, Peer};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{
@@ -212,39 +212,46 @@ fn failing_pair<'n, 'm>(
     (a, b, fail)
 }
 
-#[test]
-fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+/// [`failing_pair`] on a fresh network (its switch starting as `failing`), handed to `test`
+/// as node 0's channel, its address of node 1, and the switch.
+fn with_failing_pair(
+    failing: bool,
+    clocks: [StaticClock; 2],
+    test: impl FnOnce(&mut Failing<'_>, &Peer<NetAddress>, &Cell<bool>),
+) {
     let mut mem = pair_memory();
     let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
-    let (mut a, b, fail) = failing_pair(&net, &mut mem, true, [clock!(), clock!()]);
+    let (mut a, b, fail) = failing_pair(&net, &mut mem, failing, clocks);
     let to_b = a.peer(&b.endpoint()).unwrap();
-    // Twice the send queue, each one in the queue although its post failed.
-    for i in 0..2 * CAPS.max_send_wr as u8 {
-        assert_eq!(
-            a.send(&to_b, &[i; 8]),
-            Err(DatagramError::Post { errno: 5 })
-        );
-    }
-    // Counted as posted, they left room for the next only as they completed.
-    fail.set(false);
-    a.send(&to_b, &[7; 8]).unwrap();
+    test(&mut a, &to_b, &fail);
+}
+
+#[test]
+fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+    with_failing_pair(true, [clock!(), clock!()], |a, to_b, fail| {
+        // Twice the send queue, each one in the queue although its post failed.
+        for i in 0..2 * CAPS.max_send_wr as u8 {
+            assert_eq!(a.send(to_b, &[i; 8]), Err(DatagramError::Post { errno: 5 }));
+        }
+        // Counted as posted, they left room for the next only as they completed.
+        fail.set(false);
+        a.send(to_b, &[7; 8]).unwrap();
+    });
 }
 
 #[test]
 fn the_drain_datagram_of_wait_sent_stays_counted_when_its_post_fails_after_taking_it() {
-    let mut mem = pair_memory();
-    let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
-    let (mut a, b, fail) = failing_pair(&net, &mut mem, false, [clock!(), clock!()]);
-    let to_b = a.peer(&b.endpoint()).unwrap();
-    // One unsignaled datagram: wait_sent must post a signaled one behind it.
-    a.send(&to_b, &[1; 8]).unwrap();
-    assert_eq!(a.outstanding_sends(), 1);
-    // That post is taken and still fails: the request is in the queue, so it counts.
-    fail.set(true);
-    assert_eq!(a.wait_sent(), Err(DatagramError::Post { errno: 5 }));
-    assert_eq!(a.outstanding_sends(), 2);
-    // Its completion retires both; nothing is left for another drain request.
-    fail.set(false);
-    a.wait_sent().unwrap();
-    assert_eq!(a.outstanding_sends(), 0);
+    with_failing_pair(false, [clock!(), clock!()], |a, to_b, fail| {
+        // One unsignaled datagram: wait_sent must post a signaled one behind it.
+        a.send(to_b, &[1; 8]).unwrap();
+        assert_eq!(a.outstanding_sends(), 1);
+        // That post is taken and still fails: the request is in the queue, so it counts.
+        fail.set(true);
+        assert_eq!(a.wait_sent(), Err(DatagramError::Post { errno: 5 }));
+        assert_eq!(a.outstanding_sends(), 2);
+        // Its completion retires both; nothing is left for another drain request.
+        fail.set(false);
+        a.wait_sent().unwrap();
+        assert_eq!(a.outstanding_sends(), 0);
+    });
 }

@@ -38,6 +38,9 @@ pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
 pub use region::OnDrop;
 pub use soft::{barrier_answers, caps, fabric, net, nodes, Build, CAPS, WINDOW};
 
+use rverbs_core::sge::RemoteMemory;
+use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
+
 /// The kit's own `rverbs-core`, for its macros.
 #[doc(hidden)]
 pub use rverbs_core as __core;
@@ -47,4 +50,22 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// A signaled work request `wr_id` of `opcode` with no local entries, naming 8 bytes of a
+/// remote region (address 0x1000, rkey 7): enough for the instant device, which touches no
+/// memory.
+pub fn signaled(wr_id: u64, opcode: Opcode) -> WorkRequest<'static> {
+    let mut w = WorkRequest::new(
+        opcode,
+        SendFlags::SIGNALED,
+        &[],
+        RemoteMemory {
+            addr: 0x1000,
+            len: 8,
+            rkey: 7,
+        },
+    );
+    w.wr_id = wr_id;
+    w
 }
