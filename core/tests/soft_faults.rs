@@ -430,9 +430,7 @@ fn panic_in_the_backoff_of_a_blocking_call_settles_the_channel() {
     let mut b = Channel::new(eb, cfg(0), clock!());
     let _ = b.post_send_inline(b"late");
     assert!(m.write_from(0, b"mine"));
-    let mut got = [0u8; 4];
-    assert!(m.read_into(0, &mut got));
-    assert_eq!(&got, b"mine");
+    assert_eq!(&rverbs_testkit::bytes::<4>(&m, 0), b"mine");
 }
 
 #[test]

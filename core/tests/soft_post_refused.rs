@@ -110,9 +110,7 @@ fn a_refused_post_does_not_count_toward_the_signaling_interval() {
     batch.run().unwrap();
     a.wait_all().unwrap();
     assert_eq!(a.outstanding_sends(), 0);
-    let mut got = [0u8; 8];
-    assert!(dst.read_into(0, &mut got));
-    assert_eq!(got, data);
+    assert_eq!(rverbs_testkit::bytes::<8>(&dst, 0), data);
 }
 
 /// A datagram queue pair whose posts, when told, take the request and still fail without

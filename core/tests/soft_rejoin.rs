@@ -48,9 +48,7 @@ fn write_first_word(
 
 /// The first 8 bytes of `node`'s own window.
 fn first_word(node: &SoftNode<'_, Spin>) -> [u8; 8] {
-    let mut got = [0u8; 8];
-    assert!(node.window().read_into(0, &mut got));
-    got
+    rverbs_testkit::bytes(node.window(), 0)
 }
 
 /// How far the step clocks move at each reading.
@@ -187,13 +185,7 @@ fn what_cannot_be_readmitted_says_why() {
     // Messaging and barrier wake-ups exclude readmission when a node is built (they are
     // refused together there: soft_node's components test); a node built for readmission
     // has no messaging to start.
-    let region = net
-        .register(1, &mut ring, AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    assert_eq!(
-        nodes[1].start_messaging_in(region, 4, 64),
-        Err(NodeError::NotBuiltWith(Component::Messaging))
-    );
+    rverbs_testkit::assert_built_without_messaging(&net, &mut nodes[1], &mut ring, 4);
     // A node built without readmission (the default: messaging) says so.
     let mut plain_arena = vec![0u8; soft_world_bytes(2, WINDOW)];
     let plain_net = rverbs_testkit::net(2);

@@ -150,9 +150,7 @@ fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
         .unwrap()
         .unwrap();
     assert!(ring.channel().fault().is_none());
-    let mut got = [0u8; 6];
-    assert!(target.read_into(0, &mut got));
-    assert_eq!(&got, b"scoped");
+    assert_eq!(&rverbs_testkit::bytes::<6>(&target, 0), b"scoped");
 }
 
 #[test]

@@ -35,8 +35,11 @@ pub use counting::{allocs, allocs_all, counted, Counting};
 pub use device::{device, test_device};
 pub use future::{block_on, poll_once};
 pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
-pub use region::OnDrop;
-pub use soft::{barrier_answers, caps, fabric, net, nodes, Build, CAPS, WINDOW};
+pub use region::{bytes, OnDrop};
+pub use soft::{
+    assert_barrier_fails_with, assert_built_without_messaging, barrier_answers, caps, fabric, net,
+    nodes, Build, CAPS, WINDOW,
+};
 
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};

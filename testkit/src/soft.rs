@@ -4,10 +4,12 @@
 use rverbs_core::node::Members;
 use std::time::Duration;
 
-use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
+use rverbs_core::failure::Failure;
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
-use rverbs_core::node::{soft_world_with, Components, NodeError, Receive, SoftNode};
+use rverbs_core::node::{soft_world_with, Component, Components, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 
@@ -103,6 +105,48 @@ pub fn nodes<'n, 'm: 'n>(
         build.components,
     )
     .expect("a world of the model's own ranks connects")
+}
+
+/// A barrier over the world on `node` fails at once (well before its hour-long timeout)
+/// because of `news`, and its message says each of `says`.
+pub fn assert_barrier_fails_with(node: &mut SoftNode<'_, Spin>, news: Failure, says: &[&str]) {
+    let e = node
+        .barrier_timeout(Members::World, Duration::from_secs(3600))
+        .unwrap_err();
+    assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
+    for what in says {
+        assert!(e.to_string().contains(what), "{e}: no {what:?}");
+    }
+}
+
+/// `node` (a rank of `net`) was built without messaging: starting it in `mem` with `slots`
+/// slots of 64 bytes is refused, naming the missing component.
+pub fn assert_built_without_messaging<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    node: &mut SoftNode<'n, Spin>,
+    mem: &'m mut [u8],
+    slots: usize,
+) {
+    let region = net
+        .register(node.rank(), mem, AccessFlags::LOCAL_WRITE)
+        .expect("the model registers any buffer");
+    assert_eq!(
+        node.start_messaging_in(region, slots, 64),
+        Err(NodeError::NotBuiltWith(Component::Messaging))
+    );
+}
+
+/// Binds `$net` to a network of `$world` ranks ([`net`]) and `$nodes` to its nodes, built as
+/// `$build` says on `$clock` ([`nodes`]), their arena in a binding of its own: the nodes
+/// borrow the network and the arena, so one function cannot hand back all three.
+#[macro_export]
+macro_rules! soft_nodes {
+    (let $net:ident, $nodes:ident = $world:expr, $build:expr, $clock:expr) => {
+        let $net = $crate::net($world);
+        let mut arena =
+            ::std::vec![0u8; $crate::__core::node::soft_world_bytes($world, $crate::WINDOW)];
+        let mut $nodes = $crate::nodes(&$net, &mut arena, $build, $clock);
+    };
 }
 
 /// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
