@@ -9,18 +9,17 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
-use rverbs_core::completion::{Completion, DatagramCompletion};
+use rverbs_core::completion::Completion;
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError, Peer};
-use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{
     NetAddress, NetDatagram, NetRegion, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
 };
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::StaticClock;
-use rverbs_core::provider::datagram::{DatagramProvider, Destination};
+use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
-use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
+use rverbs_core::wr::{DatagramRequest, PostFailure, WorkRequest};
 use rverbs_testkit::clock;
 
 /// The model's end, refusing the next send post (taking nothing, `ENOMEM`) when told to:
@@ -124,9 +123,8 @@ struct TakesButFails<'n> {
 impl DatagramProvider for TakesButFails<'_> {
     type Address = NetAddress;
     rverbs_testkit::forward_datagram_identity!(qp);
-    fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
-        self.qp.address(to)
-    }
+    rverbs_testkit::forward_datagram!(qp;
+        address, post_recv, poll_send, poll_recv, set_error, join_group, leave_group);
     unsafe fn post_send(
         &mut self,
         wrs: &[DatagramRequest<'_, NetAddress>],
@@ -140,25 +138,6 @@ impl DatagramProvider for TakesButFails<'_> {
             });
         }
         Ok(())
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.qp.post_recv(wrs) }
-    }
-    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.qp.poll_send(out)
-    }
-    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
-        self.qp.poll_recv(out)
-    }
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.qp.set_error()
-    }
-    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.join_group(group)
-    }
-    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.leave_group(group)
     }
 }
 

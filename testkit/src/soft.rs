@@ -224,3 +224,88 @@ macro_rules! forward_datagram_identity {
         )*
     };
 }
+
+/// Inside an `impl DatagramProvider for Stub`, where the field `$inner` is itself a
+/// `DatagramProvider` of the same `Address`: each method named, forwarded to it. A stub
+/// writes only the methods it changes. `set_error => flushing` forwards `set_error` after
+/// setting the stub's field `flushing` (a stub that completes what it holds as flushed from
+/// then on).
+#[macro_export]
+macro_rules! forward_datagram {
+    ($inner:tt; $($method:ident $(=> $flag:ident)?),* $(,)?) => {
+        $( $crate::forward_datagram!(@one $inner $method $(=> $flag)?); )*
+    };
+    (@one $inner:tt address) => {
+        fn address(
+            &mut self,
+            to: $crate::__core::provider::datagram::Destination,
+        ) -> Result<Self::Address, $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::address(&mut self.$inner, to)
+        }
+    };
+    (@one $inner:tt post_send) => {
+        unsafe fn post_send(
+            &mut self,
+            wrs: &[$crate::__core::wr::DatagramRequest<'_, Self::Address>],
+        ) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe {
+                $crate::__core::provider::datagram::DatagramProvider::post_send(&mut self.$inner, wrs)
+            }
+        }
+    };
+    (@one $inner:tt post_recv) => {
+        unsafe fn post_recv(
+            &mut self,
+            wrs: &[$crate::__core::wr::RecvRequest<'_>],
+        ) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe {
+                $crate::__core::provider::datagram::DatagramProvider::post_recv(&mut self.$inner, wrs)
+            }
+        }
+    };
+    (@one $inner:tt poll_send) => {
+        fn poll_send(
+            &mut self,
+            out: &mut [$crate::__core::completion::Completion],
+        ) -> Result<usize, $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::poll_send(&mut self.$inner, out)
+        }
+    };
+    (@one $inner:tt poll_recv) => {
+        fn poll_recv(
+            &mut self,
+            out: &mut [$crate::__core::completion::DatagramCompletion],
+        ) -> Result<usize, $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::poll_recv(&mut self.$inner, out)
+        }
+    };
+    (@one $inner:tt set_error) => {
+        fn set_error(&mut self) -> Result<(), $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::set_error(&mut self.$inner)
+        }
+    };
+    (@one $inner:tt set_error => $flag:ident) => {
+        fn set_error(&mut self) -> Result<(), $crate::__core::provider::ProviderError> {
+            self.$flag = true;
+            $crate::__core::provider::datagram::DatagramProvider::set_error(&mut self.$inner)
+        }
+    };
+    (@one $inner:tt join_group) => {
+        fn join_group(
+            &mut self,
+            group: $crate::__core::gid::Gid,
+        ) -> Result<(), $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::join_group(&mut self.$inner, group)
+        }
+    };
+    (@one $inner:tt leave_group) => {
+        fn leave_group(
+            &mut self,
+            group: $crate::__core::gid::Gid,
+        ) -> Result<(), $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::leave_group(&mut self.$inner, group)
+        }
+    };
+}
