@@ -11,8 +11,8 @@
 use core::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rverbs_benches::RW;
 use rverbs_core::channel::{Channel, ChannelConfig};
-use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{Side, SoftEnd, SoftFabric};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::sge::{RemoteMemory, Sge};
@@ -24,10 +24,6 @@ const MSG: usize = 64;
 const N: usize = 32;
 /// Deep enough that a 32-request post fits next to the signaling interval.
 const DEPTH: u32 = 64;
-
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
 
 fn fabric<'m>() -> SoftFabric<'m> {
     let caps = QpCaps::queues(DEPTH, DEPTH).with_sges(2);
@@ -98,13 +94,7 @@ fn bench_post32(c: &mut Criterion) {
         });
         // One post of 32 requests (one doorbell, signaled every k-th), then one wait.
         group.bench_function("batch_1x32", |b| {
-            b.iter(|| {
-                let mut batch = a.batch();
-                for r in &remotes {
-                    batch.write(&g, *r).expect("push");
-                }
-                batch.run().expect("batch");
-            })
+            b.iter(|| rverbs_benches::write_batch(a, &g, &remotes))
         });
         group.finish();
     });

@@ -13,7 +13,7 @@ use support::device;
 
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ConnectOptions};
+use rverbs_bootstrap::connect;
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::node::NodeError;
 use rverbs_core::sge::{Sge, SgeMut};
@@ -73,8 +73,8 @@ fn next(x: &mut u64) -> u64 {
 #[ignore = "child-process entry point; the world_of_* tests run it"]
 fn child_rank() {
     let (scenario, rank, world, port, dev) = support::world_env("RVERBS_NODE_");
-    let config = support::local_config(world, port, &dev, format!("{scenario}-{world}-{port}"));
-    let mut opts = ConnectOptions::for_config(&config);
+    let job = format!("{scenario}-{world}-{port}");
+    let (config, mut opts) = support::local_options(world, port, &dev, job);
     // gather_receive posts its receives when it is called; senders that get there first
     // are told "receiver not ready" and retry until it does.
     opts.node.qp.rnr_retry = rverbs_core::params::RnrRetry::Infinite;

@@ -235,56 +235,27 @@ macro_rules! forward_datagram {
     ($inner:tt; $($method:ident $(=> $flag:ident)?),* $(,)?) => {
         $( $crate::forward_datagram!(@one $inner $method $(=> $flag)?); )*
     };
+    // Each method's parameter and success type, then one arm that writes a forward.
     (@one $inner:tt address) => {
-        fn address(
-            &mut self,
-            to: $crate::__core::provider::datagram::Destination,
-        ) -> Result<Self::Address, $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::address(&mut self.$inner, to)
-        }
-    };
-    (@one $inner:tt post_send) => {
-        unsafe fn post_send(
-            &mut self,
-            wrs: &[$crate::__core::wr::DatagramRequest<'_, Self::Address>],
-        ) -> Result<(), $crate::__core::wr::PostFailure> {
-            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
-            unsafe {
-                $crate::__core::provider::datagram::DatagramProvider::post_send(&mut self.$inner, wrs)
-            }
-        }
-    };
-    (@one $inner:tt post_recv) => {
-        unsafe fn post_recv(
-            &mut self,
-            wrs: &[$crate::__core::wr::RecvRequest<'_>],
-        ) -> Result<(), $crate::__core::wr::PostFailure> {
-            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
-            unsafe {
-                $crate::__core::provider::datagram::DatagramProvider::post_recv(&mut self.$inner, wrs)
-            }
-        }
+        $crate::forward_datagram!(@fn $inner address(
+            to: $crate::__core::provider::datagram::Destination) -> Self::Address);
     };
     (@one $inner:tt poll_send) => {
-        fn poll_send(
-            &mut self,
-            out: &mut [$crate::__core::completion::Completion],
-        ) -> Result<usize, $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::poll_send(&mut self.$inner, out)
-        }
+        $crate::forward_datagram!(@fn $inner poll_send(
+            out: &mut [$crate::__core::completion::Completion]) -> usize);
     };
     (@one $inner:tt poll_recv) => {
-        fn poll_recv(
-            &mut self,
-            out: &mut [$crate::__core::completion::DatagramCompletion],
-        ) -> Result<usize, $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::poll_recv(&mut self.$inner, out)
-        }
+        $crate::forward_datagram!(@fn $inner poll_recv(
+            out: &mut [$crate::__core::completion::DatagramCompletion]) -> usize);
+    };
+    (@one $inner:tt join_group) => {
+        $crate::forward_datagram!(@fn $inner join_group(group: $crate::__core::gid::Gid) -> ());
+    };
+    (@one $inner:tt leave_group) => {
+        $crate::forward_datagram!(@fn $inner leave_group(group: $crate::__core::gid::Gid) -> ());
     };
     (@one $inner:tt set_error) => {
-        fn set_error(&mut self) -> Result<(), $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::set_error(&mut self.$inner)
-        }
+        $crate::forward_datagram!(@fn $inner set_error() -> ());
     };
     (@one $inner:tt set_error => $flag:ident) => {
         fn set_error(&mut self) -> Result<(), $crate::__core::provider::ProviderError> {
@@ -292,20 +263,23 @@ macro_rules! forward_datagram {
             $crate::__core::provider::datagram::DatagramProvider::set_error(&mut self.$inner)
         }
     };
-    (@one $inner:tt join_group) => {
-        fn join_group(
-            &mut self,
-            group: $crate::__core::gid::Gid,
-        ) -> Result<(), $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::join_group(&mut self.$inner, group)
+    (@one $inner:tt post_send) => {
+        $crate::forward_datagram!(@post $inner post_send(
+            wrs: &[$crate::__core::wr::DatagramRequest<'_, Self::Address>]));
+    };
+    (@one $inner:tt post_recv) => {
+        $crate::forward_datagram!(@post $inner post_recv(
+            wrs: &[$crate::__core::wr::RecvRequest<'_>]));
+    };
+    (@fn $inner:tt $name:ident($($arg:ident: $ty:ty)?) -> $ok:ty) => {
+        fn $name(&mut self $(, $arg: $ty)?) -> Result<$ok, $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::$name(&mut self.$inner $(, $arg)?)
         }
     };
-    (@one $inner:tt leave_group) => {
-        fn leave_group(
-            &mut self,
-            group: $crate::__core::gid::Gid,
-        ) -> Result<(), $crate::__core::provider::ProviderError> {
-            $crate::__core::provider::datagram::DatagramProvider::leave_group(&mut self.$inner, group)
+    (@post $inner:tt $name:ident($arg:ident: $ty:ty)) => {
+        unsafe fn $name(&mut self, $arg: $ty) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe { $crate::__core::provider::datagram::DatagramProvider::$name(&mut self.$inner, $arg) }
         }
     };
 }
