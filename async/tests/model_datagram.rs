@@ -12,6 +12,8 @@
     clippy::drop_non_drop
 )]
 
+mod support;
+
 use std::cell::Cell;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -253,16 +255,11 @@ fn tokio_timeout_around_a_receive_then_the_datagram_arrives() {
     // The endpoint's own bound (on the step clock) is far beyond tokio's 5 ms, so tokio's
     // timeout is what ends the wait.
     with_pair(Duration::from_secs(3600), clock!(), |p| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let timed_out = rt
-            .block_on(async {
-                tokio::time::timeout(Duration::from_millis(5), p.sub.recv_with(copy)).await
-            })
-            .is_err();
-        assert!(timed_out, "nothing was sent: the timeout fires");
+        let rt = support::runtime();
+        assert!(
+            support::tokio_timeout_fires(&rt, p.sub.recv_with(copy)),
+            "nothing was sent: the timeout fires"
+        );
         assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
         p.publisher.send(&p.to, b"late").unwrap();
         let (len, b) = rt.block_on(p.sub.recv_with(copy)).unwrap();
@@ -327,37 +324,15 @@ fn an_aborted_task_and_a_runtime_shut_down_drop_the_endpoint_queue_pair_first() 
         let group = Group::ipv4(GROUP).unwrap();
         sub.datagram().join(group).unwrap();
         assert_eq!(net.group_members(group.gid()), 1);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        let waiting = Rc::new(Cell::new(false));
-        let w = waiting.clone();
-        let task = local.spawn_local(async move {
-            w.set(true);
-            // Nothing is sent: this waits until it is aborted or the runtime goes.
-            let _ = sub.recv_with(copy).await;
-        });
-        rt.block_on(local.run_until(async {
-            while !waiting.get() {
-                tokio::task::yield_now().await;
-            }
-            for _ in 0..3 {
-                tokio::task::yield_now().await;
-            }
-        }));
-        assert_eq!(dropped.get(), None, "still waiting");
-        if shutdown {
-            drop(local);
-            drop(rt);
-            drop(task);
-        } else {
-            task.abort();
-            rt.block_on(local.run_until(async {
-                assert!(task.await.unwrap_err().is_cancelled());
-            }));
-        }
+        support::end_a_waiting_task(
+            shutdown,
+            |waiting| async move {
+                waiting.set(true);
+                // Nothing is sent: this waits until it is aborted or the runtime goes.
+                let _ = sub.recv_with(copy).await;
+            },
+            || assert_eq!(dropped.get(), None, "still waiting"),
+        );
         // The endpoint went with the task: its queue pair (which left the group) before the
         // memory it received into.
         assert_eq!(dropped.get(), Some(0), "shutdown {shutdown}");
