@@ -50,6 +50,13 @@ fn world_with(n: u32, options: ExchangeOptions) -> Vec<Session> {
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// A [`world`] of `N` sessions, by rank.
+fn sessions<const N: usize>() -> [Session; N] {
+    let all = world(u32::try_from(N).expect("a small world"));
+    all.try_into()
+        .unwrap_or_else(|all: Vec<Session>| panic!("{} sessions, not {N}", all.len()))
+}
+
 /// A watch on `session` (it watches until dropped), and what it reports: each lost rank and
 /// how it left. (The watch's type is not exported, hence `impl Sized`.)
 fn watched(session: &Session) -> (impl Sized, mpsc::Receiver<(u32, Departure)>) {
@@ -250,10 +257,8 @@ fn departure_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> Option<Departure>
 
 #[test]
 fn a_rank_that_leaves_on_error_is_reported_with_its_reason_and_a_close_is_not() {
-    let mut sessions = world(3);
-    let s2 = sessions.pop().unwrap();
-    let s1 = sessions.pop().unwrap();
-    let (_watch, rx) = watched(&sessions[0]);
+    let [s0, s1, s2] = sessions::<3>();
+    let (_watch, rx) = watched(&s0);
     let why = "ping-pong with rank 0: local QP operation error";
     s1.leave_on_error(why).unwrap();
     assert_eq!(
@@ -269,9 +274,8 @@ fn a_rank_that_leaves_on_error_is_reported_with_its_reason_and_a_close_is_not() 
 
 #[test]
 fn a_session_dropped_without_close_is_reported_as_giving_up() {
-    let mut sessions = world(2);
-    let s1 = sessions.pop().unwrap();
-    let (_watch, rx) = watched(&sessions[0]);
+    let [s0, s1] = sessions::<2>();
+    let (_watch, rx) = watched(&s0);
     // What `?` out of `main` does: the session goes out of scope, no panic, no close.
     drop(s1);
     assert_eq!(
