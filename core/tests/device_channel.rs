@@ -30,8 +30,8 @@ fn received<'s>(
 }
 
 #[test]
-fn send_recv_multi_sge_and_immediates() {
-    let (_ctx, pd, mut a, mut b) = setup!("send_recv_multi_sge_and_immediates", default channels);
+fn a_send_gathered_from_three_entries_lands_in_two_with_its_immediate() {
+    let (_ctx, pd, mut a, mut b) = setup!("a_send_gathered_from_three_entries_lands_in_two_with_its_immediate", default channels);
     let mut src = support::pattern(300, 1);
     let expected = src.clone();
     let mut dst = vec![0u8; 512];
@@ -72,8 +72,9 @@ fn send_recv_multi_sge_and_immediates() {
 }
 
 #[test]
-fn write_read_and_write_with_immediate() {
-    let (_ctx, pd, mut a, mut b) = setup!("write_read_and_write_with_immediate", default channels);
+fn a_write_a_read_and_a_write_with_immediate_move_every_byte() {
+    let (_ctx, pd, mut a, mut b) =
+        setup!("a_write_a_read_and_a_write_with_immediate_move_every_byte", default channels);
     let mut local = support::pattern(8192, 7);
     let expected = local.clone();
     let remote_buf = vec![0u8; 8192].into_boxed_slice();
@@ -109,8 +110,9 @@ fn write_read_and_write_with_immediate() {
 }
 
 #[test]
-fn batch_of_32_writes_in_one_post() {
-    let (_ctx, pd, mut a, _b) = setup!("batch_of_32_writes_in_one_post", default channels);
+fn thirty_two_writes_in_one_post_each_land_in_their_place() {
+    let (_ctx, pd, mut a, _b) =
+        setup!("thirty_two_writes_in_one_post_each_land_in_their_place", default channels);
     let mut src = support::pattern(32 * 128, 3);
     let expected = src.clone();
     let dst = vec![0u8; 32 * 128].into_boxed_slice();
@@ -136,8 +138,8 @@ fn batch_of_32_writes_in_one_post() {
 }
 
 #[test]
-fn inline_send_and_write() {
-    let (_ctx, pd, mut a, mut b) = setup!("inline_send_and_write", default channels);
+fn inline_writes_and_sends_carry_unregistered_bytes_up_to_the_inline_limit() {
+    let (_ctx, pd, mut a, mut b) = setup!("inline_writes_and_sends_carry_unregistered_bytes_up_to_the_inline_limit", default channels);
     let max = a.caps().max_inline_data as usize;
     assert!(max >= 32, "device granted only {max} bytes of inline data");
     let payload = support::pattern(32, 9); // not registered: inline needs no memory region

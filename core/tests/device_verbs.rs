@@ -61,8 +61,8 @@ fn device_is_listed_and_port_is_active() {
 }
 
 #[test]
-fn two_connected_qps_rdma_write_4k() {
-    let (ctx, pd) = setup!("two_connected_qps_rdma_write_4k");
+fn two_connected_queue_pairs_move_4_kib_by_rdma_write() {
+    let (ctx, pd) = setup!("two_connected_queue_pairs_move_4_kib_by_rdma_write");
     let mut cq = ctx.create_cq(64).unwrap();
     let cfg = QpConfig::default();
     let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();

@@ -229,7 +229,7 @@ fn inline_sends_and_writes_carry_their_bytes() {
 }
 
 #[test]
-fn a_batch_of_32_writes_and_32_sends() {
+fn a_batch_of_32_writes_and_one_of_32_sends_each_land_in_their_place() {
     let n: usize = 32;
     let (mut sbuf, mut wbuf, mut rbuf) = ([0u8; 256], [0u8; 256], [0u8; 256]);
     let f = fabric(64);
