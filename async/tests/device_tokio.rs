@@ -13,7 +13,7 @@ use rverbs_async::{AsyncChannel, TokioEvents};
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::provider::Provider;
-use rverbs_core::verbs::{open_device, AccessFlags, OwnedRegion, QpConfig};
+use rverbs_core::verbs::{open_device, AccessFlags, Context, OwnedRegion, Pd, QpConfig};
 use rverbs_core::wire::Endpoint;
 use rverbs_std_shim::MONOTONIC;
 
@@ -22,16 +22,18 @@ static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 type Chan = AsyncChannel<VerbsProvider, OwnedRegion, TokioEvents>;
 
-const ROUNDS: u64 = 1000;
-const MSG: usize = 64;
+/// The test device, opened for `test`; `None` (after saying so) when the test is to be
+/// skipped.
+fn open(test: &str) -> Option<Context> {
+    let name = rverbs_testkit::test_device(test)?;
+    Some(open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}")))
+}
 
-#[test]
-fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation() {
-    let test = "tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation";
-    let Some(name) = rverbs_testkit::test_device(test) else {
-        return;
-    };
-    let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+/// The test device ([`open`]), a protection domain, and two queue pairs on it connected to
+/// each other (their endpoints passed through the wire encoding) whose queues raise
+/// completion events.
+fn event_pair(test: &str) -> Option<(Context, Pd, VerbsProvider, VerbsProvider)> {
+    let ctx = open(test)?;
     let pd = ctx.alloc_pd().unwrap();
     let qp = QpConfig::default();
     let a = PreparedVerbs::with_events(&ctx, &pd, &qp).unwrap();
@@ -39,7 +41,28 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
     let ea = Endpoint::decode(&a.endpoint().encode()).unwrap();
     let eb = Endpoint::decode(&b.endpoint().encode()).unwrap();
     let (a, b) = (a.handshake(&eb).unwrap(), b.handshake(&ea).unwrap());
-    let cfg = ChannelConfig::with_timeout(Duration::from_secs(20));
+    Some((ctx, pd, a, b))
+}
+
+/// A channel on `p` whose waits give up after 20 s (far beyond any wake-up).
+fn channel(p: VerbsProvider) -> Channel<VerbsProvider> {
+    Channel::new(
+        p,
+        ChannelConfig::with_timeout(Duration::from_secs(20)),
+        &MONOTONIC,
+    )
+}
+
+const ROUNDS: u64 = 1000;
+const MSG: usize = 64;
+
+#[test]
+fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation() {
+    let Some((_ctx, pd, a, b)) = event_pair(
+        "tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operation",
+    ) else {
+        return;
+    };
     let rw = AccessFlags::LOCAL_WRITE;
     let reg = |seed: u8| {
         pd.register_shared(vec![seed; MSG].into_boxed_slice(), rw)
@@ -64,11 +87,11 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
         };
         let mut a: Chan = {
             let ev = events(&a);
-            AsyncChannel::new(Channel::new(a, cfg, &MONOTONIC), ev)
+            AsyncChannel::new(channel(a), ev)
         };
         let mut b: Chan = {
             let ev = events(&b);
-            AsyncChannel::new(Channel::new(b, cfg, &MONOTONIC), ev)
+            AsyncChannel::new(channel(b), ev)
         };
         let (mut abuf, mut bbuf) = (abuf, bbuf);
         let mut before = 0;
@@ -119,8 +142,7 @@ fn barrier_loop<E: rverbs_async::Events>(
     use rverbs_core::node::{NodeConfig, PreparedNode};
     use rverbs_core::poll::Spin;
 
-    let name = rverbs_testkit::test_device(test)?;
-    let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    let ctx = open(test)?;
     const WORLD: u32 = 3;
     const BARRIERS: u32 = 100;
     // Barrier notifications must raise completions, or a rank asleep on its completion
@@ -299,8 +321,7 @@ fn multicast_stream<E: rverbs_async::Events>(
     use rverbs_core::poll::Deadline;
     use rverbs_core::provider::datagram::DatagramProvider;
 
-    let name = rverbs_testkit::test_device(test)?;
-    let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    let ctx = open(test)?;
     let group = Group::ipv4(GROUP).unwrap();
     const N: u64 = BURSTS * BURST;
 
@@ -489,18 +510,9 @@ fn atomics_and_a_receive_ring_awaited_on_completion_events() {
     use rverbs_core::channel::RecvRing;
 
     let test = "atomics_and_a_receive_ring_awaited_on_completion_events";
-    let Some(name) = rverbs_testkit::test_device(test) else {
+    let Some((_ctx, pd, a, b)) = event_pair(test) else {
         return;
     };
-    let ctx = open_device(&name).unwrap_or_else(|e| panic!("open {name}: {e}"));
-    let pd = ctx.alloc_pd().unwrap();
-    let qp = QpConfig::default();
-    let a = PreparedVerbs::with_events(&ctx, &pd, &qp).unwrap();
-    let b = PreparedVerbs::with_events(&ctx, &pd, &qp).unwrap();
-    let ea = Endpoint::decode(&a.endpoint().encode()).unwrap();
-    let eb = Endpoint::decode(&b.endpoint().encode()).unwrap();
-    let (a, b) = (a.handshake(&eb).unwrap(), b.handshake(&ea).unwrap());
-    let cfg = ChannelConfig::with_timeout(Duration::from_secs(20));
     let window = pd
         .register_shared(
             vec![0u8; 64].into_boxed_slice(),
@@ -536,8 +548,8 @@ fn atomics_and_a_receive_ring_awaited_on_completion_events() {
             .unwrap()
         };
         let (eva, evb) = (ev(&a), ev(&b));
-        let mut a: Chan = AsyncChannel::new(Channel::new(a, cfg, &MONOTONIC), eva);
-        let ring = RecvRing::new(Channel::new(b, cfg, &MONOTONIC), ring_mem, 64).unwrap();
+        let mut a: Chan = AsyncChannel::new(channel(a), eva);
+        let ring = RecvRing::new(channel(b), ring_mem, 64).unwrap();
         let mut b = AsyncRing::new(ring, evb);
 
         // Atomics: the previous value comes back in the buffer, the window has the sum.

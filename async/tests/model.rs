@@ -24,6 +24,8 @@ use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_testkit::{block_on, clock, poll_once, OnDrop};
 
+mod support;
+
 #[global_allocator]
 static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
@@ -284,16 +286,11 @@ fn tokio_timeout_around_a_receive_then_the_message_arrives() {
     let long = ChannelConfig::with_timeout(Duration::from_secs(3600));
     let mut a = AsyncChannel::new(Channel::new(ea, long, clock!()), YieldEvents);
     let mut b: Channel<SoftEnd<'_>> = Channel::new(eb, cfg(), clock!());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    let timed_out = rt
-        .block_on(async {
-            tokio::time::timeout(Duration::from_millis(5), a.recv(a_buf, 0..32)).await
-        })
-        .is_err();
-    assert!(timed_out, "nothing was sent: the timeout fires");
+    let rt = support::runtime();
+    assert!(
+        support::tokio_timeout_fires(&rt, a.recv(a_buf, 0..32)),
+        "nothing was sent: the timeout fires"
+    );
     assert!(a.has_orphan() && !dropped.get());
     b_buf.write_from(0, b"late");
     b.send(&[b_buf.sge(0..4).unwrap()]).unwrap();
@@ -318,39 +315,16 @@ fn an_aborted_task_and_a_runtime_shut_down_release_buffers_only_after_the_drain(
         let (a_buf, dropped) = tracked(f.register(Side::A, unsafe { &mut *amem }, RW).unwrap());
         let b_buf = f.register(Side::B, unsafe { &mut *bmem }, RW).unwrap();
         let (ea, _eb) = f.ends().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        let posted = Rc::new(Cell::new(false));
-        let p = posted.clone();
-        let task = local.spawn_local(async move {
-            let mut a = AsyncChannel::new(Channel::new(ea, cfg(), clock!()), YieldEvents);
-            p.set(true);
-            // Nobody sends: this waits until it is aborted or the runtime goes.
-            let _ = a.recv(a_buf, 0..32).await;
-        });
-        rt.block_on(local.run_until(async {
-            while !posted.get() {
-                tokio::task::yield_now().await;
-            }
-            for _ in 0..3 {
-                tokio::task::yield_now().await;
-            }
-        }));
-        assert!(!dropped.get(), "in flight");
-        if shutdown {
-            // The runtime (and its tasks) go with operations in flight.
-            drop(local);
-            drop(rt);
-            drop(task);
-        } else {
-            task.abort();
-            rt.block_on(local.run_until(async {
-                assert!(task.await.unwrap_err().is_cancelled());
-            }));
-        }
+        support::end_a_waiting_task(
+            shutdown,
+            |posted| async move {
+                let mut a = AsyncChannel::new(Channel::new(ea, cfg(), clock!()), YieldEvents);
+                posted.set(true);
+                // Nobody sends: this waits until it is aborted or the runtime goes.
+                let _ = a.recv(a_buf, 0..32).await;
+            },
+            || assert!(!dropped.get(), "in flight"),
+        );
         // Dropping the task dropped the channel, which waited for the receive until its
         // timeout, flushed and drained, and only then released the buffer.
         assert!(dropped.get());

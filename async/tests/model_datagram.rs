@@ -12,6 +12,8 @@
     clippy::drop_non_drop
 )]
 
+mod support;
+
 use std::cell::Cell;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -176,38 +178,49 @@ fn pair<'n, 'm, M: Region>(
     Pair { publisher, sub, to }
 }
 
+/// A publisher and a subscriber on a fresh network of two, their waits bounded by `timeout`
+/// on `clock`, handed to `test`.
+fn with_pair(
+    timeout: Duration,
+    clock: StaticClock,
+    test: impl FnOnce(&mut Pair<'_, NetRegion<'_>>),
+) {
+    let (mut m0, mut m1) = (mem(), mem());
+    let net = net(2);
+    let r1 = region(&net, 1, &mut m1);
+    test(&mut pair(&net, &mut m0, r1, timeout, clock));
+}
+
 /// A receive future dropped after `polls` polls, with a datagram arriving before the drop
 /// (`arrives_first`) or after it: the next receive gets it, and the device has every slot
 /// back.
 fn drop_recv_after(polls: usize, arrives_first: bool) {
-    let (mut m0, mut m1) = (mem(), mem());
-    let net = net(2);
-    let r1 = region(&net, 1, &mut m1);
-    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(60), clock!());
-    {
-        let mut fut = Box::pin(p.sub.recv_with(copy));
-        for _ in 0..polls {
-            assert!(poll_once(fut.as_mut()).is_pending(), "nothing sent yet");
+    with_pair(Duration::from_secs(60), clock!(), |p| {
+        {
+            let mut fut = Box::pin(p.sub.recv_with(copy));
+            for _ in 0..polls {
+                assert!(poll_once(fut.as_mut()).is_pending(), "nothing sent yet");
+            }
+            if arrives_first {
+                p.publisher.send(&p.to, b"while waiting").unwrap();
+            }
         }
-        if arrives_first {
-            p.publisher.send(&p.to, b"while waiting").unwrap();
+        if !arrives_first {
+            // Dropped with nothing in it: every receive is still posted.
+            assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+            p.publisher.send(&p.to, b"after the drop").unwrap();
         }
-    }
-    if !arrives_first {
-        // Dropped with nothing in it: every receive is still posted.
-        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
-        p.publisher.send(&p.to, b"after the drop").unwrap();
-    }
-    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
-    let want: &[u8] = if arrives_first {
-        b"while waiting"
-    } else {
-        b"after the drop"
-    };
-    assert_eq!(&b[..len], want, "polls {polls}");
-    // The slot lent to the closure goes back with the next call; all others stayed posted.
-    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS - 1);
-    assert_eq!(p.sub.datagram().stats().received, 1);
+        let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+        let want: &[u8] = if arrives_first {
+            b"while waiting"
+        } else {
+            b"after the drop"
+        };
+        assert_eq!(&b[..len], want, "polls {polls}");
+        // The slot lent to the closure goes back with the next call; all others stayed posted.
+        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS - 1);
+        assert_eq!(p.sub.datagram().stats().received, 1);
+    });
 }
 
 #[test]
@@ -220,82 +233,71 @@ fn a_receive_dropped_at_every_await_point_loses_no_datagram() {
 
 #[test]
 fn a_forgotten_receive_future_loses_no_datagram() {
-    let (mut m0, mut m1) = (mem(), mem());
-    let net = net(2);
-    let r1 = region(&net, 1, &mut m1);
-    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(60), clock!());
-    let mut fut = Box::pin(p.sub.recv_with(copy));
-    assert!(poll_once(fut.as_mut()).is_pending());
-    // Forget it: its destructor never runs, its borrow of the endpoint ends. (The box's
-    // memory is reclaimed without dropping the future, as a leak would never, so Miri sees
-    // no leak.)
-    let boxed = unsafe { Pin::into_inner_unchecked(fut) };
-    let layout = std::alloc::Layout::for_value(&*boxed);
-    let raw = Box::into_raw(boxed).cast::<u8>();
-    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
-    p.publisher.send(&p.to, b"to the forgotten").unwrap();
-    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
-    assert_eq!(&b[..len], b"to the forgotten");
-    unsafe { std::alloc::dealloc(raw, layout) };
+    with_pair(Duration::from_secs(60), clock!(), |p| {
+        let mut fut = Box::pin(p.sub.recv_with(copy));
+        assert!(poll_once(fut.as_mut()).is_pending());
+        // Forget it: its destructor never runs, its borrow of the endpoint ends. (The box's
+        // memory is reclaimed without dropping the future, as a leak would never, so Miri sees
+        // no leak.)
+        let boxed = unsafe { Pin::into_inner_unchecked(fut) };
+        let layout = std::alloc::Layout::for_value(&*boxed);
+        let raw = Box::into_raw(boxed).cast::<u8>();
+        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+        p.publisher.send(&p.to, b"to the forgotten").unwrap();
+        let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+        assert_eq!(&b[..len], b"to the forgotten");
+        unsafe { std::alloc::dealloc(raw, layout) };
+    });
 }
 
 #[test]
 fn tokio_timeout_around_a_receive_then_the_datagram_arrives() {
-    let (mut m0, mut m1) = (mem(), mem());
-    let net = net(2);
-    let r1 = region(&net, 1, &mut m1);
     // The endpoint's own bound (on the step clock) is far beyond tokio's 5 ms, so tokio's
     // timeout is what ends the wait.
-    let mut p = pair(&net, &mut m0, r1, Duration::from_secs(3600), clock!());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    let timed_out = rt
-        .block_on(async {
-            tokio::time::timeout(Duration::from_millis(5), p.sub.recv_with(copy)).await
-        })
-        .is_err();
-    assert!(timed_out, "nothing was sent: the timeout fires");
-    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
-    p.publisher.send(&p.to, b"late").unwrap();
-    let (len, b) = rt.block_on(p.sub.recv_with(copy)).unwrap();
-    assert_eq!(&b[..len], b"late");
+    with_pair(Duration::from_secs(3600), clock!(), |p| {
+        let rt = support::runtime();
+        assert!(
+            support::tokio_timeout_fires(&rt, p.sub.recv_with(copy)),
+            "nothing was sent: the timeout fires"
+        );
+        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+        p.publisher.send(&p.to, b"late").unwrap();
+        let (len, b) = rt.block_on(p.sub.recv_with(copy)).unwrap();
+        assert_eq!(&b[..len], b"late");
+    });
 }
 
 #[test]
 fn a_receive_with_nothing_coming_ends_at_its_deadline_and_the_endpoint_stays_usable() {
-    let (mut m0, mut m1) = (mem(), mem());
-    let net = net(2);
-    let r1 = region(&net, 1, &mut m1);
     let clock = clock!(); // 1 ms per read
     let timeout = Duration::from_millis(20);
-    let mut p = pair(&net, &mut m0, r1, timeout, clock);
-    let mut polls = 0u32;
-    let r = {
-        let mut fut = std::pin::pin!(p.sub.recv_with(copy));
-        loop {
-            polls += 1;
-            if let Poll::Ready(r) = poll_once(fut.as_mut()) {
-                break r;
+    with_pair(timeout, clock, |p| {
+        let mut polls = 0u32;
+        let r = {
+            let mut fut = std::pin::pin!(p.sub.recv_with(copy));
+            loop {
+                polls += 1;
+                if let Poll::Ready(r) = poll_once(fut.as_mut()) {
+                    break r;
+                }
+                assert!(polls < 1000, "the wait outlived its deadline");
             }
-            assert!(polls < 1000, "the wait outlived its deadline");
+        };
+        match r {
+            Err(DatagramError::TimedOut { waited }) => assert!(waited >= timeout, "{waited:?}"),
+            other => panic!("expected a timeout, got {other:?}"),
         }
-    };
-    match r {
-        Err(DatagramError::TimedOut { waited }) => assert!(waited >= timeout, "{waited:?}"),
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    // An explicit deadline, already passed: refused at once, after one look.
-    let past = Deadline::after(clock, Duration::ZERO);
-    let r = block_on(p.sub.recv_until_with(past, copy));
-    assert!(matches!(r, Err(DatagramError::TimedOut { .. })), "{r:?}");
-    // Intact: every slot posted, and the next datagram arrives.
-    assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
-    assert!(p.sub.datagram().failure().is_none());
-    p.publisher.send(&p.to, b"still here").unwrap();
-    let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
-    assert_eq!(&b[..len], b"still here");
+        // An explicit deadline, already passed: refused at once, after one look.
+        let past = Deadline::after(clock, Duration::ZERO);
+        let r = block_on(p.sub.recv_until_with(past, copy));
+        assert!(matches!(r, Err(DatagramError::TimedOut { .. })), "{r:?}");
+        // Intact: every slot posted, and the next datagram arrives.
+        assert_eq!(p.sub.datagram().provider().recvs_posted(), SLOTS);
+        assert!(p.sub.datagram().failure().is_none());
+        p.publisher.send(&p.to, b"still here").unwrap();
+        let (len, b) = block_on(p.sub.recv_with(copy)).unwrap();
+        assert_eq!(&b[..len], b"still here");
+    });
 }
 
 #[test]
@@ -322,37 +324,15 @@ fn an_aborted_task_and_a_runtime_shut_down_drop_the_endpoint_queue_pair_first() 
         let group = Group::ipv4(GROUP).unwrap();
         sub.datagram().join(group).unwrap();
         assert_eq!(net.group_members(group.gid()), 1);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        let waiting = Rc::new(Cell::new(false));
-        let w = waiting.clone();
-        let task = local.spawn_local(async move {
-            w.set(true);
-            // Nothing is sent: this waits until it is aborted or the runtime goes.
-            let _ = sub.recv_with(copy).await;
-        });
-        rt.block_on(local.run_until(async {
-            while !waiting.get() {
-                tokio::task::yield_now().await;
-            }
-            for _ in 0..3 {
-                tokio::task::yield_now().await;
-            }
-        }));
-        assert_eq!(dropped.get(), None, "still waiting");
-        if shutdown {
-            drop(local);
-            drop(rt);
-            drop(task);
-        } else {
-            task.abort();
-            rt.block_on(local.run_until(async {
-                assert!(task.await.unwrap_err().is_cancelled());
-            }));
-        }
+        support::end_a_waiting_task(
+            shutdown,
+            |waiting| async move {
+                waiting.set(true);
+                // Nothing is sent: this waits until it is aborted or the runtime goes.
+                let _ = sub.recv_with(copy).await;
+            },
+            || assert_eq!(dropped.get(), None, "still waiting"),
+        );
         // The endpoint went with the task: its queue pair (which left the group) before the
         // memory it received into.
         assert_eq!(dropped.get(), Some(0), "shutdown {shutdown}");

@@ -7,11 +7,12 @@ use std::future::Future;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use rverbs_async::{AsyncNode, YieldEvents};
-use rverbs_core::memory::AccessFlags;
+use rverbs_async::{AsyncNode, Events, YieldEvents};
+use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, Event, Receive};
-use rverbs_core::poll::{StaticClock, StepClock};
+use rverbs_core::poll::{Backoff, StaticClock, StepClock};
+use rverbs_core::provider::Provider;
 use rverbs_testkit::{block_on, CAPS};
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
@@ -19,13 +20,31 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const SLOT: usize = 32;
 const SLOTS: usize = 4;
 
+/// One barrier of all four ranks, their futures joined in one task; each rank's barrier
+/// must pass (a failure names the rank).
+fn barrier_of_four<P: Provider, M: Region, B: Backoff + Clone, E: Events>(
+    [n0, n1, n2, n3]: [&mut AsyncNode<P, M, B, E>; 4],
+) {
+    let (a, b, c, d) = block_on(async {
+        tokio::join!(
+            n0.barrier_timeout(TIMEOUT),
+            n1.barrier_timeout(TIMEOUT),
+            n2.barrier_timeout(TIMEOUT),
+            n3.barrier_timeout(TIMEOUT)
+        )
+    });
+    for (rank, answer) in [a, b, c, d].into_iter().enumerate() {
+        answer.unwrap_or_else(|e| panic!("rank {rank}'s barrier: {e}"));
+    }
+}
+
 #[test]
 fn barriers_and_messages_awaited_with_cancellation() {
     let clock: StaticClock = &CLOCK;
     let net = SoftNet::new(SoftNetConfig::new(4, CAPS));
     let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let mut mem = vec![0u8; 4 * 3 * SLOTS * SLOT];
-    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, Receive::PerPeer, clock);
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, Receive::PerPeer, clock);
     for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(3 * SLOTS * SLOT)) {
         let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
         n.start_messaging_in(region, SLOTS, SLOT).unwrap();
@@ -39,18 +58,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     );
     let rounds = if cfg!(miri) { 3 } else { 50 };
     for _ in 0..rounds {
-        let (a, b, c, d) = block_on(async {
-            tokio::join!(
-                n0.barrier_timeout(TIMEOUT),
-                n1.barrier_timeout(TIMEOUT),
-                n2.barrier_timeout(TIMEOUT),
-                n3.barrier_timeout(TIMEOUT)
-            )
-        });
-        a.unwrap();
-        b.unwrap();
-        c.unwrap();
-        d.unwrap();
+        barrier_of_four([&mut n0, &mut n1, &mut n2, &mut n3]);
     }
 
     // Rank 0 enters a barrier and its future is dropped before the others arrive.
@@ -61,18 +69,7 @@ fn barriers_and_messages_awaited_with_cancellation() {
     }
     assert!(n0.has_open_barrier());
     // The next call resumes that barrier (it does not start a second one).
-    let (a, b, c, d) = block_on(async {
-        tokio::join!(
-            n0.barrier_timeout(TIMEOUT),
-            n1.barrier_timeout(TIMEOUT),
-            n2.barrier_timeout(TIMEOUT),
-            n3.barrier_timeout(TIMEOUT)
-        )
-    });
-    a.unwrap();
-    b.unwrap();
-    c.unwrap();
-    d.unwrap();
+    barrier_of_four([&mut n0, &mut n1, &mut n2, &mut n3]);
     assert!(!n0.has_open_barrier());
 
     // Messages: a wait dropped before anything arrived loses nothing.

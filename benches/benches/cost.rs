@@ -102,10 +102,7 @@ fn caps() -> QpCaps {
     }
 }
 
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
+const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE);
 
 /// The two functions callgrind's one `--toggle-collect='cost::counted::*'` names (valgrind
 /// keeps only the last `--toggle-collect` it is given, so both match one pattern).

@@ -34,6 +34,7 @@ use rverbs_core::node::Members;
 use rverbs_core::wire::FlagLayout;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rverbs_benches::RW;
 use rverbs_core::channel::{Channel, ChannelConfig};
 use rverbs_core::instant::{InstantDevice, InstantProvider, InstantRegion};
 use rverbs_core::memory::AccessFlags;
@@ -53,10 +54,6 @@ const SIGNAL_EVERY: u64 = 16;
 fn caps() -> QpCaps {
     QpCaps::queues(128, 64)
 }
-
-const RW: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
 
 /// A hand-written poster and poller on raw verbs: what a C program does.
 struct Raw {
@@ -305,13 +302,7 @@ fn library(c: &mut Criterion) {
             .expect("in bounds")
     });
     group.bench_function("rverbs/batch_32", |b| {
-        b.iter(|| {
-            let mut batch = chan.batch();
-            for r in &remotes {
-                batch.write(&g, *r).expect("push");
-            }
-            batch.run().expect("batch");
-        })
+        b.iter(|| rverbs_benches::write_batch(&mut chan, &g, &remotes))
     });
     group.bench_function("raw/batch_32", |b| {
         b.iter(|| {

@@ -18,11 +18,28 @@
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::channel::Channel;
-use rverbs_core::memory::Region;
+use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::node::{Components, Node, NodeParts};
 use rverbs_core::poll::{Spin, StaticClock};
 use rverbs_core::provider::Provider;
-use rverbs_core::sge::RemoteMemory;
+use rverbs_core::sge::{RemoteMemory, Sge};
+
+/// What the engine and library benches register their regions with: local write, remote
+/// write and read.
+pub const RW: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// A write of `g` to each of `remotes` in one batch (one doorbell), run to completion: what
+/// the `batch` benches of `engine` and `library` time.
+#[inline]
+pub fn write_batch<P: Provider>(chan: &mut Channel<P>, g: &[Sge<'_>], remotes: &[RemoteMemory]) {
+    let mut batch = chan.batch();
+    for r in remotes {
+        batch.write(g, *r).expect("push");
+    }
+    batch.run().expect("batch");
+}
 
 /// Rank 0 of a `world` whose peers are played by the bench: a node over `channels` (one
 /// per peer), dissemination barriers, spinning, its waits bounded by `timeout` on `clock`,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::verbs::{open_device, AccessFlags, Context, Pd, QpConfig};
-use rverbs_std_shim::{StdBackoff, WaitPolicy, MONOTONIC};
+use rverbs_std_shim::{BlockedSleeps, StdBackoff, WaitPolicy, MONOTONIC};
 use rverbs_testkit::counted;
 
 type Chan = Channel<VerbsProvider, StdBackoff>;
@@ -37,6 +37,13 @@ fn open(test: &str) -> Option<Context> {
     let d = support::device()?;
     eprintln!("{test}: on {d}");
     Some(open_device(&d).unwrap_or_else(|e| panic!("{test}: {d}: {e}")))
+}
+
+/// [`open`], and a protection domain on the device.
+fn open_with_pd(test: &str) -> Option<(Context, Pd)> {
+    let ctx = open(test)?;
+    let pd = ctx.alloc_pd().unwrap();
+    Some((ctx, pd))
 }
 
 /// Two connected channels whose queues raise completion events, each waiting with `policy`.
@@ -103,6 +110,31 @@ fn wake_ups(
     (lat, cpu, wall)
 }
 
+/// Wake-ups of each kind the test times.
+const N: usize = 200;
+
+/// Reports the `N` wake-ups of `what` ([`report`]), then checks the receiver slept through
+/// them. Sleeping, not spinning: waits of about 2 ms each leave the receiver's CPU idle most
+/// of the time (a spinning receiver would use all of it); at least half of the waits since
+/// `sleeps` counted `woken_before` ended woken, and no sleep outlasted its wake-up.
+fn assert_receiver_slept(
+    what: &str,
+    (lat, cpu, wall): (&[Duration], Duration, Duration),
+    sleeps: BlockedSleeps,
+    woken_before: u64,
+) {
+    report(what, lat, cpu, wall, sleeps);
+    assert!(
+        cpu < wall / 2,
+        "{what}: receiver used {cpu:?} of CPU in {wall:?}: it did not sleep"
+    );
+    assert!(
+        sleeps.woken - woken_before >= N as u64 / 2,
+        "{what}: {sleeps:?}"
+    );
+    assert_eq!(sleeps.expired, 0, "{what}: a sleep outlasted its wake-up");
+}
+
 fn report(
     what: &str,
     lat: &[Duration],
@@ -125,10 +157,9 @@ fn report(
 
 #[test]
 fn blocked_receiver_wakes_for_a_send_and_for_a_write_with_immediate() {
-    let Some(ctx) = open("blocked_receiver_wakes") else {
+    let Some((ctx, pd)) = open_with_pd("blocked_receiver_wakes") else {
         return;
     };
-    let pd = ctx.alloc_pd().unwrap();
     let (mut a, mut b) = pair(&ctx, &pd, Duration::from_secs(10), BLOCK);
     let mut buf = vec![0u8; 64];
     let mut mr = pd.register(&mut buf, AccessFlags::LOCAL_WRITE).unwrap();
@@ -139,7 +170,6 @@ fn blocked_receiver_wakes_for_a_send_and_for_a_write_with_immediate() {
         )
         .unwrap();
     let remote = target.remote();
-    const N: usize = 200;
     let gap = Duration::from_millis(2);
 
     // Sends: the payload is the sequence number, checked on arrival.
@@ -158,21 +188,7 @@ fn blocked_receiver_wakes_for_a_send_and_for_a_write_with_immediate() {
         },
     );
     let sleeps_after_sends = b.backoff().blocked_sleeps();
-    report("send", &lat, cpu, wall, sleeps_after_sends);
-    // Sleeping, not spinning: 200 waits of about 2 ms each leave the receiver's CPU idle
-    // most of the time (a spinning receiver would use all of it).
-    assert!(
-        cpu < wall / 2,
-        "receiver used {cpu:?} of CPU in {wall:?}: it did not sleep"
-    );
-    assert!(
-        sleeps_after_sends.woken >= N as u64 / 2,
-        "{sleeps_after_sends:?}"
-    );
-    assert_eq!(
-        sleeps_after_sends.expired, 0,
-        "a sleep outlasted its wake-up"
-    );
+    assert_receiver_slept("send", (&lat, cpu, wall), sleeps_after_sends, 0);
 
     // Writes with immediate: the receive carries the immediate, the bytes land in `target`.
     let (lat, cpu, wall) = wake_ups(
@@ -194,16 +210,12 @@ fn blocked_receiver_wakes_for_a_send_and_for_a_write_with_immediate() {
         },
     );
     let sleeps = b.backoff().blocked_sleeps();
-    report("write with immediate", &lat, cpu, wall, sleeps);
-    assert!(
-        cpu < wall / 2,
-        "receiver used {cpu:?} of CPU in {wall:?}: it did not sleep"
+    assert_receiver_slept(
+        "write with immediate",
+        (&lat, cpu, wall),
+        sleeps,
+        sleeps_after_sends.woken,
     );
-    assert!(
-        sleeps.woken - sleeps_after_sends.woken >= N as u64 / 2,
-        "{sleeps:?}"
-    );
-    assert_eq!(sleeps.expired, 0, "a sleep outlasted its wake-up");
     let mut last = [0u8; 4];
     target.read_into(0, &mut last);
     assert_eq!(u32::from_le_bytes(last), N as u32 - 1);
@@ -211,10 +223,9 @@ fn blocked_receiver_wakes_for_a_send_and_for_a_write_with_immediate() {
 
 #[test]
 fn blocked_waiter_returns_at_its_deadline() {
-    let Some(ctx) = open("blocked_waiter_returns_at_its_deadline") else {
+    let Some((ctx, pd)) = open_with_pd("blocked_waiter_returns_at_its_deadline") else {
         return;
     };
-    let pd = ctx.alloc_pd().unwrap();
     let (_a, mut b) = pair(&ctx, &pd, Duration::from_secs(10), BLOCK);
     let mut buf = vec![0u8; 64];
     let mut mr = pd.register(&mut buf, AccessFlags::LOCAL_WRITE).unwrap();
@@ -242,10 +253,9 @@ fn blocked_waiter_returns_at_its_deadline() {
 
 #[test]
 fn no_lost_wake_up_in_100_000_block_wake_cycles() {
-    let Some(ctx) = open("no_lost_wake_up_in_100_000_block_wake_cycles") else {
+    let Some((ctx, pd)) = open_with_pd("no_lost_wake_up_in_100_000_block_wake_cycles") else {
         return;
     };
-    let pd = ctx.alloc_pd().unwrap();
     // Deadlines far beyond any wake-up: a sleep that runs out is a lost wake-up.
     let (mut a, mut b) = pair(&ctx, &pd, Duration::from_secs(30), BLOCK);
     let round_trips: u32 = std::env::var("RVERBS_WAKE_CYCLES")

@@ -18,7 +18,7 @@ use support::device;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ConnectOptions};
+use rverbs_bootstrap::connect;
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::poll::Clock;
 use rverbs_std_shim::MONOTONIC;
@@ -132,11 +132,17 @@ const GAVE_UP_BOUND: Duration = Duration::from_millis(100);
 #[test]
 #[ignore = "a child rank of the tests above, started by them"]
 fn child_rank() {
-    let scenario = support::required_env("RVERBS_FAIL_SCENARIO");
-    let env = support::rank_env("RVERBS_FAIL_");
-    let (rank, port, dir, dev) = (env.rank, env.port, env.dir, env.dev);
-    let config = support::local_config(WORLD, port, &dev, format!("failures-{scenario}-{port}"));
-    let mut opts = ConnectOptions::for_config(&config);
+    let (
+        scenario,
+        support::RankEnv {
+            rank,
+            port,
+            dir,
+            dev,
+        },
+    ) = support::scenario_env("RVERBS_FAIL_");
+    let job = format!("failures-{scenario}-{port}");
+    let (config, mut opts) = support::local_options(WORLD, port, &dev, job);
     opts.node.algorithm = match scenario.as_str() {
         "centralized" => BarrierAlgorithm::Centralized,
         _ => BarrierAlgorithm::Dissemination,

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ConnectOptions, OutOfBand};
+use rverbs_bootstrap::{connect, OutOfBand};
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
@@ -242,11 +242,10 @@ fn messaging_survives_a_panicking_handler() {
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
-    let scenario = support::required_env("RVERBS_FAULT_SCENARIO");
-    let env = support::rank_env("RVERBS_FAULT_");
+    let (scenario, env) = support::scenario_env("RVERBS_FAULT_");
     let (rank, port, mark, dev) = (env.rank, env.port, env.dir, env.dev);
-    let config = support::local_config(2, port, &dev, format!("faults-{scenario}-{port}"));
-    let mut opts = ConnectOptions::for_config(&config);
+    let (config, mut opts) =
+        support::local_options(2, port, &dev, format!("faults-{scenario}-{port}"));
     opts.node.channel.timeout = TIMEOUT;
     opts.wait = WaitPolicy::Sleep {
         spins: 64,

@@ -13,7 +13,7 @@ use support::device;
 
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ConnectOptions};
+use rverbs_bootstrap::connect;
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::node::NodeError;
 use rverbs_core::sge::{Sge, SgeMut};
@@ -36,24 +36,12 @@ fn run_world(scenario: &str, world: u32, port: u16) {
     assert!(failed.is_empty(), "{scenario}/{world}: {failed:?}");
 }
 
+/// Each world on ports of its own; a failure names the world (`run_world`).
 #[test]
-fn world_of_2() {
-    run_world("full", 2, 21000);
-}
-
-#[test]
-fn world_of_3() {
-    run_world("full", 3, 21100);
-}
-
-#[test]
-fn world_of_4() {
-    run_world("full", 4, 21200);
-}
-
-#[test]
-fn world_of_8() {
-    run_world("full", 8, 21300);
+fn worlds_of_2_3_4_and_8_ranks_pass_every_barrier_gather_and_multicast_without_allocating() {
+    for (world, port) in [(2, 21000), (3, 21100), (4, 21200), (8, 21300)] {
+        run_world("full", world, port);
+    }
 }
 
 #[test]
@@ -70,11 +58,11 @@ fn next(x: &mut u64) -> u64 {
 }
 
 #[test]
-#[ignore = "child-process entry point; the world_of_* tests run it"]
+#[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
     let (scenario, rank, world, port, dev) = support::world_env("RVERBS_NODE_");
-    let config = support::local_config(world, port, &dev, format!("{scenario}-{world}-{port}"));
-    let mut opts = ConnectOptions::for_config(&config);
+    let job = format!("{scenario}-{world}-{port}");
+    let (config, mut opts) = support::local_options(world, port, &dev, job);
     // gather_receive posts its receives when it is called; senders that get there first
     // are told "receiver not ready" and retry until it does.
     opts.node.qp.rnr_retry = rverbs_core::params::RnrRetry::Infinite;

@@ -16,7 +16,7 @@ use support::device;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rverbs_bootstrap::{connect, ConnectOptions};
+use rverbs_bootstrap::connect;
 use rverbs_core::node::{Event, NodeError, Receive};
 use rverbs_core::params::RnrRetry;
 
@@ -89,8 +89,8 @@ fn a_pool_that_runs_low_raises_the_devices_limit_event() {
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_rank() {
     let (scenario, rank, world, port, dev) = support::world_env("RVERBS_SRQ_");
-    let config = support::local_config(world, port, &dev, format!("srq-{scenario}-{port}"));
-    let mut opts = ConnectOptions::for_config(&config);
+    let (config, mut opts) =
+        support::local_options(world, port, &dev, format!("srq-{scenario}-{port}"));
     opts.node.components.messaging = Some(Receive::Shared { slots: POOL });
     // An RNR NAK is retried, not fatal: the counters, not a failed completion, tell.
     opts.node.qp.rnr_retry = RnrRetry::Infinite;

@@ -52,6 +52,24 @@ fn wait_events(events: &AsyncEvents, deadline: Instant) -> Vec<(AsyncEvent, Inst
 
 /// Takes events until `want` comes (returning when it was read) or `deadline` passes (a
 /// failure naming what came instead); every event taken is added to `seen`.
+/// Sets `netdev`'s link `state`, then waits up to `secs` seconds for `want` (adding every
+/// event to `seen`): how long the link command took, and how long after it started `want`
+/// came.
+fn link_event(
+    events: &AsyncEvents,
+    netdev: &str,
+    state: &str,
+    want: AsyncEvent,
+    secs: u64,
+    seen: &mut Vec<AsyncEvent>,
+) -> (Duration, Duration) {
+    let start = Instant::now();
+    set_link(netdev, state);
+    let command = start.elapsed();
+    let at = wait_for_event(events, want, start + Duration::from_secs(secs), seen);
+    (command, at - start)
+}
+
 fn wait_for_event(
     events: &AsyncEvents,
     want: AsyncEvent,
@@ -116,31 +134,16 @@ fn port_down_and_up_are_named_by_events() {
         netdev: netdev.clone(),
     };
 
-    let t0 = Instant::now();
-    set_link(&netdev, "down");
-    let t_cmd = t0.elapsed();
     let mut seen = Vec::new();
-    let down_at = wait_for_event(
-        &events,
-        AsyncEvent::PortError { port: 1 },
-        t0 + Duration::from_secs(5),
-        &mut seen,
-    );
-    let down_after = down_at - t0;
+    let port_error = AsyncEvent::PortError { port: 1 };
+    let (t_cmd, down_after) = link_event(&events, &netdev, "down", port_error, 5, &mut seen);
     assert!(
         !ctx.query_port(1).expect("query port").active,
         "after PortError the port must not be ACTIVE"
     );
 
-    let t1 = Instant::now();
-    set_link(&netdev, "up");
-    let up_at = wait_for_event(
-        &events,
-        AsyncEvent::PortActive { port: 1 },
-        t1 + Duration::from_secs(10),
-        &mut seen,
-    );
-    let up_after = up_at - t1;
+    let port_active = AsyncEvent::PortActive { port: 1 };
+    let (_, up_after) = link_event(&events, &netdev, "up", port_active, 10, &mut seen);
     drop(restore);
     assert!(
         seen.iter()

@@ -106,6 +106,17 @@ impl Target {
 
 /// The target side, in its own process: registers the words, connects, waits for `done`,
 /// and reports the words.
+/// The test device and a protection domain (`setup!`), and a target process with `qps`
+/// channels to it (`Target::start`), as `(ctx, pd, target, channels)`; returns from the test
+/// when it is to be skipped.
+macro_rules! target {
+    ($test:expr, $qps:expr) => {{
+        let (ctx, pd) = setup!($test);
+        let (t, chans) = Target::start($test, &ctx, &pd, $qps);
+        (ctx, pd, t, chans)
+    }};
+}
+
 #[test]
 #[ignore = "child-process entry point; the tests above run it"]
 fn child_target() {
@@ -148,13 +159,8 @@ fn child_target() {
 
 #[test]
 fn both_operations_in_every_style_against_another_process() {
-    let (ctx, pd) = setup!("both_operations_in_every_style_against_another_process");
-    let (t, mut chans) = Target::start(
-        "both_operations_in_every_style_against_another_process",
-        &ctx,
-        &pd,
-        1,
-    );
+    let (_ctx, pd, t, mut chans) =
+        target!("both_operations_in_every_style_against_another_process", 1);
     let a = &mut chans[0];
     let (mut r0, mut r1) = (
         page(&pd, AccessFlags::LOCAL_WRITE),
@@ -220,13 +226,7 @@ fn both_operations_in_every_style_against_another_process() {
 #[test]
 fn a_counter_three_ranks_increment_at_once_ends_exact() {
     const PER_RANK: u64 = 1000;
-    let (ctx, pd) = setup!("a_counter_three_ranks_increment_at_once_ends_exact");
-    let (t, chans) = Target::start(
-        "a_counter_three_ranks_increment_at_once_ends_exact",
-        &ctx,
-        &pd,
-        3,
-    );
+    let (_ctx, pd, t, chans) = target!("a_counter_three_ranks_increment_at_once_ends_exact", 3);
     let counter = t.at(0);
     let priors: Vec<Vec<u64>> = std::thread::scope(|s| {
         let ranks: Vec<_> = chans
@@ -262,13 +262,7 @@ fn a_counter_three_ranks_increment_at_once_ends_exact() {
 
 #[test]
 fn a_misaligned_target_is_refused_before_posting() {
-    let (ctx, pd) = setup!("a_misaligned_target_is_refused_before_posting");
-    let (t, mut chans) = Target::start(
-        "a_misaligned_target_is_refused_before_posting",
-        &ctx,
-        &pd,
-        1,
-    );
+    let (_ctx, pd, t, mut chans) = target!("a_misaligned_target_is_refused_before_posting", 1);
     let a = &mut chans[0];
     let mut r = page(&pd, AccessFlags::LOCAL_WRITE);
     let odd = t.words.slice(4, 8).unwrap();
@@ -300,12 +294,9 @@ fn a_misaligned_target_is_refused_before_posting() {
 
 #[test]
 fn an_atomic_on_memory_without_remote_atomic_access_fails_on_the_device() {
-    let (ctx, pd) = setup!("an_atomic_on_memory_without_remote_atomic_access_fails_on_the_device");
-    let (t, mut chans) = Target::start(
+    let (_ctx, pd, t, mut chans) = target!(
         "an_atomic_on_memory_without_remote_atomic_access_fails_on_the_device",
-        &ctx,
-        &pd,
-        1,
+        1
     );
     let a = &mut chans[0];
     let mut r = page(&pd, AccessFlags::LOCAL_WRITE);

@@ -4,20 +4,34 @@
 #[macro_use]
 mod support;
 
-use rverbs_core::channel::{ChannelConfig, ChannelError};
+use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done};
 use rverbs_core::completion::WcStatus;
-use rverbs_core::sge::RemoteMemory;
+use rverbs_core::provider::verbs::VerbsProvider;
+use rverbs_core::sge::{RemoteMemory, SgeMut};
 use rverbs_core::verbs::{AccessFlags, QpConfig};
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
+/// `b` receives into `scatter` while `send` sends it a message from the other end: the
+/// receive's completion.
+fn received<'s>(
+    b: &mut Channel<VerbsProvider>,
+    scatter: &'s mut [SgeMut<'s>],
+    send: impl FnOnce(),
+) -> Done {
+    b.scope(|s| {
+        let r = s.recv(scatter).unwrap();
+        send();
+        s.wait(r).unwrap()
+    })
+    .unwrap()
+}
+
 #[test]
-fn send_recv_multi_sge_and_immediates() {
-    let (ctx, pd) = setup!("send_recv_multi_sge_and_immediates");
-    let (mut a, mut b) =
-        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+fn a_send_gathered_from_three_entries_lands_in_two_with_its_immediate() {
+    let (_ctx, pd, mut a, mut b) = setup!("a_send_gathered_from_three_entries_lands_in_two_with_its_immediate", default channels);
     let mut src = support::pattern(300, 1);
     let expected = src.clone();
     let mut dst = vec![0u8; 512];
@@ -32,13 +46,9 @@ fn send_recv_multi_sge_and_immediates() {
     {
         let mut parts = dst_mr.chunks_mut(256);
         let mut scatter = [parts.next().unwrap(), parts.next().unwrap()];
-        let info = b
-            .scope(|s| {
-                let r = s.recv(&mut scatter).unwrap();
-                a.send_imm(&gather, 0xfeed_beef).unwrap();
-                s.wait(r).unwrap()
-            })
-            .unwrap();
+        let info = received(&mut b, &mut scatter, || {
+            a.send_imm(&gather, 0xfeed_beef).unwrap();
+        });
         assert_eq!(info.byte_len, 300);
         assert_eq!(info.imm, Some(0xfeed_beef));
     }
@@ -47,13 +57,9 @@ fn send_recv_multi_sge_and_immediates() {
     // A plain send carries no immediate.
     {
         let mut scatter = [dst_mr.sge_mut(0..512).unwrap()];
-        let info = b
-            .scope(|s| {
-                let r = s.recv(&mut scatter).unwrap();
-                a.send(&gather[..1]).unwrap();
-                s.wait(r).unwrap()
-            })
-            .unwrap();
+        let info = received(&mut b, &mut scatter, || {
+            a.send(&gather[..1]).unwrap();
+        });
         assert_eq!(
             info,
             rverbs_core::channel::Done {
@@ -66,10 +72,9 @@ fn send_recv_multi_sge_and_immediates() {
 }
 
 #[test]
-fn write_read_and_write_with_immediate() {
-    let (ctx, pd) = setup!("write_read_and_write_with_immediate");
-    let (mut a, mut b) =
-        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+fn a_write_a_read_and_a_write_with_immediate_move_every_byte() {
+    let (_ctx, pd, mut a, mut b) =
+        setup!("a_write_a_read_and_a_write_with_immediate_move_every_byte", default channels);
     let mut local = support::pattern(8192, 7);
     let expected = local.clone();
     let remote_buf = vec![0u8; 8192].into_boxed_slice();
@@ -93,14 +98,10 @@ fn write_read_and_write_with_immediate() {
     let mut rmr = pd.register(&mut rbuf, AccessFlags::LOCAL_WRITE).unwrap();
     let mut scatter = [rmr.sge_mut(0..16).unwrap()];
     let part = remote.slice(4096, 64).unwrap();
-    let info = b
-        .scope(|s| {
-            let r = s.recv(&mut scatter).unwrap();
-            a.write_imm(&[local_mr.sge(0..64).unwrap()], part, 77)
-                .unwrap();
-            s.wait(r).unwrap()
-        })
-        .unwrap();
+    let info = received(&mut b, &mut scatter, || {
+        a.write_imm(&[local_mr.sge(0..64).unwrap()], part, 77)
+            .unwrap();
+    });
     assert_eq!(info.imm, Some(77));
     assert_eq!(info.byte_len, 64);
     let mut got = [0u8; 64];
@@ -109,10 +110,9 @@ fn write_read_and_write_with_immediate() {
 }
 
 #[test]
-fn batch_of_32_writes_in_one_post() {
-    let (ctx, pd) = setup!("batch_of_32_writes_in_one_post");
-    let (mut a, _b) =
-        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+fn thirty_two_writes_in_one_post_each_land_in_their_place() {
+    let (_ctx, pd, mut a, _b) =
+        setup!("thirty_two_writes_in_one_post_each_land_in_their_place", default channels);
     let mut src = support::pattern(32 * 128, 3);
     let expected = src.clone();
     let dst = vec![0u8; 32 * 128].into_boxed_slice();
@@ -138,10 +138,8 @@ fn batch_of_32_writes_in_one_post() {
 }
 
 #[test]
-fn inline_send_and_write() {
-    let (ctx, pd) = setup!("inline_send_and_write");
-    let (mut a, mut b) =
-        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+fn inline_writes_and_sends_carry_unregistered_bytes_up_to_the_inline_limit() {
+    let (_ctx, pd, mut a, mut b) = setup!("inline_writes_and_sends_carry_unregistered_bytes_up_to_the_inline_limit", default channels);
     let max = a.caps().max_inline_data as usize;
     assert!(max >= 32, "device granted only {max} bytes of inline data");
     let payload = support::pattern(32, 9); // not registered: inline needs no memory region
@@ -156,13 +154,9 @@ fn inline_send_and_write() {
     let mut rmr = pd.register(&mut rbuf, AccessFlags::LOCAL_WRITE).unwrap();
     {
         let mut scatter = [rmr.sge_mut(0..64).unwrap()];
-        let info = b
-            .scope(|s| {
-                let r = s.recv(&mut scatter).unwrap();
-                a.send_inline(&payload[..20]).unwrap();
-                s.wait(r).unwrap()
-            })
-            .unwrap();
+        let info = received(&mut b, &mut scatter, || {
+            a.send_inline(&payload[..20]).unwrap();
+        });
         assert_eq!(info.byte_len, 20);
     }
     assert_eq!(&rmr.as_slice()[..20], &payload[..20]);
@@ -284,8 +278,8 @@ fn write_to_bad_rkey_fails_and_breaks_the_channel() {
 
 #[test]
 fn send_recv_ping_pong_through_receive_rings_without_unsafe() {
-    let (ctx, pd) = setup!("send_recv_ping_pong_through_receive_rings_without_unsafe");
-    let (a, b) = support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let (_ctx, pd, a, b) =
+        setup!("send_recv_ping_pong_through_receive_rings_without_unsafe", default channels);
     let ring = |chan| {
         // One page: 16 slots of 256 bytes.
         let mem = rverbs_core::memory::PageMemory::zeroed(4096).unwrap();

@@ -26,7 +26,8 @@ use rverbs_core::datagram::{
 use rverbs_core::memory::PageMemory;
 use rverbs_core::provider::verbs_ud::VerbsDatagram;
 use rverbs_core::verbs::{
-    failed_destroys, AccessFlags, AhAttr, Context, OwnedRegion, UdConfig, GRH_LEN, MULTICAST_QPN,
+    failed_destroys, AccessFlags, AhAttr, Context, OwnedRegion, Pd, UdConfig, GRH_LEN,
+    MULTICAST_QPN,
 };
 use rverbs_core::wire::DatagramEndpoint;
 use rverbs_core::wr::{DatagramRequest, RecvRequest, SendFlags};
@@ -64,6 +65,16 @@ fn config() -> DatagramConfig {
     c
 }
 
+/// Page memory for an endpoint of `c` on `qp`, registered on `pd` for local writes.
+fn endpoint_memory(pd: &Pd, qp: &VerbsDatagram, c: &DatagramConfig) -> OwnedRegion {
+    let need = memory_needed(
+        rverbs_core::provider::datagram::DatagramProvider::mtu(qp),
+        c,
+    );
+    pd.register_shared(PageMemory::zeroed(need).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap()
+}
+
 /// A datagram endpoint on `ctx` with enough receive slots for a burst of `SLOTS`.
 fn endpoint(ctx: &Context) -> Endpoint {
     let pd = ctx.alloc_pd().unwrap();
@@ -72,13 +83,7 @@ fn endpoint(ctx: &Context) -> Endpoint {
     ud.max_send_wr = 64;
     let qp = VerbsDatagram::new(ctx, &pd, &ud).unwrap();
     let c = config();
-    let need = memory_needed(
-        rverbs_core::provider::datagram::DatagramProvider::mtu(&qp),
-        &c,
-    );
-    let mem = pd
-        .register_shared(PageMemory::zeroed(need).unwrap(), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let mem = endpoint_memory(&pd, &qp, &c);
     Datagram::with_backoff(qp, mem, c, Yield, &support::WALL).unwrap()
 }
 
@@ -322,15 +327,9 @@ fn an_address_from_a_completion_answers_the_sender() {
     };
     recv(&mut b, &mut mem, 0);
     recv(&mut a, &mut mem, 4096);
-    let req = DatagramRequest {
-        wr_id: 1,
-        flags: SendFlags::SIGNALED | SendFlags::INLINE,
-        sges: &[inline_entry(b"hello b")],
-        imm: Some(77),
-        dest: &to_b,
-        remote_qpn: b.qp_num(),
-        remote_qkey: b.qkey(),
-    };
+    let sge = [inline_entry(b"hello b")];
+    let to = (b.qp_num(), b.qkey());
+    let req = inline_send(1, &sge, Some(77), &to_b, to);
     // SAFETY: inline: the bytes are copied during the post.
     unsafe { a.post_send(&[req]) }.unwrap();
     let c = poll_one(&mut rcq_b);
@@ -351,15 +350,9 @@ fn an_address_from_a_completion_answers_the_sender() {
         Some(route.gid),
         "the sender's GID"
     );
-    let req = DatagramRequest {
-        wr_id: 2,
-        flags: SendFlags::SIGNALED | SendFlags::INLINE,
-        sges: &[inline_entry(b"hello a")],
-        imm: None,
-        dest: &back,
-        remote_qpn: c.src_qp,
-        remote_qkey: a.qkey(),
-    };
+    let sge = [inline_entry(b"hello a")];
+    let to = (c.src_qp, a.qkey());
+    let req = inline_send(2, &sge, None, &back, to);
     // SAFETY: inline, as above.
     unsafe { b.post_send(&[req]) }.unwrap();
     let c = poll_one(&mut rcq_a);
@@ -513,15 +506,9 @@ fn a_peer_of_another_protection_domain_is_refused() {
     let ah = other
         .create_ah(&AhAttr::global(1, route.gid, route.gid_index))
         .unwrap();
-    let req = DatagramRequest {
-        wr_id: 1,
-        flags: SendFlags::SIGNALED | SendFlags::INLINE,
-        sges: &[inline_entry(b"no")],
-        imm: None,
-        dest: &ah,
-        remote_qpn: qp.qp_num(),
-        remote_qkey: qp.qkey(),
-    };
+    let sge = [inline_entry(b"no")];
+    let to = (qp.qp_num(), qp.qkey());
+    let req = inline_send(1, &sge, None, &ah, to);
     // SAFETY: inline: the bytes are copied during the post (which is refused anyway).
     let r = unsafe { qp.post_send(&[req]) };
     assert_eq!(r.map_err(|f| (f.posted, f.errno)), Err((0, 22)));
@@ -578,13 +565,7 @@ fn an_ipv4_group_needs_an_ipv4_route() {
     assert!(local.ipv4().is_none(), "GID index 0 is IPv6: {local}");
     let mut c = config();
     c.recv_slots = 8;
-    let need = memory_needed(
-        rverbs_core::provider::datagram::DatagramProvider::mtu(&qp),
-        &c,
-    );
-    let mem = pd
-        .register_shared(PageMemory::zeroed(need).unwrap(), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let mem = endpoint_memory(&pd, &qp, &c);
     let mut ep: Datagram<_, _> = Datagram::new(qp, mem, c, &support::WALL).unwrap();
     let group = Group::ipv4([239, 4, 4, 10]).unwrap();
     assert_eq!(
@@ -611,6 +592,26 @@ fn recv_entry<'a>(e: &rverbs_core::sge::SgeMut<'a>) -> rverbs_core::sge::Sge<'a>
 }
 
 /// An inline entry for `data` (copied at post time; no lkey).
+/// Request `wr_id`: a signaled inline send of `sge` (an [`inline_entry`]), with `imm`, through
+/// `dest` to queue pair `to` (its number and qkey).
+fn inline_send<'a, A>(
+    wr_id: u64,
+    sge: &'a [rverbs_core::sge::Sge<'a>],
+    imm: Option<u32>,
+    dest: &'a A,
+    (remote_qpn, remote_qkey): (u32, u32),
+) -> DatagramRequest<'a, A> {
+    DatagramRequest {
+        wr_id,
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        sges: sge,
+        imm,
+        dest,
+        remote_qpn,
+        remote_qkey,
+    }
+}
+
 fn inline_entry(data: &[u8]) -> rverbs_core::sge::Sge<'_> {
     // SAFETY: posted only with INLINE, which copies the bytes during the post.
     unsafe { rverbs_core::sge::Sge::from_raw(data.as_ptr() as u64, data.len() as u32, 0) }

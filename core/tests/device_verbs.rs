@@ -9,9 +9,21 @@ use std::time::Duration;
 
 use rverbs_core::completion::WcStatus;
 use rverbs_core::params::{AckTimeout, RetryCount, RnrRetry, RnrTimer};
-use rverbs_core::verbs::{AccessFlags, DeviceList, LinkLayer, QpConfig};
+use rverbs_core::verbs::{
+    AccessFlags, DeviceList, LinkLayer, MemoryRegion, Pd, QpConfig, SharedRegion,
+};
 use rverbs_core::wire::Endpoint;
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
+
+/// `src` registered as a write's source, and as many zeros registered for the peer to write.
+fn write_regions<'s>(pd: &Pd, src: &'s mut [u8]) -> (MemoryRegion<'s>, SharedRegion<'static>) {
+    let dst = vec![0u8; src.len()].into_boxed_slice();
+    let src_mr = pd.register(src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst_mr = pd
+        .register_shared(dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    (src_mr, dst_mr)
+}
 
 #[test]
 fn device_is_listed_and_port_is_active() {
@@ -49,8 +61,8 @@ fn device_is_listed_and_port_is_active() {
 }
 
 #[test]
-fn two_connected_qps_rdma_write_4k() {
-    let (ctx, pd) = setup!("two_connected_qps_rdma_write_4k");
+fn two_connected_queue_pairs_move_4_kib_by_rdma_write() {
+    let (ctx, pd) = setup!("two_connected_queue_pairs_move_4_kib_by_rdma_write");
     let mut cq = ctx.create_cq(64).unwrap();
     let cfg = QpConfig::default();
     let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
@@ -67,11 +79,7 @@ fn two_connected_qps_rdma_write_4k() {
         *x = (i * 7 + 3) as u8;
     }
     let expected = src.clone();
-    let dst = vec![0u8; 4096].into_boxed_slice();
-    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst_mr = pd
-        .register_shared(dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-        .unwrap();
+    let (src_mr, dst_mr) = write_regions(&pd, &mut src);
 
     let sges = [src_mr.sge(0..4096).unwrap()];
     let wr = WorkRequest {
@@ -349,11 +357,7 @@ fn rxe_queue_pairs_post_through_the_extended_verbs() {
 
     let mut src: Vec<u8> = (0..256u32).map(|i| (i * 13 + 1) as u8).collect();
     let expected = src.clone();
-    let dst = vec![0u8; 256].into_boxed_slice();
-    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
-    let dst_mr = pd
-        .register_shared(dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-        .unwrap();
+    let (src_mr, dst_mr) = write_regions(&pd, &mut src);
     let remote = dst_mr.remote();
     let one = [src_mr.sge(0..64).unwrap()];
     let inline = [src_mr.sge(64..72).unwrap()];

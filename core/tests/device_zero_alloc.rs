@@ -5,8 +5,7 @@
 #[macro_use]
 mod support;
 
-use rverbs_core::channel::ChannelConfig;
-use rverbs_core::verbs::{AccessFlags, QpConfig};
+use rverbs_core::verbs::AccessFlags;
 use rverbs_testkit::allocs_all;
 
 // Counts every thread's allocations: the device library's, if it had threads, count too.
@@ -15,9 +14,8 @@ static GLOBAL: rverbs_testkit::Counting = rverbs_testkit::Counting;
 
 #[test]
 fn hundred_thousand_mixed_operations_allocate_nothing() {
-    let (ctx, pd) = setup!("hundred_thousand_mixed_operations_allocate_nothing");
-    let (mut a, mut b) =
-        support::channel_pair(&ctx, &pd, &QpConfig::default(), ChannelConfig::default());
+    let (_ctx, pd, mut a, mut b) =
+        setup!("hundred_thousand_mixed_operations_allocate_nothing", default channels);
     let mut src = support::pattern(4096, 11);
     let dst = vec![0u8; 4096].into_boxed_slice();
     let mut rbuf = vec![0u8; 4096];

@@ -11,35 +11,14 @@ use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
 use rverbs_core::instant::{InstantCq, InstantDevice};
 use rverbs_core::params::QpCaps;
 use rverbs_core::provider::{CompletionQueue, Provider, QueuePair};
-use rverbs_core::sge::RemoteMemory;
-use rverbs_core::wr::{AtomicOp, Opcode, RecvRequest, SendFlags, WorkRequest};
+use rverbs_core::wr::{AtomicOp, Opcode, RecvRequest};
+use rverbs_testkit::signaled;
 
 #[global_allocator]
 static GLOBAL: support::Counting = support::Counting;
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 64,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    }
-}
-
-fn signaled(wr_id: u64, opcode: Opcode) -> WorkRequest<'static> {
-    let mut w = WorkRequest::new(
-        opcode,
-        SendFlags::SIGNALED,
-        &[],
-        RemoteMemory {
-            addr: 0x1000,
-            len: 8,
-            rkey: 7,
-        },
-    );
-    w.wr_id = wr_id;
-    w
+    QpCaps::queues(64, 16)
 }
 
 /// Every kind of completion the device makes, into `send_cq` and `recv_cq` of one queue

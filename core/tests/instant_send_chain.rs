@@ -9,12 +9,12 @@
 //! `Arrivals`, with which the cost bench plays a peer's sends.
 
 use rverbs_core::completion::{Completion, CompletionKind};
-use rverbs_core::instant::InstantDevice;
+use rverbs_core::instant::{InstantCq, InstantDevice, InstantQp};
 use rverbs_core::params::QpCaps;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
-use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::{LegacyReason, PostPath};
 use rverbs_core::wr::{AtomicOp, Opcode, PostFailure, SendFlags, WorkRequest, MAX_BATCH};
+use rverbs_testkit::signaled;
 
 /// Both kinds of instant device, and the path rverbs must take on each.
 fn devices() -> [(InstantDevice, PostPath); 2] {
@@ -27,29 +27,21 @@ fn devices() -> [(InstantDevice, PostPath); 2] {
     ]
 }
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 256,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
+/// On each kind of instant device, a queue pair of [`caps`] whose sends complete into a queue
+/// of `send_depth`, checked to post on the path rverbs must take there; `test` gets it, its
+/// send completion queue and that path.
+fn on_each_device(send_depth: u32, test: impl Fn(&mut InstantQp, &mut InstantCq, PostPath)) {
+    for (dev, path) in devices() {
+        let mut send_cq = dev.cq(send_depth);
+        let recv_cq = dev.cq(16);
+        let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+        assert_eq!(qp.post_path(), path);
+        test(&mut qp, &mut send_cq, path);
     }
 }
 
-fn signaled(wr_id: u64, opcode: Opcode) -> WorkRequest<'static> {
-    let mut w = WorkRequest::new(
-        opcode,
-        SendFlags::SIGNALED,
-        &[],
-        RemoteMemory {
-            addr: 0x1000,
-            len: 8,
-            rkey: 7,
-        },
-    );
-    w.wr_id = wr_id;
-    w
+fn caps() -> QpCaps {
+    QpCaps::queues(256, 16)
 }
 
 /// Everything the send queue completed so far.
@@ -67,16 +59,14 @@ fn drain(cq: &mut impl CompletionQueue) -> Vec<Completion> {
 
 #[test]
 fn each_post_hands_the_driver_exactly_its_requests() {
-    for (dev, path) in devices() {
-        each_post_hands_the_driver_exactly_its_requests_on(&dev, path);
-    }
+    on_each_device(1024, each_post_hands_the_driver_exactly_its_requests_on);
 }
 
-fn each_post_hands_the_driver_exactly_its_requests_on(dev: &InstantDevice, path: PostPath) {
-    let mut send_cq = dev.cq(1024);
-    let recv_cq = dev.cq(16);
-    let mut qp = dev.qp(&send_cq, &recv_cq, caps());
-    assert_eq!(qp.post_path(), path);
+fn each_post_hands_the_driver_exactly_its_requests_on(
+    qp: &mut InstantQp,
+    send_cq: &mut InstantCq,
+    _: PostPath,
+) {
     let ids = |c: &[Completion]| c.iter().map(|c| c.wr_id).collect::<Vec<_>>();
 
     // A full chain, then shorter ones: a list not ended after its last request would run on
@@ -87,7 +77,7 @@ fn each_post_hands_the_driver_exactly_its_requests_on(dev: &InstantDevice, path:
     // SAFETY: the instant device touches no memory.
     unsafe { qp.post_send(&full) }.unwrap();
     assert_eq!(
-        ids(&drain(&mut send_cq)),
+        ids(&drain(send_cq)),
         (100..100 + MAX_BATCH as u64).collect::<Vec<_>>()
     );
     for n in [3usize, 1, 2, 1] {
@@ -96,13 +86,13 @@ fn each_post_hands_the_driver_exactly_its_requests_on(dev: &InstantDevice, path:
             .collect();
         // SAFETY: as above.
         unsafe { qp.post_send(&wrs) }.unwrap();
-        assert_eq!(ids(&drain(&mut send_cq)), ids_of(&wrs), "a post of {n}");
+        assert_eq!(ids(&drain(send_cq)), ids_of(&wrs), "a post of {n}");
     }
 
     // Empty: nothing posted, nothing completes.
     // SAFETY: as above.
     unsafe { qp.post_send(&[]) }.unwrap();
-    assert!(drain(&mut send_cq).is_empty());
+    assert!(drain(send_cq).is_empty());
 
     // Longer than a chain: refused whole with EINVAL.
     let over: Vec<_> = (0..MAX_BATCH as u64 + 1)
@@ -111,15 +101,15 @@ fn each_post_hands_the_driver_exactly_its_requests_on(dev: &InstantDevice, path:
     // SAFETY: as above.
     let f = unsafe { qp.post_send(&over) }.unwrap_err();
     assert_eq!((f.posted, f.errno), (0, 22));
-    assert!(drain(&mut send_cq).is_empty());
+    assert!(drain(send_cq).is_empty());
 
     // After the refusal the chain still serves full and single posts.
     // SAFETY: as above.
     unsafe { qp.post_send(&full) }.unwrap();
-    assert_eq!(drain(&mut send_cq).len(), MAX_BATCH);
+    assert_eq!(drain(send_cq).len(), MAX_BATCH);
     // SAFETY: as above.
     unsafe { qp.post_send(&full[..1]) }.unwrap();
-    assert_eq!(ids(&drain(&mut send_cq)), vec![100]);
+    assert_eq!(ids(&drain(send_cq)), vec![100]);
 }
 
 fn ids_of(wrs: &[WorkRequest<'_>]) -> Vec<u64> {
@@ -128,16 +118,14 @@ fn ids_of(wrs: &[WorkRequest<'_>]) -> Vec<u64> {
 
 #[test]
 fn every_opcode_reaches_the_driver_as_its_verb() {
-    for (dev, path) in devices() {
-        every_opcode_reaches_the_driver_as_its_verb_on(&dev, path);
-    }
+    on_each_device(64, every_opcode_reaches_the_driver_as_its_verb_on);
 }
 
-fn every_opcode_reaches_the_driver_as_its_verb_on(dev: &InstantDevice, path: PostPath) {
-    let mut send_cq = dev.cq(64);
-    let recv_cq = dev.cq(16);
-    let mut qp = dev.qp(&send_cq, &recv_cq, caps());
-    assert_eq!(qp.post_path(), path);
+fn every_opcode_reaches_the_driver_as_its_verb_on(
+    qp: &mut InstantQp,
+    send_cq: &mut InstantCq,
+    _: PostPath,
+) {
     let cases = [
         (Opcode::Send, CompletionKind::Send),
         (Opcode::SendImm(5), CompletionKind::Send),
@@ -163,7 +151,7 @@ fn every_opcode_reaches_the_driver_as_its_verb_on(dev: &InstantDevice, path: Pos
         .collect();
     // SAFETY: the instant device touches no memory.
     unsafe { qp.post_send(&wrs) }.unwrap();
-    let done = drain(&mut send_cq);
+    let done = drain(send_cq);
     assert_eq!(done.len(), cases.len());
     for (c, (op, kind)) in done.iter().zip(cases) {
         assert_eq!(c.kind, kind, "{op:?}");
@@ -176,10 +164,7 @@ fn every_opcode_reaches_the_driver_as_its_verb_on(dev: &InstantDevice, path: Pos
     // SAFETY: as above.
     unsafe { qp.post_send(&wrs) }.unwrap();
     assert_eq!(
-        drain(&mut send_cq)
-            .iter()
-            .map(|c| c.wr_id)
-            .collect::<Vec<_>>(),
+        drain(send_cq).iter().map(|c| c.wr_id).collect::<Vec<_>>(),
         vec![52]
     );
 }
@@ -300,14 +285,11 @@ fn the_legacy_fallback_works_and_says_why() {
 /// has run those before it.
 #[test]
 fn a_refused_post_reports_what_the_device_may_run() {
-    for (dev, path) in devices() {
-        let mut send_cq = dev.cq(2);
-        let recv_cq = dev.cq(16);
-        let mut qp = dev.qp(&send_cq, &recv_cq, caps());
+    on_each_device(2, |qp, send_cq, path| {
         let wrs: Vec<_> = (0..3).map(|i| signaled(i, Opcode::Write)).collect();
         // SAFETY: the instant device touches no memory.
         let f = unsafe { qp.post_send(&wrs) }.unwrap_err();
-        let done = drain(&mut send_cq);
+        let done = drain(send_cq);
         if path.is_extended() {
             assert_eq!(
                 f,
@@ -330,8 +312,8 @@ fn a_refused_post_reports_what_the_device_may_run() {
         // The queue pair takes posts again afterwards.
         // SAFETY: as above.
         unsafe { qp.post_send(&wrs[..1]) }.unwrap();
-        assert_eq!(drain(&mut send_cq).len(), 1);
-    }
+        assert_eq!(drain(send_cq).len(), 1);
+    });
 }
 
 /// A request of several gather entries goes through the legacy chain even on the extended

@@ -45,6 +45,19 @@ fn caps() -> QpCaps {
 /// bounded wait of a millisecond on a 1 us step clock needs).
 const POLL_LIMIT: u64 = 200_000;
 
+/// Fills `out` from `next` until either runs out; how many it filled. A stub's poll.
+fn fill<T>(out: &mut [T], mut next: impl FnMut() -> Option<T>) -> usize {
+    let mut n = 0;
+    while n < out.len() {
+        let Some(c) = next() else {
+            break;
+        };
+        out[n] = c;
+        n += 1;
+    }
+    n
+}
+
 /// A datagram queue pair whose every posted receive completes at once with
 /// `IBV_WC_LOC_LEN_ERR`: a publisher with a larger MTU streaming datagrams no slot holds.
 struct OversizeFlood<'n> {
@@ -57,26 +70,35 @@ struct OversizeFlood<'n> {
     held_sends: VecDeque<u64>,
 }
 
+impl<'n> OversizeFlood<'n> {
+    /// Node 0's datagram queue pair of `net` under the stub, nothing posted or held.
+    fn on(net: &'n SoftNet<'_>) -> Self {
+        Self {
+            qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
+            posted: VecDeque::new(),
+            polls: 0,
+            flushing: false,
+            held_sends: VecDeque::new(),
+        }
+    }
+}
+
+/// Datagram settings: `recv_slots` and `send_slots` as given, waits bounded by `timeout`.
+fn config((recv_slots, send_slots): (u32, u32), timeout: Duration) -> DatagramConfig {
+    let mut cfg = DatagramConfig::default();
+    (cfg.recv_slots, cfg.send_slots, cfg.timeout) = (recv_slots, send_slots, timeout);
+    cfg
+}
+
 impl DatagramProvider for OversizeFlood<'_> {
     type Address = NetAddress;
     rverbs_testkit::forward_datagram_identity!(qp);
-    fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
-        self.qp.address(to)
-    }
-    unsafe fn post_send(
-        &mut self,
-        wrs: &[DatagramRequest<'_, NetAddress>],
-    ) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.qp.post_send(wrs) }
-    }
+    rverbs_testkit::forward_datagram!(qp;
+        address, post_send, poll_send, set_error => flushing, join_group, leave_group);
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // The stub never writes the buffers: it only answers for them.
         self.posted.extend(wrs.iter().map(|w| w.wr_id));
         Ok(())
-    }
-    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.qp.poll_send(out)
     }
     fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
         self.polls += 1;
@@ -84,50 +106,26 @@ impl DatagramProvider for OversizeFlood<'_> {
             self.flushing || self.polls < POLL_LIMIT,
             "the receive never gave up"
         );
-        let mut n = 0;
-        while n < out.len() {
-            let Some(wr_id) = self.posted.pop_front() else {
-                break;
-            };
+        let status = if self.flushing {
+            WcStatus::Flushed
+        } else {
+            WcStatus::LocalLength
+        };
+        let qp_num = self.qp.qp_num();
+        Ok(fill(out, || {
             let mut c = DatagramCompletion::EMPTY;
-            c.wc.wr_id = wr_id;
-            c.wc.status = if self.flushing {
-                WcStatus::Flushed
-            } else {
-                WcStatus::LocalLength
-            };
-            c.wc.qp_num = self.qp.qp_num();
-            out[n] = c;
-            n += 1;
-        }
-        Ok(n)
-    }
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.flushing = true;
-        self.qp.set_error()
-    }
-    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.join_group(group)
-    }
-    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.leave_group(group)
+            (c.wc.wr_id, c.wc.status, c.wc.qp_num) = (self.posted.pop_front()?, status, qp_num);
+            Some(c)
+        }))
     }
 }
 
 #[test]
 fn a_datagram_receive_ends_at_its_deadline_while_oversize_datagrams_keep_coming() {
-    let mut cfg = DatagramConfig::default();
-    (cfg.recv_slots, cfg.send_slots) = (8, 2);
-    cfg.timeout = Duration::from_millis(1);
+    let cfg = config((8, 2), Duration::from_millis(1));
     let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
     let net = SoftNet::new(SoftNetConfig::new(1, caps()));
-    let qp = OversizeFlood {
-        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
-        posted: VecDeque::new(),
-        polls: 0,
-        flushing: false,
-        held_sends: VecDeque::new(),
-    };
+    let qp = OversizeFlood::on(&net);
     let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
     let mut ep = Datagram::new(qp, region, cfg, coarse()).unwrap();
     let d = Deadline::after(&coarse(), Duration::from_millis(1));
@@ -152,7 +150,7 @@ macro_rules! world {
         let $net = SoftNet::new(SoftNetConfig::new(2, caps()));
         let mut $arena = vec![0u8; soft_world_bytes(2, 64)];
         let mut $mem = vec![0u8; 2 * $slots * $slot];
-        let mut $nodes = rverbs_testkit::nodes_receiving(&$net, &mut $arena, $receive, clock());
+        let mut $nodes = rverbs_testkit::nodes(&$net, &mut $arena, $receive, clock());
         for (n, m) in $nodes.iter_mut().zip($mem.chunks_mut($slots * $slot)) {
             let region = $net
                 .register(n.rank(), m, AccessFlags::LOCAL_WRITE)
@@ -406,9 +404,8 @@ fn a_channel_receive_ends_at_its_deadline_while_foreign_completions_keep_coming(
 
 #[test]
 fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_completing() {
-    let mut cfg = DatagramConfig::default();
-    (cfg.recv_slots, cfg.send_slots, cfg.signal_every) = (8, 2, 1);
-    cfg.timeout = Duration::from_millis(1);
+    let mut cfg = config((8, 2), Duration::from_millis(1));
+    cfg.signal_every = 1;
     let mut mem = vec![vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)]; 2];
     let (ma, mb) = mem.split_at_mut(1);
     let mut small = caps();
@@ -420,9 +417,8 @@ fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_com
     impl DatagramProvider for Stuck<'_> {
         type Address = NetAddress;
         rverbs_testkit::forward_datagram_identity!(0);
-        fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
-            self.0.address(to)
-        }
+        rverbs_testkit::forward_datagram!(0;
+            address, post_recv, poll_recv, set_error, join_group, leave_group);
         unsafe fn post_send(
             &mut self,
             wrs: &[DatagramRequest<'_, NetAddress>],
@@ -431,46 +427,20 @@ fn a_datagram_send_waiting_for_room_ends_at_its_deadline_while_receives_keep_com
             self.0.held_sends.extend(wrs.iter().map(|w| w.wr_id));
             Ok(())
         }
-        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-            // SAFETY: forwarded posting contract.
-            unsafe { self.0.post_recv(wrs) }
-        }
         fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
             if !self.0.flushing {
                 return Ok(0);
             }
-            let mut n = 0;
-            while n < out.len() {
-                let Some(wr_id) = self.0.held_sends.pop_front() else {
-                    break;
-                };
+            let qp_num = self.0.qp_num();
+            Ok(fill(out, || {
                 let mut c = Completion::EMPTY;
-                (c.wr_id, c.status, c.qp_num) = (wr_id, WcStatus::Flushed, self.0.qp_num());
-                out[n] = c;
-                n += 1;
-            }
-            Ok(n)
-        }
-        fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
-            self.0.poll_recv(out)
-        }
-        fn set_error(&mut self) -> Result<(), ProviderError> {
-            self.0.set_error()
-        }
-        fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-            self.0.join_group(group)
-        }
-        fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-            self.0.leave_group(group)
+                (c.wr_id, c.status, c.qp_num) =
+                    (self.0.held_sends.pop_front()?, WcStatus::Flushed, qp_num);
+                Some(c)
+            }))
         }
     }
-    let qp = Stuck(OversizeFlood {
-        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
-        posted: VecDeque::new(),
-        polls: 0,
-        flushing: false,
-        held_sends: VecDeque::new(),
-    });
+    let qp = Stuck(OversizeFlood::on(&net));
     let region = net
         .register(0, &mut ma[0], AccessFlags::LOCAL_WRITE)
         .unwrap();
@@ -549,6 +519,8 @@ struct LateLookup<'n> {
 impl DatagramProvider for LateLookup<'_> {
     type Address = std::rc::Rc<u32>;
     rverbs_testkit::forward_datagram_identity!(qp);
+    rverbs_testkit::forward_datagram!(qp;
+        post_recv, poll_recv, set_error => flushing, join_group, leave_group);
     fn address(&mut self, _to: Destination) -> Result<std::rc::Rc<u32>, ProviderError> {
         Ok(std::rc::Rc::new(7))
     }
@@ -563,16 +535,11 @@ impl DatagramProvider for LateLookup<'_> {
         }
         Ok(())
     }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.qp.post_recv(wrs) }
-    }
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        let mut n = 0;
-        while n < out.len() {
-            let Some((wr_id, signaled, dest)) = self.queued.pop_front() else {
-                break;
-            };
+        let qp_num = self.qp.qp_num();
+        // Each send in turn; an unsignaled one that ran well makes no completion.
+        Ok(fill(out, || loop {
+            let (wr_id, signaled, dest) = self.queued.pop_front()?;
             let status = if self.flushing {
                 WcStatus::Flushed
             } else if dest.upgrade().is_none() {
@@ -582,33 +549,17 @@ impl DatagramProvider for LateLookup<'_> {
             };
             if signaled || status != WcStatus::Success {
                 let mut c = Completion::EMPTY;
-                (c.wr_id, c.status, c.qp_num) = (wr_id, status, self.qp.qp_num());
-                out[n] = c;
-                n += 1;
+                (c.wr_id, c.status, c.qp_num) = (wr_id, status, qp_num);
+                return Some(c);
             }
-        }
-        Ok(n)
-    }
-    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
-        self.qp.poll_recv(out)
-    }
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.flushing = true;
-        self.qp.set_error()
-    }
-    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.join_group(group)
-    }
-    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.leave_group(group)
+        }))
     }
 }
 
 #[test]
 fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
-    let mut cfg = DatagramConfig::default();
-    (cfg.recv_slots, cfg.send_slots, cfg.signal_every) = (4, 2, 4);
-    cfg.timeout = Duration::from_millis(50);
+    let mut cfg = config((4, 2), Duration::from_millis(50));
+    cfg.signal_every = 4;
     let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
     let net = SoftNet::new(SoftNetConfig::new(2, caps()));
     let qp = LateLookup {

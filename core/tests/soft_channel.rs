@@ -12,11 +12,11 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, Done, WrFailure};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::model::{Side, SoftFabric, SoftRegion};
+use rverbs_core::model::{Side, SoftFabric};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::Spin;
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-use rverbs_testkit::clock;
+use rverbs_testkit::{bytes, clock};
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -28,12 +28,6 @@ fn caps(depth: u32) -> QpCaps {
 
 fn fabric<'m>(depth: u32) -> SoftFabric<'m> {
     SoftFabric::new(caps(depth), RnrRetry::Times(3), RetryCount::new(3).unwrap())
-}
-
-fn bytes<const N: usize>(r: &SoftRegion<'_>, offset: usize) -> [u8; N] {
-    let mut b = [0u8; N];
-    assert!(r.read_into(offset, &mut b));
-    b
 }
 
 fn pattern<const N: usize>(seed: u8) -> [u8; N] {
@@ -235,7 +229,7 @@ fn inline_sends_and_writes_carry_their_bytes() {
 }
 
 #[test]
-fn a_batch_of_32_writes_and_32_sends() {
+fn a_batch_of_32_writes_and_one_of_32_sends_each_land_in_their_place() {
     let n: usize = 32;
     let (mut sbuf, mut wbuf, mut rbuf) = ([0u8; 256], [0u8; 256], [0u8; 256]);
     let f = fabric(64);

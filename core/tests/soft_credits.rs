@@ -49,7 +49,7 @@ fn run(receive: Receive, answer: bool) -> Run {
         _ => SLOTS,
     };
     let mut mem = vec![0u8; 2 * slots * SLOT];
-    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, receive, clock());
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, receive, clock());
     for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(slots * SLOT)) {
         let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
         n.start_messaging_in(region, slots, SLOT).unwrap();

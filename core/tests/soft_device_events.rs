@@ -3,35 +3,19 @@
 //! raised on the node's alarm, either ends the node's next wait and reaches the peers.
 #![allow(clippy::std_instead_of_core)]
 
-use rverbs_core::node::Members;
 use std::time::Duration;
 
-use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
-use rverbs_core::channel::ChannelConfig;
+use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{FailureCause, QpFault};
-use rverbs_core::node::{soft_world, soft_world_bytes, NodeError};
-use rverbs_core::poll::{Spin, StaticClock, StepClock};
+use rverbs_core::poll::{StaticClock, StepClock};
 use rverbs_core::verbs::AsyncEvent;
-use rverbs_testkit::net;
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 
 #[test]
 fn a_fatal_queue_pair_names_its_peer_and_a_port_down_names_this_rank() {
-    let world = 4;
-    let net = net(world);
     let clock: StaticClock = &CLOCK;
-    let mut arena = vec![0u8; soft_world_bytes(world, 64)];
-    let mut nodes = soft_world(
-        &net,
-        &mut arena,
-        64,
-        ChannelConfig::default(),
-        BarrierAlgorithm::Dissemination,
-        Spin,
-        clock,
-    )
-    .unwrap();
+    rverbs_testkit::soft_nodes!(let net, nodes = 4, BarrierAlgorithm::Dissemination, clock);
 
     // The table a watcher thread would take: every peer once, each queue pair once.
     let table = nodes[1].qp_ranks();
@@ -55,12 +39,11 @@ fn a_fatal_queue_pair_names_its_peer_and_a_port_down_names_this_rank() {
     assert_eq!((news.rank, news.reporter), (3, 1));
     assert_eq!(news.cause, FailureCause::QueuePairFailed(QpFault::Fatal));
     assert!(nodes[1].failure_alarm().raise(news));
-    let e = nodes[1]
-        .barrier_timeout(Members::World, Duration::from_secs(3600))
-        .unwrap_err();
-    assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
-    assert!(e.to_string().contains("rank 3 failed"), "{e}");
-    assert!(e.to_string().contains("error state"), "{e}");
+    rverbs_testkit::assert_barrier_fails_with(
+        &mut nodes[1],
+        news,
+        &["rank 3 failed", "error state"],
+    );
     // Passed on through the failure notice (its cause survives the 8-byte encoding).
     assert_eq!(nodes[0].failure(), Some(news));
     assert_eq!(nodes[2].failure(), Some(news));

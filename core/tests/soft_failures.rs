@@ -9,30 +9,30 @@ use std::time::Duration;
 
 use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::model::SoftNet;
-use rverbs_core::node::{soft_world_bytes, NodeError, SoftNode};
-use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::node::{NodeError, SoftNode};
+use rverbs_core::poll::Spin;
+use rverbs_testkit::barrier_answers;
 use rverbs_testkit::clock;
-use rverbs_testkit::{barrier_answers, net, nodes};
 
 /// How far the step clocks move at each reading.
 const STEP: Duration = Duration::from_micros(1);
 
 const WORLD: u32 = if cfg!(miri) { 5 } else { 64 };
 
-fn world<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    clock: StaticClock,
-    alg: BarrierAlgorithm,
-) -> Vec<SoftNode<'n, Spin>> {
-    let mut nodes = nodes(net, arena, alg, clock);
-    for n in &mut nodes {
-        // The model's retries run out within a few hundred polls; a step clock advances 1 us
-        // per reading.
+/// Probes that give up soon: the model's retries run out within a few hundred polls, and a
+/// step clock advances 1 us per reading.
+fn quick_probes(nodes: &mut [SoftNode<'_, Spin>]) {
+    for n in nodes {
         n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
     }
-    nodes
+}
+
+/// [`rverbs_testkit::soft_nodes`] with [`quick_probes`].
+macro_rules! quick_probed_nodes {
+    (let $net:ident, $nodes:ident = $($world:tt)*) => {
+        rverbs_testkit::soft_nodes!(let $net, $nodes = $($world)*);
+        quick_probes(&mut $nodes);
+    };
 }
 
 fn assert_all_name(answers: &[(u32, Result<(), NodeError>)], dead: u32, alg: BarrierAlgorithm) {
@@ -61,10 +61,8 @@ fn a_rank_killed_mid_barrier_is_named_by_every_survivor() {
             &[0, WORLD / 2 + 1]
         };
         for &dead in victims {
-            let net = net(WORLD);
-            let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
             let clock = clock!(STEP);
-            let mut nodes = world(&net, &mut arena, clock, alg);
+            quick_probed_nodes!(let net, nodes = WORLD, alg, clock);
             // One good barrier first, so the failure lands in a world that worked.
             let all = barrier_answers(&mut nodes, Duration::from_secs(1));
             assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
@@ -87,10 +85,8 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
     // Nobody died: the stalled rank answers the probe, so the leader reports a timeout that
     // names it, and no failure is invented.
     let world_size = if cfg!(miri) { 4 } else { 16 };
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Centralized);
+    quick_probed_nodes!(let net, nodes = world_size, BarrierAlgorithm::Centralized, clock);
     let stalled = world_size - 1;
     let answers: Vec<_> = {
         let mut v = Vec::new();
@@ -125,10 +121,8 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
 #[test]
 fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     let world_size = 4;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    quick_probed_nodes!(let net, nodes = world_size, BarrierAlgorithm::Dissemination, clock);
     // A rank outside the world is not news.
     let other = nodes[3].failure_alarm();
     let news = Failure {
@@ -154,12 +148,11 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     assert!(alarm.raise(news));
     // A second raise does not replace the first.
     assert!(!alarm.raise(Failure { rank: 3, ..news }));
-    let e = nodes[1]
-        .barrier_timeout(Members::World, Duration::from_secs(3600))
-        .unwrap_err();
-    assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
-    assert!(e.to_string().contains("rank 2 failed"), "{e}");
-    assert!(e.to_string().contains("session closed"), "{e}");
+    rverbs_testkit::assert_barrier_fails_with(
+        &mut nodes[1],
+        news,
+        &["rank 2 failed", "session closed"],
+    );
     // Rank 1 passed the news on to every other rank but the failed one.
     assert_eq!(nodes[0].failure(), Some(news));
     assert_eq!(nodes[2].failure(), None);
@@ -170,10 +163,8 @@ fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
 #[test]
 fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
     let world_size = 4;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    quick_probed_nodes!(let net, nodes = world_size, BarrierAlgorithm::Dissemination, clock);
     net.kill(2);
     let news = Failure {
         rank: 2,
@@ -208,11 +199,7 @@ fn a_rank_that_left_on_error_fails_every_next_wait_naming_it() {
 
 #[test]
 fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
-    let world_size = 4;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock, BarrierAlgorithm::Dissemination);
+    quick_probed_nodes!(let net, nodes = 4, BarrierAlgorithm::Dissemination, clock!(STEP));
     net.kill(3);
     assert!(nodes[0].failure_alarm().raise(Failure {
         rank: 3,

@@ -41,6 +41,29 @@ fn fabric<'m>(rnr: RnrRetry) -> SoftFabric<'m> {
     SoftFabric::new(CAPS, rnr, RetryCount::new(3).unwrap())
 }
 
+/// Binds `$f` to a fabric whose queue pairs retry as `$rnr` says and `$m` to 16 bytes
+/// registered on end A (the region borrows a buffer the macro binds next to it); or `$f` to
+/// a fabric with three RNR retries, `$src` to `$len` bytes of ones on end A and `$dst` to
+/// `$len` zeros on end B.
+macro_rules! fabric_and_region {
+    (let $f:ident, $src:ident -> $dst:ident = $len:literal bytes) => {
+        let (mut s, mut d) = ([1u8; $len], [0u8; $len]);
+        let $f = fabric(RnrRetry::Times(3));
+        let $src = $f.register(Side::A, &mut s, RW).unwrap();
+        let $dst = $f.register(Side::B, &mut d, RW).unwrap();
+    };
+    (let $f:ident, $m:ident = $rnr:expr) => {
+        let mut buf = [0u8; 16];
+        let $f = fabric($rnr);
+        let $m = $f.register(Side::A, &mut buf, RW).unwrap();
+    };
+    (let $f:ident, mut $m:ident = $rnr:expr) => {
+        let mut buf = [0u8; 16];
+        let $f = fabric($rnr);
+        let mut $m = $f.register(Side::A, &mut buf, RW).unwrap();
+    };
+}
+
 /// Asserts the channel has nothing in flight: every buffer it was handed is free.
 fn settled<P: Provider, const R: usize>(c: &Channel<P, Spin, R>) {
     assert_eq!(
@@ -68,9 +91,7 @@ fn timed_out(peer: u32) -> ChannelError {
 
 #[test]
 fn recv_from_a_dead_peer_times_out_naming_it() {
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Times(3));
-    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, mut m = RnrRetry::Times(3));
     f.kill(Side::B);
     let mut a = Channel::new(f.ends().unwrap().0, cfg(7), clock!());
     let t0 = a.clock().now();
@@ -88,9 +109,7 @@ fn recv_from_a_dead_peer_times_out_naming_it() {
 fn send_that_retries_forever_is_bounded() {
     // The peer lives but never posts a receive, and the sender retries RNR forever: before
     // every wait was bounded, this spun for ever.
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Infinite);
-    let m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, m = RnrRetry::Infinite);
     let mut a = Channel::new(f.ends().unwrap().0, cfg(3), clock!());
     let r = a.send(&[m.sge(0..8).unwrap()]);
     assert_eq!(r, Err(timed_out(3)));
@@ -100,9 +119,7 @@ fn send_that_retries_forever_is_bounded() {
 
 #[test]
 fn scope_exit_is_bounded_and_drains() {
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Times(3));
-    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, mut m = RnrRetry::Times(3));
     f.kill(Side::B);
     let mut a = Channel::new(f.ends().unwrap().0, cfg(2), clock!());
     {
@@ -118,9 +135,7 @@ fn scope_exit_is_bounded_and_drains() {
 fn panic_inside_a_scope_flushes_at_once() {
     // The closure panics with a receive posted that no peer will ever complete: the scope
     // must not hand the buffer back (the unwind frees it) while the device owns it.
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Times(3));
-    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, mut m = RnrRetry::Times(3));
     let (ea, _eb) = f.ends().unwrap();
     let mut a = Channel::new(ea, cfg(1), clock!());
     let t0 = a.clock().now();
@@ -312,10 +327,7 @@ impl<P: Provider> Provider for Faulty<P> {
 
 #[test]
 fn failed_poll_drains_before_returning() {
-    let (mut s, mut d) = ([1u8; 16], [0u8; 16]);
-    let f = fabric(RnrRetry::Times(3));
-    let src = f.register(Side::A, &mut s, RW).unwrap();
-    let dst = f.register(Side::B, &mut d, RW).unwrap();
+    fabric_and_region!(let f, src -> dst = 16 bytes);
     let faulty = Faulty::new(f.ends().unwrap().0);
     faulty.fail_polls.set(1);
     let mut a = Channel::new(faulty, cfg(4), clock!());
@@ -330,10 +342,7 @@ fn failed_poll_drains_before_returning() {
 
 #[test]
 fn half_posted_chain_is_drained_before_the_error() {
-    let (mut s, mut d) = ([1u8; 64], [0u8; 64]);
-    let f = fabric(RnrRetry::Times(3));
-    let src = f.register(Side::A, &mut s, RW).unwrap();
-    let dst = f.register(Side::B, &mut d, RW).unwrap();
+    fabric_and_region!(let f, src -> dst = 64 bytes);
     let mut faulty = Faulty::new(f.ends().unwrap().0);
     faulty.post_prefix = Some(2);
     let mut a = Channel::new(faulty, cfg(5), clock!());
@@ -401,9 +410,7 @@ fn unflushable_child() {
     if std::env::var("RVERBS_UNFLUSHABLE_CHILD").is_err() {
         return;
     }
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Times(3));
-    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, mut m = RnrRetry::Times(3));
     f.kill(Side::B);
     let mut faulty = Faulty::new(f.ends().unwrap().0);
     faulty.fail_set_error = true;
@@ -414,9 +421,7 @@ fn unflushable_child() {
 
 #[test]
 fn panic_in_the_backoff_of_a_blocking_call_settles_the_channel() {
-    let mut buf = [0u8; 16];
-    let f = fabric(RnrRetry::Times(3));
-    let mut m = f.register(Side::A, &mut buf, RW).unwrap();
+    fabric_and_region!(let f, mut m = RnrRetry::Times(3));
     let (ea, eb) = f.ends().unwrap();
     let mut a: Channel<_, PanicAfter> = Channel::with_backoff(ea, cfg(1), PanicAfter(5), clock!());
     let r = catch_unwind(AssertUnwindSafe(|| {
@@ -430,9 +435,7 @@ fn panic_in_the_backoff_of_a_blocking_call_settles_the_channel() {
     let mut b = Channel::new(eb, cfg(0), clock!());
     let _ = b.post_send_inline(b"late");
     assert!(m.write_from(0, b"mine"));
-    let mut got = [0u8; 4];
-    assert!(m.read_into(0, &mut got));
-    assert_eq!(&got, b"mine");
+    assert_eq!(&rverbs_testkit::bytes::<4>(&m, 0), b"mine");
 }
 
 #[test]

@@ -229,69 +229,72 @@ fn send_until_blocked(n0: &mut SoftNode<'_, Spin>) -> usize {
     sent
 }
 
+/// Two ranks whose channel carried `BEFORE` requests before messaging started, then rank 0
+/// sent until its `SLOTS` credits ran out; `then` plays what follows on them.
+fn with_credit_spent_after_earlier_requests(then: impl FnOnce(&mut [SoftNode<'_, Spin>])) {
+    let net = net(2);
+    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
+    let mut mem = vec![0u8; 2 * SLOTS * 16];
+    let mut nodes = world(&net, &mut arena, BarrierAlgorithm::Dissemination);
+    consume_before_messaging(&mut nodes, BEFORE);
+    start_messaging(&net, &mut nodes, &mut mem);
+    assert_eq!(send_until_blocked(&mut nodes[0]), SLOTS);
+    then(&mut nodes);
+}
+
 /// Fix: a credit word counts from messaging start, as the peer's consumed count does, so it
 /// can be at most what we sent since then. Before, it was checked against everything the
 /// channel ever sent: a word counting the requests from before messaging as consumed passed,
 /// and bought them as extra credit.
 #[test]
 fn a_credit_word_counts_from_messaging_start() {
-    let net = net(2);
-    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
-    let mut mem = vec![0u8; 2 * SLOTS * 16];
-    let mut nodes = world(&net, &mut arena, BarrierAlgorithm::Dissemination);
-    consume_before_messaging(&mut nodes, BEFORE);
-    start_messaging(&net, &mut nodes, &mut mem);
-    assert_eq!(send_until_blocked(&mut nodes[0]), SLOTS);
-    // Rank 1 has consumed none of them; its word says all the channel ever sent: 5, of
-    // which only 2 were sent since messaging started.
-    let all = BEFORE + SLOTS as u64;
-    forge(
-        &mut nodes,
-        1,
-        0,
-        FlagLayout::new(2).credits(1).unwrap() as u64,
-        all,
-    );
-    assert_eq!(
-        send_until_blocked(&mut nodes[0]),
-        0,
-        "the word bought credit"
-    );
-    assert!(matches!(
-        nodes[0].post_send_inline(1, b"m"),
-        Err(NodeError::WouldBlock { rank: 1 })
-    ));
+    with_credit_spent_after_earlier_requests(|nodes| {
+        // Rank 1 has consumed none of them; its word says all the channel ever sent: 5, of
+        // which only 2 were sent since messaging started.
+        let all = BEFORE + SLOTS as u64;
+        forge(
+            nodes,
+            1,
+            0,
+            FlagLayout::new(2).credits(1).unwrap() as u64,
+            all,
+        );
+        assert_eq!(
+            send_until_blocked(&mut nodes[0]),
+            0,
+            "the word bought credit"
+        );
+        assert!(matches!(
+            nodes[0].post_send_inline(1, b"m"),
+            Err(NodeError::WouldBlock { rank: 1 })
+        ));
+    });
 }
 
 /// The same fix for the credit return a message's immediate carries.
 #[test]
 fn a_piggybacked_credit_return_counts_from_messaging_start() {
-    let net = net(2);
-    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
-    let mut mem = vec![0u8; 2 * SLOTS * 16];
-    let mut nodes = world(&net, &mut arena, BarrierAlgorithm::Dissemination);
-    consume_before_messaging(&mut nodes, BEFORE);
-    start_messaging(&net, &mut nodes, &mut mem);
-    assert_eq!(send_until_blocked(&mut nodes[0]), SLOTS);
-    // Rank 1 sends on its channel directly: its immediate says 5 consumed.
-    let all = (BEFORE + SLOTS as u64) as u32;
-    let c = nodes[1].channel(0).unwrap();
-    let t = c.post_send_imm_inline(b"r", all).unwrap();
-    c.wait(t).unwrap();
-    let mut got = 0;
-    for _ in 0..64 {
-        nodes[0]
-            .progress(8, |e| {
-                if matches!(e, rverbs_core::node::Event::Message { .. }) {
-                    got += 1;
-                }
-            })
-            .unwrap();
-    }
-    assert_eq!(got, 1, "the message itself is delivered");
-    assert_eq!(
-        send_until_blocked(&mut nodes[0]),
-        0,
-        "the immediate bought credit"
-    );
+    with_credit_spent_after_earlier_requests(|nodes| {
+        // Rank 1 sends on its channel directly: its immediate says 5 consumed.
+        let all = (BEFORE + SLOTS as u64) as u32;
+        let c = nodes[1].channel(0).unwrap();
+        let t = c.post_send_imm_inline(b"r", all).unwrap();
+        c.wait(t).unwrap();
+        let mut got = 0;
+        for _ in 0..64 {
+            nodes[0]
+                .progress(8, |e| {
+                    if matches!(e, rverbs_core::node::Event::Message { .. }) {
+                        got += 1;
+                    }
+                })
+                .unwrap();
+        }
+        assert_eq!(got, 1, "the message itself is delivered");
+        assert_eq!(
+            send_until_blocked(&mut nodes[0]),
+            0,
+            "the immediate bought credit"
+        );
+    });
 }

@@ -17,7 +17,7 @@ use rverbs_core::node::{
     soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
 };
 use rverbs_core::params::QpCaps;
-use rverbs_core::poll::{Spin, StaticClock};
+use rverbs_core::poll::Spin;
 use rverbs_testkit::clock;
 use rverbs_testkit::{net, nodes};
 
@@ -41,32 +41,6 @@ impl Rng {
 
 fn caps() -> QpCaps {
     QpCaps::queues(16, 16)
-}
-
-fn world<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
-    nodes(net, arena, BarrierAlgorithm::default(), clock)
-}
-
-/// [`world`] with barrier wake-ups chosen at build (one-sided traffic only).
-fn wakeup_world<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
-    let alg = BarrierAlgorithm::default();
-    soft_world_with(
-        net,
-        arena,
-        64,
-        ChannelConfig::default(),
-        (alg, Spin, clock),
-        Components::barrier_wakeups(),
-    )
-    .unwrap()
 }
 
 /// Runs one barrier over `members` with ranks starting in random order and polled in random
@@ -114,10 +88,8 @@ fn barrier_in_random_order(
 
 #[test]
 fn every_algorithm_at_256_ranks_with_random_arrivals() {
-    let net = net(WORLD);
-    let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = WORLD, BarrierAlgorithm::default(), clock);
     let all: Vec<u32> = (0..WORLD).collect();
     let mut rng = Rng(0x5eed_1234);
     for alg in BarrierAlgorithm::ALL {
@@ -138,10 +110,8 @@ fn every_algorithm_at_256_ranks_with_random_arrivals() {
 
 #[test]
 fn sub_groups_run_side_by_side() {
-    let net = net(WORLD);
-    let mut arena = vec![0u8; soft_world_bytes(WORLD, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = WORLD, BarrierAlgorithm::default(), clock);
     let evens: Vec<u32> = (0..WORLD).step_by(2).collect();
     let odds: Vec<u32> = (1..WORLD).step_by(2).collect();
     let mut rng = Rng(77);
@@ -157,10 +127,8 @@ fn sub_groups_run_side_by_side() {
 #[test]
 fn a_rank_that_stops_is_named_by_the_timeout() {
     let world_size = if cfg!(miri) { 4 } else { 32 };
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = world_size, BarrierAlgorithm::default(), clock);
     let stopped = world_size - 1;
     let timeout = Duration::from_millis(5);
     for n in nodes.iter_mut().filter(|n| n.rank() != stopped) {
@@ -231,7 +199,7 @@ fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiv
     };
     let mut rings = vec![0u8; world_size as usize * mem_len];
     let clock = clock!(STEP);
-    let mut nodes = rverbs_testkit::nodes_receiving(&net, &mut arena, receive, clock);
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, receive, clock);
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
@@ -383,10 +351,8 @@ fn messages_per_barrier_per_algorithm() {
         "ranks | centralized | dissemination | binary-tree   (notification writes per barrier)"
     );
     for &n in sizes {
-        let net = net(n);
-        let mut arena = vec![0u8; soft_world_bytes(n, 64)];
         let clock = clock!(STEP);
-        let mut nodes = world(&net, &mut arena, clock);
+        rverbs_testkit::soft_nodes!(let net, nodes = n, BarrierAlgorithm::default(), clock);
         let all: Vec<u32> = (0..n).collect();
         let mut rng = Rng(3);
         let mut counts = Vec::new();
@@ -425,10 +391,8 @@ fn a_barrier_is_polled_with_the_members_it_started_with_whatever_later_starts_na
     // The poll takes no members (the node keeps the ones the start named), so a poll with
     // other members cannot be written; a second start naming others is refused and changes
     // nothing.
-    let net = net(4);
-    let mut arena = vec![0u8; soft_world_bytes(4, 64)];
     let clock = clock!(STEP);
-    let mut nodes = world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = 4, BarrierAlgorithm::default(), clock);
     for n in nodes.iter_mut() {
         n.set_algorithm(BarrierAlgorithm::BinaryTree);
     }
@@ -456,7 +420,7 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mut ring = vec![0u8; 4096];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    let mut nodes = nodes(&net, &mut arena, Components::barrier_wakeups(), clock);
     for n in nodes.iter_mut() {
         assert!(n.barrier_wakeups());
         assert!(!n.barrier_wakeups_live());
@@ -494,13 +458,7 @@ fn barrier_wakeups_consume_and_repost_receives_across_many_barriers() {
     );
     // Messages would land on receives without buffers: the node was built without
     // messaging, and says so.
-    let region = net
-        .register(0, &mut ring, AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    assert_eq!(
-        nodes[0].start_messaging_in(region, 2, 64),
-        Err(NodeError::NotBuiltWith(Component::Messaging))
-    );
+    rverbs_testkit::assert_built_without_messaging(&net, &mut nodes[0], &mut ring, 2);
     for n in &nodes {
         assert!(!n.is_poisoned());
     }
@@ -534,10 +492,8 @@ fn barrier_rank_1_last(nodes: &mut [SoftNode<'_, Spin>]) {
 fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
     // The last rank finishes inside `barrier_start`; its wake-up receives must still be
     // re-posted, or the sixteenth barrier's notification finds none.
-    let net = net(2);
-    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = 2, Components::barrier_wakeups(), clock);
     for _ in 0..(if cfg!(miri) { 20 } else { 60 }) {
         barrier_rank_1_last(&mut nodes);
     }
@@ -547,10 +503,8 @@ fn a_rank_that_always_arrives_last_keeps_its_wakeup_receives_posted() {
 
 #[test]
 fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
-    let net = net(3);
-    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
     let clock = clock!(STEP);
-    let mut nodes = wakeup_world(&net, &mut arena, clock);
+    rverbs_testkit::soft_nodes!(let net, nodes = 3, Components::barrier_wakeups(), clock);
     let all = [0u32, 1, 2];
     let mut rng = Rng(9);
     barrier_in_random_order(&mut nodes, &all, BarrierAlgorithm::Dissemination, &mut rng);
@@ -585,7 +539,7 @@ fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
     let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
     let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
     let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = world(&net, &mut arena, clock!(STEP));
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
     for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
         let region = net
             .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)

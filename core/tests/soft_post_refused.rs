@@ -9,18 +9,17 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
-use rverbs_core::completion::{Completion, DatagramCompletion};
-use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
-use rverbs_core::gid::Gid;
+use rverbs_core::completion::Completion;
+use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError, Peer};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{
     NetAddress, NetDatagram, NetRegion, Side, SoftEnd, SoftFabric, SoftNet, SoftNetConfig,
 };
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::StaticClock;
-use rverbs_core::provider::datagram::{DatagramProvider, Destination};
+use rverbs_core::provider::datagram::DatagramProvider;
 use rverbs_core::provider::{Provider, ProviderError, QueuePair};
-use rverbs_core::wr::{DatagramRequest, PostFailure, RecvRequest, WorkRequest};
+use rverbs_core::wr::{DatagramRequest, PostFailure, WorkRequest};
 use rverbs_testkit::clock;
 
 /// The model's end, refusing the next send post (taking nothing, `ENOMEM`) when told to:
@@ -110,9 +109,7 @@ fn a_refused_post_does_not_count_toward_the_signaling_interval() {
     batch.run().unwrap();
     a.wait_all().unwrap();
     assert_eq!(a.outstanding_sends(), 0);
-    let mut got = [0u8; 8];
-    assert!(dst.read_into(0, &mut got));
-    assert_eq!(got, data);
+    assert_eq!(rverbs_testkit::bytes::<8>(&dst, 0), data);
 }
 
 /// A datagram queue pair whose posts, when told, take the request and still fail without
@@ -126,9 +123,8 @@ struct TakesButFails<'n> {
 impl DatagramProvider for TakesButFails<'_> {
     type Address = NetAddress;
     rverbs_testkit::forward_datagram_identity!(qp);
-    fn address(&mut self, to: Destination) -> Result<NetAddress, ProviderError> {
-        self.qp.address(to)
-    }
+    rverbs_testkit::forward_datagram!(qp;
+        address, post_recv, poll_send, poll_recv, set_error, join_group, leave_group);
     unsafe fn post_send(
         &mut self,
         wrs: &[DatagramRequest<'_, NetAddress>],
@@ -142,25 +138,6 @@ impl DatagramProvider for TakesButFails<'_> {
             });
         }
         Ok(())
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-        // SAFETY: forwarded posting contract.
-        unsafe { self.qp.post_recv(wrs) }
-    }
-    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.qp.poll_send(out)
-    }
-    fn poll_recv(&mut self, out: &mut [DatagramCompletion]) -> Result<usize, ProviderError> {
-        self.qp.poll_recv(out)
-    }
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.qp.set_error()
-    }
-    fn join_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.join_group(group)
-    }
-    fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError> {
-        self.qp.leave_group(group)
     }
 }
 
@@ -212,39 +189,46 @@ fn failing_pair<'n, 'm>(
     (a, b, fail)
 }
 
-#[test]
-fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+/// [`failing_pair`] on a fresh network (its switch starting as `failing`), handed to `test`
+/// as node 0's channel, its address of node 1, and the switch.
+fn with_failing_pair(
+    failing: bool,
+    clocks: [StaticClock; 2],
+    test: impl FnOnce(&mut Failing<'_>, &Peer<NetAddress>, &Cell<bool>),
+) {
     let mut mem = pair_memory();
     let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
-    let (mut a, b, fail) = failing_pair(&net, &mut mem, true, [clock!(), clock!()]);
+    let (mut a, b, fail) = failing_pair(&net, &mut mem, failing, clocks);
     let to_b = a.peer(&b.endpoint()).unwrap();
-    // Twice the send queue, each one in the queue although its post failed.
-    for i in 0..2 * CAPS.max_send_wr as u8 {
-        assert_eq!(
-            a.send(&to_b, &[i; 8]),
-            Err(DatagramError::Post { errno: 5 })
-        );
-    }
-    // Counted as posted, they left room for the next only as they completed.
-    fail.set(false);
-    a.send(&to_b, &[7; 8]).unwrap();
+    test(&mut a, &to_b, &fail);
+}
+
+#[test]
+fn a_datagram_the_driver_took_while_failing_the_post_stays_counted() {
+    with_failing_pair(true, [clock!(), clock!()], |a, to_b, fail| {
+        // Twice the send queue, each one in the queue although its post failed.
+        for i in 0..2 * CAPS.max_send_wr as u8 {
+            assert_eq!(a.send(to_b, &[i; 8]), Err(DatagramError::Post { errno: 5 }));
+        }
+        // Counted as posted, they left room for the next only as they completed.
+        fail.set(false);
+        a.send(to_b, &[7; 8]).unwrap();
+    });
 }
 
 #[test]
 fn the_drain_datagram_of_wait_sent_stays_counted_when_its_post_fails_after_taking_it() {
-    let mut mem = pair_memory();
-    let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
-    let (mut a, b, fail) = failing_pair(&net, &mut mem, false, [clock!(), clock!()]);
-    let to_b = a.peer(&b.endpoint()).unwrap();
-    // One unsignaled datagram: wait_sent must post a signaled one behind it.
-    a.send(&to_b, &[1; 8]).unwrap();
-    assert_eq!(a.outstanding_sends(), 1);
-    // That post is taken and still fails: the request is in the queue, so it counts.
-    fail.set(true);
-    assert_eq!(a.wait_sent(), Err(DatagramError::Post { errno: 5 }));
-    assert_eq!(a.outstanding_sends(), 2);
-    // Its completion retires both; nothing is left for another drain request.
-    fail.set(false);
-    a.wait_sent().unwrap();
-    assert_eq!(a.outstanding_sends(), 0);
+    with_failing_pair(false, [clock!(), clock!()], |a, to_b, fail| {
+        // One unsignaled datagram: wait_sent must post a signaled one behind it.
+        a.send(to_b, &[1; 8]).unwrap();
+        assert_eq!(a.outstanding_sends(), 1);
+        // That post is taken and still fails: the request is in the queue, so it counts.
+        fail.set(true);
+        assert_eq!(a.wait_sent(), Err(DatagramError::Post { errno: 5 }));
+        assert_eq!(a.outstanding_sends(), 2);
+        // Its completion retires both; nothing is left for another drain request.
+        fail.set(false);
+        a.wait_sent().unwrap();
+        assert_eq!(a.outstanding_sends(), 0);
+    });
 }

@@ -12,21 +12,49 @@ use rverbs_core::channel::ChannelConfig;
 use rverbs_core::completion::{Completion, WcStatus};
 use rverbs_core::failure::{Failure, FailureCause};
 use rverbs_core::memory::AccessFlags;
+use rverbs_core::multi::MultiError;
 use rverbs_core::node::{
-    soft_rejoin, soft_rejoin_bytes, soft_world, soft_world_bytes, soft_world_with, Component,
-    Components, NodeError, ReadmitError, SoftNode,
+    soft_rejoin, soft_rejoin_bytes, soft_world_bytes, Component, Components, NodeError,
+    ReadmitError, SoftNode,
 };
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::{CompletionQueue, QueuePair};
 use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 use rverbs_testkit::clock;
-use rverbs_testkit::{barrier_answers, net};
+use rverbs_testkit::{barrier_answers, net, Build, WINDOW};
+
+/// Nodes able to readmit, with channels of `channel` and dissemination barriers.
+fn readmitting(channel: ChannelConfig) -> Build {
+    Build {
+        channel,
+        barrier: BarrierAlgorithm::Dissemination,
+        components: Components::readmission(),
+    }
+}
+
+/// Writes `data` from rank `from`, one-sided, into the first 8 bytes of rank `to`'s window.
+fn write_first_word(
+    nodes: &mut [SoftNode<'_, Spin>],
+    from: u32,
+    to: u32,
+    data: &[u8; 8],
+) -> Result<(), MultiError> {
+    let at = nodes[from as usize]
+        .peer_window(to)
+        .and_then(|w| w.slice(0, 8))
+        .expect("every rank's window has 8 bytes");
+    nodes[from as usize].multi().write_inline(to, data, at)
+}
+
+/// The first 8 bytes of `node`'s own window.
+fn first_word(node: &SoftNode<'_, Spin>) -> [u8; 8] {
+    rverbs_testkit::bytes(node.window(), 0)
+}
 
 /// How far the step clocks move at each reading.
 const STEP: Duration = Duration::from_micros(1);
 
 const WORLD: u32 = 4;
-const WINDOW: usize = 64;
 /// Barriers of each algorithm between two failures.
 const ROUNDS: usize = if cfg!(miri) { 2 } else { 20 };
 const TIMEOUT_OK: Duration = Duration::from_secs(3600);
@@ -73,15 +101,7 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
     let net = net(WORLD);
     let clock = clock!(STEP);
     let cfg = ChannelConfig::default();
-    let mut nodes = soft_world_with(
-        &net,
-        &mut arena,
-        WINDOW,
-        cfg,
-        (BarrierAlgorithm::Dissemination, Spin, clock),
-        Components::readmission(),
-    )
-    .unwrap();
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, readmitting(cfg), clock);
     for n in &mut nodes {
         n.set_probe_grace(Duration::from_millis(if cfg!(miri) { 1 } else { 20 }));
     }
@@ -137,18 +157,10 @@ fn a_killed_rank_rejoins_and_every_rank_runs_barriers_again() {
         // The new process's window is the one its peers write.
         let from = (dead + 1) % WORLD;
         let data = [life as u8 + 1; 8];
-        let at = nodes[from as usize]
-            .peer_window(dead)
-            .and_then(|w| w.slice(0, 8))
-            .unwrap();
-        nodes[from as usize]
-            .multi()
-            .write_inline(dead, &data, at)
-            .unwrap();
-        let mut got = [0u8; 8];
-        assert!(nodes[dead as usize].window().read_into(0, &mut got));
+        write_first_word(&mut nodes, from, dead, &data).unwrap();
         assert_eq!(
-            got, data,
+            first_word(&nodes[dead as usize]),
+            data,
             "life {life}: rank {from}'s write to rank {dead}'s new window"
         );
     }
@@ -160,15 +172,12 @@ fn what_cannot_be_readmitted_says_why() {
     let mut arena = vec![0u8; soft_world_bytes(WORLD, WINDOW)];
     let net = net(WORLD);
     let clock = clock!(STEP);
-    let mut nodes = soft_world_with(
+    let mut nodes = rverbs_testkit::nodes(
         &net,
         &mut arena,
-        WINDOW,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::Dissemination, Spin, clock),
-        Components::readmission(),
-    )
-    .unwrap();
+        readmitting(ChannelConfig::default()),
+        clock,
+    );
     let unknown = |e: NodeError, r| assert_eq!(e, NodeError::UnknownRank(r));
     unknown(nodes[1].readmit_begin(1).unwrap_err(), 1);
     unknown(nodes[1].readmit_begin(WORLD).unwrap_err(), WORLD);
@@ -176,26 +185,16 @@ fn what_cannot_be_readmitted_says_why() {
     // Messaging and barrier wake-ups exclude readmission when a node is built (they are
     // refused together there: soft_node's components test); a node built for readmission
     // has no messaging to start.
-    let region = net
-        .register(1, &mut ring, AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    assert_eq!(
-        nodes[1].start_messaging_in(region, 4, 64),
-        Err(NodeError::NotBuiltWith(Component::Messaging))
-    );
+    rverbs_testkit::assert_built_without_messaging(&net, &mut nodes[1], &mut ring, 4);
     // A node built without readmission (the default: messaging) says so.
     let mut plain_arena = vec![0u8; soft_world_bytes(2, WINDOW)];
     let plain_net = rverbs_testkit::net(2);
-    let mut plain = soft_world(
+    let mut plain = rverbs_testkit::nodes(
         &plain_net,
         &mut plain_arena,
-        WINDOW,
-        ChannelConfig::default(),
         BarrierAlgorithm::Dissemination,
-        Spin,
         clock,
-    )
-    .unwrap();
+    );
     let e = plain[0].readmit_begin(1).unwrap_err();
     assert_eq!(e, NodeError::NotBuiltWith(Component::Readmission));
     let text = e.to_string();
@@ -304,40 +303,21 @@ fn readmission_shuts_the_queue_pair_to_the_failed_rank_at_once() {
     let clock = clock!(STEP);
     let mut cfg = ChannelConfig::default();
     cfg.timeout = Duration::from_millis(50);
-    let mut nodes = soft_world_with(
-        &net,
-        &mut arena,
-        WINDOW,
-        cfg,
-        (BarrierAlgorithm::Dissemination, Spin, clock),
-        Components::readmission(),
-    )
-    .unwrap();
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, readmitting(cfg), clock);
     let (survivor, failed) = (1u32, 2u32);
-    let at = nodes[failed as usize]
-        .peer_window(survivor)
-        .and_then(|w| w.slice(0, 8))
-        .unwrap();
     // Before: the failed rank's queue pair reaches the survivor's window.
-    nodes[failed as usize]
-        .multi()
-        .write_inline(survivor, &[7; 8], at)
-        .unwrap();
-    let mut got = [0u8; 8];
-    assert!(nodes[survivor as usize].window().read_into(0, &mut got));
-    assert_eq!(got, [7; 8]);
+    write_first_word(&mut nodes, failed, survivor, &[7; 8]).unwrap();
+    assert_eq!(first_word(&nodes[survivor as usize]), [7; 8]);
     // Nothing is posted on the survivor's channel to the failed rank.
     nodes[survivor as usize].readmit_begin(failed).unwrap();
-    let late = nodes[failed as usize]
-        .multi()
-        .write_inline(survivor, &[9; 8], at);
+    let late = write_first_word(&mut nodes, failed, survivor, &[9; 8]);
     assert!(
         late.is_err(),
         "the write through the shut queue pair completed"
     );
-    assert!(nodes[survivor as usize].window().read_into(0, &mut got));
     assert_eq!(
-        got, [7; 8],
+        first_word(&nodes[survivor as usize]),
+        [7; 8],
         "the write reached the window after readmit_begin"
     );
 }

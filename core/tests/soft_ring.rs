@@ -7,8 +7,9 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
 use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::model::{Side, SoftFabric};
+use rverbs_core::model::{Side, SoftEnd, SoftFabric, SoftRegion};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+use rverbs_core::poll::StaticClock;
 use rverbs_testkit::clock;
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
@@ -21,6 +22,26 @@ fn fabric<'m>() -> SoftFabric<'m> {
 
 fn cfg() -> ChannelConfig {
     ChannelConfig::with_timeout(Duration::from_millis(50))
+}
+
+/// On `f`: a ring of 16-byte slots over `ring_mem` on end A, and on end B `peer_mem`
+/// registered with `access` and the end itself; the ring's channel reads `clock`.
+fn ring_and_peer<'f, 'm>(
+    f: &'f SoftFabric<'m>,
+    ring_mem: &'m mut [u8],
+    peer_mem: &'m mut [u8],
+    access: AccessFlags,
+    clock: StaticClock,
+) -> (
+    RecvRing<SoftEnd<'f>, SoftRegion<'f>>,
+    SoftRegion<'f>,
+    SoftEnd<'f>,
+) {
+    let ring_mem = f.register(Side::A, ring_mem, LW).unwrap();
+    let peer_mem = f.register(Side::B, peer_mem, access).unwrap();
+    let (a, b) = f.ends().unwrap();
+    let ring = RecvRing::new(Channel::new(a, cfg(), clock), ring_mem, 16).unwrap();
+    (ring, peer_mem, b)
 }
 
 #[test]
@@ -108,10 +129,7 @@ fn the_ring_is_capped_by_the_receive_queue() {
 fn a_message_longer_than_a_slot_breaks_the_channel_with_a_length_error() {
     let (mut ma, mut mb) = ([0u8; 32], [0u8; 64]);
     let f = fabric();
-    let ra = f.register(Side::A, &mut ma, LW).unwrap();
-    let big = f.register(Side::B, &mut mb, LW).unwrap();
-    let (a, b) = f.ends().unwrap();
-    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 16).unwrap();
+    let (mut ring, big, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, clock!());
     let mut sender = Channel::new(b, cfg(), clock!());
     let _ = sender.send(&[big.sge(0..40).unwrap()]);
     match ring.recv() {
@@ -122,13 +140,9 @@ fn a_message_longer_than_a_slot_breaks_the_channel_with_a_length_error() {
 
 #[test]
 fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
-    let mut ma = [0u8; 64];
-    let mut mt = [0u8; 16];
+    let (mut ma, mut mt) = ([0u8; 64], [0u8; 16]);
     let f = fabric();
-    let ra = f.register(Side::A, &mut ma, LW).unwrap();
-    let target = f.register(Side::B, &mut mt, RW).unwrap();
-    let (a, _b) = f.ends().unwrap();
-    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 16).unwrap();
+    let (mut ring, target, _b) = ring_and_peer(&f, &mut ma, &mut mt, RW, clock!());
     let remote = target.remote();
     // The ring's four receives stay outstanding; the scope waits only for its own write.
     ring.channel()
@@ -136,19 +150,14 @@ fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
         .unwrap()
         .unwrap();
     assert!(ring.channel().fault().is_none());
-    let mut got = [0u8; 6];
-    assert!(target.read_into(0, &mut got));
-    assert_eq!(&got, b"scoped");
+    assert_eq!(&rverbs_testkit::bytes::<6>(&target, 0), b"scoped");
 }
 
 #[test]
 fn a_swapped_channel_is_noticed_and_its_ring_memory_never_freed_under_it() {
     let (mut ma, mut mb) = ([0u8; 64], [0u8; 8]);
     let f = fabric();
-    let ra = f.register(Side::A, &mut ma, LW).unwrap();
-    let src = f.register(Side::B, &mut mb, LW).unwrap();
-    let (a, b) = f.ends().unwrap();
-    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 16).unwrap();
+    let (mut ring, src, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, clock!());
     let f2 = fabric();
     let (other, _o) = f2.ends().unwrap();
     let mut other = Channel::new(other, cfg(), clock!());

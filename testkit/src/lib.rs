@@ -35,8 +35,14 @@ pub use counting::{allocs, allocs_all, counted, Counting};
 pub use device::{device, test_device};
 pub use future::{block_on, poll_once};
 pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
-pub use region::OnDrop;
-pub use soft::{barrier_answers, caps, fabric, net, nodes, nodes_receiving, CAPS};
+pub use region::{bytes, OnDrop};
+pub use soft::{
+    assert_barrier_fails_with, assert_built_without_messaging, barrier_answers, caps, fabric, net,
+    nodes, Build, CAPS, WINDOW,
+};
+
+use rverbs_core::sge::RemoteMemory;
+use rverbs_core::wr::{Opcode, SendFlags, WorkRequest};
 
 /// The kit's own `rverbs-core`, for its macros.
 #[doc(hidden)]
@@ -47,4 +53,22 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// A signaled work request `wr_id` of `opcode` with no local entries, naming 8 bytes of a
+/// remote region (address 0x1000, rkey 7): enough for the instant device, which touches no
+/// memory.
+pub fn signaled(wr_id: u64, opcode: Opcode) -> WorkRequest<'static> {
+    let mut w = WorkRequest::new(
+        opcode,
+        SendFlags::SIGNALED,
+        &[],
+        RemoteMemory {
+            addr: 0x1000,
+            len: 8,
+            rkey: 7,
+        },
+    );
+    w.wr_id = wr_id;
+    w
 }

@@ -6,6 +6,16 @@ use core::ops::Range;
 use rverbs_core::memory::{AccessFlags, Region};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 
+/// The `N` bytes at `offset` of `region`; panics if they are out of bounds.
+pub fn bytes<const N: usize>(region: &(impl Region + ?Sized), offset: usize) -> [u8; N] {
+    let mut b = [0u8; N];
+    assert!(
+        region.read_into(offset, &mut b),
+        "{N} bytes at {offset} are out of the region's bounds"
+    );
+    b
+}
+
 /// `region`, which calls `on_drop` with itself when it is dropped; a [`Region`] like it.
 #[derive(Debug)]
 pub struct OnDrop<R: Region, F: FnMut(&R)> {

@@ -4,10 +4,12 @@
 use rverbs_core::node::Members;
 use std::time::Duration;
 
-use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
 use rverbs_core::channel::ChannelConfig;
+use rverbs_core::failure::Failure;
+use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
-use rverbs_core::node::{soft_world, soft_world_with, NodeError, Receive, SoftNode};
+use rverbs_core::node::{soft_world_with, Component, Components, NodeError, Receive, SoftNode};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 
@@ -34,36 +36,117 @@ pub fn net<'m>(world: u32) -> SoftNet<'m> {
     SoftNet::new(SoftNetConfig::new(world, CAPS))
 }
 
-/// Every rank of `net` as a node, fully connected, with windows of 64 bytes, default
-/// channels, barriers by `alg`, spinning, on `clock`; memory from `arena` (at least
-/// `soft_world_bytes(world, 64)` long).
+/// The window every node of [`nodes`] exposes to its peers, in bytes.
+pub const WINDOW: usize = 64;
+
+/// How [`nodes`] builds each node beyond its network: its channels, its barrier algorithm
+/// and its components. Each part alone converts into the rest at their defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Build {
+    /// Every channel's configuration.
+    pub channel: ChannelConfig,
+    /// The barrier algorithm.
+    pub barrier: BarrierAlgorithm,
+    /// What the node carries (messaging, barrier wake-ups, readmission).
+    pub components: Components,
+}
+
+impl From<BarrierAlgorithm> for Build {
+    fn from(barrier: BarrierAlgorithm) -> Self {
+        Self {
+            barrier,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<Components> for Build {
+    fn from(components: Components) -> Self {
+        Self {
+            components,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<Receive> for Build {
+    fn from(receive: Receive) -> Self {
+        Components::from(receive).into()
+    }
+}
+
+impl From<(BarrierAlgorithm, Components)> for Build {
+    fn from((barrier, components): (BarrierAlgorithm, Components)) -> Self {
+        Self {
+            barrier,
+            components,
+            ..Self::default()
+        }
+    }
+}
+
+/// Every rank of `net` as a node, fully connected, with windows of [`WINDOW`] bytes, built as
+/// `build` says (a barrier algorithm, components, where messages land, or all in a
+/// [`Build`]), spinning, on `clock`; memory from `arena` (at least
+/// `soft_world_bytes(world, WINDOW)` long).
 pub fn nodes<'n, 'm: 'n>(
     net: &'n SoftNet<'m>,
     arena: &'m mut [u8],
-    alg: BarrierAlgorithm,
+    build: impl Into<Build>,
     clock: StaticClock,
 ) -> Vec<SoftNode<'n, Spin>> {
-    soft_world(net, arena, 64, ChannelConfig::default(), alg, Spin, clock)
-        .expect("a world of the model's own ranks connects")
-}
-
-/// As [`nodes`], with the default barrier algorithm and messages received as `receive`
-/// says (a ring per peer, or one shared pool).
-pub fn nodes_receiving<'n, 'm: 'n>(
-    net: &'n SoftNet<'m>,
-    arena: &'m mut [u8],
-    receive: Receive,
-    clock: StaticClock,
-) -> Vec<SoftNode<'n, Spin>> {
+    let build = build.into();
     soft_world_with(
         net,
         arena,
-        64,
-        ChannelConfig::default(),
-        (BarrierAlgorithm::default(), Spin, clock),
-        receive,
+        WINDOW,
+        build.channel,
+        (build.barrier, Spin, clock),
+        build.components,
     )
     .expect("a world of the model's own ranks connects")
+}
+
+/// A barrier over the world on `node` fails at once (well before its hour-long timeout)
+/// because of `news`, and its message says each of `says`.
+pub fn assert_barrier_fails_with(node: &mut SoftNode<'_, Spin>, news: Failure, says: &[&str]) {
+    let e = node
+        .barrier_timeout(Members::World, Duration::from_secs(3600))
+        .unwrap_err();
+    assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
+    for what in says {
+        assert!(e.to_string().contains(what), "{e}: no {what:?}");
+    }
+}
+
+/// `node` (a rank of `net`) was built without messaging: starting it in `mem` with `slots`
+/// slots of 64 bytes is refused, naming the missing component.
+pub fn assert_built_without_messaging<'n, 'm: 'n>(
+    net: &'n SoftNet<'m>,
+    node: &mut SoftNode<'n, Spin>,
+    mem: &'m mut [u8],
+    slots: usize,
+) {
+    let region = net
+        .register(node.rank(), mem, AccessFlags::LOCAL_WRITE)
+        .expect("the model registers any buffer");
+    assert_eq!(
+        node.start_messaging_in(region, slots, 64),
+        Err(NodeError::NotBuiltWith(Component::Messaging))
+    );
+}
+
+/// Binds `$net` to a network of `$world` ranks ([`net`]) and `$nodes` to its nodes, built as
+/// `$build` says on `$clock` ([`nodes`]), their arena in a binding of its own: the nodes
+/// borrow the network and the arena, so one function cannot hand back all three.
+#[macro_export]
+macro_rules! soft_nodes {
+    (let $net:ident, $nodes:ident = $world:expr, $build:expr, $clock:expr) => {
+        let $net = $crate::net($world);
+        let mut arena =
+            ::std::vec![0u8; $crate::__core::node::soft_world_bytes($world, $crate::WINDOW)];
+        let mut $nodes = $crate::nodes(&$net, &mut arena, $build, $clock);
+    };
 }
 
 /// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
@@ -139,5 +222,64 @@ macro_rules! forward_datagram_identity {
                 $crate::__core::provider::datagram::DatagramProvider::$name(&self.$inner)
             }
         )*
+    };
+}
+
+/// Inside an `impl DatagramProvider for Stub`, where the field `$inner` is itself a
+/// `DatagramProvider` of the same `Address`: each method named, forwarded to it. A stub
+/// writes only the methods it changes. `set_error => flushing` forwards `set_error` after
+/// setting the stub's field `flushing` (a stub that completes what it holds as flushed from
+/// then on).
+#[macro_export]
+macro_rules! forward_datagram {
+    ($inner:tt; $($method:ident $(=> $flag:ident)?),* $(,)?) => {
+        $( $crate::forward_datagram!(@one $inner $method $(=> $flag)?); )*
+    };
+    // Each method's parameter and success type, then one arm that writes a forward.
+    (@one $inner:tt address) => {
+        $crate::forward_datagram!(@fn $inner address(
+            to: $crate::__core::provider::datagram::Destination) -> Self::Address);
+    };
+    (@one $inner:tt poll_send) => {
+        $crate::forward_datagram!(@fn $inner poll_send(
+            out: &mut [$crate::__core::completion::Completion]) -> usize);
+    };
+    (@one $inner:tt poll_recv) => {
+        $crate::forward_datagram!(@fn $inner poll_recv(
+            out: &mut [$crate::__core::completion::DatagramCompletion]) -> usize);
+    };
+    (@one $inner:tt join_group) => {
+        $crate::forward_datagram!(@fn $inner join_group(group: $crate::__core::gid::Gid) -> ());
+    };
+    (@one $inner:tt leave_group) => {
+        $crate::forward_datagram!(@fn $inner leave_group(group: $crate::__core::gid::Gid) -> ());
+    };
+    (@one $inner:tt set_error) => {
+        $crate::forward_datagram!(@fn $inner set_error() -> ());
+    };
+    (@one $inner:tt set_error => $flag:ident) => {
+        fn set_error(&mut self) -> Result<(), $crate::__core::provider::ProviderError> {
+            self.$flag = true;
+            $crate::__core::provider::datagram::DatagramProvider::set_error(&mut self.$inner)
+        }
+    };
+    (@one $inner:tt post_send) => {
+        $crate::forward_datagram!(@post $inner post_send(
+            wrs: &[$crate::__core::wr::DatagramRequest<'_, Self::Address>]));
+    };
+    (@one $inner:tt post_recv) => {
+        $crate::forward_datagram!(@post $inner post_recv(
+            wrs: &[$crate::__core::wr::RecvRequest<'_>]));
+    };
+    (@fn $inner:tt $name:ident($($arg:ident: $ty:ty)?) -> $ok:ty) => {
+        fn $name(&mut self $(, $arg: $ty)?) -> Result<$ok, $crate::__core::provider::ProviderError> {
+            $crate::__core::provider::datagram::DatagramProvider::$name(&mut self.$inner $(, $arg)?)
+        }
+    };
+    (@post $inner:tt $name:ident($arg:ident: $ty:ty)) => {
+        unsafe fn $name(&mut self, $arg: $ty) -> Result<(), $crate::__core::wr::PostFailure> {
+            // SAFETY: the caller keeps the posting contract, which we forward unchanged.
+            unsafe { $crate::__core::provider::datagram::DatagramProvider::$name(&mut self.$inner, $arg) }
+        }
     };
 }

@@ -12,6 +12,12 @@ fn timed_rank_one(port: u16, options: ExchangeOptions) -> thread::JoinHandle<(Ou
     })
 }
 
+/// Rank 1's exchange succeeded with both ranks' blobs.
+fn assert_rank_one_joined(outcome: Outcome) {
+    let (_, blobs) = outcome.unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+}
+
 #[test]
 fn a_flood_of_idle_connections_does_not_keep_a_real_rank_out() {
     raise_fd_limit();
@@ -54,8 +60,7 @@ fn a_flood_of_idle_connections_does_not_keep_a_real_rank_out() {
     }
     let (outcome, took) = timed_rank_one(port, options).join().unwrap();
     done_tx.send(()).unwrap();
-    let (_, blobs) = outcome.unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    assert_rank_one_joined(outcome);
     let flood = flood.join().unwrap();
     root.join().unwrap().0.unwrap();
     eprintln!("rank 1 joined during a flood of {flood} idle connections in {took:?}");
@@ -131,8 +136,7 @@ fn drip_feeding_clients_do_not_keep_a_real_rank_out() {
     ready_rx.recv().unwrap();
     let (outcome, took) = timed_rank_one(port, options).join().unwrap();
     stop.store(true, core::sync::atomic::Ordering::Relaxed);
-    let (_, blobs) = outcome.unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(blobs, vec![b"root".to_vec(), b"one".to_vec()]);
+    assert_rank_one_joined(outcome);
     let reconnects = drip.join().unwrap();
     root.join().unwrap().0.unwrap();
     eprintln!("rank 1 joined among 260 drip-feeding clients in {took:?} ({reconnects} reconnects)");

@@ -108,6 +108,16 @@ fn a_wrong_job_id_is_rejected_and_the_root_keeps_waiting() {
     assert!(shown.contains("job id"), "{shown}");
 }
 
+/// The exchange of the real rank `real` failed, rejected by rank 0 with a reason that names
+/// `missing`.
+fn assert_rejected_naming(real: thread::JoinHandle<Outcome>, missing: &str) {
+    let err = real.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, BootstrapError::Exchange(ExchangeError::Rejected { reason, .. }) if reason.contains(missing)),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn a_stalled_peer_times_out_naming_the_missing_ranks() {
     let (port, handle) = root(4, quick());
@@ -118,11 +128,7 @@ fn a_stalled_peer_times_out_naming_the_missing_ranks() {
     let shown = expect_root_timeout(handle, &[1, 3]);
     assert!(shown.contains("[1, 3]"), "{shown}");
     // Rank 0 tells the rank that did join why the exchange failed.
-    let err = real.join().unwrap().unwrap_err();
-    assert!(
-        matches!(&err, BootstrapError::Exchange(ExchangeError::Rejected { reason, .. }) if reason.contains("[1, 3]")),
-        "{err:?}"
-    );
+    assert_rejected_naming(real, "[1, 3]");
 }
 
 #[test]
@@ -172,11 +178,7 @@ fn a_peer_disconnecting_after_its_hello_becomes_missing_again() {
     let real = thread::spawn(move || exchange_at(at(port), 1, 3, b"one", &quick_long()));
     let shown = expect_root_timeout(handle, &[2]);
     assert!(shown.contains("lost rank 2"), "{shown}");
-    let err = real.join().unwrap().unwrap_err();
-    assert!(
-        matches!(&err, BootstrapError::Exchange(ExchangeError::Rejected { reason, .. }) if reason.contains("[2]")),
-        "{err:?}"
-    );
+    assert_rejected_naming(real, "[2]");
 }
 
 #[test]

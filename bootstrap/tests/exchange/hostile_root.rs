@@ -9,9 +9,7 @@ use rverbs_bootstrap::ExchangeError;
 fn a_root_that_closes_without_answering_is_retried_until_the_timeout() {
     // A rank 0 that closes without answering is tried again (it may have shed
     // the connection under load) until the deadline, and the error says so.
-    let (port, fake) = fake_root(|_, _| {});
-    let (err, took) = peer_error(port);
-    fake.join().unwrap();
+    let (err, took) = against_fake_root(|_, _| {}, peer_error);
     match &err {
         BootstrapError::Exchange(ExchangeError::Timeout {
             rank: 1,
@@ -32,75 +30,52 @@ fn a_root_that_closes_without_answering_is_retried_until_the_timeout() {
 }
 
 #[test]
-fn a_root_sending_garbage_is_a_protocol_error() {
-    let (port, fake) = fake_root(|stream, _| {
-        stream.write_all(&[0xab; 64]).unwrap();
-    });
-    let (err, _) = peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(wire_error(&err), Some(WireError::BadMagic { .. })),
-        "{err:?}"
-    );
-}
-
-#[test]
-fn a_root_announcing_a_huge_table_is_refused_before_reading_it() {
-    let (port, fake) = fake_root(|stream, header| {
-        let mut head = wire::Header {
-            kind: FrameKind::Table,
-            payload_len: u32::MAX,
-            sender: 0,
-            ..header
-        }
-        .encode();
-        head[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
-        stream.write_all(&head).unwrap();
-    });
-    let (err, _) = peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(wire_error(&err), Some(WireError::PayloadTooLarge { .. })),
-        "{err:?}"
-    );
-}
-
-#[test]
-fn a_root_that_does_not_echo_our_blob_is_refused() {
-    let (port, fake) = fake_root(|stream, header| {
-        send_table(stream, header.job_id, &[b"root".as_slice(), b"forged"]);
-    });
-    let (err, _) = peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("echo")),
-        "{err:?}"
-    );
-}
-
-#[test]
-fn a_table_of_the_wrong_size_or_job_is_refused() {
-    let (port, fake) = fake_root(|stream, header| {
-        send_table(stream, header.job_id, &[b"root".as_slice()]);
-    });
-    let (err, _) = peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("1 entries")),
-        "{err:?}"
-    );
-    let (port, fake) = fake_root(|stream, _| {
-        send_table(stream, 1, &[b"root".as_slice(), b"one"]);
-    });
-    let (err, _) = peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(
-            &err,
-            BootstrapError::Exchange(ExchangeError::Unexpected { .. })
-        ),
-        "{err:?}"
-    );
+fn a_root_sending_garbage_or_a_wrong_table_is_refused_with_the_cause() {
+    let cases = [
+        BadRoot {
+            case: "a root sending garbage is a protocol error",
+            act: |stream, _| stream.write_all(&[0xab; 64]).unwrap(),
+            refused: |err| matches!(wire_error(err), Some(WireError::BadMagic { .. })),
+        },
+        BadRoot {
+            case: "a root announcing a huge table is refused before reading it",
+            act: |stream, header| {
+                let mut head = wire::Header {
+                    kind: FrameKind::Table,
+                    payload_len: u32::MAX,
+                    sender: 0,
+                    ..header
+                }
+                .encode();
+                head[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+                stream.write_all(&head).unwrap();
+            },
+            refused: |err| matches!(wire_error(err), Some(WireError::PayloadTooLarge { .. })),
+        },
+        BadRoot {
+            case: "a root that does not echo our blob is refused",
+            act: |stream, header| {
+                send_table(stream, header.job_id, &[b"root".as_slice(), b"forged"]);
+            },
+            refused: |err| matches!(err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("echo")),
+        },
+        BadRoot {
+            case: "a table of the wrong size is refused",
+            act: |stream, header| send_table(stream, header.job_id, &[b"root".as_slice()]),
+            refused: |err| matches!(err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("1 entries")),
+        },
+        BadRoot {
+            case: "a table of the wrong job is refused",
+            act: |stream, _| send_table(stream, 1, &[b"root".as_slice(), b"one"]),
+            refused: |err| {
+                matches!(
+                    err,
+                    BootstrapError::Exchange(ExchangeError::Unexpected { .. })
+                )
+            },
+        },
+    ];
+    assert_each_refused(&cases, |port| peer_error(port).0);
 }
 
 #[test]

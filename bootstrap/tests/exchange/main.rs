@@ -271,6 +271,36 @@ fn peer_error(port: u16) -> (BootstrapError, Duration) {
     (err, start.elapsed())
 }
 
+/// `peer` (rank 1's side, given the port) against a rank 0 that plays `act`; what `peer`
+/// returns, once the fake rank 0 has finished.
+fn against_fake_root<T>(
+    act: impl FnOnce(&mut TcpStream, Header) + Send + 'static,
+    peer: impl FnOnce(u16) -> T,
+) -> T {
+    let (port, fake) = fake_root(act);
+    let got = peer(port);
+    fake.join().unwrap();
+    got
+}
+
+/// A rank 0 that breaks the protocol: after reading the peer's hello it plays `act`; the
+/// peer's error must be one `refused` accepts.
+struct BadRoot {
+    /// The case, as a failure names it.
+    case: &'static str,
+    act: fn(&mut TcpStream, Header),
+    refused: fn(&BootstrapError) -> bool,
+}
+
+/// Runs `peer` (rank 1's side, given the port) against each bad rank 0 in turn; each must end
+/// in the error its case expects, and a failure names the case.
+fn assert_each_refused(cases: &[BadRoot], peer: fn(u16) -> BootstrapError) {
+    for c in cases {
+        let err = against_fake_root(c.act, peer);
+        assert!((c.refused)(&err), "{}: {err:?}", c.case);
+    }
+}
+
 /// The wire error behind `err`, if it is a protocol failure.
 fn wire_error(err: &BootstrapError) -> Option<&WireError> {
     match err {

@@ -191,51 +191,50 @@ fn an_oversized_or_mislabelled_node_blob_is_refused() {
 
 #[test]
 fn a_personalized_peer_refuses_a_plain_or_oversized_table() {
-    // A personalized table leaves rank 1's own entry empty.
-    let (port, fake) = fake_root(|stream, header| {
-        send_table(stream, header.job_id, &[b"root".as_slice(), b"one"]);
-    });
-    let err = node_peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(&err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("own entry")),
-        "{err:?}"
-    );
-    // An entry longer than an addressed blob.
-    let (port, fake) = fake_root(|stream, header| {
-        send_table(stream, header.job_id, &[node_blob(0, 2), Vec::new()]);
-    });
-    let err = node_peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(
-            wire_error(&err),
-            Some(WireError::TableEntryTooLarge {
-                index: 0,
-                limit: ADDRESSED_BLOB_LEN,
-                ..
-            })
-        ),
-        "{err:?}"
-    );
-    // A table frame larger than two addressed entries can need.
-    let (port, fake) = fake_root(|stream, header| {
-        let mut head = frame(FrameKind::Table, header.job_id, 0, 2, b"");
-        head[24..28].copy_from_slice(&4000u32.to_le_bytes());
-        stream.write_all(&head).unwrap();
-    });
-    let err = node_peer_error(port);
-    fake.join().unwrap();
-    assert!(
-        matches!(
-            &err,
-            BootstrapError::Exchange(ExchangeError::Protocol {
-                rank: 1,
-                peer: Some(0),
-                source: WireError::PayloadTooLarge { len: 4000, .. },
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    let cases = [
+        BadRoot {
+            // A personalized table leaves rank 1's own entry empty.
+            case: "a plain table, rank 1's own entry not empty",
+            act: |stream, header| {
+                send_table(stream, header.job_id, &[b"root".as_slice(), b"one"]);
+            },
+            refused: |err| matches!(err, BootstrapError::Exchange(ExchangeError::Unexpected { reason, .. }) if reason.contains("own entry")),
+        },
+        BadRoot {
+            case: "an entry longer than an addressed blob",
+            act: |stream, header| {
+                send_table(stream, header.job_id, &[node_blob(0, 2), Vec::new()]);
+            },
+            refused: |err| {
+                matches!(
+                    wire_error(err),
+                    Some(WireError::TableEntryTooLarge {
+                        index: 0,
+                        limit: ADDRESSED_BLOB_LEN,
+                        ..
+                    })
+                )
+            },
+        },
+        BadRoot {
+            case: "a table frame larger than two addressed entries can need",
+            act: |stream, header| {
+                let mut head = frame(FrameKind::Table, header.job_id, 0, 2, b"");
+                head[24..28].copy_from_slice(&4000u32.to_le_bytes());
+                stream.write_all(&head).unwrap();
+            },
+            refused: |err| {
+                matches!(
+                    err,
+                    BootstrapError::Exchange(ExchangeError::Protocol {
+                        rank: 1,
+                        peer: Some(0),
+                        source: WireError::PayloadTooLarge { len: 4000, .. },
+                        ..
+                    })
+                )
+            },
+        },
+    ];
+    assert_each_refused(&cases, node_peer_error);
 }

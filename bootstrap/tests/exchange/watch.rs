@@ -50,6 +50,23 @@ fn world_with(n: u32, options: ExchangeOptions) -> Vec<Session> {
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// A [`world`] of `N` sessions, by rank.
+fn sessions<const N: usize>() -> [Session; N] {
+    let all = world(u32::try_from(N).expect("a small world"));
+    all.try_into()
+        .unwrap_or_else(|all: Vec<Session>| panic!("{} sessions, not {N}", all.len()))
+}
+
+/// A watch on `session` (it watches until dropped), and what it reports: each lost rank and
+/// how it left. (The watch's type is not exported, hence `impl Sized`.)
+fn watched(session: &Session) -> (impl Sized, mpsc::Receiver<(u32, Departure)>) {
+    let (tx, rx) = mpsc::channel();
+    let watch = session
+        .watch(move |rank, how| tx.send((rank, how)).unwrap())
+        .unwrap();
+    (watch, rx)
+}
+
 /// Drops `session` the way a crash does: during a panic, so no goodbye is sent.
 fn crash(session: Session) {
     let r = thread::spawn(move || {
@@ -65,10 +82,7 @@ fn a_crash_is_reported_and_a_goodbye_is_not() {
     let mut sessions = world(4);
     let s3 = sessions.pop().unwrap();
     let s2 = sessions.pop().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let watch0 = sessions[0]
-        .watch(move |rank, how| tx.send((rank, how)).unwrap())
-        .unwrap();
+    let (watch0, rx) = watched(&sessions[0]);
     // Rounds work while the watch runs.
     let mut rounds: Vec<_> = Vec::new();
     let mut others = vec![s2, s3];
@@ -116,10 +130,7 @@ fn closing_my_own_session_is_not_a_peer_failure() {
     let mut sessions = world(2);
     let s1 = sessions.pop().unwrap();
     let s0 = sessions.pop().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let _watch1 = s1
-        .watch(move |rank, how| tx.send((rank, how)).unwrap())
-        .unwrap();
+    let (_watch1, rx) = watched(&s1);
     s1.close().unwrap();
     let got = rx.recv_timeout(Duration::from_secs(1));
     drop(s0);
@@ -148,10 +159,7 @@ fn race_a_last_round_and_a_goodbye(options: ExchangeOptions) {
         let mut sessions = world_with(2, options.clone());
         let mut s1 = sessions.pop().unwrap();
         let mut s0 = sessions.pop().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let watch1 = s1
-            .watch(move |rank, how| tx.send((rank, how)).unwrap())
-            .unwrap();
+        let (watch1, rx) = watched(&s1);
         let h = thread::spawn(move || {
             s0.allgather(&[7u8; 4000]).unwrap();
             s0.close().unwrap();
@@ -236,10 +244,7 @@ fn departure_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> Option<Departure>
         .unwrap();
     assert_eq!(open_next(&mut stream, &mut seal), FrameKind::Table);
     let session = root.join().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let watch = session
-        .watch(move |rank, how| tx.send((rank, how)).unwrap())
-        .unwrap();
+    let (watch, rx) = watched(&session);
     stream.write_all(&last(&mut seal)).unwrap();
     drop(stream);
     let got = rx.recv_timeout(Duration::from_secs(2));
@@ -252,13 +257,8 @@ fn departure_after(last: impl FnOnce(&mut Seal) -> Vec<u8>) -> Option<Departure>
 
 #[test]
 fn a_rank_that_leaves_on_error_is_reported_with_its_reason_and_a_close_is_not() {
-    let mut sessions = world(3);
-    let s2 = sessions.pop().unwrap();
-    let s1 = sessions.pop().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let _watch = sessions[0]
-        .watch(move |rank, how| tx.send((rank, how)).unwrap())
-        .unwrap();
+    let [s0, s1, s2] = sessions::<3>();
+    let (_watch, rx) = watched(&s0);
     let why = "ping-pong with rank 0: local QP operation error";
     s1.leave_on_error(why).unwrap();
     assert_eq!(
@@ -274,12 +274,8 @@ fn a_rank_that_leaves_on_error_is_reported_with_its_reason_and_a_close_is_not() 
 
 #[test]
 fn a_session_dropped_without_close_is_reported_as_giving_up() {
-    let mut sessions = world(2);
-    let s1 = sessions.pop().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let _watch = sessions[0]
-        .watch(move |rank, how| tx.send((rank, how)).unwrap())
-        .unwrap();
+    let [s0, s1] = sessions::<2>();
+    let (_watch, rx) = watched(&s0);
     // What `?` out of `main` does: the session goes out of scope, no panic, no close.
     drop(s1);
     assert_eq!(

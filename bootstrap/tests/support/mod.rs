@@ -33,6 +33,24 @@ pub fn local_config(world: u32, port: u16, dev: &str, job: String) -> ClusterCon
     ClusterConfig::new("test", Some(job), ranks).unwrap()
 }
 
+/// [`local_config`] and connect options for it, as a child rank starts from.
+pub fn local_options(
+    world: u32,
+    port: u16,
+    dev: &str,
+    job: String,
+) -> (ClusterConfig, rverbs_bootstrap::ConnectOptions) {
+    let config = local_config(world, port, dev, job);
+    let opts = rverbs_bootstrap::ConnectOptions::for_config(&config);
+    (config, opts)
+}
+
+/// In a child started by `spawn_rank` with `prefix` and told a scenario in
+/// `{prefix}SCENARIO`: the scenario and the rest of what it was told ([`rank_env`]).
+pub fn scenario_env(prefix: &str) -> (String, RankEnv) {
+    (required_env(&format!("{prefix}SCENARIO")), rank_env(prefix))
+}
+
 /// `world` nodes on one device, connected to each other in this process (each rank's blob
 /// handed to all), on the wall clock.
 #[cfg(feature = "verbs")]

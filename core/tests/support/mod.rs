@@ -17,8 +17,9 @@ pub use rverbs_testkit::{
     allocs, hex, pattern, say, test_device, unhex, Counting, Peer, Wall, WALL,
 };
 
-/// Opens the test device (`support::open`) and a protection domain on it, as `(ctx, pd)`;
-/// returns from the calling test when it is to be skipped. Tests that use it declare
+/// Opens the test device (`support::open`) and a protection domain on it, as `(ctx, pd)`
+/// (with `default channels`, also two connected channels); returns from the calling test
+/// when it is to be skipped. Tests that use it declare
 /// `#[macro_use] mod support;`.
 #[cfg(feature = "verbs")]
 macro_rules! setup {
@@ -28,5 +29,17 @@ macro_rules! setup {
         };
         let pd = ctx.alloc_pd().unwrap();
         (ctx, pd)
+    }};
+    // And a loopback pair of channels (`support::channel_pair`) of default settings, as
+    // `(ctx, pd, a, b)`.
+    ($name:expr, default channels) => {{
+        let (ctx, pd) = setup!($name);
+        let (a, b) = support::channel_pair(
+            &ctx,
+            &pd,
+            &rverbs_core::verbs::QpConfig::default(),
+            rverbs_core::channel::ChannelConfig::default(),
+        );
+        (ctx, pd, a, b)
     }};
 }
