@@ -351,6 +351,25 @@ macro_rules! registration_accessors {
         pub fn access(&self) -> AccessFlags {
             self.reg.access
         }
+
+        /// A gather entry (the device reads) for `range`, or `None` if it is out of bounds.
+        /// Does not allocate.
+        #[inline]
+        pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+            self.reg.sge(range)
+        }
+
+        /// A scatter entry (the device writes) for `range`, or `None` if it is out of bounds
+        /// or the region lacks local write access. Does not allocate.
+        #[inline]
+        pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+            self.reg.sge_mut(range)
+        }
+
+        /// The raw `ibv_mr`.
+        pub fn as_raw(&self) -> *mut sys::ibv_mr {
+            self.reg.as_raw()
+        }
     };
 }
 
@@ -375,20 +394,6 @@ impl MemoryRegion<'_> {
         unsafe { core::slice::from_raw_parts_mut(self.reg.start.as_ptr(), self.reg.len) }
     }
 
-    /// A gather entry (the device reads) for `range`, or `None` if it is out of bounds.
-    /// Does not allocate.
-    #[inline]
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry (the device writes) for `range`, or `None` if it is out of bounds or
-    /// the region lacks local write access. Does not allocate.
-    #[inline]
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.reg.sge_mut(range)
-    }
-
     /// Splits the region into consecutive scatter entries of `chunk` bytes (the last may be
     /// shorter), for posting many receives. Does not allocate.
     pub fn chunks_mut(&mut self, chunk: usize) -> impl Iterator<Item = SgeMut<'_>> + '_ {
@@ -403,11 +408,6 @@ impl MemoryRegion<'_> {
             // borrowed for as long as any of them lives.
             unsafe { SgeMut::from_raw(base + start as u64, l as u32, lkey) }
         })
-    }
-
-    /// The raw `ibv_mr`.
-    pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.reg.as_raw()
     }
 }
 
@@ -427,7 +427,8 @@ impl fmt::Debug for MemoryRegion<'_> {
 }
 
 /// Registered memory peers may reach at any time; owns its memory unless made with the
-/// `unsafe` [`Pd::register_raw`]. See the [module docs](self).
+/// `unsafe` [`Pd::register_raw`]. See the [module docs](self). The bytes a gather entry of
+/// it names may change under the entry if peers write them.
 pub struct SharedRegion<'b> {
     // Field order is drop order: `Drop` deregisters before `owner` frees the memory.
     reg: Registration,
@@ -479,23 +480,6 @@ impl SharedRegion<'_> {
         Some(unsafe {
             core::slice::from_raw_parts(self.reg.start.as_ptr().add(range.start), len as usize)
         })
-    }
-
-    /// A gather entry for `range`. The bytes may change under it if peers write them.
-    #[inline]
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry for `range`, if the region has local write access.
-    #[inline]
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.reg.sge_mut(range)
-    }
-
-    /// The raw `ibv_mr`.
-    pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.reg.as_raw()
     }
 }
 
