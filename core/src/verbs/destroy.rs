@@ -1,7 +1,7 @@
 //! Owning ibverbs objects, and counting the destroys the device refused.
 //!
 //! Every object rverbs creates and destroys itself (context, protection domain, completion
-//! channel and queue, queue pair, address handle) is held as an [`Owned`]: the pointer the
+//! channel and queue, queue pair, address handle) is held as an `Owned`: the pointer the
 //! creating verb returned, destroyed by its one `Drop`. What each kind of object may do
 //! between threads, which verb destroys it, and whether a refusal is counted stand in one
 //! table at the end of this file.
