@@ -138,8 +138,54 @@ impl fmt::Display for CmEvent {
     }
 }
 
-/// A device's kernel name, kept in the error by value: the device layer's.
-pub use crate::verbs::DeviceName;
+/// Bytes of a device name an error keeps: real names (`rxe0`, `mlx5_0`, `irdma0`) are far
+/// shorter; a longer one is cut (and shown with `...`).
+const NAME_BYTES: usize = 24;
+
+/// A device's kernel name, kept in the error (no heap in core errors).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceName {
+    bytes: [u8; NAME_BYTES],
+    len: u8,
+    cut: bool,
+}
+
+impl DeviceName {
+    pub(crate) fn new(name: &str) -> Self {
+        let mut bytes = [0u8; NAME_BYTES];
+        let mut n = name.len().min(NAME_BYTES);
+        while !name.is_char_boundary(n) {
+            n -= 1;
+        }
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        Self {
+            bytes,
+            len: n as u8,
+            cut: n < name.len(),
+        }
+    }
+
+    /// The name (its first 24 bytes).
+    pub fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("<non-utf8>")
+    }
+}
+
+impl fmt::Debug for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())?;
+        if self.cut {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
 
 /// The IB CM reject reason "invalid service ID": no listener on that port.
 pub(crate) const REJECT_NO_LISTENER: i32 = 8;

@@ -115,41 +115,33 @@ impl fmt::Display for TimestampRefusal {
     }
 }
 
-/// Bytes of a device name an error keeps: real names (`rxe0`, `mlx5_0`, `irdma0`) are far
-/// shorter; a longer one is cut at a character boundary (and shown with `...`). Small, so
-/// that the connection manager's errors, which hold two, stay small too.
-const NAME_BYTES: usize = 24;
-
-/// A device's kernel name, held by value so that errors stay `Copy` and need no heap. The
-/// device layer's errors and the connection manager's (re-exported as `cm::DeviceName`)
-/// share it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// A device's kernel name, held by value so that errors stay `Copy` (up to 64 bytes, the
+/// kernel's limit; a longer name is cut at a character boundary).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DeviceName {
-    bytes: [u8; NAME_BYTES],
+    bytes: [u8; 64],
     len: u8,
-    cut: bool,
 }
 
 impl DeviceName {
-    /// The name `name` (its first 24 bytes).
+    /// The name `name` (cut to 64 bytes).
     pub fn new(name: &str) -> Self {
-        let mut bytes = [0u8; NAME_BYTES];
-        let mut n = name.len().min(NAME_BYTES);
-        while !name.is_char_boundary(n) {
-            n -= 1;
+        let mut len = name.len().min(64);
+        while !name.is_char_boundary(len) {
+            len -= 1;
         }
-        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let mut bytes = [0u8; 64];
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
         Self {
             bytes,
-            len: n as u8,
-            cut: n < name.len(),
+            len: len as u8,
         }
     }
 
-    /// The name (its first 24 bytes).
+    /// The name.
     pub fn as_str(&self) -> &str {
         // Made from a &str cut at a character boundary.
-        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("<non-utf8>")
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("<device>")
     }
 }
 
@@ -161,11 +153,7 @@ impl fmt::Debug for DeviceName {
 
 impl fmt::Display for DeviceName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())?;
-        if self.cut {
-            f.write_str("...")?;
-        }
-        Ok(())
+        f.write_str(self.as_str())
     }
 }
 
@@ -257,23 +245,3 @@ impl VerbsError {
 
 /// Result of the device layer.
 pub type Result<T, E = VerbsError> = core::result::Result<T, E>;
-
-#[cfg(test)]
-mod tests {
-    use super::DeviceName;
-
-    #[test]
-    fn a_device_name_is_kept_whole_or_cut_at_a_character_boundary_and_marked() {
-        extern crate std;
-        use std::string::ToString;
-        let short = DeviceName::new("mlx5_0");
-        assert_eq!(
-            (short.as_str(), short.to_string().as_str()),
-            ("mlx5_0", "mlx5_0")
-        );
-        // 23 ASCII bytes and a 2-byte character across the 24-byte limit.
-        let long = DeviceName::new("abcdefghijklmnopqrstuvwé_0");
-        assert_eq!(long.as_str(), "abcdefghijklmnopqrstuvw");
-        assert_eq!(long.to_string(), "abcdefghijklmnopqrstuvw...");
-    }
-}
