@@ -9,7 +9,7 @@ use rverbs_core::channel::{Channel, ChannelError, Done, Ticket};
 use rverbs_core::memory::Region;
 use rverbs_core::poll::{Backoff, Deadline, Spin};
 use rverbs_core::provider::Provider;
-use rverbs_core::sge::RemoteMemory;
+use rverbs_core::sge::{RemoteMemory, SgeMut};
 
 use crate::error::AsyncError;
 use crate::events::Events;
@@ -195,18 +195,48 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncChannel
         (r.map_err(AsyncError::Channel), f.buf)
     }
 
-    /// Sends `buf[range]` to the peer's next receive. Does not allocate.
-    pub async fn send(&mut self, buf: M, range: Range<usize>) -> (Result<(), AsyncError>, M) {
+    /// [`run`](Self::run) for an operation whose completion says only that it is done.
+    async fn run_unit(
+        &mut self,
+        buf: M,
+        post: impl FnOnce(&mut Channel<P, B, R>, &mut M) -> Result<Ticket, AsyncError>,
+    ) -> (Result<(), AsyncError>, M) {
+        let (r, buf) = self.run(buf, post).await;
+        (r.map(drop), buf)
+    }
+
+    /// [`run`](Self::run) for an atomic: `post` names the 8 bytes at `offset` of `buf`, into
+    /// which the device writes the remote word's previous value; that value is the result.
+    async fn run_atomic(
+        &mut self,
+        buf: M,
+        offset: usize,
+        post: impl FnOnce(&mut Channel<P, B, R>, &mut SgeMut<'_>) -> Result<Ticket, ChannelError>,
+    ) -> (Result<u64, AsyncError>, M) {
+        let range = offset..offset.saturating_add(8);
         let (r, buf) = self
             .run(buf, |chan, buf| {
-                let sge = [entry(buf, &range)?];
-                // SAFETY: the buffer lives in `self.inflight` until this ticket completed
-                // or the channel drained (see `run`, `settle_blocking`); nothing else
-                // reaches it meanwhile, and a `Region` leaked keeps its memory.
-                unsafe { chan.post_send(&sge) }.map_err(AsyncError::Channel)
+                let mut sge = entry_mut(buf, &range)?;
+                post(chan, &mut sge).map_err(AsyncError::Channel)
             })
             .await;
-        (r.map(drop), buf)
+        let r = r.and_then(|_| {
+            buf.load_u64(offset)
+                .ok_or(AsyncError::Misaligned { offset })
+        });
+        (r, buf)
+    }
+
+    /// Sends `buf[range]` to the peer's next receive. Does not allocate.
+    pub async fn send(&mut self, buf: M, range: Range<usize>) -> (Result<(), AsyncError>, M) {
+        self.run_unit(buf, |chan, buf| {
+            let sge = [entry(buf, &range)?];
+            // SAFETY: the buffer lives in `self.inflight` until this ticket completed
+            // or the channel drained (see `run`, `settle_blocking`); nothing else
+            // reaches it meanwhile, and a `Region` leaked keeps its memory.
+            unsafe { chan.post_send(&sge) }.map_err(AsyncError::Channel)
+        })
+        .await
     }
 
     /// Writes `buf[range]` to `remote`. Does not allocate.
@@ -216,14 +246,12 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncChannel
         range: Range<usize>,
         remote: RemoteMemory,
     ) -> (Result<(), AsyncError>, M) {
-        let (r, buf) = self
-            .run(buf, |chan, buf| {
-                let sge = [entry(buf, &range)?];
-                // SAFETY: as in `send`.
-                unsafe { chan.post_write(&sge, remote) }.map_err(AsyncError::Channel)
-            })
-            .await;
-        (r.map(drop), buf)
+        self.run_unit(buf, |chan, buf| {
+            let sge = [entry(buf, &range)?];
+            // SAFETY: as in `send`.
+            unsafe { chan.post_write(&sge, remote) }.map_err(AsyncError::Channel)
+        })
+        .await
     }
 
     /// Reads `remote` into `buf[range]` (the region needs local write). Does not allocate.
@@ -233,15 +261,13 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncChannel
         range: Range<usize>,
         remote: RemoteMemory,
     ) -> (Result<(), AsyncError>, M) {
-        let (r, buf) = self
-            .run(buf, |chan, buf| {
-                let mut sge = [entry_mut(buf, &range)?];
-                // SAFETY: as in `send`; the device writes the buffer, which nobody reads
-                // until the result hands it back.
-                unsafe { chan.post_read(&mut sge, remote) }.map_err(AsyncError::Channel)
-            })
-            .await;
-        (r.map(drop), buf)
+        self.run_unit(buf, |chan, buf| {
+            let mut sge = [entry_mut(buf, &range)?];
+            // SAFETY: as in `send`; the device writes the buffer, which nobody reads
+            // until the result hands it back.
+            unsafe { chan.post_read(&mut sge, remote) }.map_err(AsyncError::Channel)
+        })
+        .await
     }
 
     /// Receives the peer's next message into `buf[range]`. Does not allocate.
@@ -269,19 +295,11 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncChannel
         remote: RemoteMemory,
         add: u64,
     ) -> (Result<u64, AsyncError>, M) {
-        let range = offset..offset.saturating_add(8);
-        let (r, buf) = self
-            .run(buf, |chan, buf| {
-                let mut sge = entry_mut(buf, &range)?;
-                // SAFETY: as in `read`.
-                unsafe { chan.post_fetch_add(&mut sge, remote, add) }.map_err(AsyncError::Channel)
-            })
-            .await;
-        let r = r.and_then(|_| {
-            buf.load_u64(offset)
-                .ok_or(AsyncError::Misaligned { offset })
-        });
-        (r, buf)
+        self.run_atomic(buf, offset, |chan, sge| {
+            // SAFETY: as in `read`.
+            unsafe { chan.post_fetch_add(sge, remote, add) }
+        })
+        .await
     }
 
     /// Compares the 8-byte word at `remote` with `compare` and, if equal, writes `swap`;
@@ -295,20 +313,11 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncChannel
         compare: u64,
         swap: u64,
     ) -> (Result<u64, AsyncError>, M) {
-        let range = offset..offset.saturating_add(8);
-        let (r, buf) = self
-            .run(buf, |chan, buf| {
-                let mut sge = entry_mut(buf, &range)?;
-                // SAFETY: as in `read`.
-                unsafe { chan.post_compare_swap(&mut sge, remote, compare, swap) }
-                    .map_err(AsyncError::Channel)
-            })
-            .await;
-        let r = r.and_then(|_| {
-            buf.load_u64(offset)
-                .ok_or(AsyncError::Misaligned { offset })
-        });
-        (r, buf)
+        self.run_atomic(buf, offset, |chan, sge| {
+            // SAFETY: as in `read`.
+            unsafe { chan.post_compare_swap(sge, remote, compare, swap) }
+        })
+        .await
     }
 }
 

@@ -282,19 +282,27 @@ impl fmt::Debug for AlignedBuffer {
     }
 }
 
-impl AsRef<[u8]> for AlignedBuffer {
-    #[inline]
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
+/// Both buffer types are their bytes: `AsRef<[u8]>` and `AsMut<[u8]>` through their
+/// `as_slice` and `as_mut_slice`.
+macro_rules! byte_views {
+    ($($t:ty),+) => {$(
+        impl AsRef<[u8]> for $t {
+            #[inline]
+            fn as_ref(&self) -> &[u8] {
+                self.as_slice()
+            }
+        }
+
+        impl AsMut<[u8]> for $t {
+            #[inline]
+            fn as_mut(&mut self) -> &mut [u8] {
+                self.as_mut_slice()
+            }
+        }
+    )+};
 }
 
-impl AsMut<[u8]> for AlignedBuffer {
-    #[inline]
-    fn as_mut(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
-    }
-}
+byte_views!(AlignedBuffer, HugePageBuffer);
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
@@ -384,20 +392,6 @@ impl AsRef<AlignedBuffer> for HugePageBuffer {
     #[inline]
     fn as_ref(&self) -> &AlignedBuffer {
         &self.0
-    }
-}
-
-impl AsRef<[u8]> for HugePageBuffer {
-    #[inline]
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl AsMut<[u8]> for HugePageBuffer {
-    #[inline]
-    fn as_mut(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
     }
 }
 

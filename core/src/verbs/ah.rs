@@ -26,6 +26,7 @@ use core::fmt;
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
+use super::destroy::Owned;
 use super::device::LinkLayer;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{errno, sys};
@@ -127,22 +128,12 @@ impl AhAttr {
 }
 
 struct AhInner {
-    raw: NonNull<sys::ibv_ah>,
+    // Field order is drop order: the handle is destroyed before its PD is released.
+    raw: Owned<sys::ibv_ah>,
     /// The raw `ibv_pd` it was made on (`_pd`'s), here for one load on the send path.
     pd_raw: NonNull<sys::ibv_pd>,
     // Dropped after the address handle is destroyed.
     _pd: Pd,
-}
-
-impl Drop for AhInner {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from ibv_create_ah(_from_wc) and is destroyed once, by the
-        // last clone. A device may read it when it executes a send, not when the send was
-        // posted (rxe looks it up by number then), so a datagram endpoint keeps a clone until
-        // every send that named it has completed. A failure leaks it.
-        let rc = unsafe { sys::ibv_destroy_ah(self.raw.as_ptr()) };
-        super::destroy::check(super::destroy::Kind::Ah, rc);
-    }
 }
 
 // SAFETY: an address handle is immutable after creation and libibverbs lets any thread post
@@ -206,16 +197,16 @@ impl Pd {
             });
         }
         let mut a = attr.to_sys();
-        // SAFETY: the PD is live (we hold it); a is fully initialised.
-        let raw = unsafe { sys::ibv_create_ah(self.as_raw(), &mut a) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::CreateAh,
-            errno: errno(),
-        })?;
+        // SAFETY: the PD is live (we hold it); a is fully initialised. The handle is
+        // destroyed once, by the last clone. A device may read it when it executes a send,
+        // not when the send was posted (rxe looks it up by number then), so a datagram
+        // endpoint keeps a clone until every send that named it has completed.
+        let raw =
+            unsafe { Owned::create(sys::ibv_create_ah(self.as_raw(), &mut a), Verb::CreateAh) }?;
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 raw,
-                pd_raw: self.inner.raw,
+                pd_raw: self.inner.raw.get(),
                 _pd: self.clone(),
             }),
             attr: *attr,

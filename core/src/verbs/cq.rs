@@ -10,6 +10,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::AtomicBool;
 
 use super::cq_ex::{self, ExOps};
+use super::destroy::Owned;
 use super::device::Context;
 use super::error::{DeviceName, Result, TimestampRefusal, Verb, VerbsError};
 use super::event::{ChannelInner, CompletionChannel};
@@ -17,7 +18,8 @@ use super::ffi::{self, errno, sys};
 use crate::completion::{Completion, CompletionKind, DatagramCompletion, WcStatus};
 
 pub(crate) struct CqInner {
-    pub(crate) raw: NonNull<sys::ibv_cq>,
+    // Field order is drop order: the CQ is destroyed before the rest is released.
+    pub(crate) raw: Owned<sys::ibv_cq>,
     _ctx: Context,
     // Dropped after the CQ is destroyed: a channel outlives its queues.
     channel: Option<Arc<ChannelInner>>,
@@ -26,22 +28,6 @@ pub(crate) struct CqInner {
     /// destroyed, which waits until every event read was acknowledged.
     pub(crate) armed: Arc<AtomicBool>,
 }
-
-impl Drop for CqInner {
-    fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc to it, so none is alive now.
-        let rc = unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
-        // A refusal (EBUSY: a queue pair on it was not destroyed) leaks it.
-        super::destroy::check(super::destroy::Kind::Cq, rc);
-    }
-}
-
-// SAFETY: only the one `Cq` handle polls (it needs &mut and is neither Clone nor Sync); the
-// Arc clones queue pairs hold only keep the queue alive, and destroying it from whichever
-// thread drops the last clone is allowed. The pointer is owned.
-unsafe impl Send for CqInner {}
-// SAFETY: as above.
-unsafe impl Sync for CqInner {}
 
 /// A completion queue, polled by whoever owns this handle.
 ///
@@ -254,7 +240,10 @@ impl Context {
         }
         Ok(Cq {
             inner: Arc::new(CqInner {
-                raw,
+                // SAFETY: raw came from ibv_create_cq(_ex) above and nothing else destroys
+                // it; every QP completing into it holds an Arc to this `CqInner`, so none is
+                // alive when it is destroyed.
+                raw: unsafe { Owned::new(raw) },
                 _ctx: self.clone(),
                 channel,
                 armed,
@@ -299,9 +288,9 @@ impl Context {
         match unsafe { ExOps::of(cq.as_ptr(), timestamps) } {
             Some(ops) => Ok(Extended { cq, ops }),
             None => {
-                // SAFETY: ours, unused; an extended queue is destroyed as an ibv_cq.
-                let rc = unsafe { sys::ibv_destroy_cq(cq.as_ptr().cast()) };
-                super::destroy::check(super::destroy::Kind::Cq, rc);
+                // SAFETY: ours, unused, destroyed (and a refusal counted) here; an extended
+                // queue is destroyed as an ibv_cq.
+                drop(unsafe { Owned::<sys::ibv_cq>::new(cq.cast()) });
                 Err(crate::verb::errno::EOPNOTSUPP)
             }
         }
@@ -371,7 +360,7 @@ impl Cq {
         self.inner
             .channel
             .as_ref()
-            .is_some_and(|c| c.raw == channel.inner_raw())
+            .is_some_and(|c| c.raw.get() == channel.inner_raw())
     }
 
     /// Entries the device granted (at least what was asked for).

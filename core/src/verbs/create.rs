@@ -6,6 +6,7 @@
 use core::ptr::{self, NonNull};
 
 use super::cq::Cq;
+use super::destroy::Owned;
 use super::device::{PortAttr, Route};
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::sys;
@@ -108,7 +109,12 @@ impl Pd {
             })?;
         let raw = created.raw;
         // From here an early return destroys the queue pair.
-        let handle = QpHandle { raw };
+        let handle = QpHandle {
+            // SAFETY: raw came from ibv_create_qp(_ex) and nothing else destroys it; its
+            // owner (this function, then `PreparedQp`, `Qp` or `UdQp`) keeps the PD and the
+            // CQs alive until after it is destroyed (field order).
+            raw: unsafe { Owned::new(raw) },
+        };
         let caps = QpCaps {
             max_send_wr: init.cap.max_send_wr,
             max_recv_wr: own_recv(init.cap.max_recv_wr),

@@ -7,6 +7,7 @@ use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
+use super::destroy::Owned;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{errno, sys};
 pub use crate::gid::Gid;
@@ -100,14 +101,11 @@ impl<'a> Device<'a> {
 
     /// Opens the device.
     pub fn open(&self) -> Result<Context> {
-        // SAFETY: raw is a live device pointer.
-        let ctx = unsafe { sys::ibv_open_device(self.raw) };
-        let ctx = NonNull::new(ctx).ok_or(VerbsError::Call {
-            verb: Verb::OpenDevice,
-            errno: errno(),
-        })?;
+        // SAFETY: raw is a live device pointer. Every child (PD, CQ, QP, MR) holds an Arc to
+        // the `ContextInner` that owns the context, so none is alive when it is closed.
+        let raw = unsafe { Owned::create(sys::ibv_open_device(self.raw), Verb::OpenDevice) }?;
         Ok(Context {
-            inner: Arc::new(ContextInner { raw: ctx }),
+            inner: Arc::new(ContextInner { raw }),
         })
     }
 }
@@ -127,22 +125,8 @@ pub fn open_device(name: &str) -> Result<Context> {
 }
 
 pub(crate) struct ContextInner {
-    pub(crate) raw: NonNull<sys::ibv_context>,
+    pub(crate) raw: Owned<sys::ibv_context>,
 }
-
-impl Drop for ContextInner {
-    fn drop(&mut self) {
-        // SAFETY: every child (PD, CQ, QP, MR) holds an Arc to this, so none is alive now.
-        unsafe {
-            sys::ibv_close_device(self.raw.as_ptr());
-        }
-    }
-}
-
-// SAFETY: libibverbs contexts are thread-safe (ibv_open_device(3)); the pointer is owned.
-unsafe impl Send for ContextInner {}
-// SAFETY: as above.
-unsafe impl Sync for ContextInner {}
 
 /// An open device (`ibv_context`). Cheap to clone; closed when the last clone and every
 /// resource made from it are gone.

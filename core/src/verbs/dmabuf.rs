@@ -37,10 +37,10 @@ use core::ffi::c_int;
 use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Range;
-use core::ptr::NonNull;
 
 use super::error::{Result, Verb, VerbsError};
-use super::ffi::{close_fd, errno, sys};
+use super::ffi::{close_fd, sys};
+use super::mr::{check_access, registration_accessors, Registration, Start};
 use super::pd::Pd;
 use crate::memory::AccessFlags;
 use crate::sge::{RemoteMemory, Sge, SgeMut};
@@ -89,19 +89,27 @@ impl fmt::Debug for DmabufFd {
     }
 }
 
+/// Where a dma-buf region starts: its place in the dma-buf, and the device address of its
+/// first byte.
+#[derive(Debug)]
+pub(super) struct DmabufStart {
+    offset: u64,
+    iova: u64,
+}
+
+impl Start for DmabufStart {
+    #[inline]
+    fn device_addr(&self) -> u64 {
+        self.iova
+    }
+}
+
 /// Device memory registered from a dma-buf; owns the descriptor. See the
 /// [module docs](self).
 pub struct DmabufRegion {
-    raw: NonNull<sys::ibv_mr>,
-    offset: u64,
-    len: usize,
-    iova: u64,
-    lkey: u32,
-    rkey: u32,
-    access: AccessFlags,
+    reg: Registration<DmabufStart>,
     // Closed (dropped) only after a successful deregistration: see `release`.
     fd: ManuallyDrop<DmabufFd>,
-    pd: Pd,
 }
 
 // SAFETY: the region holds an MR handle libibverbs lets any thread use and a descriptor it
@@ -134,11 +142,7 @@ pub(crate) fn check_dmabuf_args(
     if iova.checked_add(len).is_none() {
         return invalid("dma-buf iova + length overflows");
     }
-    if access.intersects(AccessFlags::REMOTE_MUTATION) && !access.contains(AccessFlags::LOCAL_WRITE)
-    {
-        return invalid("remote write or atomic access needs LOCAL_WRITE too");
-    }
-    Ok(())
+    check_access(access)
 }
 
 /// What a refused `ibv_reg_dmabuf_mr` means.
@@ -182,32 +186,30 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<DmabufRegion> {
         check_dmabuf_args(fd.as_raw_fd(), offset, len, iova, access)?;
+        // On failure `fd` drops at the `?` and is closed: no key to it ever existed.
         // SAFETY: the PD is live; the descriptor is open and owned by `fd`, which outlives the
         // call (and, on success, the registration); ibv_reg_dmabuf_mr reads no memory of ours.
-        let raw = unsafe {
-            sys::ibv_reg_dmabuf_mr(
-                self.as_raw(),
-                offset,
+        // What it returns is taken at once.
+        let reg = unsafe {
+            Registration::taken(
+                sys::ibv_reg_dmabuf_mr(
+                    self.as_raw(),
+                    offset,
+                    len,
+                    iova,
+                    fd.as_raw_fd(),
+                    access.bits() as c_int,
+                ),
+                DmabufStart { offset, iova },
                 len,
-                iova,
-                fd.as_raw_fd(),
-                access.bits() as c_int,
+                access,
+                self,
+                refusal,
             )
-        };
-        // On failure `fd` drops here and is closed: no key to it ever existed.
-        let raw = NonNull::new(raw).ok_or_else(|| refusal(errno()))?;
-        // SAFETY: raw is a live MR; lkey/rkey are plain fields set at registration.
-        let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
+        }?;
         Ok(DmabufRegion {
-            raw,
-            offset,
-            len,
-            iova,
-            lkey,
-            rkey,
-            access,
+            reg,
             fd: ManuallyDrop::new(fd),
-            pd: self.clone(),
         })
     }
 }
@@ -216,43 +218,21 @@ impl DmabufRegion {
     /// The protection domain the region is registered on (the region keeps it alive).
     #[inline]
     pub fn pd(&self) -> &Pd {
-        &self.pd
+        &self.reg.pd
     }
 
-    /// Length in bytes.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the region is empty (never: registration refuses zero length).
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
+    registration_accessors!();
 
     /// Where the region starts inside the dma-buf.
     #[inline]
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.reg.start.offset
     }
 
     /// The device address of the region's first byte (what entries and peers use).
     #[inline]
     pub fn iova(&self) -> u64 {
-        self.iova
-    }
-
-    /// Local key.
-    #[inline]
-    pub fn lkey(&self) -> u32 {
-        self.lkey
-    }
-
-    /// Access the region was registered with.
-    #[inline]
-    pub fn access(&self) -> AccessFlags {
-        self.access
+        self.reg.start.iova
     }
 
     /// The dma-buf descriptor the region owns.
@@ -264,77 +244,23 @@ impl DmabufRegion {
     /// The descriptor peers need to RDMA this region (addressed by `iova`).
     #[inline]
     pub fn remote(&self) -> RemoteMemory {
-        RemoteMemory {
-            addr: self.iova,
-            len: self.len as u64,
-            rkey: self.rkey,
-        }
-    }
-
-    fn entry(&self, range: &Range<usize>) -> Option<(u64, u32)> {
-        if range.start > range.end || range.end > self.len {
-            return None;
-        }
-        let len = u32::try_from(range.end - range.start).ok()?;
-        // No overflow: iova + len was checked at registration and start <= len.
-        Some((self.iova + range.start as u64, len))
-    }
-
-    /// A gather entry (the device reads) for `range`, or `None` if out of bounds. Does not
-    /// allocate.
-    #[inline]
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (addr, len) = self.entry(&range)?;
-        // SAFETY: in bounds of this registration (device addresses iova..iova+len), whose
-        // lkey we pass; the entry borrows the region, which keeps it registered meanwhile.
-        Some(unsafe { Sge::from_raw(addr, len, self.lkey) })
-    }
-
-    /// A scatter entry (the device writes) for `range`, or `None` if out of bounds or the
-    /// region lacks local write access. Does not allocate.
-    #[inline]
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        if !self.access.contains(AccessFlags::LOCAL_WRITE) {
-            return None;
-        }
-        let (addr, len) = self.entry(&range)?;
-        // SAFETY: in bounds, local write granted, and the exclusive borrow of the region keeps
-        // every other local user of the entry's range out while it lives.
-        Some(unsafe { SgeMut::from_raw(addr, len, self.lkey) })
-    }
-
-    /// The raw `ibv_mr`.
-    pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.raw.as_ptr()
+        self.reg.remote()
     }
 }
 
 impl Drop for DmabufRegion {
     fn drop(&mut self) {
-        let raw = self.raw.as_ptr();
         // SAFETY: the descriptor is taken once, here; the field is never used again.
         let fd = unsafe { ManuallyDrop::take(&mut self.fd) };
-        release(
-            // SAFETY: raw came from ibv_reg_dmabuf_mr and is deregistered once, here.
-            || match unsafe { sys::ibv_dereg_mr(raw) } {
-                0 => Ok(()),
-                e => Err(if e > 0 { e } else { errno() }),
-            },
-            fd,
-        );
+        release(|| self.reg.deregister(), fd);
     }
 }
 
 impl fmt::Debug for DmabufRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DmabufRegion")
+        self.reg
+            .debug("DmabufRegion", f)
             .field("fd", &self.fd.as_raw_fd())
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .field("iova", &self.iova)
-            .field("lkey", &self.lkey)
-            .field("rkey", &self.rkey)
-            .field("access", &self.access)
             .finish()
     }
 }
@@ -355,59 +281,47 @@ mod tests {
     }
 
     #[test]
-    fn the_descriptor_is_closed_after_a_successful_deregistration() {
-        let log = RefCell::new(heapless::Vec::new());
-        release(
-            || {
-                log.borrow_mut().push("deregister").unwrap();
-                Ok(())
-            },
-            Owner(&log),
-        );
-        assert_eq!(log.borrow().as_slice(), ["deregister", "close"]);
-    }
-
-    #[test]
-    fn a_failed_deregistration_leaks_the_descriptor() {
-        let log = RefCell::new(heapless::Vec::new());
-        release(
-            || {
-                log.borrow_mut().push("deregister").unwrap();
-                Err(16)
-            },
-            Owner(&log),
-        );
-        assert_eq!(log.borrow().as_slice(), ["deregister"]);
+    fn the_descriptor_is_closed_after_a_successful_deregistration_and_leaked_after_a_failed_one() {
+        let closed: &[&str] = &["deregister", "close"];
+        let leaked: &[&str] = &["deregister"];
+        for (deregistered, expect) in [(Ok(()), closed), (Err(16), leaked)] {
+            let log = RefCell::new(heapless::Vec::new());
+            release(
+                || {
+                    log.borrow_mut().push("deregister").unwrap();
+                    deregistered
+                },
+                Owner(&log),
+            );
+            assert_eq!(log.borrow().as_slice(), expect, "{deregistered:?}");
+        }
     }
 
     #[test]
     fn arguments_are_checked_before_the_call() {
         let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         assert!(check_dmabuf_args(3, 0, 4096, 0, rw).is_ok());
-        let what = |r: Result<()>| match r {
-            Err(VerbsError::InvalidArgument { what }) => what,
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        };
-        assert_eq!(
-            what(check_dmabuf_args(-1, 0, 4096, 0, rw)),
-            "negative dma-buf descriptor"
-        );
-        assert_eq!(
-            what(check_dmabuf_args(3, 0, 0, 0, rw)),
-            "memory region length is zero"
-        );
-        assert_eq!(
-            what(check_dmabuf_args(3, u64::MAX, 2, 0, rw)),
-            "dma-buf offset + length overflows"
-        );
-        assert_eq!(
-            what(check_dmabuf_args(3, 0, 2, u64::MAX - 1, rw)),
-            "dma-buf iova + length overflows"
-        );
-        assert_eq!(
-            what(check_dmabuf_args(3, 0, 8, 0, AccessFlags::REMOTE_WRITE)),
-            "remote write or atomic access needs LOCAL_WRITE too"
-        );
+        let remote_write = AccessFlags::REMOTE_WRITE;
+        for (fd, offset, len, iova, access, what) in [
+            (-1, 0, 4096, 0, rw, "negative dma-buf descriptor"),
+            (3, 0, 0, 0, rw, "memory region length is zero"),
+            (3, u64::MAX, 2, 0, rw, "dma-buf offset + length overflows"),
+            (3, 0, 2, u64::MAX - 1, rw, "dma-buf iova + length overflows"),
+            (
+                3,
+                0,
+                8,
+                0,
+                remote_write,
+                "remote write or atomic access needs LOCAL_WRITE too",
+            ),
+        ] {
+            assert_eq!(
+                check_dmabuf_args(fd, offset, len, iova, access),
+                Err(VerbsError::InvalidArgument { what }),
+                "{what}"
+            );
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::cq::{Cq, CqInner};
+use super::destroy::Owned;
 use super::device::Context;
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, errno, sys};
@@ -32,25 +33,10 @@ use crate::poll::Wakeup;
 use crate::verb::ProviderError;
 
 pub(crate) struct ChannelInner {
-    pub(crate) raw: NonNull<sys::ibv_comp_channel>,
+    // Field order is drop order: the channel is destroyed before its context is released.
+    pub(crate) raw: Owned<sys::ibv_comp_channel>,
     _ctx: Context,
 }
-
-impl Drop for ChannelInner {
-    fn drop(&mut self) {
-        // SAFETY: every CQ created on this channel holds an Arc to it, so none is alive now,
-        // and destroying a channel without CQs cannot fail.
-        unsafe {
-            sys::ibv_destroy_comp_channel(self.raw.as_ptr());
-        }
-    }
-}
-
-// SAFETY: the channel is a file descriptor; reading events from it and destroying it from any
-// thread is allowed by libibverbs. The pointer is owned.
-unsafe impl Send for ChannelInner {}
-// SAFETY: as above; `ibv_get_cq_event` is a read(2) on the descriptor.
-unsafe impl Sync for ChannelInner {}
 
 /// A completion channel: completion queues created on it ([`Context::create_cq_on`]) raise
 /// an event on its file descriptor after they are armed and a completion arrives.
@@ -70,18 +56,20 @@ impl fmt::Debug for CompletionChannel {
 impl Context {
     /// Creates a completion channel with a non-blocking descriptor.
     pub fn create_completion_channel(&self) -> Result<CompletionChannel> {
-        // SAFETY: the context is open.
-        let raw = unsafe { sys::ibv_create_comp_channel(self.as_raw()) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::CreateCompChannel,
-            errno: errno(),
-        })?;
+        // SAFETY: the context is open. Every CQ created on the channel holds an Arc to the
+        // `ChannelInner` that owns it, so none is alive when it is destroyed.
+        let raw = unsafe {
+            Owned::create(
+                sys::ibv_create_comp_channel(self.as_raw()),
+                Verb::CreateCompChannel,
+            )
+        }?;
+        // SAFETY: raw is a live channel; fd is its descriptor.
+        let fd = unsafe { (*raw.as_ptr()).fd };
         let inner = Arc::new(ChannelInner {
             raw,
             _ctx: self.clone(),
         });
-        // SAFETY: raw is a live channel; fd is its descriptor.
-        let fd = unsafe { (*raw.as_ptr()).fd };
         // Non-blocking, so `take_events` returns when the events are gone instead of waiting
         // for the next one: sleeping is the caller's choice, with its own deadline.
         ffi::set_nonblocking(fd).map_err(|errno| VerbsError::Call {
@@ -115,7 +103,7 @@ impl CompletionChannel {
     }
 
     pub(crate) fn inner_raw(&self) -> NonNull<sys::ibv_comp_channel> {
-        self.inner.raw
+        self.inner.raw.get()
     }
 }
 

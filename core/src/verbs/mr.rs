@@ -57,17 +57,43 @@ pub use crate::memory::AccessFlags;
 use crate::memory::{volatile_byte_accessors, OwnedMemory, VolatileBytes};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 
-/// The registration both region kinds are built on: the MR handle, where it points, its keys.
-/// Deregistration is the owner's call (see the two `Drop` impls), because what a failure
-/// means differs.
-struct Registration {
+/// Where a registration starts: the device address of its first byte.
+pub(super) trait Start: fmt::Debug {
+    /// The address entries and peers use for the first byte.
+    fn device_addr(&self) -> u64;
+}
+
+impl Start for NonNull<u8> {
+    /// `ibv_reg_mr` addresses memory by its CPU address.
+    #[inline]
+    fn device_addr(&self) -> u64 {
+        self.as_ptr().addr() as u64
+    }
+}
+
+/// The registration every region kind is built on (the two here, and
+/// [`DmabufRegion`](super::DmabufRegion)): the MR handle, where it starts (`A`: a CPU address
+/// here, a place in a dma-buf there), its keys. Deregistration is the owner's call (see the
+/// `Drop` impls), because what a failure means differs.
+pub(super) struct Registration<A: Start = NonNull<u8>> {
     raw: NonNull<sys::ibv_mr>,
-    ptr: NonNull<u8>,
-    len: usize,
-    lkey: u32,
+    pub(super) start: A,
+    pub(super) len: usize,
+    pub(super) lkey: u32,
     rkey: u32,
-    access: AccessFlags,
-    pd: Pd,
+    pub(super) access: AccessFlags,
+    pub(super) pd: Pd,
+}
+
+/// Refuses remote write or atomics without local write (the verbs require it).
+pub(super) fn check_access(access: AccessFlags) -> Result<()> {
+    if access.intersects(AccessFlags::REMOTE_MUTATION) && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return Err(VerbsError::InvalidArgument {
+            what: "remote write or atomic access needs LOCAL_WRITE too",
+        });
+    }
+    Ok(())
 }
 
 impl Registration {
@@ -78,32 +104,60 @@ impl Registration {
                 what: "memory region length is zero",
             });
         }
-        if access.intersects(AccessFlags::REMOTE_MUTATION)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(VerbsError::InvalidArgument {
-                what: "remote write or atomic access needs LOCAL_WRITE too",
-            });
-        }
+        check_access(access)?;
         // SAFETY: the PD is live; every caller owns or borrows ptr..ptr+len for at least the
-        // registration's life (see the public constructors).
-        let raw = unsafe {
-            sys::ibv_reg_mr(
-                pd.as_raw(),
-                ptr.as_ptr().cast(),
+        // registration's life (see the public constructors). What ibv_reg_mr returns is
+        // taken at once.
+        unsafe {
+            Self::taken(
+                sys::ibv_reg_mr(
+                    pd.as_raw(),
+                    ptr.as_ptr().cast(),
+                    len,
+                    access.bits() as core::ffi::c_int,
+                ),
+                ptr,
                 len,
-                access.bits() as core::ffi::c_int,
+                access,
+                pd,
+                |errno| VerbsError::Call {
+                    verb: Verb::RegMr,
+                    errno,
+                },
             )
-        };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::RegMr,
-            errno: errno(),
-        })?;
+        }
+    }
+
+    /// The CPU's volatile view of the bytes.
+    #[inline]
+    fn bytes(&self) -> VolatileBytes {
+        // SAFETY: the registered memory outlives the registration (owned, or borrowed for
+        // 'b), and the regions never form references to it except as documented.
+        unsafe { VolatileBytes::new(self.start, self.len) }
+    }
+}
+
+impl<A: Start> Registration<A> {
+    /// Takes the MR a registering verb returned for `len` bytes at `start` on `pd` with
+    /// `access`: null is a refusal, which `refused` names from the errno.
+    ///
+    /// # Safety
+    /// `raw` is what the verb returned just now (nothing ran in between that could change
+    /// errno), and its registration is this value's to deregister.
+    pub(super) unsafe fn taken(
+        raw: *mut sys::ibv_mr,
+        start: A,
+        len: usize,
+        access: AccessFlags,
+        pd: &Pd,
+        refused: impl FnOnce(i32) -> VerbsError,
+    ) -> Result<Self> {
+        let raw = NonNull::new(raw).ok_or_else(|| refused(errno()))?;
         // SAFETY: raw is a live MR; lkey/rkey are plain fields set at registration.
         let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
         Ok(Self {
             raw,
-            ptr,
+            start,
             len,
             lkey,
             rkey,
@@ -113,56 +167,80 @@ impl Registration {
     }
 
     /// Deregisters; `Err(errno)` if the device refused (the keys then stay valid).
-    fn deregister(&mut self) -> core::result::Result<(), i32> {
-        // SAFETY: raw came from ibv_reg_mr and is deregistered once, from the owner's Drop.
+    pub(super) fn deregister(&mut self) -> core::result::Result<(), i32> {
+        // SAFETY: raw came from the registering verb and is deregistered once, from the
+        // owner's Drop.
         match unsafe { sys::ibv_dereg_mr(self.raw.as_ptr()) } {
             0 => Ok(()),
             e => Err(if e > 0 { e } else { errno() }),
         }
     }
 
+    /// The raw `ibv_mr`.
     #[inline]
-    fn remote(&self) -> RemoteMemory {
-        self.bytes().remote(self.rkey)
+    pub(super) fn as_raw(&self) -> *mut sys::ibv_mr {
+        self.raw.as_ptr()
     }
 
-    /// The CPU's volatile view of the bytes.
+    /// The descriptor peers need to RDMA the region (addressed as the device addresses it).
     #[inline]
-    fn bytes(&self) -> VolatileBytes {
-        // SAFETY: the registered memory outlives the registration (owned, or borrowed for
-        // 'b), and the regions never form references to it except as documented.
-        unsafe { VolatileBytes::new(self.ptr, self.len) }
+    pub(super) fn remote(&self) -> RemoteMemory {
+        RemoteMemory {
+            addr: self.start.device_addr(),
+            len: self.len as u64,
+            rkey: self.rkey,
+        }
     }
 
-    /// A gather entry for `range`. The caller's borrow of the region is the entry's.
+    /// `(device address, length)` of `range`, or `None` if it is out of bounds or longer
+    /// than an entry can be.
     #[inline]
-    fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        let (addr, len) = self.bytes().entry(&range)?;
+    pub(super) fn entry(&self, range: &Range<usize>) -> Option<(u64, u32)> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        let len = u32::try_from(range.end - range.start).ok()?;
+        // No overflow: start + len fits (an allocation's end, or checked at registration of
+        // a dma-buf), and range.start <= len.
+        Some((self.start.device_addr() + range.start as u64, len))
+    }
+
+    /// A gather entry (the device reads) for `range`. The caller's borrow of the region is
+    /// the entry's.
+    #[inline]
+    pub(super) fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+        let (addr, len) = self.entry(&range)?;
         // SAFETY: in bounds of this registration, whose lkey we pass; the entry borrows the
         // region, which keeps it registered while the entry lives.
         Some(unsafe { Sge::from_raw(addr, len, self.lkey) })
     }
 
-    /// A scatter entry for `range`, if local write is granted.
+    /// A scatter entry (the device writes) for `range`, if local write is granted.
     #[inline]
-    fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+    pub(super) fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
         if !self.access.contains(AccessFlags::LOCAL_WRITE) {
             return None;
         }
-        let (addr, len) = self.bytes().entry(&range)?;
+        let (addr, len) = self.entry(&range)?;
         // SAFETY: in bounds, local write granted, and the exclusive borrow of the region keeps
         // every other local user out while the entry lives.
         Some(unsafe { SgeMut::from_raw(addr, len, self.lkey) })
     }
 
-    fn debug(&self, name: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(name)
-            .field("addr", &self.ptr)
+    /// The region's `Debug`: where it starts, its length, keys and access; the caller may
+    /// add fields of its own.
+    pub(super) fn debug<'a, 'b>(
+        &self,
+        name: &str,
+        f: &'a mut fmt::Formatter<'b>,
+    ) -> fmt::DebugStruct<'a, 'b> {
+        let mut d = f.debug_struct(name);
+        d.field("addr", &self.start)
             .field("len", &self.len)
             .field("lkey", &self.lkey)
             .field("rkey", &self.rkey)
-            .field("access", &self.access)
-            .finish()
+            .field("access", &self.access);
+        d
     }
 }
 
@@ -246,7 +324,8 @@ impl Pd {
     }
 }
 
-/// The accessors every region type here shares: what its registration says.
+/// The accessors every region type shares (here and in `dmabuf.rs`): what its registration
+/// says.
 macro_rules! registration_accessors {
     () => {
         /// Length in bytes.
@@ -272,8 +351,29 @@ macro_rules! registration_accessors {
         pub fn access(&self) -> AccessFlags {
             self.reg.access
         }
+
+        /// A gather entry (the device reads) for `range`, or `None` if it is out of bounds.
+        /// Does not allocate.
+        #[inline]
+        pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
+            self.reg.sge(range)
+        }
+
+        /// A scatter entry (the device writes) for `range`, or `None` if it is out of bounds
+        /// or the region lacks local write access. Does not allocate.
+        #[inline]
+        pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
+            self.reg.sge_mut(range)
+        }
+
+        /// The raw `ibv_mr`.
+        pub fn as_raw(&self) -> *mut sys::ibv_mr {
+            self.reg.as_raw()
+        }
     };
 }
+
+pub(super) use registration_accessors;
 
 impl MemoryRegion<'_> {
     registration_accessors!();
@@ -284,28 +384,14 @@ impl MemoryRegion<'_> {
         // SAFETY: ptr..ptr+len is the buffer borrowed for 'b; no peer can reach it (local
         // access only), and device writes need an SgeMut, which borrows self mutably and
         // therefore cannot coexist with this shared borrow.
-        unsafe { core::slice::from_raw_parts(self.reg.ptr.as_ptr(), self.reg.len) }
+        unsafe { core::slice::from_raw_parts(self.reg.start.as_ptr(), self.reg.len) }
     }
 
     /// The bytes, mutably. No work request can name the region while this borrow lives.
     #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as for as_slice, and &mut self excludes every Sge and SgeMut.
-        unsafe { core::slice::from_raw_parts_mut(self.reg.ptr.as_ptr(), self.reg.len) }
-    }
-
-    /// A gather entry (the device reads) for `range`, or `None` if it is out of bounds.
-    /// Does not allocate.
-    #[inline]
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry (the device writes) for `range`, or `None` if it is out of bounds or
-    /// the region lacks local write access. Does not allocate.
-    #[inline]
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.reg.sge_mut(range)
+        unsafe { core::slice::from_raw_parts_mut(self.reg.start.as_ptr(), self.reg.len) }
     }
 
     /// Splits the region into consecutive scatter entries of `chunk` bytes (the last may be
@@ -313,7 +399,7 @@ impl MemoryRegion<'_> {
     pub fn chunks_mut(&mut self, chunk: usize) -> impl Iterator<Item = SgeMut<'_>> + '_ {
         let r = &self.reg;
         let writable = r.access.contains(AccessFlags::LOCAL_WRITE) && chunk > 0;
-        let (base, len, lkey) = (r.ptr.as_ptr() as u64, r.len, r.lkey);
+        let (base, len, lkey) = (r.start.as_ptr() as u64, r.len, r.lkey);
         let n = if writable { len.div_ceil(chunk) } else { 0 };
         (0..n).map(move |i| {
             let start = i * chunk;
@@ -322,11 +408,6 @@ impl MemoryRegion<'_> {
             // borrowed for as long as any of them lives.
             unsafe { SgeMut::from_raw(base + start as u64, l as u32, lkey) }
         })
-    }
-
-    /// The raw `ibv_mr`.
-    pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.reg.raw.as_ptr()
     }
 }
 
@@ -341,12 +422,13 @@ impl Drop for MemoryRegion<'_> {
 
 impl fmt::Debug for MemoryRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.reg.debug("MemoryRegion", f)
+        self.reg.debug("MemoryRegion", f).finish()
     }
 }
 
 /// Registered memory peers may reach at any time; owns its memory unless made with the
-/// `unsafe` [`Pd::register_raw`]. See the [module docs](self).
+/// `unsafe` [`Pd::register_raw`]. See the [module docs](self). The bytes a gather entry of
+/// it names may change under the entry if peers write them.
 pub struct SharedRegion<'b> {
     // Field order is drop order: `Drop` deregisters before `owner` frees the memory.
     reg: Registration,
@@ -396,25 +478,8 @@ impl SharedRegion<'_> {
         // SAFETY: `entry` checked the range against the region; the caller guarantees nobody
         // writes the bytes meanwhile.
         Some(unsafe {
-            core::slice::from_raw_parts(self.reg.ptr.as_ptr().add(range.start), len as usize)
+            core::slice::from_raw_parts(self.reg.start.as_ptr().add(range.start), len as usize)
         })
-    }
-
-    /// A gather entry for `range`. The bytes may change under it if peers write them.
-    #[inline]
-    pub fn sge(&self, range: Range<usize>) -> Option<Sge<'_>> {
-        self.reg.sge(range)
-    }
-
-    /// A scatter entry for `range`, if the region has local write access.
-    #[inline]
-    pub fn sge_mut(&mut self, range: Range<usize>) -> Option<SgeMut<'_>> {
-        self.reg.sge_mut(range)
-    }
-
-    /// The raw `ibv_mr`.
-    pub fn as_raw(&self) -> *mut sys::ibv_mr {
-        self.reg.raw.as_ptr()
     }
 }
 
@@ -435,7 +500,7 @@ impl Drop for SharedRegion<'_> {
 
 impl fmt::Debug for SharedRegion<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.reg.debug("SharedRegion", f)
+        self.reg.debug("SharedRegion", f).finish()
     }
 }
 

@@ -2,31 +2,17 @@
 
 use alloc::sync::Arc;
 use core::fmt;
-use core::ptr::NonNull;
 
+use super::destroy::Owned;
 use super::device::Context;
-use super::error::{Result, Verb, VerbsError};
-use super::ffi::{errno, sys};
+use super::error::{Result, Verb};
+use super::ffi::sys;
 
 pub(crate) struct PdInner {
-    pub(crate) raw: NonNull<sys::ibv_pd>,
+    // Field order is drop order: the PD is deallocated before its context is released.
+    pub(crate) raw: Owned<sys::ibv_pd>,
     pub(crate) ctx: Context,
 }
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        // SAFETY: every MR and QP of this PD holds an Arc to it, so none is alive now.
-        // A failure (EBUSY from a resource created through the raw handle) leaks the PD rather
-        // than panicking in drop; it is counted.
-        let rc = unsafe { sys::ibv_dealloc_pd(self.raw.as_ptr()) };
-        super::destroy::check(super::destroy::Kind::Pd, rc);
-    }
-}
-
-// SAFETY: libibverbs objects may be used from any thread; the pointer is owned.
-unsafe impl Send for PdInner {}
-// SAFETY: as above.
-unsafe impl Sync for PdInner {}
 
 /// A protection domain. Cheap to clone; freed with its last clone and last resource.
 #[derive(Clone)]
@@ -45,12 +31,9 @@ impl fmt::Debug for Pd {
 impl Context {
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd> {
-        // SAFETY: the context is open.
-        let raw = unsafe { sys::ibv_alloc_pd(self.as_raw()) };
-        let raw = NonNull::new(raw).ok_or(VerbsError::Call {
-            verb: Verb::AllocPd,
-            errno: errno(),
-        })?;
+        // SAFETY: the context is open. Every MR, QP, SRQ and address handle made on the PD
+        // holds an Arc to the `PdInner` that owns it, so none is alive when it is deallocated.
+        let raw = unsafe { Owned::create(sys::ibv_alloc_pd(self.as_raw()), Verb::AllocPd) }?;
         Ok(Pd {
             inner: Arc::new(PdInner {
                 raw,

@@ -9,6 +9,7 @@ use alloc::sync::Arc;
 
 use super::cq::{Cq, CqInner};
 use super::create::{Ask, Created, Kind};
+use super::destroy::Owned;
 use super::device::{LinkLayer, Route};
 use super::error::{Result, Verb, VerbsError};
 use super::ffi::{self, sys};
@@ -152,8 +153,10 @@ pub struct RdAtomic {
     pub responder: u8,
 }
 
+/// A queue pair, destroyed on drop; its owner's field order keeps its PD and CQs alive
+/// until after that.
 pub(super) struct QpHandle {
-    pub(super) raw: NonNull<sys::ibv_qp>,
+    pub(super) raw: Owned<sys::ibv_qp>,
 }
 
 impl QpHandle {
@@ -162,21 +165,11 @@ impl QpHandle {
         let mut attr = zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
         modify(
-            self.raw,
+            self.raw.get(),
             &mut attr,
             sys::ibv_qp_attr_mask::IBV_QP_STATE.0,
             Verb::ModifyQpErr,
         )
-    }
-}
-
-impl Drop for QpHandle {
-    fn drop(&mut self) {
-        // SAFETY: the QP came from ibv_create_qp and is destroyed once; the owning struct
-        // keeps its PD and CQs alive until after this runs (field order).
-        let rc = unsafe { sys::ibv_destroy_qp(self.raw.as_ptr()) };
-        // A refusal (EBUSY: still attached to a multicast group) leaks it.
-        super::destroy::check(super::destroy::Kind::Qp, rc);
     }
 }
 
@@ -437,7 +430,7 @@ impl PreparedQp {
 
     /// Connects to `remote`: RTR then RTS. On failure the QP is dropped (destroyed).
     pub fn handshake(self, remote: &Endpoint) -> Result<Qp> {
-        let raw = self.handle.raw;
+        let raw = self.handle.raw.get();
         let cfg = &self.cfg;
         let global = self.link_layer == LinkLayer::Ethernet || remote.global || self.route.global;
         if global && remote.gid == [0; 16] {
@@ -539,7 +532,7 @@ impl PreparedQp {
         attr.pkey_index = index;
         use sys::ibv_qp_attr_mask as m;
         modify(
-            self.handle.raw,
+            self.handle.raw.get(),
             &mut attr,
             (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX).0,
             Verb::ModifyQpInit,
@@ -572,7 +565,7 @@ impl PreparedQp {
         let extra = (m::IBV_QP_PATH_MTU | m::IBV_QP_MIN_RNR_TIMER | m::IBV_QP_MAX_DEST_RD_ATOMIC).0;
         // The masks are bit sets of non-negative flags: the casts keep every bit.
         modify(
-            self.handle.raw,
+            self.handle.raw.get(),
             &mut attr,
             mask as u32 | extra,
             Verb::ModifyQpRtr,
@@ -605,12 +598,12 @@ impl PreparedQp {
             | m::IBV_QP_MAX_QP_RD_ATOMIC)
             .0;
         modify(
-            self.handle.raw,
+            self.handle.raw.get(),
             &mut attr,
             mask as u32 | extra,
             Verb::ModifyQpRts,
         )?;
-        check_transport(self.handle.raw, &cfg)?;
+        check_transport(self.handle.raw.get(), &cfg)?;
         Ok(self.into_rts(route, mtu, rd_atomic, remote))
     }
 }
@@ -736,7 +729,7 @@ impl Qp {
     /// (`ibv_query_qp`); `None` if the driver cannot say. Connecting already checked them
     /// against the configuration ([`VerbsError::Clamped`]).
     pub fn transport(&self) -> Result<Option<Transport>> {
-        query_transport(self.handle.raw)
+        query_transport(self.handle.raw.get())
     }
 
     /// Says when this QP's shared receive queue is destroyed; `None` without one.

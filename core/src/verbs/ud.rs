@@ -157,7 +157,7 @@ impl Pd {
             route,
             port,
         } = self.create_at_init(send_cq, recv_cq, &ask)?;
-        let raw = handle.raw;
+        let raw = handle.raw.get();
         use sys::ibv_qp_attr_mask as m;
         let mut attr = zeroed_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
