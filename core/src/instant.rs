@@ -57,12 +57,12 @@
 use alloc::boxed::Box;
 use alloc::rc::Rc;
 use alloc::vec;
-use alloc::vec::Vec;
 use core::ffi::{c_int, c_void};
 use core::fmt;
 use core::ptr::{self, NonNull};
 
 use crate::completion::{Completion, DatagramCompletion};
+use crate::fifo::Fifo;
 use crate::gid::Gid;
 use crate::memory::{AccessFlags, VolatileBytes};
 use crate::params::QpCaps;
@@ -102,15 +102,14 @@ struct RawWc {
 const _: () = assert!(core::mem::size_of::<RawWc>() == core::mem::size_of::<sys::ibv_wc>());
 const _: () = assert!(core::mem::align_of::<RawWc>() == core::mem::align_of::<sys::ibv_wc>());
 
-/// A completion queue's entries: a fixed ring, and for the extended poll the entry the
-/// queue is positioned on.
+/// A completion queue's entries, and for the extended poll the entry the queue is
+/// positioned on.
 struct Ring {
-    wc: Vec<RawWc>,
-    head: usize,
-    len: usize,
-    /// Each entry's completion time on the device's clock, for a queue created with
-    /// timestamps (empty otherwise).
-    stamp: Vec<u64>,
+    wc: Fifo<RawWc>,
+    /// Each entry's completion time on the device's clock, by the entry's slot, for a
+    /// queue created with timestamps (empty otherwise): apart, so that a queue without
+    /// them copies no time with every completion.
+    stamp: Box<[u64]>,
     /// The device's clock: it ticks once for each completion written into a queue with
     /// timestamps (the device does no work that takes time), and is never 0 on a stamp.
     clock: u64,
@@ -121,51 +120,66 @@ struct Ring {
 
 impl Ring {
     fn new(cap: usize, timestamps: bool) -> Self {
+        let cap = cap.max(1);
         Self {
-            wc: vec![RawWc::default(); cap.max(1)],
-            head: 0,
-            len: 0,
-            stamp: if timestamps {
-                vec![0; cap.max(1)]
-            } else {
-                Vec::new()
-            },
+            wc: Fifo::new(cap, RawWc::default()),
+            stamp: vec![0; if timestamps { cap } else { 0 }].into_boxed_slice(),
             clock: 0,
             cur: RawWc::default(),
             cur_stamp: 0,
         }
     }
 
+    /// Writes `wc` into the queue at once; `false` if it is full.
     #[inline]
     fn push(&mut self, wc: RawWc) -> bool {
-        let cap = self.wc.len();
-        if self.len == cap {
+        if !self.stage(0, wc) {
             return false;
         }
-        let at = (self.head + self.len) % cap;
-        self.wc[at] = wc;
-        if let Some(s) = self.stamp.get_mut(at) {
+        self.stamp(0);
+        self.wc.publish(1);
+        true
+    }
+
+    /// Writes `wc` `i` places behind the last entry, unpublished; `false` if there is no
+    /// room for it.
+    #[inline(always)]
+    fn stage(&mut self, i: usize, wc: RawWc) -> bool {
+        match self.wc.behind_mut(i) {
+            Some(e) => {
+                *e = wc;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stamps the entry staged `i` places behind the last one with the device's clock, on a
+    /// queue with timestamps (on one without, does nothing).
+    #[inline(always)]
+    fn stamp(&mut self, i: usize) {
+        if let Some(s) = self.wc.slot_behind(i).and_then(|at| self.stamp.get_mut(at)) {
             self.clock += 1;
             *s = self.clock;
         }
-        self.len += 1;
-        true
     }
 
     /// Publishes the `n` entries staged behind the last one (an extended post's section),
     /// stamping each on the device's clock when the queue has timestamps.
     #[inline(always)]
     fn publish(&mut self, n: usize) {
-        if self.stamp.is_empty() {
-            self.len += n;
-            return;
+        if !self.stamp.is_empty() {
+            self.stamp_staged(n);
         }
-        let cap = self.wc.len();
-        for _ in 0..n {
-            let at = (self.head + self.len) % cap;
-            self.clock += 1;
-            self.stamp[at] = self.clock;
-            self.len += 1;
+        self.wc.publish(n);
+    }
+
+    /// Stamps the `n` entries staged behind the last one: out of line, so that a post to a
+    /// queue without timestamps pays nothing for the loop.
+    #[inline(never)]
+    fn stamp_staged(&mut self, n: usize) {
+        for i in 0..n {
+            self.stamp(i);
         }
     }
 
@@ -173,8 +187,8 @@ impl Ring {
     /// if the ring is empty.
     #[inline]
     fn take(&mut self) -> bool {
-        let at = self.head;
-        let Some(wc) = self.pop() else {
+        let at = self.wc.front_slot();
+        let Some(wc) = self.wc.pop() else {
             return false;
         };
         self.cur = wc;
@@ -184,20 +198,15 @@ impl Ring {
 
     #[inline]
     fn pop(&mut self) -> Option<RawWc> {
-        if self.len == 0 {
-            return None;
-        }
-        let wc = self.wc[self.head];
-        self.head = (self.head + 1) % self.wc.len();
-        self.len -= 1;
-        Some(wc)
+        self.wc.pop()
     }
 }
 
 /// A queue pair's driver state: the receives it holds, whether it is in the error state, and
 /// the requests of the `ibv_wr_*` critical section under way.
 struct QpState {
-    recvs: Vec<u64>,
+    /// Posted receives' ids, oldest first.
+    recvs: Fifo<u64>,
     error: bool,
     /// Completions the requests built since `wr_start` will make, written into the send
     /// queue's ring behind its last entry and published by `wr_complete` (as a driver
@@ -288,9 +297,7 @@ unsafe extern "C" fn drv_post_recv(
                     *bad = wr;
                     return ENOMEM;
                 }
-            } else if st.recvs.len() < st.recvs.capacity() {
-                st.recvs.push(w.wr_id);
-            } else {
+            } else if st.recvs.push(w.wr_id).is_err() {
                 *bad = wr;
                 return ENOMEM;
             }
@@ -358,19 +365,17 @@ unsafe fn drv_build(q: *mut sys::ibv_qp_ex, opcode: u32) {
             return;
         }
         let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
-        let cap = ring.wc.len();
-        if ring.len + st.staged >= cap {
-            st.staged_err = ENOMEM;
-            return;
-        }
-        let at = (ring.head + ring.len + st.staged) % cap;
-        *ring.wc.get_unchecked_mut(at) = RawWc {
+        let wc = RawWc {
             wr_id: (*q).wr_id,
             status: if st.error { FLUSHED } else { 0 },
             opcode,
             qp_num: (*q).qp_base.qp_num,
             ..RawWc::default()
         };
+        if !ring.stage(st.staged, wc) {
+            st.staged_err = ENOMEM;
+            return;
+        }
         st.staged += 1;
     }
 }
@@ -746,7 +751,7 @@ impl InstantDevice {
         let qp_num = self.inner.next_qpn.get();
         self.inner.next_qpn.set(qp_num + 1);
         let state = Rc::new(Heap::new(QpState {
-            recvs: Vec::with_capacity(caps.max_recv_wr as usize),
+            recvs: Fifo::new(caps.max_recv_wr as usize, 0),
             error: false,
             staged: 0,
             staged_err: 0,
@@ -1009,10 +1014,12 @@ impl Arrivals {
         unsafe {
             let st = &mut *self.state.get();
             let ring = &mut *self.recv_cq.ring.get();
-            if st.error || st.recvs.is_empty() || ring.len == ring.wc.len() {
+            if st.error || ring.wc.is_full() {
                 return false;
             }
-            let wr_id = st.recvs.remove(0);
+            let Some(wr_id) = st.recvs.pop() else {
+                return false;
+            };
             ring.push(RawWc {
                 wr_id,
                 opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
@@ -1068,7 +1075,7 @@ impl QueuePair for InstantQp {
             let st = &mut *self.state.get();
             st.error = true;
             let ring = &mut *(*(*self.raw()).recv_cq).cq_context.cast::<Ring>();
-            for wr_id in st.recvs.drain(..) {
+            while let Some(wr_id) = st.recvs.pop() {
                 let wc = RawWc {
                     wr_id,
                     status: FLUSHED,
@@ -1077,6 +1084,8 @@ impl QueuePair for InstantQp {
                     ..RawWc::default()
                 };
                 if !ring.push(wc) {
+                    // The receives not flushed are dropped all the same.
+                    st.recvs.clear();
                     return Err(ProviderError {
                         verb: Verb::ModifyQpErr,
                         errno: ENOMEM,
