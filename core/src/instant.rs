@@ -57,6 +57,7 @@
 use alloc::boxed::Box;
 use alloc::rc::Rc;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::ffi::{c_int, c_void};
 use core::fmt;
 use core::ptr::{self, NonNull};
@@ -205,8 +206,7 @@ impl Ring {
 /// A queue pair's driver state: the receives it holds, whether it is in the error state, and
 /// the requests of the `ibv_wr_*` critical section under way.
 struct QpState {
-    /// Posted receives' ids, oldest first.
-    recvs: Fifo<u64>,
+    recvs: Vec<u64>,
     error: bool,
     /// Completions the requests built since `wr_start` will make, written into the send
     /// queue's ring behind its last entry and published by `wr_complete` (as a driver
@@ -297,7 +297,9 @@ unsafe extern "C" fn drv_post_recv(
                     *bad = wr;
                     return ENOMEM;
                 }
-            } else if st.recvs.push(w.wr_id).is_err() {
+            } else if st.recvs.len() < st.recvs.capacity() {
+                st.recvs.push(w.wr_id);
+            } else {
                 *bad = wr;
                 return ENOMEM;
             }
@@ -751,7 +753,7 @@ impl InstantDevice {
         let qp_num = self.inner.next_qpn.get();
         self.inner.next_qpn.set(qp_num + 1);
         let state = Rc::new(Heap::new(QpState {
-            recvs: Fifo::new(caps.max_recv_wr as usize, 0),
+            recvs: Vec::with_capacity(caps.max_recv_wr as usize),
             error: false,
             staged: 0,
             staged_err: 0,
@@ -1014,12 +1016,10 @@ impl Arrivals {
         unsafe {
             let st = &mut *self.state.get();
             let ring = &mut *self.recv_cq.ring.get();
-            if st.error || ring.wc.is_full() {
+            if st.error || st.recvs.is_empty() || ring.wc.is_full() {
                 return false;
             }
-            let Some(wr_id) = st.recvs.pop() else {
-                return false;
-            };
+            let wr_id = st.recvs.remove(0);
             ring.push(RawWc {
                 wr_id,
                 opcode: sys::ibv_wc_opcode::IBV_WC_RECV,
@@ -1075,7 +1075,7 @@ impl QueuePair for InstantQp {
             let st = &mut *self.state.get();
             st.error = true;
             let ring = &mut *(*(*self.raw()).recv_cq).cq_context.cast::<Ring>();
-            while let Some(wr_id) = st.recvs.pop() {
+            for wr_id in st.recvs.drain(..) {
                 let wc = RawWc {
                     wr_id,
                     status: FLUSHED,
@@ -1084,8 +1084,6 @@ impl QueuePair for InstantQp {
                     ..RawWc::default()
                 };
                 if !ring.push(wc) {
-                    // The receives not flushed are dropped all the same.
-                    st.recvs.clear();
                     return Err(ProviderError {
                         verb: Verb::ModifyQpErr,
                         errno: ENOMEM,
