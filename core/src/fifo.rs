@@ -170,6 +170,15 @@ impl<T: Copy> Fifo<T> {
 mod tests {
     use super::Fifo;
 
+    /// A queue of `cap` slots, `values` pushed into it.
+    fn holding(cap: usize, values: impl IntoIterator<Item = u32>) -> Fifo<u32> {
+        let mut q = Fifo::new(cap, 0);
+        for v in values {
+            assert_eq!(q.push(v), Ok(()));
+        }
+        q
+    }
+
     /// The values of `q`, oldest first, taken out.
     fn drain(q: &mut Fifo<u32>) -> alloc::vec::Vec<u32> {
         core::iter::from_fn(|| q.pop()).collect()
@@ -197,9 +206,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_hands_the_value_back_and_keeps_its_own() {
-        let mut q = Fifo::new(2, 0u32);
-        assert_eq!(q.push(1), Ok(()));
-        assert_eq!(q.push(2), Ok(()));
+        let mut q = holding(2, [1, 2]);
         assert_eq!(q.push(3), Err(3));
         assert_eq!(q.len(), 2);
         assert_eq!(q.pop(), Some(1));
@@ -221,10 +228,7 @@ mod tests {
 
     #[test]
     fn clear_empties_the_queue_wherever_its_head_was() {
-        let mut q = Fifo::new(4, 0u32);
-        for v in 0..4 {
-            assert_eq!(q.push(v), Ok(()));
-        }
+        let mut q = holding(4, 0..4);
         assert_eq!(q.pop(), Some(0));
         q.clear();
         assert!(q.is_empty());
@@ -242,10 +246,7 @@ mod tests {
 
     #[test]
     fn pop_into_takes_what_fits_oldest_first() {
-        let mut q = Fifo::new(4, 0u32);
-        for v in 1..=4 {
-            assert_eq!(q.push(v), Ok(()));
-        }
+        let mut q = holding(4, 1..=4);
         let mut out = [0; 3];
         assert_eq!(q.pop_into(&mut out), 3);
         assert_eq!(out, [1, 2, 3]);
@@ -257,11 +258,8 @@ mod tests {
 
     #[test]
     fn staged_values_count_only_once_published_and_wrap_like_pushed_ones() {
-        let mut q = Fifo::new(4, 0u32);
         // Head on the third slot: the staged slots run past the last one.
-        for v in 0..3 {
-            assert_eq!(q.push(v), Ok(()));
-        }
+        let mut q = holding(4, 0..3);
         assert_eq!(q.pop(), Some(0));
         assert_eq!(q.pop(), Some(1));
         // One value in (2), room for three behind it.
@@ -282,6 +280,29 @@ mod tests {
         assert_eq!(drain(&mut q), [2, 30, 31, 32]);
         q.publish(0);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn slots_say_where_each_value_sits_for_an_array_kept_beside_it() {
+        // As the instant device keeps a time per entry: written by the slot a staged value
+        // goes to, read by the slot of the value taken.
+        let mut q = holding(3, [1, 2]);
+        assert_eq!(q.pop(), Some(1));
+        let mut beside = [0u64; 3];
+        for (i, v) in [(0, 100u32), (1, 101)] {
+            beside[q.slot_behind(i).unwrap()] = u64::from(v) * 10;
+            *q.behind_mut(i).unwrap() = v;
+        }
+        assert_eq!(q.slot_behind(0), Some(2));
+        assert_eq!(q.slot_behind(1), Some(0), "past the last slot, the first");
+        assert!(q.slot_behind(2).is_none());
+        q.publish(2);
+        let mut seen = alloc::vec::Vec::new();
+        while !q.is_empty() {
+            let at = q.front_slot();
+            seen.push((q.pop().unwrap(), beside[at]));
+        }
+        assert_eq!(seen, [(2, 0), (100, 1000), (101, 1010)]);
     }
 
     #[test]
