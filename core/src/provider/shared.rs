@@ -149,7 +149,8 @@ impl QpTable {
 /// A queue pair's completions of one kind, oldest first.
 type Mailbox = Fifo<Completion>;
 
-/// A mailbox of `cap` completions (at least one).
+/// A mailbox of `cap` completions, at least one (as the mailboxes always had: `add` and
+/// `replace_qp` check capacities, and report them, from the mailboxes' own).
 fn mailbox(cap: u32) -> Mailbox {
     Fifo::new(cap.max(1) as usize, Completion::EMPTY)
 }
