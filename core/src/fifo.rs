@@ -1,7 +1,7 @@
 //! The one first-in, first-out queue of the crate: a fixed number of slots allocated once,
 //! at setup, so that nothing on the data path allocates. Shared completion queues keep their
-//! mailboxes and ready list in it, the instant device its completion entries and posted
-//! receives, a node the peers it has to serve.
+//! mailboxes and ready list in it, the instant device its completion entries (and the
+//! entries an extended post stages), a node the peers it has to serve.
 //!
 //! Why not `heapless::Deque`: its capacity is a const generic, and these capacities are known
 //! only when the queue is built (queue depths, the number of peers); its run-time sized
@@ -132,7 +132,8 @@ impl<T: Copy> Fifo<T> {
     /// Which slot [`Fifo::behind_mut`]`(i)` writes; `None` likewise.
     #[inline(always)]
     pub(crate) fn slot_behind(&self, i: usize) -> Option<usize> {
-        // `len` never exceeds the capacity, so neither side overflows.
+        // `len` is at most the capacity (a caller that publishes more than it staged breaks
+        // that; a debug build stops it in `publish`), so neither side overflows.
         if i >= self.slots.len() - self.len {
             return None;
         }
