@@ -63,6 +63,7 @@ use core::fmt;
 use core::ptr::{self, NonNull};
 
 use crate::completion::{Completion, DatagramCompletion};
+use crate::fifo::Fifo;
 use crate::gid::Gid;
 use crate::memory::{AccessFlags, VolatileBytes};
 use crate::params::QpCaps;
@@ -102,15 +103,14 @@ struct RawWc {
 const _: () = assert!(core::mem::size_of::<RawWc>() == core::mem::size_of::<sys::ibv_wc>());
 const _: () = assert!(core::mem::align_of::<RawWc>() == core::mem::align_of::<sys::ibv_wc>());
 
-/// A completion queue's entries: a fixed ring, and for the extended poll the entry the
-/// queue is positioned on.
+/// A completion queue's entries, and for the extended poll the entry the queue is
+/// positioned on.
 struct Ring {
-    wc: Vec<RawWc>,
-    head: usize,
-    len: usize,
-    /// Each entry's completion time on the device's clock, for a queue created with
-    /// timestamps (empty otherwise).
-    stamp: Vec<u64>,
+    wc: Fifo<RawWc>,
+    /// Each entry's completion time on the device's clock, by the entry's slot, for a
+    /// queue created with timestamps (empty otherwise): apart, so that a queue without
+    /// them copies no time with every completion.
+    stamp: Box<[u64]>,
     /// The device's clock: it ticks once for each completion written into a queue with
     /// timestamps (the device does no work that takes time), and is never 0 on a stamp.
     clock: u64,
@@ -121,51 +121,66 @@ struct Ring {
 
 impl Ring {
     fn new(cap: usize, timestamps: bool) -> Self {
+        let cap = cap.max(1);
         Self {
-            wc: vec![RawWc::default(); cap.max(1)],
-            head: 0,
-            len: 0,
-            stamp: if timestamps {
-                vec![0; cap.max(1)]
-            } else {
-                Vec::new()
-            },
+            wc: Fifo::new(cap, RawWc::default()),
+            stamp: vec![0; if timestamps { cap } else { 0 }].into_boxed_slice(),
             clock: 0,
             cur: RawWc::default(),
             cur_stamp: 0,
         }
     }
 
+    /// Writes `wc` into the queue at once; `false` if it is full.
     #[inline]
     fn push(&mut self, wc: RawWc) -> bool {
-        let cap = self.wc.len();
-        if self.len == cap {
+        if !self.stage(0, wc) {
             return false;
         }
-        let at = (self.head + self.len) % cap;
-        self.wc[at] = wc;
-        if let Some(s) = self.stamp.get_mut(at) {
+        self.stamp(0);
+        self.wc.publish(1);
+        true
+    }
+
+    /// Writes `wc` `i` places behind the last entry, unpublished; `false` if there is no
+    /// room for it.
+    #[inline(always)]
+    fn stage(&mut self, i: usize, wc: RawWc) -> bool {
+        match self.wc.behind_mut(i) {
+            Some(e) => {
+                *e = wc;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stamps the entry staged `i` places behind the last one with the device's clock, on a
+    /// queue with timestamps (on one without, does nothing).
+    #[inline(always)]
+    fn stamp(&mut self, i: usize) {
+        if let Some(s) = self.wc.slot_behind(i).and_then(|at| self.stamp.get_mut(at)) {
             self.clock += 1;
             *s = self.clock;
         }
-        self.len += 1;
-        true
     }
 
     /// Publishes the `n` entries staged behind the last one (an extended post's section),
     /// stamping each on the device's clock when the queue has timestamps.
     #[inline(always)]
     fn publish(&mut self, n: usize) {
-        if self.stamp.is_empty() {
-            self.len += n;
-            return;
+        if !self.stamp.is_empty() {
+            self.stamp_staged(n);
         }
-        let cap = self.wc.len();
-        for _ in 0..n {
-            let at = (self.head + self.len) % cap;
-            self.clock += 1;
-            self.stamp[at] = self.clock;
-            self.len += 1;
+        self.wc.publish(n);
+    }
+
+    /// Stamps the `n` entries staged behind the last one: out of line, so that a post to a
+    /// queue without timestamps pays nothing for the loop.
+    #[inline(never)]
+    fn stamp_staged(&mut self, n: usize) {
+        for i in 0..n {
+            self.stamp(i);
         }
     }
 
@@ -173,8 +188,8 @@ impl Ring {
     /// if the ring is empty.
     #[inline]
     fn take(&mut self) -> bool {
-        let at = self.head;
-        let Some(wc) = self.pop() else {
+        let at = self.wc.front_slot();
+        let Some(wc) = self.wc.pop() else {
             return false;
         };
         self.cur = wc;
@@ -184,13 +199,7 @@ impl Ring {
 
     #[inline]
     fn pop(&mut self) -> Option<RawWc> {
-        if self.len == 0 {
-            return None;
-        }
-        let wc = self.wc[self.head];
-        self.head = (self.head + 1) % self.wc.len();
-        self.len -= 1;
-        Some(wc)
+        self.wc.pop()
     }
 }
 
@@ -358,19 +367,17 @@ unsafe fn drv_build(q: *mut sys::ibv_qp_ex, opcode: u32) {
             return;
         }
         let ring = &mut *(*(*q).qp_base.send_cq).cq_context.cast::<Ring>();
-        let cap = ring.wc.len();
-        if ring.len + st.staged >= cap {
-            st.staged_err = ENOMEM;
-            return;
-        }
-        let at = (ring.head + ring.len + st.staged) % cap;
-        *ring.wc.get_unchecked_mut(at) = RawWc {
+        let wc = RawWc {
             wr_id: (*q).wr_id,
             status: if st.error { FLUSHED } else { 0 },
             opcode,
             qp_num: (*q).qp_base.qp_num,
             ..RawWc::default()
         };
+        if !ring.stage(st.staged, wc) {
+            st.staged_err = ENOMEM;
+            return;
+        }
         st.staged += 1;
     }
 }
@@ -1009,7 +1016,7 @@ impl Arrivals {
         unsafe {
             let st = &mut *self.state.get();
             let ring = &mut *self.recv_cq.ring.get();
-            if st.error || st.recvs.is_empty() || ring.len == ring.wc.len() {
+            if st.error || st.recvs.is_empty() || ring.wc.is_full() {
                 return false;
             }
             let wr_id = st.recvs.remove(0);

@@ -75,7 +75,8 @@
 //! is not a use).
 //! 1. Words: [`verb`] (the verbs' names, [`ProviderError`](verb::ProviderError), errno
 //!    values), [`gid`], [`sge`], [`params`], `fatal`, [`wr`], [`completion`], [`failure`]
-//!    (what a failure is, not how news of it travels).
+//!    (what a failure is, not how news of it travels), and `fifo` (the one fixed-capacity
+//!    queue every layer keeps its rings in).
 //! 2. Memory and time: [`memory`] (regions and who owns what a device can reach), [`poll`].
 //! 3. Wire formats: [`wire`], every byte layout a peer reads (endpoints, node flags,
 //!    notices, datagram headers).
@@ -159,6 +160,8 @@ pub mod completion;
 pub mod datagram;
 pub mod failure;
 mod fatal;
+#[cfg(feature = "alloc")]
+mod fifo;
 pub mod gid;
 // The instant device is a driver: the C structures libibverbs hands to one, and its
 // operations, written in Rust.

@@ -42,6 +42,7 @@ use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError};
 use crate::channel::{ChannelError, Done, Ticket};
+use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Deadline, Patience};
@@ -161,9 +162,7 @@ pub(super) struct Rings<M> {
     pub(super) refused: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
-    pub(super) todo: Vec<usize>,
-    pub(super) todo_head: usize,
-    pub(super) todo_len: usize,
+    pub(super) todo: Fifo<usize>,
     pub(super) queued: Vec<bool>,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
@@ -204,9 +203,7 @@ impl<M: Region> Rings<M> {
             returned: vec![0; peers],
             credit_writes: 0,
             refused: vec![0; peers],
-            todo: vec![0; peers.max(1)],
-            todo_head: 0,
-            todo_len: 0,
+            todo: Fifo::new(peers, 0),
             queued: vec![false; peers],
             sweep: 0,
             since_sweep: 0,
@@ -231,19 +228,13 @@ impl<M> Rings<M> {
     pub(super) fn push_todo(&mut self, p: usize) {
         if !self.queued[p] {
             self.queued[p] = true;
-            let n = self.todo.len();
-            self.todo[(self.todo_head + self.todo_len) % n] = p;
-            self.todo_len += 1;
+            // Each peer at most once, and there is a slot for every peer.
+            let _ = self.todo.push(p);
         }
     }
 
     fn pop_todo(&mut self) -> Option<usize> {
-        if self.todo_len == 0 {
-            return None;
-        }
-        let p = self.todo[self.todo_head];
-        self.todo_head = (self.todo_head + 1) % self.todo.len();
-        self.todo_len -= 1;
+        let p = self.todo.pop()?;
         self.queued[p] = false;
         Some(p)
     }
@@ -488,7 +479,7 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     // their credit returns, which must not wait for budget: a sender without credits
     // sends nothing, and the pool would run dry.
     let pooled = rings.pool.is_some();
-    for _ in 0..rings.todo_len {
+    for _ in 0..rings.todo.len() {
         if handed >= budget && !pooled {
             break;
         }

@@ -39,6 +39,7 @@ use core::fmt;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::completion::Completion;
+use crate::fifo::Fifo;
 use crate::params::QpCaps;
 use crate::provider::{CompletionQueue, Provider, ProviderError, QueuePair, Verb};
 use crate::verb::errno::EOVERFLOW;
@@ -145,48 +146,13 @@ impl QpTable {
     }
 }
 
-/// A fixed ring (of completions, or of mailbox indices for the ready list).
-struct Ring<T: Copy> {
-    buf: Vec<T>,
-    head: usize,
-    len: usize,
-}
+/// A queue pair's completions of one kind, oldest first.
+type Mailbox = Fifo<Completion>;
 
-type Mailbox = Ring<Completion>;
-
-impl<T: Copy> Ring<T> {
-    fn new(cap: u32, fill: T) -> Self {
-        Self {
-            buf: vec![fill; cap.max(1) as usize],
-            head: 0,
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, c: T) -> bool {
-        if self.len == self.buf.len() {
-            return false;
-        }
-        let at = (self.head + self.len) % self.buf.len();
-        self.buf[at] = c;
-        self.len += 1;
-        true
-    }
-
-    fn clear(&mut self) {
-        self.head = 0;
-        self.len = 0;
-    }
-
-    fn pop(&mut self) -> Option<T> {
-        if self.len == 0 {
-            return None;
-        }
-        let c = self.buf[self.head];
-        self.head = (self.head + 1) % self.buf.len();
-        self.len -= 1;
-        Some(c)
-    }
+/// A mailbox of `cap` completions, at least one (as the mailboxes always had: `add` and
+/// `replace_qp` check capacities, and report them, from the mailboxes' own).
+fn mailbox(cap: u32) -> Mailbox {
+    Fifo::new(cap.max(1) as usize, Completion::EMPTY)
 }
 
 struct Slot {
@@ -215,7 +181,7 @@ struct State<C> {
     table: QpTable,
     slots: Vec<Slot>,
     /// Slots with completions in their mailboxes, oldest first (each at most once).
-    ready: Ring<u32>,
+    ready: Fifo<u32>,
     /// With a shared receive queue: every receive completion, in arrival order (the queue
     /// pairs have no receives of their own), and whether one found it full.
     pool: Option<(Mailbox, bool)>,
@@ -238,7 +204,7 @@ impl<C: CompletionQueue> State<C> {
     /// ours: dropped).
     fn route(&mut self, c: Completion, recv: bool) {
         if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
-            if self.table.get(c.qp_num).is_some() && !pool.push(c) {
+            if self.table.get(c.qp_num).is_some() && pool.push(c).is_err() {
                 *overflowed = true;
             }
             return;
@@ -247,12 +213,12 @@ impl<C: CompletionQueue> State<C> {
             return;
         };
         let slot = &mut self.slots[i as usize];
-        let ok = if recv {
+        let pushed = if recv {
             slot.recv.push(c)
         } else {
             slot.send.push(c)
         };
-        if !ok {
+        if pushed.is_err() {
             slot.overflowed = true;
         }
         self.enqueue(i as usize);
@@ -342,9 +308,9 @@ impl<C: CompletionQueue> State<C> {
     ) -> Result<usize, ProviderError> {
         let empty = |s: &Slot| {
             if recv {
-                s.recv.len == 0
+                s.recv.is_empty()
             } else {
-                s.send.len == 0
+                s.send.is_empty()
             }
         };
         let fresh = core::mem::take(&mut self.slots[slot].fresh[usize::from(recv)]);
@@ -359,17 +325,8 @@ impl<C: CompletionQueue> State<C> {
         }
         let s = &mut self.slots[slot];
         let mbox = if recv { &mut s.recv } else { &mut s.send };
-        let mut n = 0;
-        while n < out.len() {
-            match mbox.pop() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        if s.send.len + s.recv.len > 0 {
+        let n = mbox.pop_into(out);
+        if !(s.send.is_empty() && s.recv.is_empty()) {
             // More than `out` held: whoever serves the ready list comes back for the rest.
             self.enqueue(slot);
         }
@@ -379,7 +336,7 @@ impl<C: CompletionQueue> State<C> {
     /// Takes receive completions of the shared receive queue into `out`; polls the receive
     /// queue first when none is waiting.
     fn take_pool(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        if self.pool.as_ref().is_some_and(|(p, _)| p.len == 0) {
+        if self.pool.as_ref().is_some_and(|(p, _)| p.is_empty()) {
             self.poll_into_mailboxes(true)?;
         }
         let Some((pool, overflowed)) = &mut self.pool else {
@@ -391,17 +348,7 @@ impl<C: CompletionQueue> State<C> {
                 errno: EOVERFLOW,
             });
         }
-        let mut n = 0;
-        while n < out.len() {
-            match pool.pop() {
-                Some(c) => {
-                    out[n] = c;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(n)
+        Ok(pool.pop_into(out))
     }
 }
 
@@ -510,12 +457,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
     /// [`Provider::poll_srq`] (of any of them). `recv_cq` must hold `srq_depth` completions.
     /// Allocates.
     pub fn with_srq(send_cq: C, recv_cq: C, max_qps: usize, srq_depth: u32) -> Self {
-        Self::build(
-            send_cq,
-            recv_cq,
-            max_qps,
-            Some((Mailbox::new(srq_depth, Completion::EMPTY), false)),
-        )
+        Self::build(send_cq, recv_cq, max_qps, Some((mailbox(srq_depth), false)))
     }
 
     fn build(send_cq: C, recv_cq: C, max_qps: usize, pool: Option<(Mailbox, bool)>) -> Self {
@@ -527,7 +469,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
                     recv_cq,
                     table: QpTable::new(max_qps),
                     slots: Vec::with_capacity(max_qps),
-                    ready: Ring::new(max_qps as u32, 0),
+                    ready: Fifo::new(max_qps, 0),
                     pool,
                     scratch: [Completion::EMPTY; POLL_BATCH],
                 }),
@@ -557,7 +499,7 @@ impl<C: CompletionQueue> SharedCqs<C> {
             if let Some((pool, _)) = &st.pool {
                 // Receives come from the shared queue only; its completions fit the CQ.
                 caps.max_recv_wr = 0;
-                let (needed, capacity) = (pool.buf.len() as u64, st.recv_cq.capacity());
+                let (needed, capacity) = (pool.capacity() as u64, st.recv_cq.capacity());
                 if qp.srq_capacity() == 0 || u64::from(qp.srq_capacity()) > needed {
                     return Err(SharedCqError::NotOnTheSrq);
                 }
@@ -578,8 +520,8 @@ impl<C: CompletionQueue> SharedCqs<C> {
             }
             let (mut send, mut recv) = (u64::from(caps.max_send_wr), u64::from(caps.max_recv_wr));
             for s in &st.slots {
-                send += s.send.buf.len() as u64;
-                recv += s.recv.buf.len() as u64;
+                send += s.send.capacity() as u64;
+                recv += s.recv.capacity() as u64;
             }
             for (needed, capacity) in [(send, st.send_cq.capacity()), (recv, st.recv_cq.capacity())]
             {
@@ -593,8 +535,8 @@ impl<C: CompletionQueue> SharedCqs<C> {
             }
             st.slots.push(Slot {
                 // The drain request's completion on top of the queue's depth.
-                send: Mailbox::new(caps.max_send_wr + 1, Completion::EMPTY),
-                recv: Mailbox::new(caps.max_recv_wr, Completion::EMPTY),
+                send: mailbox(caps.max_send_wr + 1),
+                recv: mailbox(caps.max_recv_wr),
                 qp_num: qpn,
                 queued: false,
                 fresh: [false; 2],
@@ -669,7 +611,7 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
             if st
                 .pool
                 .as_ref()
-                .is_some_and(|(p, _)| srq == 0 || srq > p.buf.len())
+                .is_some_and(|(p, _)| srq == 0 || srq > p.capacity())
             {
                 return Err(SharedCqError::NotOnTheSrq);
             }
@@ -681,16 +623,16 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
             // more (one send entry stays for a flush's drain request).
             caps.max_send_wr = caps
                 .max_send_wr
-                .min((s.send.buf.len() as u32).saturating_sub(1));
+                .min((s.send.capacity() as u32).saturating_sub(1));
             caps.max_recv_wr = if pooled {
                 0
             } else {
-                caps.max_recv_wr.min(s.recv.buf.len() as u32)
+                caps.max_recv_wr.min(s.recv.capacity() as u32)
             };
             if caps.max_send_wr < 2 || (caps.max_recv_wr < 1 && !pooled) {
                 return Err(SharedCqError::TooSmall {
                     needed: 3,
-                    capacity: s.send.buf.len().min(s.recv.buf.len()) as u32,
+                    capacity: s.send.capacity().min(s.recv.capacity()) as u32,
                 });
             }
             let old = s.qp_num;
