@@ -7,7 +7,7 @@ use rverbs_core::node::Members;
 
 use rverbs_core::barrier::BarrierAlgorithm;
 use rverbs_core::failure::{Failure, FailureCause};
-use rverbs_core::node::{Component, NodeConfig, NodeError, PreparedNode, VerbsNode};
+use rverbs_core::node::{Component, NodeConfig, NodeError, PreparedNode, SetupError, VerbsNode};
 use rverbs_core::params::PsnSource;
 use rverbs_core::verbs::{open_device, DeviceList, QpConfig};
 use rverbs_std_shim::{Monotonic, StdBackoff, WaitPolicy, MONOTONIC, PSN_SOURCE};
@@ -247,7 +247,7 @@ impl Connected {
         }
         let device = self.node.pd().context().name().to_owned();
         let rdma = |source| {
-            BootstrapError::Rdma(RdmaError::Setup {
+            BootstrapError::Rdma(RdmaError::Node {
                 rank: me,
                 device: device.clone(),
                 source: Box::new(source),
@@ -515,14 +515,14 @@ where
     F: FnOnce(&[u8], &ExchangeOptions) -> Result<(OutOfBand, Vec<Vec<u8>>)>,
 {
     let rank = place.rank;
-    let rdma = |source: NodeError| {
+    let rdma = |source: SetupError| {
         BootstrapError::Rdma(RdmaError::Setup {
             rank,
             device: place.device.clone(),
             source: Box::new(source),
         })
     };
-    let ctx = open_device(&place.device).map_err(|e| rdma(NodeError::Verbs(e)))?;
+    let ctx = open_device(&place.device).map_err(|e| rdma(SetupError::Verbs(e)))?;
     // A step that fails while this rank's own port is down failed because of it: say so
     // (the peers it could not reach are not at fault).
     let ours = |e: BootstrapError| match port_down(&ctx, place.port) {
@@ -563,7 +563,13 @@ where
     session.allgather(b"connected").map_err(ours)?;
     let clock = MONOTONIC;
     node.barrier_timeout(Members::World, opts.first_barrier_timeout)
-        .map_err(|e| ours(rdma(e)))?;
+        .map_err(|e| {
+            ours(BootstrapError::Rdma(RdmaError::Node {
+                rank,
+                device: place.device.clone(),
+                source: Box::new(e),
+            }))
+        })?;
     let departures = Departures::default();
     let watch = watch_session(
         &session,

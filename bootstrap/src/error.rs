@@ -715,8 +715,18 @@ pub enum RdmaError {
         /// The step's own error.
         source: Box<BootstrapError>,
     },
-    /// Setting up RDMA (device, queue pairs, memory, handshake, first barrier) failed.
+    /// Setting up RDMA (device, queue pairs, memory, handshake) failed.
     Setup {
+        /// The calling rank.
+        rank: u32,
+        /// The RDMA device it used.
+        device: String,
+        /// What failed.
+        source: Box<rverbs_core::node::SetupError>,
+    },
+    /// A call on the node failed while connecting or readmitting: the first barrier, a
+    /// survivor's readmission steps and the barrier after them.
+    Node {
         /// The calling rank.
         rank: u32,
         /// The RDMA device it used.
@@ -745,6 +755,11 @@ impl fmt::Display for RdmaError {
                 device,
                 source,
             } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
+            Self::Node {
+                rank,
+                device,
+                source,
+            } => write!(f, "rank {rank} on RDMA device {device}: {source}"),
         }
     }
 }
@@ -755,6 +770,7 @@ impl core::error::Error for RdmaError {
         match self {
             Self::LocalPortDown { source, .. } => Some(source.as_ref()),
             Self::Setup { source, .. } => Some(source.as_ref()),
+            Self::Node { source, .. } => Some(source.as_ref()),
         }
     }
 }

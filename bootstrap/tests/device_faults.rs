@@ -31,7 +31,7 @@ use rverbs_bootstrap::{connect, OutOfBand};
 use rverbs_core::channel::ChannelError;
 use rverbs_core::completion::WcStatus;
 use rverbs_core::multi::{MultiError, PeerError};
-use rverbs_core::node::{Event, NodeError, VerbsNode};
+use rverbs_core::node::{Event, NodeError, SetupError, VerbsNode};
 use rverbs_core::params::{RetryCount, RnrRetry};
 use rverbs_core::poll::{Clock, Deadline};
 use rverbs_core::verbs::AccessFlags;
@@ -456,7 +456,7 @@ fn messaging(
     let cap = node.channel(peer).unwrap().recv_capacity();
     assert_eq!(cap, 64, "a channel holds 64 receives by default");
     match node.start_messaging(cap as usize + 1, 64) {
-        Err(NodeError::InvalidArgument { .. }) => {}
+        Err(SetupError::InvalidArgument { .. }) => {}
         other => panic!("rank {rank}: start_messaging(65, 64) gave {other:?}"),
     }
     assert_eq!(node.channel(peer).unwrap().outstanding_recvs(), 0);
@@ -468,7 +468,7 @@ fn messaging(
     );
     assert_eq!(
         node.start_messaging(SLOTS, 64),
-        Err(NodeError::MessagingStarted)
+        Err(SetupError::MessagingStarted)
     );
     // Every ring is posted before anyone sends.
     session.allgather(b"rings").unwrap();

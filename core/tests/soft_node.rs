@@ -14,7 +14,8 @@ use rverbs_core::channel::ChannelConfig;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{SoftNet, SoftNetConfig};
 use rverbs_core::node::{
-    soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive, SoftNode,
+    soft_world_bytes, soft_world_with, Component, Components, Event, NodeError, Receive,
+    SetupError, SoftNode,
 };
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
@@ -615,7 +616,7 @@ fn components_that_cannot_work_together_are_refused_when_the_world_is_built_nami
             components,
         )
         .unwrap_err();
-        assert_eq!(e, NodeError::Incompatible { a, b });
+        assert_eq!(e, SetupError::Incompatible { a, b });
         let text = e.to_string();
         assert!(
             text.contains(&a.to_string()) && text.contains(&b.to_string()),

@@ -9,7 +9,9 @@ use rverbs_core::channel::ChannelConfig;
 use rverbs_core::failure::Failure;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
-use rverbs_core::node::{soft_world_with, Component, Components, NodeError, Receive, SoftNode};
+use rverbs_core::node::{
+    soft_world_with, Component, Components, NodeError, Receive, SetupError, SoftNode,
+};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
 
@@ -132,7 +134,7 @@ pub fn assert_built_without_messaging<'n, 'm: 'n>(
         .expect("the model registers any buffer");
     assert_eq!(
         node.start_messaging_in(region, slots, 64),
-        Err(NodeError::NotBuiltWith(Component::Messaging))
+        Err(SetupError::NotBuiltWith(Component::Messaging))
     );
 }
 

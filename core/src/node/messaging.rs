@@ -40,7 +40,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
-use super::{Node, NodeError};
+use super::{Node, NodeError, SetupError};
 use crate::channel::{ChannelError, Done, Ticket};
 use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
@@ -249,7 +249,7 @@ impl<M> Rings<M> {
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Starts messaging in `region` on a node built with messaging
-    /// ([`Components::messaging`](super::Components); else [`NodeError::NotBuiltWith`]): a
+    /// ([`Components::messaging`](super::Components); else [`SetupError::NotBuiltWith`]): a
     /// ring of `slots` receive buffers of `slot_size` bytes
     /// for every peer (the region must hold `(world - 1) * slots * slot_size` bytes, with
     /// local write access and no remote write or atomic access), all posted. Every rank must
@@ -272,15 +272,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         region: M,
         slots: usize,
         slot_size: usize,
-    ) -> Result<(), NodeError> {
+    ) -> Result<(), SetupError> {
         if self.rings.is_some() {
-            return Err(NodeError::MessagingStarted);
+            return Err(SetupError::MessagingStarted);
         }
-        let bad = |what| Err(NodeError::InvalidArgument { what });
+        let bad = |what| Err(SetupError::InvalidArgument { what });
         if self.components.messaging.is_none() {
             // Not a clash found late: the node was built for one-sided traffic (and so may
             // have wake-up receives posted, which have no buffer for a message).
-            return Err(NodeError::NotBuiltWith(super::Component::Messaging));
+            return Err(SetupError::NotBuiltWith(super::Component::Messaging));
         }
         if slots == 0 || slot_size == 0 || slot_size > u32::MAX as usize {
             return bad("messaging needs at least one slot of 1 byte to 4 GiB");
@@ -303,7 +303,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         for (rank, c) in self.multi.ranked() {
             if let Some(error) = c.fault() {
-                return Err(NodeError::Channel { rank, error });
+                return Err(SetupError::Channel { rank, error });
             }
             if c.outstanding_recvs() + slots as u64 > c.recv_capacity() {
                 return bad("more ring slots than a channel's free receive queue entries");
@@ -324,7 +324,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                     for c in self.multi.channels().take(p + 1) {
                         c.settle(true);
                     }
-                    return Err(e);
+                    return Err(SetupError::posting(e));
                 }
             }
         }

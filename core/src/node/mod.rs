@@ -30,7 +30,7 @@
 //!     nodes.iter_mut().try_for_each(|n| n.barrier_start(Members::World))?; // all arrive
 //!     while nodes.iter_mut().map(|n| n.barrier_poll()).collect::<Result<Vec<_>, _>>()?.contains(&false) {}
 //! }
-//! # Ok::<(), rverbs_core::node::NodeError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! # The flag array
@@ -66,7 +66,7 @@
 //! # Components
 //! Messaging, barrier wake-ups and readmission are chosen when the node is built
 //! ([`Components`]); a combination that cannot work is refused then, naming both choices
-//! ([`NodeError::Incompatible`]). Barriers and failure news are part of every node.
+//! ([`SetupError::Incompatible`]). Barriers and failure news are part of every node.
 
 mod alarm;
 mod counters;
@@ -128,11 +128,14 @@ const WINDOW_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
-/// Why building or connecting a node failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why building a node, or setting up one of its parts, failed: what [`PreparedNode::new`],
+/// [`PreparedNode::handshake`], [`Node::from_parts`], the model's [`soft_world`] and
+/// [`soft_rejoin`], and starting messaging ([`Node::start_messaging_in`]) can fail with.
+/// Once a node runs, its calls fail with a [`NodeError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum NodeError {
-    /// A verb failed.
+pub enum SetupError {
+    /// A verb failed (opening a device, creating a queue, registering memory).
     #[cfg(feature = "verbs")]
     Verbs(VerbsError),
     /// A peer's blob is malformed.
@@ -157,8 +160,6 @@ pub enum NodeError {
         /// The verb error.
         error: VerbsError,
     },
-    /// A ticket waited on the node that none of its channels issued.
-    ForeignTicket,
     /// The node's shared completion queues refused the queue pair to a peer (queues deeper
     /// than they hold, a queue pair not on the node's shared receive queue, ...).
     #[cfg(feature = "verbs")]
@@ -176,6 +177,121 @@ pub enum NodeError {
         /// The world size.
         world: u32,
     },
+    /// The allocator had no memory for a region of this many bytes.
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// Two components chosen for the node cannot work together (see [`Components`]); the
+    /// node was not built.
+    Incompatible {
+        /// One choice.
+        a: Component,
+        /// The other, which `a` excludes.
+        b: Component,
+    },
+    /// Messaging was started on a node built without it, or (on the model,
+    /// [`soft_rejoin`]) a survivor was built without readmission ([`Components`]).
+    NotBuiltWith(Component),
+    /// A survivor cannot readmit the rank [`soft_rejoin`] builds a node for (on a device the
+    /// survivors' side is a call of each running node: [`NodeError::Readmit`]).
+    Readmit {
+        /// The rank to readmit.
+        rank: u32,
+        /// Why not.
+        error: ReadmitError,
+    },
+    /// [`Node::start_messaging_in`] was called twice.
+    MessagingStarted,
+    /// An argument is out of range, or the parts do not fit together; nothing was changed.
+    InvalidArgument {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The channel to a peer is broken, or refused the receives setup posts on it (barrier
+    /// wake-ups, messaging's ring slots).
+    Channel {
+        /// The peer.
+        rank: u32,
+        /// The error.
+        error: ChannelError,
+    },
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            #[cfg(feature = "verbs")]
+            Self::Verbs(e) => write!(f, "{e}"),
+            Self::Blob { rank, error } => write!(f, "endpoint blob of rank {rank}: {error}"),
+            Self::BlobCount { expected, got } => {
+                write!(f, "{got} endpoint blobs for a world of {expected}")
+            }
+            #[cfg(feature = "verbs")]
+            Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
+            #[cfg(feature = "verbs")]
+            Self::SharedCq { rank, error } => write!(
+                f,
+                "the queue pair to rank {rank}: the shared completion queues refused it: {error}"
+            ),
+            Self::InvalidWorld { rank, world } => write!(
+                f,
+                "rank {rank} of a world of {world}: the rank must be below the world size, \
+                 which must be 1 to {}",
+                crate::wire::MAX_WORLD
+            ),
+            Self::OutOfMemory { bytes } => write!(f, "no memory for a region of {bytes} bytes"),
+            Self::Incompatible { a, b } => write!(
+                f,
+                "a node cannot be built with both {a} and {b}: choose one of them \
+                 (see node::Components)"
+            ),
+            Self::NotBuiltWith(c) => {
+                write!(f, "the node was built without {c} (see node::Components)")
+            }
+            Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),
+            Self::MessagingStarted => f.write_str("messaging has already started"),
+            Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
+            Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
+        }
+    }
+}
+
+impl core::error::Error for SetupError {}
+
+#[cfg(feature = "verbs")]
+impl From<VerbsError> for SetupError {
+    fn from(e: VerbsError) -> Self {
+        Self::Verbs(e)
+    }
+}
+
+impl SetupError {
+    /// A posting error of messaging's ring or pool, met while setting it up.
+    pub(super) fn posting(e: NodeError) -> Self {
+        match e {
+            NodeError::Channel { rank, error } => Self::Channel { rank, error },
+            NodeError::InvalidArgument { what } => Self::InvalidArgument { what },
+            // The posting helpers fail with nothing else; named here so a new variant is
+            // not turned into a wrong one silently.
+            NodeError::UnknownRank(_) => Self::InvalidArgument {
+                what: "a ring names a rank that has no channel",
+            },
+            _ => Self::InvalidArgument {
+                what: "posting the receives failed",
+            },
+        }
+    }
+}
+
+/// Why a call on a running node failed: a barrier, a window write, a send, `progress`, a
+/// wait, readmission. Each names the rank it concerns where there is one. (Building the
+/// node fails with a [`SetupError`].)
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// A ticket waited on the node that none of its channels issued.
+    ForeignTicket,
     /// No peer has this rank (it is this node's own rank, or not below the world size).
     UnknownRank(u32),
     /// A range of a peer's window that does not fit it.
@@ -189,13 +305,6 @@ pub enum NodeError {
     },
     /// [`Node::progress_until`] reached its deadline before `done()` held.
     ProgressTimedOut,
-    /// The allocator had no memory for a region of this many bytes.
-    OutOfMemory {
-        /// Bytes asked for.
-        bytes: usize,
-    },
-    /// [`Node::start_messaging_in`] was called twice.
-    MessagingStarted,
     /// [`Node::progress`] before messaging started.
     MessagingNotStarted,
     /// A message to `rank` cannot go now: its ring has no free slot for us (no credit), or
@@ -204,7 +313,8 @@ pub enum NodeError {
         /// The peer.
         rank: u32,
     },
-    /// An argument is out of range; nothing was changed.
+    /// Messaging's own state does not hold what it should (a slot outside its ring, a pool
+    /// without a peer); nothing was posted.
     InvalidArgument {
         /// What is wrong.
         what: &'static str,
@@ -223,15 +333,7 @@ pub enum NodeError {
     },
     /// A rank failed (see [the module docs](self#when-a-rank-fails)); names the failed rank.
     PeerFailed(crate::failure::Failure),
-    /// Two components chosen for the node cannot work together (see [`Components`]); the
-    /// node was not built.
-    Incompatible {
-        /// One choice.
-        a: Component,
-        /// The other, which `a` excludes.
-        b: Component,
-    },
-    /// A call needs a component the node was not built with ([`Components`]).
+    /// A call needs a component the node was not built with ([`Components`]): readmission.
     NotBuiltWith(Component),
     /// A rank cannot be readmitted (see [the module docs](self#when-a-rank-rejoins)).
     Readmit {
@@ -245,34 +347,13 @@ pub enum NodeError {
 impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            #[cfg(feature = "verbs")]
-            Self::Verbs(e) => write!(f, "{e}"),
-            Self::Blob { rank, error } => write!(f, "endpoint blob of rank {rank}: {error}"),
-            Self::BlobCount { expected, got } => {
-                write!(f, "{got} endpoint blobs for a world of {expected}")
-            }
-            #[cfg(feature = "verbs")]
-            Self::Connect { rank, error } => write!(f, "connecting to rank {rank}: {error}"),
             Self::ForeignTicket => f.write_str("the ticket belongs to no channel of this node"),
-            #[cfg(feature = "verbs")]
-            Self::SharedCq { rank, error } => write!(
-                f,
-                "the queue pair to rank {rank}: the shared completion queues refused it: {error}"
-            ),
-            Self::InvalidWorld { rank, world } => write!(
-                f,
-                "rank {rank} of a world of {world}: the rank must be below the world size, \
-                 which must be 1 to {}",
-                crate::wire::MAX_WORLD
-            ),
             Self::UnknownRank(r) => write!(f, "no peer with rank {r}"),
             Self::WindowOutOfRange { rank, offset, len } => write!(
                 f,
                 "{len} bytes at offset {offset} do not fit the window of rank {rank}"
             ),
             Self::ProgressTimedOut => f.write_str("progress_until reached its deadline"),
-            Self::OutOfMemory { bytes } => write!(f, "no memory for a region of {bytes} bytes"),
-            Self::MessagingStarted => f.write_str("messaging has already started"),
             Self::MessagingNotStarted => f.write_str("messaging has not started"),
             Self::WouldBlock { rank } => write!(
                 f,
@@ -289,11 +370,6 @@ impl fmt::Display for NodeError {
             } if w.status.is_local() => write!(f, "the channel to rank {rank}: {error}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
             Self::PeerFailed(failure) => write!(f, "{failure}"),
-            Self::Incompatible { a, b } => write!(
-                f,
-                "a node cannot be built with both {a} and {b}: choose one of them \
-                 (see node::Components)"
-            ),
             Self::NotBuiltWith(c) => {
                 write!(f, "the node was built without {c} (see node::Components)")
             }
@@ -303,13 +379,6 @@ impl fmt::Display for NodeError {
 }
 
 impl core::error::Error for NodeError {}
-
-#[cfg(feature = "verbs")]
-impl From<VerbsError> for NodeError {
-    fn from(e: VerbsError) -> Self {
-        Self::Verbs(e)
-    }
-}
 
 impl From<BarrierError> for NodeError {
     fn from(e: BarrierError) -> Self {
@@ -346,7 +415,7 @@ impl fmt::Display for Component {
 /// barriers and failure news, which barriers need): chosen once, when the node is built
 /// ([`NodeParts::components`], `NodeConfig::components` on a device, [`soft_world_with`] on
 /// the model), so that a combination that cannot work is refused then
-/// ([`NodeError::Incompatible`], naming both), never half way through a run.
+/// ([`SetupError::Incompatible`], naming both), never half way through a run.
 ///
 /// | | messaging | barrier wake-ups | readmission |
 /// |---|---|---|---|
@@ -433,11 +502,11 @@ impl Components {
         }
     }
 
-    /// `Ok`, or [`NodeError::Incompatible`] naming the first clash.
-    pub const fn check(&self) -> Result<(), NodeError> {
+    /// `Ok`, or [`SetupError::Incompatible`] naming the first clash.
+    pub const fn check(&self) -> Result<(), SetupError> {
         match self.clash() {
             None => Ok(()),
-            Some((a, b)) => Err(NodeError::Incompatible { a, b }),
+            Some((a, b)) => Err(SetupError::Incompatible { a, b }),
         }
     }
 }
@@ -714,7 +783,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Assembles a node from connected channels and registered memory (see [`NodeParts`]);
     /// checks that there is exactly one channel per other rank and that every flag array is
     /// large enough. Allocates (setup).
-    pub fn from_parts(parts: NodeParts<P, M, B>) -> Result<Self, NodeError> {
+    pub fn from_parts(parts: NodeParts<P, M, B>) -> Result<Self, SetupError> {
         let NodeParts {
             rank,
             world,
@@ -731,9 +800,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         } = parts;
         components.check()?;
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
-            return Err(NodeError::InvalidWorld { rank, world });
+            return Err(SetupError::InvalidWorld { rank, world });
         }
-        let bad = |what| Err(NodeError::InvalidArgument { what });
+        let bad = |what| Err(SetupError::InvalidArgument { what });
         if channels.len() != world as usize - 1 {
             return bad("a node needs exactly one channel per other rank");
         }
@@ -749,17 +818,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         }
         for (r, f) in peer_flags.iter().enumerate() {
             if r as u32 != rank && (f.len as usize) < need {
-                return Err(NodeError::Blob {
+                return Err(SetupError::Blob {
                     rank: r as u32,
                     error: NodeBlobError::FlagsTooSmall,
                 });
             }
         }
-        let mut multi = MultiChannel::new(channels).map_err(|_| NodeError::InvalidArgument {
+        let mut multi = MultiChannel::new(channels).map_err(|_| SetupError::InvalidArgument {
             what: "every channel must name a distinct peer rank",
         })?;
         if multi.ranks().any(|r| r >= world) {
-            return Err(NodeError::InvalidArgument {
+            return Err(SetupError::InvalidArgument {
                 what: "a channel names a rank outside the world",
             });
         }

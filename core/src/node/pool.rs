@@ -15,7 +15,7 @@ use alloc::vec::Vec;
 #[cfg(doc)]
 use super::messaging::Receive;
 use super::messaging::{deliver, Event, Rings};
-use super::{Node, NodeError};
+use super::{Node, NodeError, SetupError};
 use crate::channel::{Channel, ChannelError, Done, WrFailure};
 use crate::completion::{Completion, CompletionKind};
 use crate::memory::Region;
@@ -58,8 +58,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         region: M,
         slots: usize,
         slot_size: usize,
-    ) -> Result<(), NodeError> {
-        let bad = |what| Err(NodeError::InvalidArgument { what });
+    ) -> Result<(), SetupError> {
+        let bad = |what| Err(SetupError::InvalidArgument { what });
         let peers = self.multi.peers();
         let depth = self.shared_receive() as usize;
         if slots > depth {
@@ -78,7 +78,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let mut probe = None;
         for (p, (rank, c)) in self.multi.ranked().enumerate() {
             if let Some(error) = c.fault() {
-                return Err(NodeError::Channel { rank, error });
+                return Err(SetupError::Channel { rank, error });
             }
             if c.provider().srq_capacity() as usize != depth {
                 return bad("every channel of a pooled node must be on the shared receive queue");
@@ -109,7 +109,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let mut first = 0;
         while first < slots {
             let n = (slots - first).min(MAX_BATCH);
-            post_pool(&mut self.multi, &mut rings, first, n)?;
+            post_pool(&mut self.multi, &mut rings, first, n).map_err(SetupError::posting)?;
             first += n;
         }
         // A warning for the operator, where the device has one: once fewer than a quarter

@@ -50,6 +50,14 @@ pub enum ReadmitError {
     NotBegun,
     /// The new queue pair does not fit the place of the old one.
     QueuePair(SharedCqError),
+    /// The new process's blob is malformed, or its flag array too small.
+    Blob(NodeBlobError),
+    /// Creating the new queue pair failed.
+    #[cfg(feature = "verbs")]
+    Verbs(crate::verbs::VerbsError),
+    /// Connecting the new queue pair to the new process failed.
+    #[cfg(feature = "verbs")]
+    Connect(crate::verbs::VerbsError),
 }
 
 impl fmt::Display for ReadmitError {
@@ -71,6 +79,11 @@ impl fmt::Display for ReadmitError {
             Self::QueuePair(e) => {
                 write!(f, "the new queue pair cannot take the old one's place: {e}")
             }
+            Self::Blob(e) => write!(f, "the new process's endpoint blob: {e}"),
+            #[cfg(feature = "verbs")]
+            Self::Verbs(e) => write!(f, "creating the new queue pair: {e}"),
+            #[cfg(feature = "verbs")]
+            Self::Connect(e) => write!(f, "connecting the new queue pair: {e}"),
         }
     }
 }
@@ -159,10 +172,7 @@ where
             return refuse(ReadmitError::NotBegun);
         }
         if (flags.len as usize) < flags_len(self.world) {
-            return Err(NodeError::Blob {
-                rank,
-                error: NodeBlobError::FlagsTooSmall,
-            });
+            return refuse(ReadmitError::Blob(NodeBlobError::FlagsTooSmall));
         }
         let swapped = self
             .multi

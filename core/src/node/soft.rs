@@ -6,7 +6,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{flags_len, Components, Node, NodeError, NodeParts, Receive};
+use super::{flags_len, Components, Node, NodeError, NodeParts, Receive, SetupError};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::AccessFlags;
@@ -39,7 +39,7 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
     algorithm: BarrierAlgorithm,
     backoff: B,
     clock: StaticClock,
-) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
+) -> Result<Vec<SoftNode<'n, B>>, SetupError> {
     soft_world_with(
         net,
         arena,
@@ -55,7 +55,7 @@ pub fn soft_world<'n, 'm: 'n, B: Backoff + Clone>(
 /// receive queue of `slots` receives ([`SoftNet::create_srq`]) before any connection, so all
 /// its queue pairs take their receives from it, and its receive completions are kept for the
 /// pool ([`SharedCqs::with_srq`]). The net must have no connections yet. Components that
-/// cannot work together are refused before anything is built ([`NodeError::Incompatible`]).
+/// cannot work together are refused before anything is built ([`SetupError::Incompatible`]).
 /// Allocates (setup).
 ///
 /// ```
@@ -97,14 +97,14 @@ pub fn soft_world_with<'n, 'm: 'n, B: Backoff + Clone>(
     cfg: ChannelConfig,
     (algorithm, backoff, clock): (BarrierAlgorithm, B, StaticClock),
     components: impl Into<Components>,
-) -> Result<Vec<SoftNode<'n, B>>, NodeError> {
+) -> Result<Vec<SoftNode<'n, B>>, SetupError> {
     let components = components.into();
     components.check()?;
     let world = net.nodes();
     if world == 0 || world > crate::wire::MAX_WORLD {
-        return Err(NodeError::InvalidWorld { rank: 0, world });
+        return Err(SetupError::InvalidWorld { rank: 0, world });
     }
-    let bad = |what| NodeError::InvalidArgument { what };
+    let bad = |what| SetupError::InvalidArgument { what };
     if arena.len() < soft_world_bytes(world, window_len) {
         return Err(bad(
             "the arena is smaller than soft_world_bytes(world, window_len)",
@@ -249,11 +249,17 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
     cfg: ChannelConfig,
     (algorithm, backoff, clock): (BarrierAlgorithm, B, StaticClock),
     survivors: &mut [SoftNode<'n, B>],
-) -> Result<SoftNode<'n, B>, NodeError> {
+) -> Result<SoftNode<'n, B>, SetupError> {
     let world = net.nodes();
-    let bad = |what| NodeError::InvalidArgument { what };
+    let bad = |what| SetupError::InvalidArgument { what };
+    // What a survivor's readmission step fails with (the rank and the world were checked).
+    let survivor = |e: NodeError| match e {
+        NodeError::Readmit { rank, error } => SetupError::Readmit { rank, error },
+        NodeError::NotBuiltWith(c) => SetupError::NotBuiltWith(c),
+        _ => bad("a survivor cannot take part in readmission"),
+    };
     if rank >= world {
-        return Err(NodeError::InvalidWorld { rank, world });
+        return Err(SetupError::InvalidWorld { rank, world });
     }
     if survivors.len() != world as usize - 1
         || survivors
@@ -271,7 +277,7 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
         return Err(bad("soft_rejoin readmits a rank the net killed"));
     }
     for s in survivors.iter_mut() {
-        s.readmit_begin(rank)?;
+        s.readmit_begin(rank).map_err(survivor)?;
     }
     if !net.restart(rank) {
         return Err(bad("the net did not restart the rank"));
@@ -327,7 +333,8 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
         components: Components::readmission(),
     })?;
     for (s, qp) in survivors.iter_mut().zip(theirs) {
-        s.readmit_finish(rank, qp, my_flags, my_window)?;
+        s.readmit_finish(rank, qp, my_flags, my_window)
+            .map_err(survivor)?;
     }
     Ok(node)
 }

@@ -11,7 +11,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::{flags_len, Components, Node, NodeError, NodeParts, Receive};
+use super::{flags_len, Components, Node, NodeError, NodeParts, Receive, SetupError};
 use crate::barrier::BarrierAlgorithm;
 use crate::channel::{Channel, ChannelConfig};
 use crate::memory::{AccessFlags, PageMemory};
@@ -72,8 +72,8 @@ impl Default for NodeConfig {
 }
 
 /// Zeroed page memory of `len` bytes (rounded up to pages), registered with `access`.
-fn page_region(pd: &Pd, len: usize, access: AccessFlags) -> Result<OwnedRegion, NodeError> {
-    let mem = PageMemory::zeroed(len).ok_or(NodeError::OutOfMemory { bytes: len })?;
+fn page_region(pd: &Pd, len: usize, access: AccessFlags) -> Result<OwnedRegion, SetupError> {
+    let mem = PageMemory::zeroed(len).ok_or(SetupError::OutOfMemory { bytes: len })?;
     Ok(pd.register_shared(mem, access)?)
 }
 
@@ -114,9 +114,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         cfg: NodeConfig,
         backoff: B,
         clock: StaticClock,
-    ) -> Result<Self, NodeError> {
+    ) -> Result<Self, SetupError> {
         if world == 0 || rank >= world || world > crate::wire::MAX_WORLD {
-            return Err(NodeError::InvalidWorld { rank, world });
+            return Err(SetupError::InvalidWorld { rank, world });
         }
         cfg.components.check()?;
         let pd = ctx.alloc_pd()?;
@@ -128,7 +128,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         let peers = world - 1;
         let depth = |per: u32| {
             per.checked_mul(peers.max(1))
-                .ok_or(NodeError::Verbs(VerbsError::InvalidArgument {
+                .ok_or(SetupError::Verbs(VerbsError::InvalidArgument {
                     what: "the completion queues for this world would exceed 2^32 entries",
                 }))
         };
@@ -200,9 +200,9 @@ impl<B: Backoff + Clone> PreparedNode<B> {
     }
 
     /// Connects to every peer; `blobs[r]` is rank `r`'s blob (our own entry is ignored).
-    pub fn handshake<T: AsRef<[u8]>>(self, blobs: &[T]) -> Result<VerbsNode<B>, NodeError> {
+    pub fn handshake<T: AsRef<[u8]>>(self, blobs: &[T]) -> Result<VerbsNode<B>, SetupError> {
         if blobs.len() != self.world as usize {
-            return Err(NodeError::BlobCount {
+            return Err(SetupError::BlobCount {
                 expected: self.world,
                 got: blobs.len(),
             });
@@ -214,10 +214,10 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 decoded.push(None);
                 continue;
             }
-            let d =
-                NodeBlob::decode(b.as_ref()).map_err(|error| NodeError::Blob { rank: r, error })?;
+            let d = NodeBlob::decode(b.as_ref())
+                .map_err(|error| SetupError::Blob { rank: r, error })?;
             if d.rank != r || d.world != self.world {
-                return Err(NodeError::Blob {
+                return Err(SetupError::Blob {
                     rank: r,
                     error: if d.world != self.world {
                         NodeBlobError::WorldMismatch {
@@ -248,16 +248,16 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 continue;
             };
             let rank = r as u32;
-            let ep = d.endpoint_for(self.rank).ok_or(NodeError::Blob {
+            let ep = d.endpoint_for(self.rank).ok_or(SetupError::Blob {
                 rank,
                 error: NodeBlobError::BadRank(self.rank),
             })?;
             let qp = qp
                 .handshake(&ep)
-                .map_err(|error| NodeError::Connect { rank, error })?;
+                .map_err(|error| SetupError::Connect { rank, error })?;
             let p = shared
                 .add(qp)
-                .map_err(|(_, error)| NodeError::SharedCq { rank, error })?;
+                .map_err(|(_, error)| SetupError::SharedCq { rank, error })?;
             let mut ccfg = self.cfg.channel;
             ccfg.peer = Some(rank);
             channels.push(Channel::with_backoff(p, ccfg, backoff.clone(), self.clock));
@@ -339,7 +339,11 @@ impl<B: Backoff + Clone> VerbsNode<B> {
             .ok_or(NodeError::Readmit {
                 rank,
                 error: ReadmitError::QueuePair(crate::provider::shared::SharedCqError::Busy),
-            })??;
+            })?
+            .map_err(|error| NodeError::Readmit {
+                rank,
+                error: ReadmitError::Verbs(error),
+            })?;
         let blob = NodeBlob::encode_addressed(
             self.rank,
             self.world,
@@ -348,7 +352,10 @@ impl<B: Backoff + Clone> VerbsNode<B> {
             self.flags.remote(),
             self.window.remote(),
         )
-        .map_err(|error| NodeError::Blob { rank, error })?;
+        .map_err(|error| NodeError::Readmit {
+            rank,
+            error: ReadmitError::Blob(error),
+        })?;
         Ok((ReadmitQp { rank, qp: made }, blob))
     }
 
@@ -359,7 +366,10 @@ impl<B: Backoff + Clone> VerbsNode<B> {
     /// two.
     pub fn readmit_connect(&mut self, prepared: ReadmitQp, blob: &[u8]) -> Result<(), NodeError> {
         let rank = prepared.rank;
-        let blob_error = |error| NodeError::Blob { rank, error };
+        let blob_error = |error| NodeError::Readmit {
+            rank,
+            error: ReadmitError::Blob(error),
+        };
         let d = NodeBlob::decode(blob).map_err(blob_error)?;
         if d.world != self.world {
             return Err(blob_error(NodeBlobError::WorldMismatch {
@@ -376,7 +386,10 @@ impl<B: Backoff + Clone> VerbsNode<B> {
         let qp = prepared
             .qp
             .handshake(&ep)
-            .map_err(|error| NodeError::Connect { rank, error })?;
+            .map_err(|error| NodeError::Readmit {
+                rank,
+                error: ReadmitError::Connect(error),
+            })?;
         self.readmit_finish(rank, qp, d.flags, d.window)
     }
 
@@ -386,7 +399,7 @@ impl<B: Backoff + Clone> VerbsNode<B> {
     /// pool of `slots` buffers for all peers. Allocates (setup).
     ///
     /// ```no_run
-    /// # fn f(ctx: &rverbs_core::verbs::Context, blobs: &[Vec<u8>]) -> Result<(), rverbs_core::node::NodeError> {
+    /// # fn f(ctx: &rverbs_core::verbs::Context, blobs: &[Vec<u8>]) -> Result<(), rverbs_core::node::SetupError> {
     /// use rverbs_core::node::{NodeConfig, PreparedNode, Receive};
     /// use rverbs_core::poll::{Spin, StepClock};
     ///
@@ -401,7 +414,7 @@ impl<B: Backoff + Clone> VerbsNode<B> {
     /// assert_eq!(node.receive_memory(), 256 * 4096);
     /// # Ok(()) }
     /// ```
-    pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), NodeError> {
+    pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), SetupError> {
         let peers = if self.shared_receive() > 0 {
             1
         } else {
@@ -411,11 +424,11 @@ impl<B: Backoff + Clone> VerbsNode<B> {
             .max(1)
             .checked_mul(slots)
             .and_then(|n| n.checked_mul(slot_size))
-            .ok_or(NodeError::InvalidArgument {
+            .ok_or(SetupError::InvalidArgument {
                 what: "ring size overflows",
             })?;
         if len == 0 {
-            return Err(NodeError::InvalidArgument {
+            return Err(SetupError::InvalidArgument {
                 what: "messaging needs at least one slot of at least one byte",
             });
         }

@@ -22,7 +22,7 @@
 //! Receives without buffers cannot take a message: once wake-ups are on, the node's channels
 //! carry one-sided traffic only (writes, reads, atomics, barriers). Wake-ups are a component
 //! chosen when the node is built ([`Components`](super::Components)), and messaging with them
-//! is refused then ([`NodeError::Incompatible`]); a peer's send on a channel would still land
+//! is refused then ([`SetupError::Incompatible`]); a peer's send on a channel would still land
 //! on a wake-up receive and fail
 //! with a length error, breaking that channel (an error, never a memory hazard: those
 //! receives name no memory).
@@ -37,7 +37,7 @@ use alloc::vec::Vec;
 
 use heapless::Deque;
 
-use super::NodeError;
+use super::SetupError;
 use crate::channel::Ticket;
 use crate::multi::MultiChannel;
 use crate::poll::Backoff;
@@ -70,11 +70,11 @@ impl Wakeups {
     /// Posts [`WAKE_RECVS`] receives on every channel of `multi`. Allocates (setup).
     pub(super) fn post_all<P: Provider, B: Backoff + Clone>(
         multi: &mut MultiChannel<P, B>,
-    ) -> Result<Self, NodeError> {
+    ) -> Result<Self, SetupError> {
         let mut posted = Vec::with_capacity(multi.peers());
         // Check every channel before posting on any: a refusal leaves nothing posted.
         if multi.channels().any(|c| c.outstanding_recvs() > 0) {
-            return Err(NodeError::InvalidArgument {
+            return Err(SetupError::InvalidArgument {
                 what: "barrier wake-ups need every receive on the node's channels completed",
             });
         }
@@ -82,7 +82,7 @@ impl Wakeups {
             .channels()
             .any(|c| c.recv_capacity() < MIN_WAKE_RECVS as u64)
         {
-            return Err(NodeError::InvalidArgument {
+            return Err(SetupError::InvalidArgument {
                 what: "barrier wake-ups need room for 4 receives on every queue pair",
             });
         }
@@ -91,7 +91,7 @@ impl Wakeups {
             for _ in 0..c.recv_capacity().min(WAKE_RECVS as u64) {
                 let t = c
                     .post_recv_empty()
-                    .map_err(|error| NodeError::Channel { rank, error })?;
+                    .map_err(|error| SetupError::Channel { rank, error })?;
                 // WAKE_RECVS tickets fit a deque of WAKE_RECVS.
                 let _ = q.push_back(t);
             }
