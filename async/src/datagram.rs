@@ -30,7 +30,7 @@ use crate::events::Events;
 /// or the deadline given, on the endpoint's clock; then [`DatagramError::TimedOut`], after
 /// which the endpoint is intact. Between polls the task sleeps on `events`:
 /// [`TokioEvents`](crate::TokioEvents) over the queue pair's completion events
-/// (`VerbsDatagram::with_events`, then `endpoint.provider().completion_events()`), or
+/// (`VerbsDatagram::with_events`, then `endpoint.provider().wakeup_source()`), or
 /// [`YieldEvents`](crate::YieldEvents) on the model.
 ///
 /// # Allocation

@@ -110,7 +110,7 @@ mod tokio_events {
 
     impl TokioEvents {
         /// Registers `wakeup`'s descriptor with the current tokio runtime's reactor
-        /// (`Node::completion_events()`, or a `CqEvents` of your own queues). Must be
+        /// (`Node::wakeup_source()`, or a `CqEvents` of your own queues). Must be
         /// called inside a runtime with IO and time enabled.
         pub fn new(wakeup: Arc<dyn Wakeup>) -> std::io::Result<Self> {
             // SAFETY: `Wakeup` is an unsafe trait whose implementors keep `fd()` open and

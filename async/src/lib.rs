@@ -20,8 +20,8 @@
 //! use rverbs_async::{AsyncChannel, TokioEvents};
 //!
 //! // The completion channel of the channel's queues (`PreparedVerbs::with_events`; for a
-//! // node, `Node::completion_events_shared()`).
-//! let events = chan.provider().completion_events().ok_or("no completion channel")?;
+//! // node, `Node::wakeup_source_shared()`).
+//! let events = chan.provider().wakeup_source().ok_or("no completion channel")?;
 //! let mut chan = AsyncChannel::new(chan, TokioEvents::new(events)?);
 //! let (r, buf) = chan.write(buf, 0..64, remote).await; // the task sleeps until the NIC wakes it
 //! r?;

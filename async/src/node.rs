@@ -26,7 +26,7 @@ use crate::events::Events;
 ///
 /// Waking: `events` wakes the task, as for [`AsyncChannel`](crate::AsyncChannel)
 /// ([`TokioEvents::new`](crate::TokioEvents::new) with the node's
-/// `Node::completion_events_shared()`); every wait is bounded by its timeout on `clock`.
+/// `Node::wakeup_source_shared()`); every wait is bounded by its timeout on `clock`.
 pub struct AsyncNode<P: Provider, M: Region, B: Backoff + Clone, E: Events> {
     node: Node<P, M, B>,
     events: E,

@@ -4,7 +4,7 @@ use core::fmt;
 use core::future::poll_fn;
 use core::task::Poll;
 
-use rverbs_core::channel::{Channel, Received, RecvRing};
+use rverbs_core::channel::{Channel, RecvRing, RingMessage};
 use rverbs_core::memory::Region;
 use rverbs_core::poll::{Backoff, Deadline, Spin};
 use rverbs_core::provider::Provider;
@@ -77,7 +77,7 @@ impl<P: Provider, M: Region, E: Events, B: Backoff, const R: usize> AsyncRing<P,
     /// Does not allocate.
     pub async fn recv_with<T>(
         &mut self,
-        f: impl FnOnce(Received<'_>) -> T,
+        f: impl FnOnce(RingMessage<'_>) -> T,
     ) -> Result<T, AsyncError> {
         let (clock, timeout) = {
             let c = self.ring.channel();

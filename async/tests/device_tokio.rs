@@ -79,11 +79,7 @@ fn tokio_ping_pong_sleeps_on_completion_events_and_allocates_nothing_per_operati
     let t0 = Instant::now();
     let (a, b) = rt.block_on(async move {
         let events = |p: &VerbsProvider| {
-            TokioEvents::new(
-                p.completion_events()
-                    .expect("queues on a completion channel"),
-            )
-            .unwrap()
+            TokioEvents::new(p.wakeup_source().expect("queues on a completion channel")).unwrap()
         };
         let mut a: Chan = {
             let ev = events(&a);
@@ -166,7 +162,7 @@ fn barrier_loop<E: rverbs_async::Events>(
     let t0 = Instant::now();
     let slowest = rt.block_on(async move {
         let mut it = nodes.into_iter().map(|n| {
-            let ev = events(n.completion_events_shared().expect("events"));
+            let ev = events(n.wakeup_source_shared().expect("events"));
             AsyncNode::new(n, ev)
         });
         let (mut a, mut b, mut c) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
@@ -281,7 +277,7 @@ fn datagram_endpoint(
     } else {
         VerbsDatagram::new(ctx, &pd, &ud).unwrap()
     };
-    assert_eq!(qp.completion_events().is_some(), events);
+    assert_eq!(qp.wakeup_source().is_some(), events);
     let mut cfg = DatagramConfig::default();
     // More receive slots than a burst, so a subscriber that wakes late loses nothing.
     (cfg.recv_slots, cfg.send_slots) = (64, 8);
@@ -327,7 +323,7 @@ fn multicast_stream<E: rverbs_async::Events>(
 
     let mut sub = datagram_endpoint(&ctx, true);
     sub.join(group).unwrap();
-    let wakeup = sub.provider().completion_events().expect("events");
+    let wakeup = sub.provider().wakeup_source().expect("events");
 
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let (qpn_tx, qpn_rx) = std::sync::mpsc::channel::<u32>();
@@ -541,11 +537,7 @@ fn atomics_and_a_receive_ring_awaited_on_completion_events() {
         .unwrap();
     rt.block_on(async {
         let ev = |p: &VerbsProvider| {
-            TokioEvents::new(
-                p.completion_events()
-                    .expect("queues on a completion channel"),
-            )
-            .unwrap()
+            TokioEvents::new(p.wakeup_source().expect("queues on a completion channel")).unwrap()
         };
         let (eva, evb) = (ev(&a), ev(&b));
         let mut a: Chan = AsyncChannel::new(channel(a), eva);

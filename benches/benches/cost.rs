@@ -594,7 +594,7 @@ fn node(dev: &InstantDevice, world: u32) -> (InstantNode, PeerHand, Arrivals) {
     for (qp, rank) in qps.into_iter().zip(1..) {
         let routed = shared.add(qp).map_err(|(_, e)| e).expect("route");
         let mut cfg = ChannelConfig::with_timeout(Duration::from_secs(10));
-        cfg.peer = Some(rank);
+        cfg.rank = Some(rank);
         channels.push(Channel::with_backoff(routed, cfg, Spin, &MONOTONIC));
     }
     let flags = dev.region(FlagLayout::new(world).len(), RW);

@@ -412,7 +412,7 @@ fn two_rank_node(dev: &InstantDevice) -> (InstantNode, rverbs_core::instant::Pee
     let shared = SharedCqs::new(scq, rcq, 1);
     let routed = shared.add(qp).map_err(|(_, e)| e).expect("route");
     let mut cfg = ChannelConfig::with_timeout(Duration::from_secs(10));
-    cfg.peer = Some(1);
+    cfg.rank = Some(1);
     let flags = dev.region(FlagLayout::new(world).len(), RW);
     let hand = flags.peer_hand();
     let window = dev.region(64, RW);

@@ -71,7 +71,7 @@ fn star<'n, 'm: 'n>(
         let (near, far) = net.connect(0, r).expect("connect");
         far_ends.push(far);
         let mut cfg = ChannelConfig::with_timeout(Duration::from_secs(3600));
-        cfg.peer = Some(r);
+        cfg.rank = Some(r);
         let routed = shared.add(near).map_err(|(_, e)| e).expect("route");
         channels.push(Channel::with_backoff(routed, cfg, Spin, &MONOTONIC));
     }

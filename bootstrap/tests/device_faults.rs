@@ -288,8 +288,8 @@ fn victim(session: &mut OutOfBand) {
 /// Whether `e` names `rank` as the peer that failed.
 fn names(e: &ChannelError, rank: u32) -> bool {
     match e {
-        ChannelError::TimedOut { peer } => *peer == Some(rank),
-        ChannelError::Failed(w) | ChannelError::Broken(w) => w.peer == Some(rank),
+        ChannelError::TimedOut { rank: peer } => *peer == Some(rank),
+        ChannelError::Failed(w) | ChannelError::Broken(w) => w.rank == Some(rank),
         _ => false,
     }
 }
@@ -395,11 +395,11 @@ fn survivor(
         );
     }
     match err {
-        ChannelError::TimedOut { peer: Some(1) } => assert!(
+        ChannelError::TimedOut { rank: Some(1) } => assert!(
             waited >= TIMEOUT,
             "{wait}: timed out after {waited:?}, before its {TIMEOUT:?}"
         ),
-        ChannelError::Failed(w) if w.peer == Some(1) => assert!(
+        ChannelError::Failed(w) if w.rank == Some(1) => assert!(
             w.status == WcStatus::RetryExceeded,
             "{wait}: a dead peer fails a request with retries exceeded: {w}"
         ),

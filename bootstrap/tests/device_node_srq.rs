@@ -97,7 +97,11 @@ fn child_rank() {
     let c = connect(&config, rank, &opts).unwrap_or_else(|e| panic!("rank {rank}: connect: {e}"));
     let watch = c.device_watch;
     let (mut node, mut session) = (c.node, c.session);
-    assert_eq!(node.shared_receive(), POOL, "rxe grants what was asked");
+    assert_eq!(
+        node.shared_receive_slots(),
+        POOL,
+        "rxe grants what was asked"
+    );
     let tmo = Duration::from_secs(60);
     let w = world as usize;
     let mut got = vec![0u64; w];

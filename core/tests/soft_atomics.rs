@@ -163,7 +163,7 @@ fn to_node_0<'n>(
             let cqs = SharedCqs::new(net.send_cq(r).unwrap(), net.recv_cq(r).unwrap(), 1);
             let routed = cqs.add(qp).map_err(|(_, e)| e).unwrap();
             let mut cfg = ChannelConfig::default();
-            cfg.peer = Some(0);
+            cfg.rank = Some(0);
             Channel::new(routed, cfg, clock!())
         })
         .collect()
@@ -224,7 +224,7 @@ fn a_multichannel_runs_atomics_addressed_by_rank() {
         .map(|r| {
             let (qp, _peer) = net.connect(0, r).unwrap();
             let mut cfg = ChannelConfig::default();
-            cfg.peer = Some(r);
+            cfg.rank = Some(r);
             let routed = cqs.add(qp).map_err(|(_, e)| e).unwrap();
             Channel::new(routed, cfg, clock!())
         })

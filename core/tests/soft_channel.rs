@@ -463,11 +463,11 @@ fn recv_timeout_flushes_and_times_out() {
     let (_ea, eb) = f.ends().unwrap();
     let mut b = Channel::new(eb, ChannelConfig::default(), clock!());
     let r = b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10));
-    assert_eq!(r, Err(ChannelError::TimedOut { peer: None }));
+    assert_eq!(r, Err(ChannelError::TimedOut { rank: None }));
     assert_eq!(b.outstanding_recvs(), 0);
     assert_eq!(f.recv_queue_used(Side::B), 0);
     assert!(f.in_error(Side::B));
-    assert_eq!(b.fault(), Some(ChannelError::TimedOut { peer: None }));
+    assert_eq!(b.fault(), Some(ChannelError::TimedOut { rank: None }));
     // The buffer is ours again.
     assert!(rm.write_from(0, b"reusable"));
     let t = b.clock().now().as_nanos();

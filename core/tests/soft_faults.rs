@@ -33,7 +33,7 @@ const TIMEOUT: Duration = Duration::from_millis(50);
 
 fn cfg(peer: u32) -> ChannelConfig {
     let mut c = ChannelConfig::with_timeout(TIMEOUT);
-    c.peer = Some(peer);
+    c.rank = Some(peer);
     c
 }
 
@@ -86,7 +86,7 @@ fn big_stack(f: impl FnOnce() + Send + 'static) {
 }
 
 fn timed_out(peer: u32) -> ChannelError {
-    ChannelError::TimedOut { peer: Some(peer) }
+    ChannelError::TimedOut { rank: Some(peer) }
 }
 
 #[test]
@@ -358,7 +358,7 @@ fn half_posted_chain_is_drained_before_the_error() {
     assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
     settled(&a);
     match a.fault() {
-        Some(ChannelError::Broken(WrFailure { peer, .. })) => assert_eq!(peer, Some(5)),
+        Some(ChannelError::Broken(WrFailure { rank: peer, .. })) => assert_eq!(peer, Some(5)),
         other => panic!("{other:?}"),
     }
     let _ = WcStatus::Flushed;

@@ -117,7 +117,7 @@ fn a_waiter_behind_many_foreign_completions_finds_its_own_before_it_sleeps() {
         .map(|r| {
             let (qp, _peer) = net.connect(0, r).unwrap();
             let mut cfg = ChannelConfig::with_timeout(Duration::from_secs(3600));
-            cfg.peer = Some(r);
+            cfg.rank = Some(r);
             cfg.signal_every = 1;
             let model = EventModel {
                 left: left.clone(),

@@ -143,7 +143,7 @@ impl Session {
         let post_path = provider.qp().post_path();
         let mut ccfg = ChannelConfig::with_timeout(PATIENCE);
         ccfg.signal_every = plan.cq_mod;
-        ccfg.peer = Some(u32::from(server));
+        ccfg.rank = Some(u32::from(server));
         let chan: Chan = Channel::with_backoff(provider, ccfg, Spin, &MONOTONIC);
         if chan.caps().max_inline_data < plan.inline {
             return Err(format!(

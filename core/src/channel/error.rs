@@ -9,8 +9,8 @@ use crate::wr::AtomicFault;
 /// A work request that completed with an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WrFailure {
-    /// The peer's rank, if the channel knows it ([`ChannelConfig::peer`](super::ChannelConfig)).
-    pub peer: Option<u32>,
+    /// The peer's rank, if the channel knows it ([`ChannelConfig::rank`](super::ChannelConfig)).
+    pub rank: Option<u32>,
     /// The request's id (its sequence number on the channel; receives have the top bit set).
     pub wr_id: u64,
     /// The completion status.
@@ -28,7 +28,7 @@ impl fmt::Display for WrFailure {
                 "this rank's own queue pair to {} failed locally: work request {:#x}: {} \
                  (vendor error {:#x}; a local port that went down or a bad local key, not \
                  the peer)",
-                PeerName(self.peer),
+                PeerName(self.rank),
                 self.wr_id,
                 self.status,
                 self.vendor_err
@@ -37,7 +37,7 @@ impl fmt::Display for WrFailure {
         write!(
             f,
             "{}: work request {:#x} failed: {} (vendor error {:#x})",
-            PeerName(self.peer),
+            PeerName(self.rank),
             self.wr_id,
             self.status,
             self.vendor_err
@@ -104,13 +104,13 @@ pub enum ChannelError {
     /// Outstanding requests were flushed and drained, and the channel is broken.
     TimedOut {
         /// The peer's rank, if the channel knows it.
-        peer: Option<u32>,
+        rank: Option<u32>,
     },
     /// The connection was closed: this side disconnected it, or the peer did
     /// (`cm`, feature `rdmacm`). Outstanding work was flushed.
     Disconnected {
         /// The peer's rank, if the channel knows it.
-        peer: Option<u32>,
+        rank: Option<u32>,
     },
     /// An atomic was refused before posting (nothing was posted; the channel is intact):
     /// its target or result buffer is misaligned or of the wrong length.
@@ -149,15 +149,15 @@ impl fmt::Display for ChannelError {
             ),
             Self::InvalidRing { what } => write!(f, "receive ring: {what}"),
             Self::InvalidAtomic(e) => write!(f, "atomic refused before posting: {e}"),
-            Self::TimedOut { peer } => write!(
+            Self::TimedOut { rank } => write!(
                 f,
                 "timed out waiting for {}; outstanding work was flushed",
-                PeerName(*peer)
+                PeerName(*rank)
             ),
-            Self::Disconnected { peer } => write!(
+            Self::Disconnected { rank } => write!(
                 f,
                 "the connection to {} was disconnected; outstanding work was flushed",
-                PeerName(*peer)
+                PeerName(*rank)
             ),
         }
     }
@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn a_local_failure_reads_as_ours_and_a_remote_one_as_the_peers() {
         let local = WrFailure {
-            peer: Some(1),
+            rank: Some(1),
             wr_id: 0xab,
             status: WcStatus::LocalQpOperation,
             vendor_err: 0,

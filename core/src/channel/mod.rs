@@ -93,7 +93,7 @@
 //! use it. If the flush does not drain within [`ChannelConfig::flush_timeout`] (or the queue
 //! pair cannot be moved to the error state), the process aborts with a message: the one
 //! thing rverbs will not do is return memory the device may still write. The error names
-//! the peer ([`ChannelConfig::peer`]).
+//! the peer ([`ChannelConfig::rank`]).
 //!
 //! Nothing here allocates.
 
@@ -108,7 +108,7 @@ mod wait;
 
 pub use batch::Batch;
 pub use error::{ChannelError, WrFailure};
-pub use ring::{Received, RecvRing};
+pub use ring::{RecvRing, RingMessage};
 pub use scope::Scope;
 use ticket::Work;
 pub use ticket::{Done, Ticket};
@@ -174,7 +174,7 @@ pub struct ChannelConfig {
     pub flush_timeout: Duration,
     /// The peer's rank, named in errors. [`crate::node::Node`] sets it; `None` for a channel
     /// used on its own.
-    pub peer: Option<u32>,
+    pub rank: Option<u32>,
 }
 
 impl Default for ChannelConfig {
@@ -183,7 +183,7 @@ impl Default for ChannelConfig {
             signal_every: 16,
             timeout: Duration::from_secs(10),
             flush_timeout: Duration::from_secs(2),
-            peer: None,
+            rank: None,
         }
     }
 }
@@ -228,7 +228,7 @@ const EMPTY_SLOT: RecvSlot = RecvSlot {
 #[non_exhaustive]
 pub struct ChannelCounters {
     /// The peer's rank, if the channel was told it.
-    pub peer: Option<u32>,
+    pub rank: Option<u32>,
     /// Send-queue requests posted (sends, writes, reads, atomics).
     pub requests_posted: u64,
     /// Send-queue requests known complete (successfully, or flushed after a failure).
@@ -268,7 +268,7 @@ pub struct Channel<P: Provider, B: Backoff = Spin, const R: usize = 64> {
     clock: StaticClock,
     timeout: Duration,
     flush_timeout: Duration,
-    peer: Option<u32>,
+    rank: Option<u32>,
     sq_depth: u64,
     signal_every: u32,
     max_post: usize,
@@ -294,7 +294,7 @@ impl<P: Provider + fmt::Debug, B: Backoff, const R: usize> fmt::Debug for Channe
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Channel")
             .field("provider", &self.p)
-            .field("peer", &self.peer)
+            .field("rank", &self.rank)
             .field("caps", &self.caps)
             .field("posted", &self.next_seq)
             .field("completed", &self.done_seq)
@@ -318,11 +318,11 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// measures its timeouts on `clock`.
     ///
     /// If the provider's queues raise completion events
-    /// ([`Provider::completion_events`]), they are attached to `backoff`, so a blocking
+    /// ([`Provider::wakeup_source`]), they are attached to `backoff`, so a blocking
     /// policy sleeps on them.
     pub fn with_backoff(p: P, cfg: ChannelConfig, mut backoff: B, clock: StaticClock) -> Self {
         #[cfg(feature = "alloc")]
-        if let Some(w) = p.completion_events() {
+        if let Some(w) = p.wakeup_source() {
             backoff.attach(&w);
         }
         let mut c = Self {
@@ -334,7 +334,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             clock,
             timeout: cfg.timeout,
             flush_timeout: cfg.flush_timeout,
-            peer: cfg.peer,
+            rank: cfg.rank,
             sq_depth: 1,
             signal_every: 1,
             max_post: 1,
@@ -444,7 +444,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// The peer's rank, if the channel was told it.
     #[inline]
     pub fn peer(&self) -> Option<u32> {
-        self.peer
+        self.rank
     }
 
     /// How long a call waits before it gives up ([`ChannelConfig::timeout`]): what callers
@@ -472,9 +472,9 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub fn fault(&self) -> Option<ChannelError> {
         self.broken.map(|b| match b {
             Broken::Wr(w) => ChannelError::Broken(w),
-            Broken::TimedOut => ChannelError::TimedOut { peer: self.peer },
+            Broken::TimedOut => ChannelError::TimedOut { rank: self.rank },
             Broken::Provider(e) => ChannelError::Provider(e),
-            Broken::Disconnected => ChannelError::Disconnected { peer: self.peer },
+            Broken::Disconnected => ChannelError::Disconnected { rank: self.rank },
         })
     }
 
@@ -482,7 +482,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// keeps anyway (reading them costs the data path nothing). Does not allocate.
     pub fn counters(&self) -> ChannelCounters {
         ChannelCounters {
-            peer: self.peer,
+            rank: self.rank,
             requests_posted: self.next_seq,
             requests_completed: self.done_seq,
             receives_posted: self.recv_next,
@@ -609,7 +609,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     fn note_failure(&mut self, c: &Completion) {
         if !c.status.is_success() && self.broken.is_none() {
             self.broken = Some(Broken::Wr(WrFailure {
-                peer: self.peer,
+                rank: self.rank,
                 wr_id: c.wr_id,
                 status: c.status,
                 vendor_err: c.vendor_err,
@@ -640,7 +640,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         Ticket {
             work,
             chan: self.id,
-            peer: self.peer,
+            rank: self.rank,
         }
     }
 
@@ -730,7 +730,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             // The posted prefix may end unsignaled: flush it so it completes, and do not
             // return (handing the buffers back) before it has.
             self.broken.get_or_insert(Broken::Wr(WrFailure {
-                peer: self.peer,
+                rank: self.rank,
                 wr_id: first + posted as u64,
                 status: WcStatus::General,
                 vendor_err: 0,

@@ -77,7 +77,7 @@ pub struct RecvRing<P: Provider, M: Region, B: Backoff = Spin, const R: usize = 
 
 /// A message a [`RecvRing`] received: valid until the next call on the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Received<'a> {
+pub struct RingMessage<'a> {
     /// The payload (empty for a write with immediate: its bytes went to the memory written).
     pub data: &'a [u8],
     /// What the completion said (length, immediate, whether it was a write with immediate).
@@ -190,7 +190,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         Ok(())
     }
 
-    fn message(&self, i: usize, done: Done) -> Received<'_> {
+    fn message(&self, i: usize, done: Done) -> RingMessage<'_> {
         let at = i * self.slot_size;
         let len = if done.written {
             0
@@ -200,11 +200,14 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         // SAFETY: the slot's receive completed and it is not re-posted while the message
         // borrows the ring; the memory grants no remote write access (checked in `new`).
         let data = unsafe { self.mem.slice_unchecked(at..at + len) }.unwrap_or(&[]);
-        Received { data, done }
+        RingMessage { data, done }
     }
 
     /// Takes the head slot's result, lending the slot out on success.
-    fn take_head(&mut self, r: Result<Done, ChannelError>) -> Result<Received<'_>, ChannelError> {
+    fn take_head(
+        &mut self,
+        r: Result<Done, ChannelError>,
+    ) -> Result<RingMessage<'_>, ChannelError> {
         let i = self.head;
         self.tickets[i] = None;
         // No division on the hot path: the head steps to the next slot, wrapping.
@@ -215,17 +218,17 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// Waits for the next message, at most the channel's timeout. Does not allocate.
-    pub fn recv(&mut self) -> Result<Received<'_>, ChannelError> {
+    pub fn recv(&mut self) -> Result<RingMessage<'_>, ChannelError> {
         self.recv_inner(None)
     }
 
     /// Waits for the next message until `deadline` on the channel's clock; on timeout the
     /// channel is flushed and broken. Does not allocate.
-    pub fn recv_until(&mut self, deadline: Deadline) -> Result<Received<'_>, ChannelError> {
+    pub fn recv_until(&mut self, deadline: Deadline) -> Result<RingMessage<'_>, ChannelError> {
         self.recv_inner(Some(deadline))
     }
 
-    fn recv_inner(&mut self, deadline: Option<Deadline>) -> Result<Received<'_>, ChannelError> {
+    fn recv_inner(&mut self, deadline: Option<Deadline>) -> Result<RingMessage<'_>, ChannelError> {
         self.give_back()?;
         let t = self.tickets[self.head].ok_or(ChannelError::RecvQueueFull)?;
         let r = match deadline {
@@ -236,7 +239,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// The next message if one arrived, without waiting (polls once). Does not allocate.
-    pub fn try_recv(&mut self) -> Option<Result<Received<'_>, ChannelError>> {
+    pub fn try_recv(&mut self) -> Option<Result<RingMessage<'_>, ChannelError>> {
         if let Err(e) = self.give_back() {
             return Some(Err(e));
         }

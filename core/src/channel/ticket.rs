@@ -13,7 +13,7 @@ pub struct Ticket {
     pub(super) work: Work,
     /// The channel that issued it.
     pub(super) chan: usize,
-    pub(super) peer: Option<u32>,
+    pub(super) rank: Option<u32>,
 }
 
 /// What a ticket covers: send-queue requests by sequence number, or one receive.
@@ -27,7 +27,7 @@ impl Ticket {
     /// The peer's rank, if the channel knows it.
     #[inline]
     pub fn peer(&self) -> Option<u32> {
-        self.peer
+        self.rank
     }
 
     /// Whether the ticket names a receive.

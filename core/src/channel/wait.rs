@@ -72,7 +72,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             if patience.run_out(clock) {
                 self.broken.get_or_insert(Broken::TimedOut);
                 self.flush_and_drain();
-                return Err(ChannelError::TimedOut { peer: self.peer });
+                return Err(ChannelError::TimedOut { rank: self.rank });
             }
             let polled = match queues {
                 Queues::Sends => self.poll_send_cq(),
@@ -123,7 +123,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 // Without the cover nothing may complete what the caller waits for: break the
                 // channel and drain it, so no request outlives the buffers it named.
                 self.broken.get_or_insert(Broken::Wr(WrFailure {
-                    peer: self.peer,
+                    rank: self.rank,
                     wr_id: self.next_seq,
                     status: WcStatus::General,
                     vendor_err: 0,
@@ -148,7 +148,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// if the queue pair cannot be moved to the error state or the flush does not drain
     /// within the flush timeout.
     pub(super) fn flush_and_drain(&mut self) {
-        let who = PeerName(self.peer);
+        let who = PeerName(self.rank);
         crate::poll::drain::flush_and_drain(self, &who);
     }
 
@@ -351,16 +351,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Ok(slot.info)
         } else {
             let w = WrFailure {
-                peer: self.peer,
+                rank: self.rank,
                 wr_id: r | RECV_BIT,
                 status: slot.status,
                 vendor_err: slot.vendor_err,
             };
             match self.broken {
-                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { peer: self.peer }),
+                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { rank: self.rank }),
                 Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
                 Some(Broken::Disconnected) if slot.status == WcStatus::Flushed => {
-                    Err(ChannelError::Disconnected { peer: self.peer })
+                    Err(ChannelError::Disconnected { rank: self.rank })
                 }
                 Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
                     Err(ChannelError::Broken(first))

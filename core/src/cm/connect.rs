@@ -474,8 +474,8 @@ impl Provider for Connection {
         self.provider.poll_recv(out)
     }
 
-    fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
-        self.provider.completion_events()
+    fn wakeup_source(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        self.provider.wakeup_source()
     }
 }
 

@@ -76,7 +76,7 @@ impl core::error::Error for MultiError {}
 #[non_exhaustive]
 pub enum MultiBuildError {
     /// A channel without a peer rank
-    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
+    /// ([`ChannelConfig::rank`](crate::channel::ChannelConfig::rank)).
     ChannelWithoutRank,
     /// Two channels to one rank.
     DuplicateRank(u32),
@@ -146,7 +146,7 @@ fn at(rank: u32) -> impl Fn(ChannelError) -> MultiError {
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     /// Wraps connected channels, each of which knows its peer's rank
-    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)), below
+    /// ([`ChannelConfig::rank`](crate::channel::ChannelConfig::rank)), below
     /// [`MAX_WORLD`](crate::wire::MAX_WORLD). Allocates (setup).
     pub fn new(chans: Vec<Channel<P, B, R>>) -> Result<Self, MultiBuildError> {
         let mut top = 0;

@@ -292,7 +292,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return bad("ring memory needs local write access and no remote write access");
         }
         let peers = self.multi.peers();
-        if self.shared_receive() > 0 {
+        if self.shared_receive_slots() > 0 {
             return self.start_pool(region, slots, slot_size);
         }
         let len = peers
@@ -334,7 +334,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 
     /// Receives the shared receive queue of this node's queue pairs holds (0: each has its
     /// own, and messaging uses a ring per peer).
-    pub fn shared_receive(&mut self) -> u32 {
+    pub fn shared_receive_slots(&mut self) -> u32 {
         self.multi
             .channels()
             .next()

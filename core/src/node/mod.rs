@@ -560,7 +560,7 @@ pub struct NodeParts<P: Provider, M: Region, B: Backoff + Clone> {
     /// Number of ranks.
     pub world: u32,
     /// One connected channel per other rank, each naming its rank
-    /// ([`ChannelConfig::peer`](crate::channel::ChannelConfig::peer)).
+    /// ([`ChannelConfig::rank`](crate::channel::ChannelConfig::rank)).
     pub channels: Vec<Channel<P, B>>,
     /// Our flag array: at least [`FlagLayout::len`] bytes, 8-aligned, with
     /// local and remote write access, zeroed.
@@ -609,9 +609,9 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     algorithm: BarrierAlgorithm,
     multi: MultiChannel<P, B>,
     rings: Option<messaging::Rings<M>>,
-    wakeups: Option<wakeups::Wakeups>,
+    barrier_wakeups: Option<wakeups::Wakeups>,
     /// The completion events the back-off sleeps on, if the queues have any.
-    wakeup: Option<alloc::sync::Arc<dyn crate::poll::Wakeup>>,
+    wakeup_source: Option<alloc::sync::Arc<dyn crate::poll::Wakeup>>,
     barrier: BarrierState,
     failures: failure::Failures,
     /// The rank between [`Node::readmit_begin`] and [`Node::readmit_finish`].
@@ -671,7 +671,7 @@ struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
-    wakeups: Option<&'a mut wakeups::Wakeups>,
+    barrier_wakeups: Option<&'a mut wakeups::Wakeups>,
     failures: &'a mut failure::Failures,
     probe_grace: Duration,
 }
@@ -710,7 +710,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         let data = FlagLayout::bytes(count);
         // Every error goes through one cold call (which turns it into failure news if it is
         // one): the success path carries no conversion of the large error types.
-        if !self.wakeups.as_ref().is_some_and(|w| w.live) {
+        if !self.barrier_wakeups.as_ref().is_some_and(|w| w.live) {
             match self.multi.post_write_inline(rank, &data, slot) {
                 Ok(_) => Ok(()),
                 Err(e) => Err(self.news(barrier_error(e))),
@@ -759,7 +759,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
     /// One poll of the channels' completions (re-posting wake-up receives).
     #[inline]
     fn poll_channels(&mut self) -> Result<(), BarrierError> {
-        let Some(w) = self.wakeups.as_deref_mut() else {
+        let Some(w) = self.barrier_wakeups.as_deref_mut() else {
             return self.multi.poll().map(|_| ()).map_err(barrier_error);
         };
         if let Some((rank, error)) = w.missed.take() {
@@ -845,7 +845,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         if shared && !on_srq && world > 1 {
             return bad("Receive::Shared messaging needs channels on a shared receive queue");
         }
-        let wakeups = if components.barrier_wakeups {
+        let barrier_wakeups = if components.barrier_wakeups {
             Some(wakeups::Wakeups::post_all(&mut multi)?)
         } else {
             None
@@ -856,8 +856,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             algorithm,
             multi,
             rings: None,
-            wakeups,
-            wakeup: None,
+            barrier_wakeups,
+            wakeup_source: None,
             barrier: BarrierState::new(rank, world),
             failures: failure::Failures::new(rank, world, backoff.waker()),
             readmitting: None,
@@ -886,14 +886,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// `NodeConfig::completion_events`): their [`fd`](crate::poll::Wakeup::fd) is what to
     /// hand `poll(2)`/`epoll` to sleep in an event loop of one's own (arm first; see
     /// [`Wakeup`](crate::poll::Wakeup)).
-    pub fn completion_events(&self) -> Option<&dyn crate::poll::Wakeup> {
-        self.wakeup.as_deref()
+    pub fn wakeup_source(&self) -> Option<&dyn crate::poll::Wakeup> {
+        self.wakeup_source.as_deref()
     }
 
-    /// [`Node::completion_events`] as a shared handle, for an event loop that keeps it
+    /// [`Node::wakeup_source`] as a shared handle, for an event loop that keeps it
     /// (`rverbs_async::TokioEvents` registers its descriptor with tokio's reactor).
-    pub fn completion_events_shared(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
-        self.wakeup.clone()
+    pub fn wakeup_source_shared(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+        self.wakeup_source.clone()
     }
 
     /// The back-off barriers and [`Node::progress_until`] wait with (each channel has a
@@ -904,7 +904,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 
     /// Whether barrier notifications raise completions ([`Components::barrier_wakeups`]).
     pub fn barrier_wakeups(&self) -> bool {
-        self.wakeups.is_some()
+        self.barrier_wakeups.is_some()
     }
 
     /// Whether barrier notifications carry an immediate yet, so a rank asleep on its
@@ -912,7 +912,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// whole world completed since (until then notifications are plain writes, which wake
     /// nobody; see [`Components::barrier_wakeups`]).
     pub fn barrier_wakeups_live(&self) -> bool {
-        self.wakeups.as_ref().is_some_and(|w| w.live)
+        self.barrier_wakeups.as_ref().is_some_and(|w| w.live)
     }
 
     /// This rank.
@@ -1171,7 +1171,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// proves every rank enabled its wake-ups, so notifications may carry an immediate.
     fn barrier_completed(&mut self, members: Option<&[u32]>) {
         if members.is_none_or(|m| m.len() == self.world as usize) {
-            if let Some(w) = &mut self.wakeups {
+            if let Some(w) = &mut self.barrier_wakeups {
                 w.live = true;
             }
         }
@@ -1198,13 +1198,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             backoff,
             peer_flags,
             flags,
-            wakeups,
+            barrier_wakeups,
             failures,
             probe_grace,
             barrier_timeouts,
             ..
         } = self;
-        if let Some(w) = wakeups.as_mut() {
+        if let Some(w) = barrier_wakeups.as_mut() {
             // At every barrier's start, re-post on every channel: a rank that arrives last
             // finishes inside `start` and never reaches the barrier's poll, and completions
             // other calls retired (a channel wait, `multi().poll()`) never reached it either.
@@ -1219,7 +1219,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             multi,
             flags,
             peer_flags,
-            wakeups: wakeups.as_mut(),
+            barrier_wakeups: barrier_wakeups.as_mut(),
             failures,
             probe_grace: *probe_grace,
         };

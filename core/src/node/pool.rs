@@ -61,7 +61,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<(), SetupError> {
         let bad = |what| Err(SetupError::InvalidArgument { what });
         let peers = self.multi.peers();
-        let depth = self.shared_receive() as usize;
+        let depth = self.shared_receive_slots() as usize;
         if slots > depth {
             return bad("more pool slots than the shared receive queue holds");
         }
@@ -305,7 +305,7 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
             handler(Event::Failed {
                 rank,
                 error: ChannelError::Broken(WrFailure {
-                    peer: Some(rank),
+                    rank: Some(rank),
                     wr_id: c.wr_id,
                     status: c.status,
                     vendor_err: c.vendor_err,

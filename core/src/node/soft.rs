@@ -162,7 +162,7 @@ pub fn soft_world_with<'n, 'm: 'n, B: Backoff + Clone>(
                     .add(qp)
                     .map_err(|_| bad("the shared completion queues refused a queue pair"))?;
                 let mut c = cfg;
-                c.peer = Some(peer);
+                c.rank = Some(peer);
                 channels[me as usize].push(Channel::with_backoff(
                     routed,
                     c,
@@ -311,7 +311,7 @@ pub fn soft_rejoin<'n, 'm: 'n, B: Backoff + Clone>(
             .add(mine)
             .map_err(|_| bad("the shared completion queues refused a queue pair"))?;
         let mut c = cfg;
-        c.peer = Some(peer);
+        c.rank = Some(peer);
         channels.push(Channel::with_backoff(routed, c, backoff.clone(), clock));
         peer_flags[peer as usize] = s.flags_remote();
         peer_windows[peer as usize] = s.window().remote();

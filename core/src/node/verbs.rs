@@ -87,7 +87,7 @@ pub struct PreparedNode<B: Backoff + Clone> {
     qps: Vec<Option<PreparedQp>>,
     send_cq: Cq,
     recv_cq: Cq,
-    wakeup: Option<Arc<dyn Wakeup>>,
+    wakeup_source: Option<Arc<dyn Wakeup>>,
     /// The shared receive queue, with [`Receive::Shared`] (the queue pairs keep it alive).
     srq: Option<Srq>,
     flags: OwnedRegion,
@@ -142,13 +142,13 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             None => depth(qp.max_recv_wr)?,
             Some(s) => s.max_wr(),
         };
-        let (send_cq, recv_cq, wakeup) = if cfg.completion_events {
+        let (send_cq, recv_cq, wakeup_source) = if cfg.completion_events {
             let channel = ctx.create_completion_channel()?;
             let send_cq = ctx.create_cq_on(send_depth, &channel)?;
             let recv_cq = ctx.create_cq_on(recv_depth, &channel)?;
             let events = CqEvents::new(&channel, &[&send_cq, &recv_cq], false)?;
-            let wakeup: Arc<dyn Wakeup> = Arc::new(events);
-            (send_cq, recv_cq, Some(wakeup))
+            let wakeup_source: Arc<dyn Wakeup> = Arc::new(events);
+            (send_cq, recv_cq, Some(wakeup_source))
         } else {
             (ctx.create_cq(send_depth)?, ctx.create_cq(recv_depth)?, None)
         };
@@ -174,7 +174,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             qps,
             send_cq,
             recv_cq,
-            wakeup,
+            wakeup_source,
             srq,
             flags,
             window,
@@ -233,7 +233,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
         }
         let peers = self.world as usize - 1;
         let mut backoff = self.backoff;
-        if let Some(w) = &self.wakeup {
+        if let Some(w) = &self.wakeup_source {
             backoff.attach(w);
         }
         let shared = match &self.srq {
@@ -259,7 +259,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
                 .add(qp)
                 .map_err(|(_, error)| SetupError::SharedCq { rank, error })?;
             let mut ccfg = self.cfg.channel;
-            ccfg.peer = Some(rank);
+            ccfg.rank = Some(rank);
             channels.push(Channel::with_backoff(p, ccfg, backoff.clone(), self.clock));
             peer_flags[r] = d.flags;
             peer_windows[r] = d.window;
@@ -278,7 +278,7 @@ impl<B: Backoff + Clone> PreparedNode<B> {
             timeout: self.cfg.channel.timeout,
             components: self.cfg.components,
         })?;
-        node.wakeup = self.wakeup;
+        node.wakeup_source = self.wakeup_source;
         // A request that fails on this side may be the port going down under it: ask the
         // device (only on that error path) so the news names the port, not the peer.
         let (ctx, port) = (node.pd().context().clone(), self.cfg.qp.port);
@@ -415,7 +415,7 @@ impl<B: Backoff + Clone> VerbsNode<B> {
     /// # Ok(()) }
     /// ```
     pub fn start_messaging(&mut self, slots: usize, slot_size: usize) -> Result<(), SetupError> {
-        let peers = if self.shared_receive() > 0 {
+        let peers = if self.shared_receive_slots() > 0 {
             1
         } else {
             self.world as usize - 1

@@ -117,7 +117,7 @@ pub trait DatagramProvider {
     /// an event loop sleeps on until a datagram arrives (rverbs-async's `AsyncDatagram`).
     /// `None` (the default) for queues without a completion channel, and on the model.
     #[cfg(feature = "alloc")]
-    fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+    fn wakeup_source(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
         None
     }
 }

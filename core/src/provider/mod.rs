@@ -167,7 +167,7 @@ pub trait Provider: QueuePair {
     /// on it [attaches](crate::poll::Backoff::attach) them to its back-off. `None` (the
     /// default) for queues without a completion channel.
     #[cfg(feature = "alloc")]
-    fn completion_events(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
+    fn wakeup_source(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
         None
     }
 

@@ -452,12 +452,12 @@ impl<C: CompletionQueue> SharedCqs<C> {
     }
 
     /// Shares `send_cq` and `recv_cq` among at most `max_qps` queue pairs that all take
-    /// their receives from one shared receive queue of `srq_depth` receives: receive
+    /// their receives from one shared receive queue of `slots` receives: receive
     /// completions are not routed to the queue pairs but kept in arrival order for
-    /// [`Provider::poll_srq`] (of any of them). `recv_cq` must hold `srq_depth` completions.
+    /// [`Provider::poll_srq`] (of any of them). `recv_cq` must hold `slots` completions.
     /// Allocates.
-    pub fn with_srq(send_cq: C, recv_cq: C, max_qps: usize, srq_depth: u32) -> Self {
-        Self::build(send_cq, recv_cq, max_qps, Some((mailbox(srq_depth), false)))
+    pub fn with_srq(send_cq: C, recv_cq: C, max_qps: usize, slots: u32) -> Self {
+        Self::build(send_cq, recv_cq, max_qps, Some((mailbox(slots), false)))
     }
 
     fn build(send_cq: C, recv_cq: C, max_qps: usize, pool: Option<(Mailbox, bool)>) -> Self {

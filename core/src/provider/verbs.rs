@@ -36,7 +36,7 @@ impl PreparedVerbs {
     /// Like [`PreparedVerbs::new`], with both completion queues on a completion channel of
     /// their own: the channel built on the provider sleeps on their events under a blocking
     /// policy (`rverbs_std_shim::WaitPolicy::Block`), and
-    /// [`VerbsProvider::completion_events`] hands them out for an event loop.
+    /// [`VerbsProvider::wakeup_source`] hands them out for an event loop.
     pub fn with_events(ctx: &Context, pd: &Pd, cfg: &QpConfig) -> Result<Self, VerbsError> {
         let channel = ctx.create_completion_channel()?;
         let send_cq = ctx.create_cq_on(cfg.max_send_wr, &channel)?;
@@ -242,7 +242,7 @@ impl Provider for VerbsProvider {
             .map_err(|e| e.provider_error(Verb::PollCq))
     }
 
-    fn completion_events(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
+    fn wakeup_source(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
         self.events
             .clone()
             .map(|e| e as Arc<dyn crate::poll::Wakeup>)

@@ -106,7 +106,7 @@ impl VerbsDatagram {
 
     /// Like [`VerbsDatagram::new`], with both completion queues on a completion channel of
     /// their own (opt-in: an armed queue costs the device an event per wake-up).
-    /// [`completion_events`](DatagramProvider::completion_events) hands them out, so an
+    /// [`wakeup_source`](DatagramProvider::wakeup_source) hands them out, so an
     /// event loop can sleep until a datagram arrives instead of polling: rverbs-async's
     /// `AsyncDatagram` with `TokioEvents`. The receive queue is what wakes a subscriber;
     /// the send queue is on the channel too, so that a waiter for room to send is woken as
@@ -270,7 +270,7 @@ impl DatagramProvider for VerbsDatagram {
             .map_err(|e| e.provider_error(Verb::ModifyQpErr))
     }
 
-    fn completion_events(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
+    fn wakeup_source(&self) -> Option<Arc<dyn crate::poll::Wakeup>> {
         self.events
             .as_ref()
             .map(|e| e.clone() as Arc<dyn crate::poll::Wakeup>)

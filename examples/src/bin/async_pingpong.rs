@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         run(&args, |_| Ok(YieldEvents))
     } else {
         run(&args, |p| {
-            TokioEvents::new(p.completion_events().expect("queues on a channel"))
+            TokioEvents::new(p.wakeup_source().expect("queues on a channel"))
         })
     };
     rverbs_examples::exit_code("async_pingpong", r)
