@@ -882,7 +882,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         self.components
     }
 
-    /// The completion events of the node's queues (a node built with
+    /// The wake-up source of the node's queues, their completion events (a node built with
     /// `NodeConfig::completion_events`): their [`fd`](crate::poll::Wakeup::fd) is what to
     /// hand `poll(2)`/`epoll` to sleep in an event loop of one's own (arm first; see
     /// [`Wakeup`](crate::poll::Wakeup)).

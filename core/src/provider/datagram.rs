@@ -112,7 +112,8 @@ pub trait DatagramProvider {
     /// Leaving a group not joined is refused (`EINVAL`).
     fn leave_group(&mut self, group: Gid) -> Result<(), ProviderError>;
 
-    /// The completion events of this queue pair's completion queues, if they raise any
+    /// The wake-up source of this queue pair's completion queues (their completion events),
+    /// if they raise any
     /// ([`VerbsDatagram::with_events`](super::verbs_ud::VerbsDatagram::with_events)): what
     /// an event loop sleeps on until a datagram arrives (rverbs-async's `AsyncDatagram`).
     /// `None` (the default) for queues without a completion channel, and on the model.

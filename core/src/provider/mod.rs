@@ -163,9 +163,9 @@ pub trait Provider: QueuePair {
         Ok(None)
     }
 
-    /// The completion events of this provider's queues, if they raise any: a channel built
-    /// on it [attaches](crate::poll::Backoff::attach) them to its back-off. `None` (the
-    /// default) for queues without a completion channel.
+    /// The wake-up source of this provider's queues (their completion events), if they raise
+    /// any: a channel built on it [attaches](crate::poll::Backoff::attach) them to its
+    /// back-off. `None` (the default) for queues without a completion channel.
     #[cfg(feature = "alloc")]
     fn wakeup_source(&self) -> Option<alloc::sync::Arc<dyn crate::poll::Wakeup>> {
         None
