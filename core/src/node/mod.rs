@@ -252,6 +252,11 @@ impl fmt::Display for SetupError {
             Self::Readmit { rank, error } => write!(f, "cannot readmit rank {rank}: {error}"),
             Self::MessagingStarted => f.write_str("messaging has already started"),
             Self::InvalidArgument { what } => write!(f, "invalid argument: {what}"),
+            // As `NodeError::Channel`: a local failure names the rank only as the far end.
+            Self::Channel {
+                rank,
+                error: error @ (ChannelError::Failed(w) | ChannelError::Broken(w)),
+            } if w.status.is_local() => write!(f, "the channel to rank {rank}: {error}"),
             Self::Channel { rank, error } => write!(f, "rank {rank}: {error}"),
         }
     }
