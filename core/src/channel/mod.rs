@@ -696,6 +696,45 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    /// Posts one request (assigning its id and signal flag) with one doorbell; returns its
+    /// sequence number. [`Channel::post_send_wrs`] for a batch of one, inlined into each
+    /// operation, so that its opcode and flags are constants there: the provider's post,
+    /// inlined as well, then builds the device's request straight from the operation's
+    /// arguments (on the extended path: `ibv_wr_start`, the one builder and data setter the
+    /// opcode needs, `ibv_wr_complete`), with no loop and no `match` on the opcode left. The
+    /// checks are the batch's: the channel's state and the room in the send queue (cold
+    /// when they fail), the id and the signaling interval.
+    ///
+    /// # Safety
+    /// The posting contract for every buffer the request names.
+    #[inline(always)]
+    unsafe fn post_send_one(&mut self, mut wr: WorkRequest<'_>) -> Result<u64, ChannelError> {
+        if self.broken.is_some() || !self.fits(1) {
+            self.make_room(1)?;
+        }
+        let id = self.next_seq;
+        let since_signal = self.since_signal + 1;
+        let signal = wr.flags.contains(SendFlags::SIGNALED) || since_signal >= self.signal_every;
+        wr.wr_id = id;
+        if signal {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        // SAFETY: forwarded contract.
+        match unsafe { self.p.post_send(core::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                // Counted only once posted, as in `post_send_wrs`.
+                self.since_signal = if signal { 0 } else { since_signal };
+                if signal {
+                    self.signaled_to = id + 1;
+                }
+                self.remote_recvs_used += u64::from(wr.opcode.consumes_remote_recv());
+                self.next_seq = id + 1;
+                Ok(id)
+            }
+            Err(f) => Err(self.post_refused(core::slice::from_ref(&wr), f)),
+        }
+    }
+
     /// Before a post: the channel's failure if it is broken, else polls until `need`
     /// requests fit next to those not yet retired (bounded by the channel's timeout).
     #[cold]

@@ -295,6 +295,23 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.flush_and_drain();
     }
 
+    /// Waits for the signaled send request `seq` of this channel (a blocking verb's), at
+    /// most the channel's timeout or `deadline`, and says how it went: [`Channel::wait_for`]
+    /// without the ticket's checks and the cover, which a request the channel has just
+    /// posted signaled needs neither of.
+    #[inline]
+    pub(super) fn wait_send_seq(
+        &mut self,
+        seq: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<(), ChannelError> {
+        debug_assert!(seq < self.signaled_to);
+        if self.done_seq <= seq {
+            self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)?;
+        }
+        self.check_send(seq, seq)
+    }
+
     /// Waits, at most the channel's timeout, until every send posted so far completed (a
     /// connection that is about to be closed delivers what it was given first).
     #[cfg(feature = "rdmacm")]
