@@ -33,7 +33,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let seq = unsafe { self.post_send_one(wr) }?;
         let guard = SettleOnDrop(self);
         // The request is this channel's and signaled: no ticket to check, nothing to cover.
-        let r = guard.0.wait_send_seq(seq, None);
+        let r = guard.0.wait_send_seq(seq, seq, None);
         core::mem::forget(guard);
         r
     }

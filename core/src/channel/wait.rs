@@ -85,16 +85,22 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                     self.backoff.reset();
                     continue;
                 }
-                Err(e) => {
-                    self.broken.get_or_insert(Broken::Provider(e));
-                    self.flush_and_drain();
-                    return Err(ChannelError::Provider(e));
-                }
+                Err(e) => return Err(self.poll_failed(e)),
             }
             empty = empty.wrapping_add(1);
             self.backoff
                 .snooze_within(&mut || patience.remaining(clock));
         }
+    }
+
+    /// A failed poll inside a wait: breaks the channel and drains it (so no buffer is handed
+    /// back while the device may use it), and returns the error.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: ProviderError) -> ChannelError {
+        self.broken.get_or_insert(Broken::Provider(e));
+        self.flush_and_drain();
+        ChannelError::Provider(e)
     }
 
     /// Makes sure that a signaled request at or after send request `seq` is posted, so that a
@@ -295,21 +301,30 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.flush_and_drain();
     }
 
-    /// Waits for the signaled send request `seq` of this channel (a blocking verb's), at
-    /// most the channel's timeout or `deadline`, and says how it went: [`Channel::wait_for`]
-    /// without the ticket's checks and the cover, which a request the channel has just
-    /// posted signaled needs neither of.
+    /// Waits for the send requests `first..=seq` of this channel (a blocking verb's or a run
+    /// batch's, `seq` signaled), at most the channel's timeout or `deadline`, and says how
+    /// they went: [`Channel::wait_for`] without the ticket's checks and the cover, which
+    /// requests the channel has just posted, the last signaled, need neither of.
     #[inline]
     pub(super) fn wait_send_seq(
         &mut self,
+        first: u64,
         seq: u64,
         deadline: Option<Deadline>,
     ) -> Result<(), ChannelError> {
         debug_assert!(seq < self.signaled_to);
+        // One poll before the waiting loop is set up: on a device that is done by the time
+        // it is polled, the wait ends here. The same poll the loop's first turn makes (that
+        // turn reads no clock either); its failure is handled as the loop handles it.
         if self.done_seq <= seq {
-            self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)?;
+            if let Err(e) = self.poll_send_cq() {
+                return Err(self.poll_failed(e));
+            }
+            if self.done_seq <= seq {
+                self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)?;
+            }
         }
-        self.check_send(seq, seq)
+        self.check_send(first, seq)
     }
 
     /// Waits, at most the channel's timeout, until every send posted so far completed (a
