@@ -731,7 +731,15 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 self.next_seq = id + 1;
                 Ok(id)
             }
-            Err(f) => Err(self.post_refused(core::slice::from_ref(&wr), f)),
+            Err(f) => {
+                let posted = f.posted.min(1);
+                let consumed = if posted == 1 {
+                    u64::from(wr.opcode.consumes_remote_recv())
+                } else {
+                    0
+                };
+                Err(self.post_refused_counted(posted, consumed, f.errno))
+            }
         }
     }
 
@@ -759,11 +767,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[inline(never)]
     fn post_refused(&mut self, wrs: &[WorkRequest<'_>], f: PostFailure) -> ChannelError {
         let posted = f.posted.min(wrs.len());
-        let first = self.next_seq;
-        self.remote_recvs_used += wrs[..posted]
+        let consumed = wrs[..posted]
             .iter()
             .filter(|w| w.opcode.consumes_remote_recv())
             .count() as u64;
+        self.post_refused_counted(posted, consumed, f.errno)
+    }
+
+    /// [`Channel::post_refused`] once the requests the provider took (`posted`, of which
+    /// `consumed` consume a receive at the peer) are counted: the single-request path's,
+    /// which keeps no request in memory to count from.
+    #[cold]
+    #[inline(never)]
+    fn post_refused_counted(&mut self, posted: usize, consumed: u64, errno: i32) -> ChannelError {
+        let first = self.next_seq;
+        self.remote_recvs_used += consumed;
         self.next_seq += posted as u64;
         if posted > 0 {
             // The posted prefix may end unsignaled: flush it so it completes, and do not
@@ -776,7 +794,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             }));
             self.flush_and_drain();
         }
-        ChannelError::Post { errno: f.errno }
+        ChannelError::Post { errno }
     }
 
     fn check_sges(&self, n: usize, max: u32) -> Result<(), ChannelError> {

@@ -305,7 +305,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// batch's, `seq` signaled), at most the channel's timeout or `deadline`, and says how
     /// they went: [`Channel::wait_for`] without the ticket's checks and the cover, which
     /// requests the channel has just posted, the last signaled, need neither of.
-    #[inline]
+    #[inline(always)]
     pub(super) fn wait_send_seq(
         &mut self,
         first: u64,
@@ -321,10 +321,28 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 return Err(self.poll_failed(e));
             }
             if self.done_seq <= seq {
-                self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)?;
+                self.wait_send_loop(seq, deadline)?;
             }
         }
-        self.check_send(first, seq)
+        if self.broken.is_none() {
+            Ok(())
+        } else {
+            self.check_send_cold(first, seq)
+        }
+    }
+
+    /// The waiting loop of [`Channel::wait_send_seq`], out of line: reached only when one
+    /// poll did not find the request done.
+    #[inline(never)]
+    fn wait_send_loop(&mut self, seq: u64, deadline: Option<Deadline>) -> Result<(), ChannelError> {
+        self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)
+    }
+
+    /// [`Channel::check_send`] on a broken channel, out of line.
+    #[cold]
+    #[inline(never)]
+    fn check_send_cold(&self, first: u64, last: u64) -> Result<(), ChannelError> {
+        self.check_send(first, last)
     }
 
     /// Waits, at most the channel's timeout, until every send posted so far completed (a
