@@ -566,12 +566,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// completions come on that queue alone).
     #[inline]
     fn poll_send_cq(&mut self) -> Result<usize, ProviderError> {
-        self.poll_cq(P::poll_send, Self::on_send_completion)
+        self.poll_cq(P::poll_send, Self::on_send_completion, POLL_AT_ONCE)
+    }
+
+    /// Polls the send completion queue for at most `max` completions (and at most
+    /// `POLL_AT_ONCE`): the first poll of a blocking wait, which for one request usually
+    /// needs just that request's completion, and so need not ask the device whether there
+    /// is a second (a wait that needs more polls again, `POLL_AT_ONCE` at a time).
+    #[inline]
+    pub(super) fn poll_send_cq_max(&mut self, max: usize) -> Result<usize, ProviderError> {
+        self.poll_cq(P::poll_send, Self::on_send_completion, max)
     }
 
     #[inline]
     fn poll_recv_cq(&mut self) -> Result<usize, ProviderError> {
-        self.poll_cq(P::poll_recv, Self::on_recv_completion)
+        self.poll_cq(P::poll_recv, Self::on_recv_completion, POLL_AT_ONCE)
     }
 
     /// Polls one completion queue once with `poll` and hands the completions of this
@@ -582,8 +591,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         &mut self,
         poll: fn(&mut P, &mut [Completion]) -> Result<usize, ProviderError>,
         on: fn(&mut Self, &Completion),
+        max: usize,
     ) -> Result<usize, ProviderError> {
-        let n = poll(&mut self.p, &mut self.wc)?.min(POLL_AT_ONCE);
+        let max = max.min(POLL_AT_ONCE);
+        let n = poll(&mut self.p, &mut self.wc[..max])?.min(max);
         let mut seen = 0;
         for i in 0..n {
             let c = self.wc[i];

@@ -4,7 +4,8 @@
 
 use super::ticket::Work;
 use super::{
-    Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
+    Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY,
+    POLL_AT_ONCE, RECV_BIT,
 };
 use crate::completion::WcStatus;
 use crate::poll::{Backoff, Deadline, Patience};
@@ -317,7 +318,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         // it is polled, the wait ends here. The same poll the loop's first turn makes (that
         // turn reads no clock either); its failure is handled as the loop handles it.
         if self.done_seq <= seq {
-            if let Err(e) = self.poll_send_cq() {
+            // A blocking verb's one request completes alone; a batch's signals every
+            // `signal_every`-th request as well, so its first poll takes all it can.
+            let max = if first == seq { 1 } else { POLL_AT_ONCE };
+            if let Err(e) = self.poll_send_cq_max(max) {
                 return Err(self.poll_failed(e));
             }
             if self.done_seq <= seq {
