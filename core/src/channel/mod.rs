@@ -656,6 +656,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts `wrs` (assigning ids and signal flags) with one doorbell; returns the ticket.
+    /// `consumes` is how many of them consume a receive at the peer, counted by the caller
+    /// as it made them (a batch, as each request is pushed, where the opcode is a constant).
     /// The common case (channel healthy, room in the send queue, post accepted) stays in
     /// this function; the rest lives in cold functions out of line.
     ///
@@ -665,6 +667,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     unsafe fn post_send_wrs(
         &mut self,
         wrs: &mut [WorkRequest<'_>],
+        consumes: u64,
     ) -> Result<Ticket, ChannelError> {
         let n = wrs.len();
         debug_assert!(n > 0 && n <= self.max_post);
@@ -675,12 +678,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let first = self.next_seq;
         let mut signaled_to = self.signaled_to;
         let mut since_signal = self.since_signal;
-        let mut consumes = 0u64;
         let mut id = first;
         for w in wrs.iter_mut() {
             w.wr_id = id;
             id += 1;
-            consumes += u64::from(w.opcode.consumes_remote_recv());
             since_signal += 1;
             if w.flags.contains(SendFlags::SIGNALED) || since_signal >= self.signal_every {
                 w.flags |= SendFlags::SIGNALED;

@@ -124,7 +124,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             remote: RemoteMemory::default(),
         }];
         // SAFETY: the request names no memory, local or remote.
-        match unsafe { self.post_send_wrs(&mut wr) } {
+        match unsafe { self.post_send_wrs(&mut wr, 0) } {
             Ok(_) => Ok(()),
             Err(e) => {
                 // Without the cover nothing may complete what the caller waits for: break the
