@@ -3,6 +3,7 @@
 use core::fmt;
 use core::mem::MaybeUninit;
 
+use super::ticket::Work;
 use super::wait::SettleOnDrop;
 use super::{as_gather, Channel, ChannelError, Ticket};
 use crate::poll::Backoff;
@@ -34,6 +35,8 @@ pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     /// to point here when the batch is posted: a batch cannot borrow from itself while it is
     /// built). Empty for a batch without inline requests.
     inline: Staged<(u8, Sge<'b>)>,
+    /// How many of the requests consume a receive at the peer (counted as they are pushed).
+    consumes: u64,
 }
 
 /// Up to [`MAX_BATCH`] values, none written in advance: making a batch writes one length,
@@ -99,9 +102,11 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
             chan,
             wrs: Staged::new(),
             inline: Staged::new(),
+            consumes: 0,
         }
     }
 
+    #[inline(always)]
     fn push(
         &mut self,
         opcode: Opcode,
@@ -113,6 +118,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     }
 
     /// Adds a request made by the caller.
+    #[inline(always)]
     pub(super) fn push_wr(&mut self, wr: WorkRequest<'b>) -> Result<&mut Self, ChannelError> {
         self.chan
             .check_sges(wr.sges.len(), self.chan.caps.max_send_sge)?;
@@ -124,6 +130,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         self.wrs
             .push(wr)
             .map_err(|_| ChannelError::BatchFull { max: MAX_BATCH })?;
+        self.consumes += u64::from(wr.opcode.consumes_remote_recv());
         Ok(self)
     }
 
@@ -215,7 +222,10 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     unsafe fn post_now(&mut self) -> Result<Ticket, ChannelError> {
         let r = if self.inline.len == 0 {
             // SAFETY: forwarded contract.
-            unsafe { self.chan.post_send_wrs(self.wrs.as_mut_slice()) }
+            unsafe {
+                self.chan
+                    .post_send_wrs(self.wrs.as_mut_slice(), self.consumes)
+            }
         } else {
             // Point each inline request at its entry, in a copy of the table that lives for
             // the post (the batch cannot hold references into itself).
@@ -232,10 +242,14 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
                 }
             }
             // SAFETY: forwarded contract; inline payloads are copied during the post.
-            unsafe { self.chan.post_send_wrs(patched.as_mut_slice()) }
+            unsafe {
+                self.chan
+                    .post_send_wrs(patched.as_mut_slice(), self.consumes)
+            }
         };
         self.wrs.clear();
         self.inline.clear();
+        self.consumes = 0;
         r
     }
 
@@ -288,10 +302,14 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         // for the batch (or its flush) before returning; the guard settles the channel if
         // the wait unwinds.
         let t = unsafe { self.post_now() }?;
+        let Work::Sends { first, last } = t.work else {
+            unreachable!("a send batch's ticket names sends")
+        };
         let guard = SettleOnDrop(&mut *self.chan);
-        let r = guard.0.wait(t);
+        // The channel's own ticket, its last request signaled: nothing to check or cover.
+        let r = guard.0.wait_send_seq(first, last, None);
         core::mem::forget(guard);
-        r.map(|_| ())
+        r
     }
 
     /// Posts the batch with one doorbell and returns its ticket without waiting; the batch
@@ -309,5 +327,58 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         }
         // SAFETY: forwarded to the caller.
         unsafe { self.post_now() }.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::channel::{Channel, ChannelConfig};
+    use crate::memory::AccessFlags;
+    use crate::model::{Side, SoftFabric};
+    use crate::params::{QpCaps, RetryCount, RnrRetry};
+    use crate::poll::StepClock;
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+
+    /// A batch counts the requests that consume a receive at the peer as they are pushed
+    /// (sends and writes with immediate, not writes): what node credits are counted against.
+    #[test]
+    fn a_run_batch_counts_the_requests_that_consume_a_peers_receive() {
+        let caps = QpCaps::queues(32, 32).with_sges(2);
+        let (mut src, mut dst) = ([7u8; 64], [0u8; 64]);
+        let fabric = SoftFabric::new(caps, RnrRetry::default(), RetryCount::default());
+        let src = fabric
+            .register(Side::A, &mut src, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let dst = fabric
+            .register(
+                Side::B,
+                &mut dst,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        let (a, b) = fabric.ends().unwrap();
+        let mut chan = Channel::new(a, ChannelConfig::default(), &CLOCK);
+        let mut peer = Channel::new(b, ChannelConfig::default(), &CLOCK);
+        let t1 = peer.post_recv_empty().unwrap();
+        let t2 = peer.post_recv_empty().unwrap();
+        let sges = [src.sge(0..8).unwrap()];
+        let at = |o| dst.remote().slice(o, 8).unwrap();
+        let mut batch = chan.batch();
+        batch.write(&sges, at(0)).unwrap();
+        batch.write_imm(&sges, at(8), 1).unwrap();
+        batch.send_inline(b"").unwrap();
+        batch.write_inline(b"12345678", at(16)).unwrap();
+        batch.run().unwrap();
+        assert_eq!(chan.remote_recvs_used(), 2);
+        peer.wait(t1).unwrap();
+        peer.wait(t2).unwrap();
+        // A second batch counts on from there.
+        let t3 = peer.post_recv_empty().unwrap();
+        let mut batch = chan.batch();
+        batch.write_imm(&sges, at(24), 2).unwrap();
+        batch.run().unwrap();
+        assert_eq!(chan.remote_recvs_used(), 3);
+        peer.wait(t3).unwrap();
     }
 }

@@ -566,12 +566,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// completions come on that queue alone).
     #[inline]
     fn poll_send_cq(&mut self) -> Result<usize, ProviderError> {
-        self.poll_cq(P::poll_send, Self::on_send_completion)
+        self.poll_cq(P::poll_send, Self::on_send_completion, POLL_AT_ONCE)
+    }
+
+    /// Polls the send completion queue for at most `max` completions (and at most
+    /// `POLL_AT_ONCE`): the first poll of a blocking wait, which for one request usually
+    /// needs just that request's completion, and so need not ask the device whether there
+    /// is a second (a wait that needs more polls again, `POLL_AT_ONCE` at a time).
+    #[inline]
+    pub(super) fn poll_send_cq_max(&mut self, max: usize) -> Result<usize, ProviderError> {
+        self.poll_cq(P::poll_send, Self::on_send_completion, max)
     }
 
     #[inline]
     fn poll_recv_cq(&mut self) -> Result<usize, ProviderError> {
-        self.poll_cq(P::poll_recv, Self::on_recv_completion)
+        self.poll_cq(P::poll_recv, Self::on_recv_completion, POLL_AT_ONCE)
     }
 
     /// Polls one completion queue once with `poll` and hands the completions of this
@@ -582,8 +591,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         &mut self,
         poll: fn(&mut P, &mut [Completion]) -> Result<usize, ProviderError>,
         on: fn(&mut Self, &Completion),
+        max: usize,
     ) -> Result<usize, ProviderError> {
-        let n = poll(&mut self.p, &mut self.wc)?.min(POLL_AT_ONCE);
+        let max = max.min(POLL_AT_ONCE);
+        let n = poll(&mut self.p, &mut self.wc[..max])?.min(max);
         let mut seen = 0;
         for i in 0..n {
             let c = self.wc[i];
@@ -645,6 +656,8 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts `wrs` (assigning ids and signal flags) with one doorbell; returns the ticket.
+    /// `consumes` is how many of them consume a receive at the peer, counted by the caller
+    /// as it made them (a batch, as each request is pushed, where the opcode is a constant).
     /// The common case (channel healthy, room in the send queue, post accepted) stays in
     /// this function; the rest lives in cold functions out of line.
     ///
@@ -654,6 +667,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     unsafe fn post_send_wrs(
         &mut self,
         wrs: &mut [WorkRequest<'_>],
+        consumes: u64,
     ) -> Result<Ticket, ChannelError> {
         let n = wrs.len();
         debug_assert!(n > 0 && n <= self.max_post);
@@ -664,12 +678,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         let first = self.next_seq;
         let mut signaled_to = self.signaled_to;
         let mut since_signal = self.since_signal;
-        let mut consumes = 0u64;
         let mut id = first;
         for w in wrs.iter_mut() {
             w.wr_id = id;
             id += 1;
-            consumes += u64::from(w.opcode.consumes_remote_recv());
             since_signal += 1;
             if w.flags.contains(SendFlags::SIGNALED) || since_signal >= self.signal_every {
                 w.flags |= SendFlags::SIGNALED;
@@ -693,6 +705,53 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 }))
             }
             Err(f) => Err(self.post_refused(wrs, f)),
+        }
+    }
+
+    /// Posts one request (assigning its id and signal flag) with one doorbell; returns its
+    /// sequence number. [`Channel::post_send_wrs`] for a batch of one, inlined into each
+    /// operation, so that its opcode and flags are constants there: the provider's post,
+    /// inlined as well, then builds the device's request straight from the operation's
+    /// arguments (on the extended path: `ibv_wr_start`, the one builder and data setter the
+    /// opcode needs, `ibv_wr_complete`), with no loop and no `match` on the opcode left. The
+    /// checks are the batch's: the channel's state and the room in the send queue (cold
+    /// when they fail), the id and the signaling interval.
+    ///
+    /// # Safety
+    /// The posting contract for every buffer the request names.
+    #[inline(always)]
+    unsafe fn post_send_one(&mut self, mut wr: WorkRequest<'_>) -> Result<u64, ChannelError> {
+        if self.broken.is_some() || !self.fits(1) {
+            self.make_room(1)?;
+        }
+        let id = self.next_seq;
+        let since_signal = self.since_signal + 1;
+        let signal = wr.flags.contains(SendFlags::SIGNALED) || since_signal >= self.signal_every;
+        wr.wr_id = id;
+        if signal {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        // SAFETY: forwarded contract.
+        match unsafe { self.p.post_send(core::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                // Counted only once posted, as in `post_send_wrs`.
+                self.since_signal = if signal { 0 } else { since_signal };
+                if signal {
+                    self.signaled_to = id + 1;
+                }
+                self.remote_recvs_used += u64::from(wr.opcode.consumes_remote_recv());
+                self.next_seq = id + 1;
+                Ok(id)
+            }
+            Err(f) => {
+                let posted = f.posted.min(1);
+                let consumed = if posted == 1 {
+                    u64::from(wr.opcode.consumes_remote_recv())
+                } else {
+                    0
+                };
+                Err(self.post_refused_counted(posted, consumed, f.errno))
+            }
         }
     }
 
@@ -720,11 +779,21 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     #[inline(never)]
     fn post_refused(&mut self, wrs: &[WorkRequest<'_>], f: PostFailure) -> ChannelError {
         let posted = f.posted.min(wrs.len());
-        let first = self.next_seq;
-        self.remote_recvs_used += wrs[..posted]
+        let consumed = wrs[..posted]
             .iter()
             .filter(|w| w.opcode.consumes_remote_recv())
             .count() as u64;
+        self.post_refused_counted(posted, consumed, f.errno)
+    }
+
+    /// [`Channel::post_refused`] once the requests the provider took (`posted`, of which
+    /// `consumed` consume a receive at the peer) are counted: the single-request path's,
+    /// which keeps no request in memory to count from.
+    #[cold]
+    #[inline(never)]
+    fn post_refused_counted(&mut self, posted: usize, consumed: u64, errno: i32) -> ChannelError {
+        let first = self.next_seq;
+        self.remote_recvs_used += consumed;
         self.next_seq += posted as u64;
         if posted > 0 {
             // The posted prefix may end unsignaled: flush it so it completes, and do not
@@ -737,7 +806,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             }));
             self.flush_and_drain();
         }
-        ChannelError::Post { errno: f.errno }
+        ChannelError::Post { errno }
     }
 
     fn check_sges(&self, n: usize, max: u32) -> Result<(), ChannelError> {

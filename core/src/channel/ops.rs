@@ -23,16 +23,19 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Posts `wr` and waits for it: every blocking verb.
+    #[inline(always)]
     pub(super) fn run_one(&mut self, mut wr: WorkRequest<'_>) -> Result<(), ChannelError> {
         // Waited for at once: its own completion ends the wait (no cover request).
         wr.flags |= SendFlags::SIGNALED;
+        self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
         // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
         // the flush) before returning; the guard settles the channel if the wait unwinds.
-        let t = unsafe { self.post_wr(wr) }?;
+        let seq = unsafe { self.post_send_one(wr) }?;
         let guard = SettleOnDrop(self);
-        let r = guard.0.wait(t);
+        // The request is this channel's and signaled: no ticket to check, nothing to cover.
+        let r = guard.0.wait_send_seq(seq, seq, None);
         core::mem::forget(guard);
-        r.map(|_| ())
+        r
     }
 
     /// Posts one send-queue request.
@@ -40,6 +43,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// # Safety
     /// The posting contract for `sges` (none for inline requests, whose bytes are copied
     /// during the post).
+    #[inline(always)]
     pub(super) unsafe fn post_one(
         &mut self,
         opcode: Opcode,
@@ -55,26 +59,48 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     ///
     /// # Safety
     /// The posting contract for the buffers `wr` names.
+    #[inline(always)]
     pub(super) unsafe fn post_wr(&mut self, wr: WorkRequest<'_>) -> Result<Ticket, ChannelError> {
         self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
         // SAFETY: forwarded to the caller.
-        unsafe { self.post_send_wrs(&mut [wr]) }
+        let seq = unsafe { self.post_send_one(wr) }?;
+        Ok(self.ticket(Work::Sends {
+            first: seq,
+            last: seq,
+        }))
     }
 
     /// Posts one inline request: safe, because the payload is copied into the work request
     /// during the post and no local buffer is named afterwards.
+    #[inline(always)]
     pub(super) fn post_inline(
         &mut self,
         opcode: Opcode,
         data: &[u8],
         remote: RemoteMemory,
     ) -> Result<Ticket, ChannelError> {
-        self.post_inline_flags(opcode, data, remote, SendFlags::INLINE)
+        self.inline_one(opcode, data, remote, SendFlags::INLINE)
     }
 
     /// [`Channel::post_inline`] with more flags (`SIGNALED` for a request waited for at
-    /// once, or whose completion must show without a wait).
+    /// once, or whose completion must show without a wait). Left to the compiler to inline
+    /// or not: the node's engine calls it from paths (credit returns) whose callers grow
+    /// slower with the whole post inside them.
+    #[inline]
     pub(crate) fn post_inline_flags(
+        &mut self,
+        opcode: Opcode,
+        data: &[u8],
+        remote: RemoteMemory,
+        flags: SendFlags,
+    ) -> Result<Ticket, ChannelError> {
+        self.inline_one(opcode, data, remote, flags)
+    }
+
+    /// [`Channel::post_inline_flags`], inlined into the channel's own operations (whose
+    /// opcode is then a constant in the post).
+    #[inline(always)]
+    fn inline_one(
         &mut self,
         opcode: Opcode,
         data: &[u8],
@@ -110,7 +136,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// Sends `data` inline (copied into the work request; no registered memory needed), up to
     /// the queue pair's inline limit, and waits. Does not allocate.
     pub fn send_inline(&mut self, data: &[u8]) -> Result<(), ChannelError> {
-        let t = self.post_inline_flags(
+        let t = self.inline_one(
             Opcode::Send,
             data,
             RemoteMemory::default(),
@@ -126,7 +152,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
 
     /// Writes `data` inline into the peer's `remote` memory and waits. Does not allocate.
     pub fn write_inline(&mut self, data: &[u8], remote: RemoteMemory) -> Result<(), ChannelError> {
-        let t = self.post_inline_flags(Opcode::Write, data, remote, SendFlags::SIGNALED)?;
+        let t = self.inline_one(Opcode::Write, data, remote, SendFlags::SIGNALED)?;
         self.wait(t).map(|_| ())
     }
 

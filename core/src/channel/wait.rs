@@ -4,7 +4,8 @@
 
 use super::ticket::Work;
 use super::{
-    Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY, RECV_BIT,
+    Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY,
+    POLL_AT_ONCE, RECV_BIT,
 };
 use crate::completion::WcStatus;
 use crate::poll::{Backoff, Deadline, Patience};
@@ -85,16 +86,22 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                     self.backoff.reset();
                     continue;
                 }
-                Err(e) => {
-                    self.broken.get_or_insert(Broken::Provider(e));
-                    self.flush_and_drain();
-                    return Err(ChannelError::Provider(e));
-                }
+                Err(e) => return Err(self.poll_failed(e)),
             }
             empty = empty.wrapping_add(1);
             self.backoff
                 .snooze_within(&mut || patience.remaining(clock));
         }
+    }
+
+    /// A failed poll inside a wait: breaks the channel and drains it (so no buffer is handed
+    /// back while the device may use it), and returns the error.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: ProviderError) -> ChannelError {
+        self.broken.get_or_insert(Broken::Provider(e));
+        self.flush_and_drain();
+        ChannelError::Provider(e)
     }
 
     /// Makes sure that a signaled request at or after send request `seq` is posted, so that a
@@ -117,7 +124,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             remote: RemoteMemory::default(),
         }];
         // SAFETY: the request names no memory, local or remote.
-        match unsafe { self.post_send_wrs(&mut wr) } {
+        match unsafe { self.post_send_wrs(&mut wr, 0) } {
             Ok(_) => Ok(()),
             Err(e) => {
                 // Without the cover nothing may complete what the caller waits for: break the
@@ -293,6 +300,53 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub(crate) fn shut(&mut self) {
         self.broken.get_or_insert(Broken::TimedOut);
         self.flush_and_drain();
+    }
+
+    /// Waits for the send requests `first..=seq` of this channel (a blocking verb's or a run
+    /// batch's, `seq` signaled), at most the channel's timeout or `deadline`, and says how
+    /// they went: [`Channel::wait_for`] without the ticket's checks and the cover, which
+    /// requests the channel has just posted, the last signaled, need neither of.
+    #[inline(always)]
+    pub(super) fn wait_send_seq(
+        &mut self,
+        first: u64,
+        seq: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<(), ChannelError> {
+        debug_assert!(seq < self.signaled_to);
+        // One poll before the waiting loop is set up: on a device that is done by the time
+        // it is polled, the wait ends here. The same poll the loop's first turn makes (that
+        // turn reads no clock either); its failure is handled as the loop handles it.
+        if self.done_seq <= seq {
+            // A blocking verb's one request completes alone; a batch's signals every
+            // `signal_every`-th request as well, so its first poll takes all it can.
+            let max = if first == seq { 1 } else { POLL_AT_ONCE };
+            if let Err(e) = self.poll_send_cq_max(max) {
+                return Err(self.poll_failed(e));
+            }
+            if self.done_seq <= seq {
+                self.wait_send_loop(seq, deadline)?;
+            }
+        }
+        if self.broken.is_none() {
+            Ok(())
+        } else {
+            self.check_send_cold(first, seq)
+        }
+    }
+
+    /// The waiting loop of [`Channel::wait_send_seq`], out of line: reached only when one
+    /// poll did not find the request done.
+    #[inline(never)]
+    fn wait_send_loop(&mut self, seq: u64, deadline: Option<Deadline>) -> Result<(), ChannelError> {
+        self.poll_until_on(Queues::Sends, |c| c.done_seq > seq, deadline)
+    }
+
+    /// [`Channel::check_send`] on a broken channel, out of line.
+    #[cold]
+    #[inline(never)]
+    fn check_send_cold(&self, first: u64, last: u64) -> Result<(), ChannelError> {
+        self.check_send(first, last)
     }
 
     /// Waits, at most the channel's timeout, until every send posted so far completed (a

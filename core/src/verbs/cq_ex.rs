@@ -150,6 +150,16 @@ unsafe fn drain(
             Err(failed(Verb::StartPoll, rc))
         };
     }
+    if max == 1 {
+        // One completion asked for (a blocking wait's first poll, which needs just its own
+        // request's): read here, where `max` is a constant and this folds to a read and an
+        // `end_poll`, not the batch's loop out of line.
+        let mut each = each;
+        each(0);
+        // SAFETY: closes the batch the successful start_poll opened.
+        unsafe { (ops.end)(cq) };
+        return Ok(1);
+    }
     // SAFETY: forwarded, positioned on a completion by a successful start_poll.
     unsafe { batch(cq, ops, max, each) }
 }
