@@ -302,10 +302,11 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         // for the batch (or its flush) before returning; the guard settles the channel if
         // the wait unwinds.
         let t = unsafe { self.post_now() }?;
+        // The guard first: nothing between the post and it may unwind unguarded.
+        let guard = SettleOnDrop(&mut *self.chan);
         let Work::Sends { first, last } = t.work else {
             unreachable!("a send batch's ticket names sends")
         };
-        let guard = SettleOnDrop(&mut *self.chan);
         // The channel's own ticket, its last request signaled: nothing to check or cover.
         let r = guard.0.wait_send_seq(first, last, None);
         core::mem::forget(guard);

@@ -671,6 +671,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     ) -> Result<Ticket, ChannelError> {
         let n = wrs.len();
         debug_assert!(n > 0 && n <= self.max_post);
+        // The caller's count must match the requests: the node's credits are built on it.
+        debug_assert_eq!(
+            consumes,
+            wrs.iter()
+                .filter(|w| w.opcode.consumes_remote_recv())
+                .count() as u64
+        );
         let need = n as u64;
         if self.broken.is_some() || !self.fits(need) {
             self.make_room(need)?;

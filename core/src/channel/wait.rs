@@ -306,6 +306,10 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// batch's, `seq` signaled), at most the channel's timeout or `deadline`, and says how
     /// they went: [`Channel::wait_for`] without the ticket's checks and the cover, which
     /// requests the channel has just posted, the last signaled, need neither of.
+    ///
+    /// `seq` must be signaled (both callers force it): no cover is posted here, so the wait
+    /// for an unsignaled `seq` would end only with the timeout's flush. Checked in debug
+    /// builds.
     #[inline(always)]
     pub(super) fn wait_send_seq(
         &mut self,
