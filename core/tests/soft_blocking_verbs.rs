@@ -1,17 +1,16 @@
 //! Blocking verbs and run batches post one request and wait for its own completion only
 //! (the single-request path): these cases check that a wait never ends on another
 //! request's completion, never loses one a neighbour needs, and that a post the provider
-//! takes and then refuses is accounted for.
+//! takes and then refuses is accounted for (that one in soft_faults).
 #![allow(clippy::std_instead_of_core)]
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
-use rverbs_core::completion::Completion;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{Side, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::provider::shared::SharedCqs;
-use rverbs_core::provider::{Provider, ProviderError, QueuePair};
-use rverbs_core::wr::{PostFailure, WorkRequest};
+use rverbs_core::provider::Provider;
+
 use rverbs_testkit::clock;
 
 const ATOMIC: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_ATOMIC);
@@ -130,68 +129,6 @@ fn shared_cq_neighbour_completions_survive_a_blocking_verb() {
         assert_eq!((x.outstanding_sends(), y.outstanding_sends()), (0, 0));
     }
     assert!(x.fault().is_none() && y.fault().is_none());
-}
-
-/// A provider that takes the first request of the next post and then refuses.
-struct HalfTaking<P> {
-    inner: P,
-    prefix: Option<usize>,
-}
-
-impl<P: Provider> QueuePair for HalfTaking<P> {
-    rverbs_testkit::forward_queue_pair!(inner);
-    unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
-        if let Some(k) = self.prefix.take() {
-            let k = k.min(wrs.len());
-            // SAFETY: forwarded contract, for a prefix.
-            unsafe { self.inner.post_send(&wrs[..k]) }?;
-            return Err(PostFailure {
-                posted: k,
-                errno: 22,
-            });
-        }
-        // SAFETY: forwarded contract.
-        unsafe { self.inner.post_send(wrs) }
-    }
-    fn set_error(&mut self) -> Result<(), ProviderError> {
-        self.inner.set_error()
-    }
-}
-
-impl<P: Provider> Provider for HalfTaking<P> {
-    fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.inner.poll_send(out)
-    }
-    fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        self.inner.poll_recv(out)
-    }
-}
-
-#[test]
-fn a_single_post_taken_then_refused_is_counted_and_drained() {
-    let (mut s, mut d) = ([3u8; 16], [0u8; 16]);
-    let f = SoftFabric::new(caps(), RnrRetry::Times(3), RetryCount::new(3).unwrap());
-    let src = f.register(Side::A, &mut s, RW).unwrap();
-    let _dst = f.register(Side::B, &mut d, RW).unwrap();
-    let (a, _b) = f.ends().unwrap();
-    let mut a = Channel::new(
-        HalfTaking {
-            inner: a,
-            prefix: Some(1),
-        },
-        cfg(16),
-        clock!(),
-    );
-    let r = a.send(&[src.sge(0..16).unwrap()]);
-    assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
-    assert_eq!(a.outstanding_sends(), 0);
-    assert_eq!(a.remote_recvs_used(), 1);
-    assert_eq!(
-        a.counters().requests_posted,
-        2,
-        "the send and the drain request"
-    );
-    assert!(a.fault().is_some());
 }
 
 /// The instant device (extended CQ, `drain` with max 1): a blocking write behind unpolled

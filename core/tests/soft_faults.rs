@@ -364,6 +364,27 @@ fn half_posted_chain_is_drained_before_the_error() {
     let _ = WcStatus::Flushed;
 }
 
+/// A single request (a blocking verb's own path) that the provider takes and then refuses:
+/// it is counted as consuming the peer's receive, the channel breaks and the drain request
+/// retires it before the error returns.
+#[test]
+fn a_single_post_taken_then_refused_is_counted_and_drained() {
+    fabric_and_region!(let f, src -> _dst = 64 bytes);
+    let mut faulty = Faulty::new(f.ends().unwrap().0);
+    faulty.post_prefix = Some(1);
+    let mut a = Channel::new(faulty, cfg(5), clock!());
+    let r = a.send(&[src.sge(0..16).unwrap()]);
+    assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
+    assert_eq!(a.outstanding_sends(), 0);
+    assert_eq!(a.remote_recvs_used(), 1);
+    assert_eq!(
+        a.counters().requests_posted,
+        2,
+        "the send and the drain request"
+    );
+    assert!(a.fault().is_some());
+}
+
 /// The abort path cannot run in this process: the test binary runs itself as a child.
 #[cfg(not(miri))]
 #[test]
