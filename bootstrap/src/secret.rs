@@ -218,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn environment_sources() {
+    fn the_secret_comes_from_exactly_one_variable_and_empty_or_unreadable_sources_are_refused() {
         assert!(JobSecret::from_lookup(vars(&[])).unwrap().is_none());
         assert!(JobSecret::from_lookup(vars(&[(SECRET_ENV, TEXT)]))
             .unwrap()

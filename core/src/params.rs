@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn ack_timeout_table() {
+    fn ack_timeout_codes_map_to_4096_ns_times_two_to_the_code_and_at_least_rounds_up() {
         assert_eq!(
             AckTimeout::from_code(14).unwrap().duration(),
             Some(Duration::from_nanos(4096 << 14))
@@ -406,7 +406,7 @@ mod tests {
     }
 
     #[test]
-    fn rnr_timer_table() {
+    fn rnr_timer_codes_follow_the_spec_table_and_at_least_rounds_up() {
         assert_eq!(
             RnrTimer::from_code(0).unwrap().duration(),
             Duration::from_micros(655_360)
@@ -427,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn psn_sources() {
+    fn each_psn_source_gives_its_first_psn_and_drawn_sources_compare_equal() {
         // The predictable PSN is the one rverbs derived before PSNs were drawn: a forger who
         // knows a queue pair number knows it (the injection test's positive control uses it).
         assert_eq!(
@@ -453,7 +453,7 @@ mod tests {
     }
 
     #[test]
-    fn rnr_retry_codes() {
+    fn rnr_retry_infinite_is_code_7_and_counts_cap_at_6() {
         assert_eq!(RnrRetry::Infinite.code(), 7);
         assert_eq!(RnrRetry::Times(3).code(), 3);
         assert_eq!(RnrRetry::Times(9).code(), 6);

@@ -160,7 +160,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_slice_bounds() {
+    fn remote_slice_inside_the_region_keeps_the_rkey_and_beyond_it_is_none() {
         let r = RemoteMemory {
             addr: 100,
             len: 50,

@@ -164,7 +164,7 @@ mod tests {
     use rverbs_core::params::{Mtu, Psn};
 
     #[test]
-    fn hello_round_trips() {
+    fn a_hello_decodes_to_the_settings_endpoint_and_memory_sent() {
         let h = Hello {
             settings: Settings {
                 test: 3,

@@ -301,7 +301,7 @@ mod tests {
     }
 
     #[test]
-    fn perftest_defaults() {
+    fn each_test_gets_the_perftest_default_size_iterations_inline_and_cq_moderation() {
         let p = plan("rverbs-perf write_lat").unwrap();
         assert_eq!((p.size, p.iters, p.inline, p.cq_mod), (2, 1000, 220, 1));
         let p = plan("rverbs-perf send_lat -s 8").unwrap();
@@ -321,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn perftest_refusals() {
+    fn impossible_settings_are_refused_but_read_lat_accepts_hw_timestamps() {
         assert!(plan("rverbs-perf atomic_lat -s 16").is_err());
         assert!(plan("rverbs-perf write_bw -n 100 -l 32").is_err());
         assert!(plan("rverbs-perf write_lat -l 4").is_err());

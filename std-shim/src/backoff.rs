@@ -415,7 +415,7 @@ mod tests {
     }
 
     #[test]
-    fn every_policy_snoozes() {
+    fn every_wait_policy_snoozes_and_resets_without_panicking() {
         for p in [
             WaitPolicy::Spin,
             WaitPolicy::Yield { spins: 2 },

@@ -543,7 +543,7 @@ mod tests {
     }
 
     #[test]
-    fn populate_option() {
+    fn a_populated_buffer_is_mapped_unlocked_and_zeroed() {
         let opts = MapOptions::new().populate(true);
         assert!(opts.populates() && !opts.locks());
         let b = AlignedBuffer::with_options(1 << 20, opts).unwrap();
@@ -561,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_lengths() {
+    fn zero_or_oversized_buffer_lengths_are_refused_with_their_cause() {
         assert!(matches!(
             AlignedBuffer::new(0),
             Err(BufferError::ZeroLength)
@@ -648,7 +648,7 @@ mod tests {
     }
 
     #[test]
-    fn moves_between_threads() {
+    fn a_buffer_moves_to_and_is_shared_between_threads_keeping_its_bytes() {
         let mut b = AlignedBuffer::new(100).unwrap();
         b.as_mut_slice()[0] = 42;
         let b = std::thread::spawn(move || {

@@ -147,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn std_round_trip() {
+    fn std_instants_convert_back_exactly_and_before_the_epoch_clamps_to_zero() {
         let clock = StdClock::new();
         let std_now = std::time::Instant::now();
         let ours = clock.from_std(std_now);
@@ -165,7 +165,7 @@ mod tests {
     }
 
     #[test]
-    fn deadlines_pass() {
+    fn a_deadline_passes_after_its_duration_and_never_does_not() {
         let clock = StdClock::new();
         let d = Deadline::after(&clock, Duration::from_millis(1));
         assert!(!Deadline::never().passed(&clock));

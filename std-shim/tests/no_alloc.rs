@@ -17,7 +17,7 @@ fn allocations_during(f: impl FnOnce()) -> u64 {
 }
 
 #[test]
-fn counter_sees_allocations() {
+fn the_allocation_counter_sees_a_vec_allocation() {
     let n = allocations_during(|| drop(core::hint::black_box(vec![1u8; 16])));
     assert!(n >= 1);
 }

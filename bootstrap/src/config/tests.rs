@@ -46,7 +46,7 @@ fn parses_native_layout_sorted_by_rank() {
 }
 
 #[test]
-fn parses_legacy_layout() {
+fn legacy_hosts_layout_parses_into_ranks_with_their_fields() {
     let config = ClusterConfig::from_json_str(LEGACY, "legacy.json").unwrap();
     assert_eq!(config.layout(), ConfigLayout::Legacy);
     assert_eq!(config.world_size(), 2);
@@ -96,7 +96,7 @@ fn missing_field_and_bad_json_are_parse_errors() {
 }
 
 #[test]
-fn empty_list() {
+fn an_empty_rank_list_is_refused_naming_the_file_and_the_field() {
     let err = ClusterConfig::from_json_str(r#"{"ranks": []}"#, "cfg.json").unwrap_err();
     assert!(err.to_string().contains("cfg.json"));
     assert_eq!(invalid_parts(err), (None, None, Some("ranks")));
@@ -105,7 +105,7 @@ fn empty_list() {
 }
 
 #[test]
-fn duplicate_rank() {
+fn a_duplicate_rank_is_refused_naming_the_entry_and_the_rank() {
     let text = r#"{"ranks": [
         {"rank": 0, "host": "a", "port": 1, "device": "d"},
         {"rank": 0, "host": "b", "port": 1, "device": "d"}]}"#;
@@ -130,7 +130,7 @@ fn missing_rank_names_gap_and_culprit() {
 }
 
 #[test]
-fn bad_ports() {
+fn port_zero_or_beyond_65535_is_refused_naming_the_entry() {
     for (port, needle) in [("0", "port 0"), ("65536", "out of range")] {
         let text =
             format!(r#"{{"ranks": [{{"rank": 0, "host": "a", "port": {port}, "device": "d"}}]}}"#);
@@ -162,7 +162,7 @@ fn ib_port_and_gid_ranges() {
 }
 
 #[test]
-fn device_validation() {
+fn a_rank_whose_device_is_missing_is_refused_naming_rank_device_and_file() {
     let config = ClusterConfig::from_json_str(LEGACY, "legacy.json").unwrap();
     config.validate_local_device(0, &["mlx5_0"]).unwrap();
     let err = config.validate_devices(&["mlx5_0"]).unwrap_err();
@@ -191,7 +191,7 @@ fn from_file_names_path() {
 }
 
 #[test]
-fn new_validates_too() {
+fn config_built_in_code_is_validated_like_a_parsed_one() {
     let rank = |rank| RankConfig {
         rank,
         host: "127.0.0.1".to_owned(),

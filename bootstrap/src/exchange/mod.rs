@@ -333,7 +333,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_bracket_ipv6() {
+    fn ipv6_hosts_are_bracketed_before_the_port_and_names_are_not() {
         assert_eq!(fmt_addr("::1", 7), "[::1]:7");
         assert_eq!(fmt_addr("node1", 7), "node1:7");
     }

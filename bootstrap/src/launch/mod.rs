@@ -283,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn nothing_set() {
+    fn no_launcher_variables_set_is_refused_as_unset() {
         let err = env_refused(&[]);
         assert!(matches!(err, LaunchError::Unset));
     }

@@ -46,7 +46,7 @@ fn every_kind_round_trips() {
 }
 
 #[test]
-fn rejects_truncated_header() {
+fn a_header_cut_short_at_any_length_is_refused_as_truncated() {
     let bytes = sample().encode();
     for len in 0..HEADER_LEN {
         assert_eq!(
@@ -60,7 +60,7 @@ fn rejects_truncated_header() {
 }
 
 #[test]
-fn rejects_bad_magic() {
+fn a_header_with_foreign_magic_is_refused_showing_the_bytes() {
     let mut bytes = sample().encode();
     bytes[0..4].copy_from_slice(b"GET ");
     assert_eq!(
@@ -70,7 +70,7 @@ fn rejects_bad_magic() {
 }
 
 #[test]
-fn rejects_unknown_version() {
+fn a_header_with_an_unknown_version_is_refused() {
     let mut bytes = sample().encode();
     for version in [1u8, 3] {
         bytes[4] = version;
@@ -84,7 +84,7 @@ fn rejects_unknown_version() {
 }
 
 #[test]
-fn rejects_unknown_kind() {
+fn a_header_with_an_unknown_frame_kind_is_refused() {
     let mut bytes = sample().encode();
     for kind in [0u8, 9, 0xff] {
         bytes[6] = kind;
@@ -129,7 +129,7 @@ fn rejects_payload_over_limit() {
 }
 
 #[test]
-fn table_round_trips() {
+fn a_table_of_blobs_decodes_to_the_same_blobs_within_its_limit() {
     let blobs = vec![vec![1u8, 2, 3], Vec::new(), vec![9u8; 100]];
     let payload = encode_table(&blobs).unwrap();
     assert_eq!(decode_table(&payload, 100).unwrap(), blobs);

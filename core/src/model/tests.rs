@@ -64,7 +64,7 @@ fn poll_r(e: &mut SoftEnd<'_>) -> ([Completion; 16], usize) {
 }
 
 #[test]
-fn caps_are_clamped() {
+fn requested_caps_beyond_the_model_are_clamped_to_its_limits() {
     let big = QpCaps {
         max_send_wr: 10_000,
         max_recv_wr: 10_000,
@@ -474,7 +474,7 @@ fn stale_and_foreign_keys_do_not_resolve() {
 }
 
 #[test]
-fn registration_errors() {
+fn registration_refuses_empty_buffers_remote_write_without_local_write_and_a_full_table() {
     let mut bufs = [[0u8; 1]; MAX_REGIONS + 2];
     let mut empty = [0u8; 0];
     let f = fabric();

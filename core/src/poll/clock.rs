@@ -116,13 +116,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn add_saturates() {
+    fn adding_a_duration_past_the_end_of_time_saturates() {
         let t = Instant::from_nanos(u64::MAX - 1) + Duration::from_secs(1);
         assert_eq!(t.as_nanos(), u64::MAX);
     }
 
     #[test]
-    fn duration_since_saturates() {
+    fn duration_since_a_later_instant_saturates_to_zero() {
         let a = Instant::from_nanos(10);
         let b = Instant::from_nanos(25);
         assert_eq!(b.saturating_duration_since(a), Duration::from_nanos(15));

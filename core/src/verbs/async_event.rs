@@ -494,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn what_stops_traffic() {
+    fn only_port_error_qp_fatal_and_device_fatal_stop_traffic() {
         assert!(AsyncEvent::PortError { port: 1 }.stops_traffic());
         assert!(AsyncEvent::QpFatal { qp_num: 1 }.stops_traffic());
         assert!(AsyncEvent::DeviceFatal.stops_traffic());

@@ -221,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn round_trip() {
+    fn roce_and_ib_endpoints_decode_to_what_was_encoded() {
         let e = sample();
         assert_eq!(Endpoint::decode(&e.encode()), Ok(e));
         let ib = Endpoint {

@@ -78,7 +78,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn notices_round_trip() {
+    fn every_failure_cause_survives_a_notice_encode_and_decode() {
         for cause in [
             FailureCause::Completion(WcStatus::RetryExceeded),
             FailureCause::Completion(WcStatus::Flushed),

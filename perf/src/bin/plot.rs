@@ -123,7 +123,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_series() {
+    fn plot_input_parses_into_sorted_series_and_refuses_short_or_empty_input() {
         let s = parse("# c\na,4,2.5\nb,2,1\na,2,1.5\n\n").unwrap();
         assert_eq!(s["a"], [(2.0, 1.5), (4.0, 2.5)]);
         assert_eq!(s["b"], [(2.0, 1.0)]);

@@ -157,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn parses_sysfs_formats() {
+    fn cpulist_parses_single_cpus_ranges_and_overlaps_as_sysfs_writes_them() {
         assert_eq!(parse_cpulist("0").unwrap(), set(&[0]));
         assert_eq!(parse_cpulist("0-3\n").unwrap(), set(&[0, 1, 2, 3]));
         assert_eq!(
@@ -172,7 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn tolerates_whitespace() {
+    fn cpulist_ignores_whitespace_and_an_empty_list_is_empty() {
         assert!(parse_cpulist("").unwrap().is_empty());
         assert!(parse_cpulist("\n").unwrap().is_empty());
         assert!(parse_cpulist(" \t\r\n ").unwrap().is_empty());
@@ -183,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn rejects_garbage() {
+    fn cpulist_garbage_is_refused_with_its_kind_and_offset() {
         use CpulistErrorKind::*;
         assert_eq!(kind(","), (ExpectedNumber, 0));
         assert_eq!(kind("0,"), (ExpectedNumber, 2));

@@ -233,7 +233,7 @@ mod tests {
     use crate::affinity::test_support::set;
 
     #[test]
-    fn cpuset_basics() {
+    fn cpuset_inserts_removes_and_refuses_cpus_beyond_max_cpus() {
         let mut s = CpuSet::new();
         assert!(s.is_empty());
         assert_eq!(s.first(), None);
@@ -254,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn cpuset_set_operations() {
+    fn cpuset_intersection_union_and_difference_hold_the_right_cpus() {
         let a = set(&[0, 1, 2, 64, 100]);
         let b = set(&[1, 2, 3, 100]);
         assert_eq!(a.intersection(&b), set(&[1, 2, 100]));

@@ -91,7 +91,7 @@ mod tests {
     }
 
     #[test]
-    fn pin_errors() {
+    fn pinning_to_a_cpu_out_of_range_or_an_empty_mask_is_refused() {
         std::thread::spawn(|| {
             assert!(matches!(
                 pin_current_thread(MAX_CPUS),

@@ -206,7 +206,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_locality() {
+    fn devices_without_node_or_cpu_list_have_unknown_locality() {
         // numa_node = -1 and no cpulist anywhere: a virtual device such as rxe0.
         let t = TempTree::new();
         t.file(&format!("{DEV}/numa_node"), "-1\n");
@@ -264,7 +264,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_sysfs_files() {
+    fn malformed_or_unreadable_sysfs_files_are_errors_naming_the_file() {
         let t = TempTree::new();
         t.file(&format!("{DEV}/numa_node"), "zero\n");
         let e = t.root().device_numa_node("mlx5_0").unwrap_err();
