@@ -591,8 +591,9 @@ fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
     a.wait_sent().unwrap();
     assert_eq!(a.failure(), None);
     assert_eq!(a.outstanding_sends(), 0);
-    // Once they ran, the endpoint lets go (at its next send): the caller's clone of `kept`
-    // and the one the new send holds are all that is left.
+    // Once they ran, the endpoint lets go (when it polls their completions): only the
+    // caller's clone of `kept` is left, then the one the new send holds beside it.
+    assert_eq!(std::rc::Rc::strong_count(kept.address()), 1);
     a.send(&kept, b"last").unwrap();
     assert_eq!(std::rc::Rc::strong_count(kept.address()), 2);
 }
