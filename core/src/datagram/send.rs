@@ -67,7 +67,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         if !self.fits() {
             self.wait_sends(Self::fits)?;
         }
-        let same = self.make_room_to_hold(&to.address)?;
+        let mut same = self.make_room_to_hold(&to.address)?;
         let seq = self.next_seq;
         let inline = total <= self.caps.max_inline_data as usize
             && parts.len() <= self.caps.max_send_sge as usize;
@@ -91,6 +91,9 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             let prev = self.staged[j];
             if prev > self.done_seq {
                 self.wait_sends(|s| s.done_seq >= prev)?;
+                // The wait polled, and may have let go of the newest run's clone: then this
+                // send starts a run of its own (`hold`), or it would be held by nothing.
+                same &= self.newest.is_some();
             }
             let at = self.send_base + j * self.mtu as usize;
             let mut off = at;
@@ -240,8 +243,8 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             // Room was made before the post; if it were not there, keeping the send counted
             // matters more than the clone, and the endpoint breaks rather than send on.
             if let Err(old) = self.held.push_back((old, self.newest_last)) {
-                // Still held, never dropped while a send may name it: leaked with the
-                // endpoint's attention, which is broken from here on.
+                // Leaked rather than dropped: a send may still name it, and the endpoint,
+                // broken from here on, no longer knows when it is done.
                 core::mem::forget(old);
                 self.break_with(false, WcStatus::General);
             }
