@@ -518,6 +518,10 @@ struct LateLookup<'n> {
 
 impl DatagramProvider for LateLookup<'_> {
     type Address = std::rc::Rc<u32>;
+    // One handle and its clones: a run of sends to one peer keeps one clone.
+    fn same_address(a: &std::rc::Rc<u32>, b: &std::rc::Rc<u32>) -> bool {
+        std::rc::Rc::ptr_eq(a, b)
+    }
     rverbs_testkit::forward_datagram_identity!(qp);
     rverbs_testkit::forward_datagram!(qp;
         post_recv, poll_recv, set_error => flushing, join_group, leave_group);
@@ -591,8 +595,45 @@ fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
     a.wait_sent().unwrap();
     assert_eq!(a.failure(), None);
     assert_eq!(a.outstanding_sends(), 0);
-    // Once they ran, the endpoint lets go (at its next send): the caller's clone of `kept`
-    // and the one the new send holds are all that is left.
+    // Once they ran, the endpoint lets go (when it polls their completions): only the
+    // caller's clone of `kept` is left, then the one the new send holds beside it.
+    assert_eq!(std::rc::Rc::strong_count(kept.address()), 1);
     a.send(&kept, b"last").unwrap();
     assert_eq!(std::rc::Rc::strong_count(kept.address()), 2);
+}
+
+#[test]
+fn a_send_that_waits_for_its_slot_still_holds_its_address() {
+    // Two send slots, a completion every second send: the third large send waits for its
+    // slot, and that wait's poll lets go of the run's clone (its sends are done). The send
+    // must then hold a clone of its own, or dropping the peer would destroy the handle
+    // before the device looks it up.
+    let cfg = config((4, 2), Duration::from_millis(50));
+    let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
+    let net = SoftNet::new(SoftNetConfig::new(2, caps()));
+    let qp = LateLookup {
+        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
+        queued: VecDeque::new(),
+        flushing: false,
+    };
+    let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let them = rverbs_core::wire::DatagramEndpoint {
+        gid: Gid::default(),
+        global: false,
+        lid: 1,
+        qpn: 0x99,
+        qkey: 0x1234,
+        mtu: Mtu::B256,
+    };
+    let to = a.peer(&them).unwrap();
+    let big = [7u8; 200]; // over the inline limit of 64: through a send slot
+    for _ in 0..3 {
+        a.send(&to, &big).unwrap();
+    }
+    assert_eq!(a.stats().sent_inline, 0);
+    drop(to);
+    a.wait_sent().unwrap();
+    assert_eq!(a.failure(), None);
+    assert_eq!(a.outstanding_sends(), 0);
 }

@@ -315,10 +315,17 @@ pub struct Datagram<P: DatagramProvider, M: Region, B: Backoff = Spin, const N: 
     groups: [Option<Gid>; MAX_GROUPS],
     broken: Option<Broke>,
     stats: DatagramStats,
-    /// The addresses of sends not yet known to have completed, oldest first, each with the
-    /// sequence number of the last send that named it (a run of sends to one address keeps
-    /// one clone): a device may look an address handle up when it executes the send, so a
-    /// handle lives until then whatever the caller did with its [`Peer`]. Dropped after the
+    /// The address of the newest run of sends (the last send posted named it), with the
+    /// sequence number of that last send in `newest_last`: a device may look an address
+    /// handle up when it executes the send, so a handle lives until then whatever the caller
+    /// did with its [`Peer`]. A send to the same address only moves `newest_last` (one
+    /// compare and one store); one to another address moves this run to `held`. Let go of
+    /// when a completion shows its last send done; dropped after the queue pair is drained.
+    newest: Option<P::Address>,
+    newest_last: u64,
+    /// The addresses of older runs not yet known to have completed, oldest first, each with
+    /// the sequence number of the last send that named it (a run of sends to one address
+    /// keeps one clone). Let go of in bulk when completions are polled; dropped after the
     /// queue pair is drained.
     held: heapless::Deque<(P::Address, u64), N>,
 }
@@ -449,6 +456,8 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             groups: [None; MAX_GROUPS],
             broken: None,
             stats: DatagramStats::default(),
+            newest: None,
+            newest_last: 0,
             held: heapless::Deque::new(),
         };
         d.qp_num = d.p.qp_num();

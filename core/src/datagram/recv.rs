@@ -81,6 +81,10 @@ impl<P: DatagramProvider, M: crate::memory::Region, B: Backoff, const N: usize>
         for c in &wc[..n] {
             self.on_send_completion(c);
         }
+        if n > 0 {
+            // In bulk, once per poll: the addresses whose last send is now done.
+            self.let_go_of_sent();
+        }
         let mut rc = [DatagramCompletion::EMPTY; POLL_AT_ONCE];
         let m = self.p.poll_recv(&mut rc)?;
         for c in &rc[..m] {

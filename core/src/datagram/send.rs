@@ -67,7 +67,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         if !self.fits() {
             self.wait_sends(Self::fits)?;
         }
-        let same = self.make_room_to_hold(&to.address)?;
+        let mut same = self.make_room_to_hold(&to.address)?;
         let seq = self.next_seq;
         let inline = total <= self.caps.max_inline_data as usize
             && parts.len() <= self.caps.max_send_sge as usize;
@@ -84,11 +84,16 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
             }
             n = parts.len();
             flags |= SendFlags::INLINE;
+            // Counted here, where it is known, and taken back if the post fails.
+            self.stats.sent_inline += 1;
         } else {
             let j = self.next_stage;
             let prev = self.staged[j];
             if prev > self.done_seq {
                 self.wait_sends(|s| s.done_seq >= prev)?;
+                // The wait polled, and may have let go of the newest run's clone: then this
+                // send starts a run of its own (`hold`), or it would be held by nothing.
+                same &= self.newest.is_some();
             }
             let at = self.send_base + j * self.mtu as usize;
             let mut off = at;
@@ -130,6 +135,7 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         // CPU only once the send that used it before has completed (`staged`), and the
         // endpoint frees the memory only after draining the queue pair.
         if let Err(f) = unsafe { self.p.post_send(&[wr]) } {
+            self.stats.sent_inline -= u64::from(inline);
             if f.posted > 0 {
                 // Refused, yet in the send queue (a driver whose doorbell failed after it
                 // queued the request): the device may still send it from its slot, so it
@@ -150,9 +156,6 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         self.hold(&to.address, seq, same);
         self.next_seq += 1;
         self.stats.sent += 1;
-        if inline {
-            self.stats.sent_inline += 1;
-        }
         Ok(())
     }
 
@@ -190,46 +193,70 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         self.wait_sends(|s| s.done_seq >= last)
     }
 
-    /// Lets go of the addresses whose sends have all completed, and makes sure a send to
-    /// `address` can be held: returns whether it is the address of the newest run (whose
-    /// clone then covers it too). Waits (at most the endpoint's timeout) only when `N`
-    /// different addresses still have sends in flight.
+    /// Makes sure a send to `address` can be held: returns whether it is the address of the
+    /// newest run (which then covers it with one store, the common case of a stream to one
+    /// peer). Otherwise the newest run moves to `held` after the post, so room is made there
+    /// now: waits (at most the endpoint's timeout) only when `N` older runs still have sends
+    /// in flight.
     #[inline]
     fn make_room_to_hold(&mut self, address: &P::Address) -> Result<bool, DatagramError> {
-        self.let_go_of_sent();
         if self
-            .held
-            .back()
-            .is_some_and(|(a, _)| P::same_address(a, address))
+            .newest
+            .as_ref()
+            .is_some_and(|a| P::same_address(a, address))
         {
             return Ok(true);
         }
-        if self.held.is_full() {
-            self.wait_sends(|s| s.held.front().is_some_and(|&(_, last)| last < s.done_seq))?;
-            self.let_go_of_sent();
-        }
+        self.make_room_for_another()?;
         Ok(false)
     }
 
-    /// Records that send `seq` names `address` (room was made by `make_room_to_hold`).
+    /// The slow side of `make_room_to_hold`: a send to another address than the newest run's.
+    #[inline(never)]
+    fn make_room_for_another(&mut self) -> Result<(), DatagramError> {
+        self.let_go_of_sent();
+        if self.newest.is_some() && self.held.is_full() {
+            // A poll lets go of what completed, so room may come from it or from here.
+            self.wait_sends(|s| {
+                !s.held.is_full() || s.held.front().is_some_and(|&(_, last)| last < s.done_seq)
+            })?;
+            self.let_go_of_sent();
+        }
+        Ok(())
+    }
+
+    /// Records that send `seq` names `address` (room was made by `make_room_to_hold`, which
+    /// said whether it is the newest run's address: `same`).
     #[inline]
     fn hold(&mut self, address: &P::Address, seq: u64, same: bool) {
         if same {
-            if let Some((_, last)) = self.held.back_mut() {
-                *last = seq;
-                return;
-            }
+            self.newest_last = seq;
+            return;
         }
-        // Room was made before the post; if it were not there, keeping the send counted
-        // matters more than the clone, and the endpoint breaks rather than send on.
-        if self.held.push_back((address.clone(), seq)).is_err() {
-            self.break_with(false, WcStatus::General);
-        }
+        self.hold_another(address, seq);
     }
 
-    /// Drops the clones of addresses whose last send has completed.
+    /// Starts a new newest run with a clone of `address`, the old one moving to `held`.
+    #[inline(never)]
+    fn hold_another(&mut self, address: &P::Address, seq: u64) {
+        if let Some(old) = self.newest.take() {
+            // Room was made before the post; if it were not there, keeping the send counted
+            // matters more than the clone, and the endpoint breaks rather than send on.
+            if let Err(old) = self.held.push_back((old, self.newest_last)) {
+                // Leaked rather than dropped: a send may still name it, and the endpoint,
+                // broken from here on, no longer knows when it is done.
+                core::mem::forget(old);
+                self.break_with(false, WcStatus::General);
+            }
+        }
+        self.newest = Some(address.clone());
+        self.newest_last = seq;
+    }
+
+    /// Drops the clones of addresses whose last send has completed (older runs first, then
+    /// the newest run). Called when completions were polled and before a new run starts.
     #[inline]
-    fn let_go_of_sent(&mut self) {
+    pub(super) fn let_go_of_sent(&mut self) {
         while self
             .held
             .front()
@@ -237,12 +264,15 @@ impl<P: DatagramProvider, M: Region, B: Backoff, const N: usize> Datagram<P, M, 
         {
             self.held.pop_front();
         }
+        if self.newest.is_some() && self.newest_last < self.done_seq {
+            self.newest = None;
+        }
     }
 
     /// Whether one more send fits next to those not yet retired.
     #[inline]
     fn fits(&self) -> bool {
-        self.next_seq + 1 - self.done_seq <= self.sq_depth
+        self.next_seq - self.done_seq < self.sq_depth
     }
 
     /// Polls until `done`, at most the endpoint's timeout; if the device does not complete
