@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
 use rverbs_core::memory::PageMemory;
-use rverbs_core::params::Mtu;
+use rverbs_core::params::{Mtu, RnrRetry};
 use rverbs_core::poll::Spin;
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::sge::RemoteMemory;
@@ -28,6 +28,14 @@ pub(crate) type Ring = RecvRing<VerbsProvider, SharedRegion<'static>, Spin, MAX_
 
 /// How long any wait of a test may take before it fails (a dead peer, a lost message).
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Receiver-not-ready retries: without end, as perftest sets them (`rnr_retry = 7`). A send
+/// test's client streams faster than the server reposts whenever the server is descheduled
+/// for longer than its posted receives last plus the RNR budget; with the library's default
+/// (6 retries of 0.64 ms, 3.84 ms) a loaded machine failed one run in about fifteen with
+/// "receiver-not-ready retries exceeded" where perftest waits. The wait stays bounded: a
+/// client that sees no completion for [`PATIENCE`] gives up (`bw::stream`).
+pub(crate) const RNR_RETRY: RnrRetry = RnrRetry::Infinite;
 
 /// One side of a connected test.
 pub(crate) struct Session {
@@ -96,6 +104,7 @@ impl Session {
         cfg.max_send_sge = 1;
         cfg.max_recv_sge = 1;
         cfg.max_inline_data = plan.inline;
+        cfg.rnr_retry = RNR_RETRY;
         // A first PSN nobody can predict from the queue pair number (docs/security.md).
         cfg.send_psn = rverbs_std_shim::PSN_SOURCE;
         // Before the peer is contacted: a device without completion timestamps refuses here,

@@ -171,3 +171,72 @@ fn hw_timestamps_are_refused_at_setup_where_the_device_has_no_clock() {
         );
     }
 }
+
+/// A send test whose server stalls for longer than its posted receives last (descheduled on
+/// a loaded machine; here stopped with SIGSTOP) still completes: the client's sends meet
+/// receiver-not-ready NAKs and retry until the server reposts, as perftest's do
+/// (`rnr_retry = 7`). With a bounded RNR retry (the library's default, 3.84 ms in all) the
+/// client failed with "receiver-not-ready retries exceeded" and `tools/compare-perftest`
+/// recorded no result for that round.
+#[test]
+fn send_bw_outlasts_a_server_that_stalls_longer_than_its_receives() {
+    let Some(dev) = device() else { return };
+    let bin = env!("CARGO_BIN_EXE_rverbs-perf");
+    let iters = 64_000u32;
+    let n = iters.to_string();
+    // 64 receives: the client uses them up in about a millisecond of a stall.
+    let args = [
+        "send_bw", "-d", &dev, "-p", "18953", "--json", "-s", "64", "-l", "32", "-r", "64", "-n",
+        &n,
+    ];
+    let server = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut client = Command::new(bin)
+        .args(args)
+        .arg("127.0.0.1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &server.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the server");
+    };
+    // Stall the server for 100 ms every 200 ms while the client runs (the run takes
+    // seconds on rxe, so several stalls fall into its stream), at most 120 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut stalls = 0u32;
+    while client.try_wait().expect("poll the client").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client did not finish in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        signal("-STOP");
+        std::thread::sleep(Duration::from_millis(100));
+        signal("-CONT");
+        stalls += 1;
+    }
+    let client = client.wait_with_output().expect("wait for the client");
+    let server = server.wait_with_output().expect("wait for the server");
+    for (side, out) in [("client", &client), ("server", &server)] {
+        assert!(
+            out.status.success(),
+            "the {side} failed after {stalls} stalls of the server: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(stalls >= 3, "only {stalls} stalls: the run proved nothing");
+    let text = String::from_utf8(client.stdout).expect("UTF-8");
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["results"]["iterations"], iters, "{v}");
+    eprintln!("{stalls} stalls of 100 ms; {} Mpps", num(&v, "msg_rate"));
+}
