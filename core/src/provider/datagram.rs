@@ -37,11 +37,21 @@ pub trait DatagramProvider {
     /// What a send names as its destination: an address handle on a device. Cloned by the
     /// endpoint and kept until every send that named it has completed (a device may read
     /// the handle when it executes the send, not when it was posted).
+    ///
+    /// Part of the contract an implementation of [`post_send`](Self::post_send) accepts
+    /// with its `unsafe`: the clone must not panic (the endpoint clones an address for a
+    /// new run of sends after the post, and a send whose clone unwound would be held by
+    /// nothing).
     type Address: Clone;
 
     /// Whether `a` and `b` are the same address (one handle and its clones), so that a
     /// stream of sends to one destination keeps one clone, not one per send. The default
     /// says no, which is always safe. Does not allocate.
+    ///
+    /// The endpoint's soundness rests on the answer, as on [`post_send`](Self::post_send)'s
+    /// contract: say `true` only when a clone of `a` keeps `b`'s device handle alive (the
+    /// verbs provider compares the shared handle's pointer; the model's addresses are plain
+    /// values that own nothing).
     #[inline]
     fn same_address(a: &Self::Address, b: &Self::Address) -> bool {
         let _ = (a, b);
