@@ -553,7 +553,9 @@ fn convert(wc: &sys::ibv_wc) -> Completion {
         byte_len,
         // Receives only: rxe also flags the sender's completion of a send or write with
         // immediate IBV_WC_WITH_IMM (with a zero immediate), which ibv_poll_cq(3) does not
-        // define; the extended path reads it for receives alone too.
+        // define; the extended path reads it for receives alone too. Shown in the VM by
+        // tools/rxe-proofs/send_imm.c (rdma-core 44.0-2): both sender completions came back
+        // with wc_flags 0x02 (WITH_IMM) and imm_data 0.
         imm: if kind.is_recv() {
             wc.imm_data().map(u32::from_be)
         } else {
@@ -621,7 +623,8 @@ mod tests {
         wc.wc_flags = sys::ibv_wc_flags(0);
         let c = convert(&wc);
         assert_eq!((c.kind, c.byte_len, c.imm), (CompletionKind::Send, 0, None));
-        // rxe flags a send with immediate's own completion WITH_IMM: still no immediate.
+        // rxe flags a send with immediate's own completion WITH_IMM (shown by
+        // tools/rxe-proofs/send_imm.c in the VM): still no immediate.
         wc.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_IMM;
         let c = convert(&wc);
         assert_eq!((c.kind, c.imm), (CompletionKind::Send, None));

@@ -19,9 +19,13 @@
 //! empty, closes the batch itself (it stores the consumer index and drops its lock), so the
 //! `end_poll` every other provider expects after it would consume one entry more than the
 //! device wrote on rxe (rdma-core 44, `providers/rxe/rxe.c`), and no single sequence with
-//! `next_poll` is right on both. For a poll that takes one completion (a wait for one
-//! request) the calls are the same three either way; a batch of `k` costs `k - 1` calls
-//! more.
+//! `next_poll` is right on both. Shown in the VM by `tools/rxe-proofs/next_poll.c` (rdma-core
+//! 44.0-2): after the documented `start_poll`, `next_poll` until `ENOENT`, `end_poll`, the
+//! queue returns phantom completions round its ring (never-written slots, the old ones again)
+//! and never the later ones, while a batch per completion, and an `end_poll` after a
+//! `next_poll` that found one, return each exactly once. For a poll that takes one
+//! completion (a wait for one request) the calls are the same three either way; a batch of
+//! `k` costs `k - 1` calls more.
 
 use core::ffi::c_int;
 use core::num::NonZeroU64;
