@@ -14,13 +14,12 @@
  * rverbs keeps this as evidence for reading the immediate of receives only
  * (core/src/verbs/cq.rs). */
 #include <infiniband/verbs.h>
+#include "proof.h"
 #include <arpa/inet.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void die(const char *what) { perror(what); exit(2); }
 
 static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
 	struct ibv_qp_init_attr a;
@@ -31,29 +30,6 @@ static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
 	struct ibv_qp *qp = ibv_create_qp(pd, &a);
 	if (!qp) die("ibv_create_qp");
 	return qp;
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid, int gidx) {
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_INIT; a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		die("INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR; a.path_mtu = IBV_MTU_1024; a.dest_qp_num = dqpn;
-	a.rq_psn = 0; a.max_dest_rd_atomic = 1; a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1; a.ah_attr.grh.dgid = *gid; a.ah_attr.grh.sgid_index = gidx;
-	a.ah_attr.grh.hop_limit = 1; a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		die("RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS; a.timeout = 14; a.retry_cnt = 7; a.rnr_retry = 7; a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("RTS");
 }
 
 static struct ibv_wc wait_one(struct ibv_cq *cq, const char *what) {
