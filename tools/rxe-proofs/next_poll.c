@@ -31,17 +31,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof a);
-	a.send_cq = cq; a.recv_cq = cq; a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = 16; a.cap.max_recv_wr = 16;
-	a.cap.max_send_sge = 1; a.cap.max_recv_sge = 1;
-	struct ibv_qp *qp = ibv_create_qp(pd, &a);
-	if (!qp) die("ibv_create_qp");
-	return qp;
-}
-
 static double now(void) {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
@@ -111,13 +100,8 @@ static void post_writes(struct ibv_qp *qp, uint64_t first, int count, char *src,
 }
 
 int main(int argc, char **argv) {
-	const char *name = argc > 1 ? argv[1] : "rxe0";
-	int gidx = argc > 2 ? atoi(argv[2]) : 1;
-	int n; struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && i < n; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), name)) ctx = ibv_open_device(list[i]);
-	if (!ctx) { fprintf(stderr, "no device %s\n", name); return 2; }
+	int gidx;
+	struct ibv_context *ctx = open_device(argc, argv, &gidx);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	if (!pd) die("ibv_alloc_pd");
 	union ibv_gid gid;
@@ -141,7 +125,8 @@ int main(int argc, char **argv) {
 		ca.wc_flags = IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_STANDARD_FLAGS;
 		struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &ca);
 		if (!cq) die("ibv_create_cq_ex");
-		struct ibv_qp *a = make_qp(pd, ibv_cq_ex_to_cq(cq)), *b = make_qp(pd, ibv_cq_ex_to_cq(cq));
+		struct ibv_qp *a = make_rc_qp(pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq)),
+		              *b = make_rc_qp(pd, ibv_cq_ex_to_cq(cq), ibv_cq_ex_to_cq(cq));
 		connect_qp(a, b->qp_num, &gid, gidx);
 		connect_qp(b, a->qp_num, &gid, gidx);
 		struct got g = { 0 };

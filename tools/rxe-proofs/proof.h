@@ -12,7 +12,7 @@
 
 static void die(const char *what) { perror(what); exit(2); }
 
-static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid, int gidx) {
+static inline void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid, int gidx) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_INIT; a.port_num = 1;
@@ -33,6 +33,31 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid, int
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 		die("RTS");
+}
+
+/* Opens the device named by argv[1] (rxe0 if none) and sets *gidx to argv[2] (1 if none:
+ * the port's RoCE v2 GID on rxe); exits 2 if there is no such device. */
+static inline struct ibv_context *open_device(int argc, char **argv, int *gidx) {
+	const char *name = argc > 1 ? argv[1] : "rxe0";
+	*gidx = argc > 2 ? atoi(argv[2]) : 1;
+	int n; struct ibv_device **list = ibv_get_device_list(&n);
+	struct ibv_context *ctx = NULL;
+	for (int i = 0; list && i < n; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name)) ctx = ibv_open_device(list[i]);
+	if (!ctx) { fprintf(stderr, "no device %s\n", name); exit(2); }
+	return ctx;
+}
+
+/* An RC queue pair of 16 requests each way, one entry each, on the given queues. */
+static inline struct ibv_qp *make_rc_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof a);
+	a.send_cq = scq; a.recv_cq = rcq; a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = 16; a.cap.max_recv_wr = 16;
+	a.cap.max_send_sge = 1; a.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	if (!qp) die("ibv_create_qp");
+	return qp;
 }
 
 #endif

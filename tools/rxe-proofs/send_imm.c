@@ -21,17 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
-	struct ibv_qp_init_attr a;
-	memset(&a, 0, sizeof a);
-	a.send_cq = cq; a.recv_cq = cq; a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = 16; a.cap.max_recv_wr = 16;
-	a.cap.max_send_sge = 1; a.cap.max_recv_sge = 1;
-	struct ibv_qp *qp = ibv_create_qp(pd, &a);
-	if (!qp) die("ibv_create_qp");
-	return qp;
-}
-
 static struct ibv_wc wait_one(struct ibv_cq *cq, const char *what) {
 	struct ibv_wc wc;
 	for (long spins = 0; spins < 200000000L; spins++) {
@@ -50,13 +39,8 @@ static void show(const char *req, const char *side, const struct ibv_wc *wc) {
 }
 
 int main(int argc, char **argv) {
-	const char *name = argc > 1 ? argv[1] : "rxe0";
-	int gidx = argc > 2 ? atoi(argv[2]) : 1;
-	int n; struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && i < n; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), name)) ctx = ibv_open_device(list[i]);
-	if (!ctx) { fprintf(stderr, "no device %s\n", name); return 2; }
+	int gidx;
+	struct ibv_context *ctx = open_device(argc, argv, &gidx);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	/* Separate queues, so a completion's side is the queue it came from. */
 	struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
@@ -70,7 +54,7 @@ int main(int argc, char **argv) {
 	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	struct ibv_mr *rmr = ibv_reg_mr(pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE);
 	if (!smr || !dmr || !rmr) die("ibv_reg_mr");
-	struct ibv_qp *a = make_qp(pd, scq), *b = make_qp(pd, rcq);
+	struct ibv_qp *a = make_rc_qp(pd, scq, scq), *b = make_rc_qp(pd, rcq, rcq);
 	connect_qp(a, b->qp_num, &gid, gidx);
 	connect_qp(b, a->qp_num, &gid, gidx);
 

@@ -43,13 +43,8 @@ static int wait_one(struct ibv_cq *cq, const char **status) {
 }
 
 int main(int argc, char **argv) {
-	const char *name = argc > 1 ? argv[1] : "rxe0";
-	int gidx = argc > 2 ? atoi(argv[2]) : 1;
-	int n; struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && i < n; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), name)) ctx = ibv_open_device(list[i]);
-	if (!ctx) { fprintf(stderr, "no device %s\n", name); return 2; }
+	int gidx;
+	struct ibv_context *ctx = open_device(argc, argv, &gidx);
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	if (!pd || !cq) die("pd/cq");
