@@ -320,6 +320,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// If the provider's queues raise completion events
     /// ([`Provider::wakeup_source`]), they are attached to `backoff`, so a blocking
     /// policy sleeps on them.
+    #[cfg_attr(not(feature = "alloc"), allow(unused_mut))]
     pub fn with_backoff(p: P, cfg: ChannelConfig, mut backoff: B, clock: StaticClock) -> Self {
         #[cfg(feature = "alloc")]
         if let Some(w) = p.wakeup_source() {

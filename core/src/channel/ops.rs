@@ -86,6 +86,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// once, or whose completion must show without a wait). Left to the compiler to inline
     /// or not: the node's engine calls it from paths (credit returns) whose callers grow
     /// slower with the whole post inside them.
+    #[cfg(feature = "alloc")]
     #[inline]
     pub(crate) fn post_inline_flags(
         &mut self,

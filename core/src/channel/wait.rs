@@ -297,6 +297,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// what was: from then on the device executes no request arriving on it, so a peer that
     /// is gone cannot be impersonated through it by a forged packet at the PSN it expected
     /// (docs/security.md). Later calls fail as after a timeout, until the channel is renewed.
+    #[cfg(feature = "alloc")]
     pub(crate) fn shut(&mut self) {
         self.broken.get_or_insert(Broken::TimedOut);
         self.flush_and_drain();
