@@ -577,4 +577,82 @@ mod batches {
             assert_eq!(on_instant(&dev), model);
         }
     }
+
+    /// An instant queue pair with a send completion queue smaller than its send queue, so
+    /// that the driver refuses a post half way (no room for a completion), naming the request
+    /// it refused.
+    struct Cramped {
+        qp: rverbs_core::instant::InstantQp,
+        send: rverbs_core::instant::InstantCq,
+        recv: rverbs_core::instant::InstantCq,
+    }
+
+    impl QueuePair for Cramped {
+        fn caps(&self) -> QpCaps {
+            self.qp.caps()
+        }
+        fn qp_num(&self) -> u32 {
+            self.qp.qp_num()
+        }
+        unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_send(wrs) }
+        }
+        fn send_list(&mut self) -> Option<SendList> {
+            self.qp.send_list()
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_recv(wrs) }
+        }
+        fn set_error(&mut self) -> Result<(), ProviderError> {
+            self.qp.set_error()
+        }
+    }
+
+    impl Provider for Cramped {
+        fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            rverbs_core::provider::CompletionQueue::poll(&mut self.send, out)
+        }
+        fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            rverbs_core::provider::CompletionQueue::poll(&mut self.recv, out)
+        }
+    }
+
+    /// A post the device refuses half way: the requests it took are counted (their ids, the
+    /// receives they consume at the peer), the channel breaks and waits for them before it
+    /// returns the error, and the batch is empty afterwards.
+    #[test]
+    fn a_batch_refused_half_way_counts_what_the_device_took() {
+        for dev in [InstantDevice::new(), InstantDevice::legacy()] {
+            let send = dev.cq(4);
+            let cap = rverbs_core::provider::CompletionQueue::capacity(&send) as usize;
+            let recv = dev.cq(16);
+            let qp = dev.qp(&send, &recv, caps());
+            let mut chan = Channel::new(Cramped { qp, send, recv }, ChannelConfig::default(), &CLOCK);
+            let src = dev.region(8, AccessFlags::LOCAL_WRITE);
+            let dst = dev.region(8, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
+            let g = [src.sge(0..8).unwrap()];
+            let to = dst.remote();
+            let mut b = chan.batch();
+            assert!(format!("{b:?}").contains("built_in_place: true"));
+            // Every request signaled, two more than the completion queue holds; of those
+            // the device takes, every other one consumes a receive at the peer.
+            for i in 0..cap + 2 {
+                if i % 2 == 0 {
+                    b.write_imm(&g, to, i as u32).unwrap().signaled();
+                } else {
+                    b.write(&g, to).unwrap().signaled();
+                }
+            }
+            let e = b.run().unwrap_err();
+            assert_eq!(e, ChannelError::Post { errno: 12 });
+            assert!(b.is_empty());
+            drop(b);
+            assert_eq!(chan.sends_completed(), cap as u64);
+            assert_eq!(chan.outstanding_sends(), 0);
+            assert_eq!(chan.remote_recvs_used(), cap.div_ceil(2) as u64);
+            assert!(chan.fault().is_some());
+        }
+    }
 }
