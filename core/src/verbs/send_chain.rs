@@ -210,7 +210,6 @@ impl fmt::Debug for SendList {
     }
 }
 
-
 impl Drop for SendChain {
     fn drop(&mut self) {
         // SAFETY: the block came from Box::into_raw in `new` and is freed once, here.
