@@ -37,6 +37,28 @@ pub use crate::verbs::send_chain::SendList;
 #[derive(Clone, Copy, Debug)]
 pub enum SendList {}
 
+/// The list's operations ([`crate::verbs`]'s `SendList` has them), none of which can be
+/// reached: there is no value to call them on.
+#[cfg(not(feature = "verbs"))]
+#[allow(clippy::missing_safety_doc)]
+impl SendList {
+    pub(crate) unsafe fn set(self, _: usize, _: &WorkRequest<'_>) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn add_flags(self, _: usize, _: crate::wr::SendFlags) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn set_entry(self, _: usize, _: &crate::sge::Sge<'_>) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn post(self, _: usize) -> Result<(), PostFailure> {
+        match self {}
+    }
+}
+
 /// One connected RC queue pair: what can be posted to it. Where its completions go is the
 /// business of [`Provider`] (its own two CQs) or of a completion queue several queue pairs
 /// share ([`CompletionQueue`]).
