@@ -396,6 +396,66 @@ mod tests {
         }
     }
 
+    /// A batch's list: a post hands the driver exactly the requests set for it (the list
+    /// ends after the n-th, whatever longer post came before) and is linked on again after
+    /// it; a failure is counted as the chain's are.
+    #[test]
+    fn a_send_list_posts_its_first_n_requests_and_stays_linked() {
+        let queued = Cell::new(0usize);
+        let mut ctx: sys::ibv_context = zeroed();
+        // The driver is changed through the pointer the queue pair holds.
+        let ctx: *mut sys::ibv_context = &mut ctx;
+        let mut qp: sys::ibv_qp = zeroed();
+        qp.context = ctx;
+        qp.qp_context = ptr::from_ref(&queued).cast_mut().cast();
+        let mut chain = SendChain::new();
+        let list = chain.list(NonNull::from(&mut qp));
+        let w = WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Send,
+            flags: SendFlags::empty(),
+            sges: &[],
+            remote: crate::sge::RemoteMemory::default(),
+        };
+        for (driver, n, want, took) in [
+            (
+                queue_all_then_fail as _,
+                MAX_BATCH,
+                Err((MAX_BATCH, 5)),
+                MAX_BATCH,
+            ),
+            (queue_all_then_fail as _, 3, Err((3, 5)), 3),
+            (refuse_third as _, 5, Err((2, 12)), 2),
+            (refuse_third as _, 2, Ok(()), 2),
+            (
+                queue_all_then_fail as _,
+                MAX_BATCH,
+                Err((MAX_BATCH, 5)),
+                MAX_BATCH,
+            ),
+        ] {
+            // SAFETY: ctx points at the live local above; no reference to it is alive.
+            unsafe { (*ctx).ops.post_send = Some(driver) };
+            queued.set(0);
+            for i in 0..n {
+                // SAFETY: i < MAX_BATCH; no reference into the list is alive.
+                unsafe {
+                    list.set(
+                        i,
+                        &WorkRequest {
+                            wr_id: i as u64,
+                            ..w
+                        },
+                    )
+                };
+            }
+            // SAFETY: the queue pair is the test's, live for the call; the requests name no
+            // memory.
+            let r = unsafe { list.post(n) }.map_err(|f| (f.posted, f.errno));
+            assert_eq!((r, queued.get()), (want, took));
+        }
+    }
+
     #[test]
     fn a_failure_naming_a_request_counts_those_before_it() {
         let (r, queued) = post_through(refuse_third, 5);
