@@ -471,6 +471,23 @@ mod tests {
 
     static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 
+    /// A batch is `Send` when its channel is (it was before it could hold a queue pair's
+    /// request list): a task that builds one may move between threads.
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn a_batch_on_a_sendable_channel_is_send() {
+        fn send<T: Send>() {}
+        send::<
+            crate::channel::Batch<
+                '_,
+                '_,
+                crate::provider::verbs::VerbsProvider,
+                crate::poll::Spin,
+                64,
+            >,
+        >();
+    }
+
     /// A batch counts the requests that consume a receive at the peer as they are pushed
     /// (sends and writes with immediate, not writes): what node credits are counted against.
     #[test]

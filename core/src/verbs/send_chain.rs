@@ -125,6 +125,15 @@ pub struct SendList {
     qp: NonNull<sys::ibv_qp>,
 }
 
+// SAFETY: a list is used only through the `unsafe` methods below, by the batch that holds
+// the queue pair's channel borrowed mutably, so it is as much a unique borrow of the queue
+// pair's list as that borrow is (the list moves with its queue pair, which is `Send`); a
+// shared `&SendList` can do nothing with it. So a batch is `Send` and `Sync` when its channel
+// borrow is, as it was before it held a list.
+unsafe impl Send for SendList {}
+// SAFETY: as above.
+unsafe impl Sync for SendList {}
+
 impl SendList {
     /// Writes request `i`: every field the driver reads for `w`'s opcode but `next` (the list
     /// is linked already). An immediate is written only for the opcodes that carry one.
