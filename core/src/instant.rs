@@ -1054,6 +1054,13 @@ impl QueuePair for InstantQp {
         unsafe { self.sender.post(self.raw(), wrs) }
     }
 
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        // SAFETY: `raw()` points into the live struct, never null.
+        let qp = unsafe { NonNull::new_unchecked(self.raw()) };
+        Some(self.sender.chain.list(qp))
+    }
+
     fn completion_queues(&self) -> Option<[crate::provider::CqId; 2]> {
         let id = |c: &Rc<CqInner>| crate::provider::CqId {
             owner: c.raw.get() as usize,
@@ -1149,6 +1156,11 @@ impl QueuePair for InstantProvider {
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_send(wrs) }
+    }
+
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        self.qp.send_list()
     }
 
     #[inline]

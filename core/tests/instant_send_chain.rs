@@ -358,3 +358,308 @@ fn a_many_entry_request_is_posted_whole() {
     );
     assert_eq!(qp.post_path(), PostPath::Extended);
 }
+
+mod batches {
+    //! Batches built in the queue pair's own `ibv_send_wr` list as they are pushed (the
+    //! instant device, both kinds) against the staged batches of the model: one program of
+    //! batches runs on each, and the device must see the same requests signaled, with the
+    //! same ids, in the same order, and the channel must count the same receives consumed at
+    //! the peer and the same requests completed.
+
+    use core::cell::RefCell;
+    use std::rc::Rc;
+
+    use rverbs_core::channel::{Channel, ChannelConfig, ChannelError};
+    use rverbs_core::completion::{Completion, WcStatus};
+    use rverbs_core::instant::InstantDevice;
+    use rverbs_core::memory::AccessFlags;
+    use rverbs_core::model::{Side, SoftFabric};
+    use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
+    use rverbs_core::poll::StepClock;
+    use rverbs_core::provider::{Provider, ProviderError, QueuePair, SendList};
+    use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
+    use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+
+    /// A provider that keeps a copy of every send completion it hands the channel.
+    struct Recording<P> {
+        inner: P,
+        seen: Rc<RefCell<Vec<(u64, WcStatus)>>>,
+    }
+
+    impl<P: Provider> QueuePair for Recording<P> {
+        fn caps(&self) -> QpCaps {
+            self.inner.caps()
+        }
+        fn qp_num(&self) -> u32 {
+            self.inner.qp_num()
+        }
+        unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.post_send(wrs) }
+        }
+        fn send_list(&mut self) -> Option<SendList> {
+            self.inner.send_list()
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.post_recv(wrs) }
+        }
+        fn set_error(&mut self) -> Result<(), ProviderError> {
+            self.inner.set_error()
+        }
+    }
+
+    impl<P: Provider> Provider for Recording<P> {
+        fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            let n = self.inner.poll_send(out)?;
+            let mut seen = self.seen.borrow_mut();
+            seen.extend(out[..n].iter().map(|c| (c.wr_id, c.status)));
+            Ok(n)
+        }
+        fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            self.inner.poll_recv(out)
+        }
+    }
+
+    /// What a run of [`program`] leaves behind.
+    #[derive(Debug, PartialEq)]
+    struct Outcome {
+        signaled: Vec<(u64, WcStatus)>,
+        remote_recvs_used: u64,
+        sends_completed: u64,
+        full: ChannelError,
+    }
+
+    fn caps() -> QpCaps {
+        QpCaps::queues(64, 16).with_sges(2)
+    }
+
+    /// Batches of every kind of push, the flags set after a push, a full batch, a forgotten
+    /// one and a posted one; `in_place` is whether this channel's batches are built in the
+    /// queue pair's list (checked, so the test cannot pass on the wrong path).
+    fn program<'b, P: Provider>(
+        chan: &mut Channel<Recording<P>>,
+        seen: &Rc<RefCell<Vec<(u64, WcStatus)>>>,
+        in_place: bool,
+        src: &'b [Sge<'b>],
+        scatter: &'b mut [SgeMut<'b>],
+        at: &dyn Fn(u64) -> RemoteMemory,
+    ) -> Outcome {
+        assert_eq!(chan.signal_every(), 16);
+        let mut b = chan.batch();
+        assert!(format!("{b:?}").contains(&format!("built_in_place: {in_place}")));
+        // 20 writes cross the signaling interval (the 16th is signaled).
+        for i in 0..20 {
+            b.write(src, at(i * 8)).unwrap();
+        }
+        b.write_imm(src, at(160), 7).unwrap().fence();
+        b.send_inline(b"").unwrap();
+        b.write_inline(b"12345678", at(168)).unwrap().solicited();
+        b.read(scatter, at(176)).unwrap();
+        // Signaled mid-batch: the interval counts on from it.
+        b.write(src, at(184)).unwrap().signaled();
+        for i in 0..3 {
+            b.write(src, at(192 + i * 8)).unwrap();
+        }
+        assert_eq!(b.len(), 28);
+        b.run().unwrap();
+        assert!(b.is_empty());
+        drop(b);
+        assert_eq!(chan.outstanding_sends(), 0);
+
+        // A full batch refuses the push after max_post, and posts those it holds.
+        let max = chan.max_post();
+        let mut b = chan.batch();
+        for _ in 0..max {
+            b.write(src, at(0)).unwrap();
+        }
+        let full = b.write(src, at(0)).map(|_| ()).unwrap_err();
+        b.run().unwrap();
+        drop(b);
+
+        // A forgotten batch leaves nothing posted and the list usable.
+        let mut b = chan.batch();
+        for i in 0..5 {
+            b.write(src, at(i * 8)).unwrap();
+        }
+        // `Batch` has no `Drop`: forgetting it is dropping it, which is the point (nothing
+        // it built is left open); kept as `forget` so a `Drop` added later is tested too.
+        #[allow(clippy::forget_non_drop)]
+        core::mem::forget(b);
+        let before = chan.sends_completed();
+        chan.write(src, at(0)).unwrap();
+        assert_eq!(chan.sends_completed(), before + 1);
+
+        // A posted batch, waited for by its ticket; an empty one posts nothing.
+        let mut b = chan.batch();
+        b.send_inline(b"").unwrap();
+        b.write(src, at(8)).unwrap();
+        b.write(src, at(16)).unwrap();
+        // SAFETY: the buffers live past the wait below.
+        let t = unsafe { b.post() }.unwrap().expect("three requests");
+        // SAFETY: as above.
+        assert_eq!(unsafe { b.post() }.unwrap(), None);
+        b.run().unwrap();
+        drop(b);
+        chan.wait(t).unwrap();
+        chan.wait_all().unwrap();
+        let signaled = seen.borrow().clone();
+        Outcome {
+            signaled,
+            remote_recvs_used: chan.remote_recvs_used(),
+            sends_completed: chan.sends_completed(),
+            full,
+        }
+    }
+
+    fn on_instant(dev: &InstantDevice) -> Outcome {
+        let src = dev.region(64, AccessFlags::LOCAL_WRITE);
+        let mut scratch = dev.region(8, AccessFlags::LOCAL_WRITE);
+        let dst = dev.region(256, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let p = Recording {
+            inner: dev.provider(caps()),
+            seen: seen.clone(),
+        };
+        let mut chan = Channel::new(p, ChannelConfig::default(), &CLOCK);
+        let g = [src.sge(0..8).unwrap()];
+        let mut s = [scratch.sge_mut(0..8).unwrap()];
+        let at = |o| dst.remote().slice(o, 8).unwrap();
+        program(&mut chan, &seen, true, &g, &mut s, &at)
+    }
+
+    fn on_model() -> Outcome {
+        let (mut src, mut dst, mut scratch) = ([7u8; 64], [0u8; 256], [0u8; 8]);
+        let fabric = SoftFabric::new(caps(), RnrRetry::default(), RetryCount::default());
+        let src = fabric
+            .register(Side::A, &mut src, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let dst = fabric
+            .register(
+                Side::B,
+                &mut dst,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .unwrap();
+        let (a, b) = fabric.ends().unwrap();
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let p = Recording {
+            inner: a,
+            seen: seen.clone(),
+        };
+        let mut chan = Channel::new(p, ChannelConfig::default(), &CLOCK);
+        let mut peer = Channel::new(b, ChannelConfig::default(), &CLOCK);
+        // The receives the program's sends and writes with immediate consume.
+        let recvs: Vec<_> = (0..3).map(|_| peer.post_recv_empty().unwrap()).collect();
+        let mut scratch = fabric
+            .register(Side::A, &mut scratch, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let g = [src.sge(0..8).unwrap()];
+        let mut s = [scratch.sge_mut(0..8).unwrap()];
+        let at = |o| dst.remote().slice(o, 8).unwrap();
+        let out = program(&mut chan, &seen, false, &g, &mut s, &at);
+        for t in recvs {
+            peer.wait(t).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn a_batch_built_in_the_list_posts_what_a_staged_batch_posts() {
+        let model = on_model();
+        // 28 + max_post + 1 + 3 requests; 2 + 1 of them consume a receive at the peer.
+        assert_eq!(model.remote_recvs_used, 3);
+        assert!(matches!(model.full, ChannelError::BatchFull { .. }));
+        assert!(model.signaled.iter().all(|(_, s)| *s == WcStatus::Success));
+        // The 16th write (id 15), the one marked signaled (id 24), the last of the batch
+        // (27): the interval and the flags set after a push.
+        assert_eq!(
+            &model.signaled[..3],
+            &[15, 24, 27].map(|id| (id, WcStatus::Success))
+        );
+        for dev in [InstantDevice::new(), InstantDevice::legacy()] {
+            assert_eq!(on_instant(&dev), model);
+        }
+    }
+
+    /// An instant queue pair with a send completion queue smaller than its send queue, so
+    /// that the driver refuses a post half way (no room for a completion), naming the request
+    /// it refused.
+    struct Cramped {
+        qp: rverbs_core::instant::InstantQp,
+        send: rverbs_core::instant::InstantCq,
+        recv: rverbs_core::instant::InstantCq,
+    }
+
+    impl QueuePair for Cramped {
+        fn caps(&self) -> QpCaps {
+            self.qp.caps()
+        }
+        fn qp_num(&self) -> u32 {
+            self.qp.qp_num()
+        }
+        unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_send(wrs) }
+        }
+        fn send_list(&mut self) -> Option<SendList> {
+            self.qp.send_list()
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_recv(wrs) }
+        }
+        fn set_error(&mut self) -> Result<(), ProviderError> {
+            self.qp.set_error()
+        }
+    }
+
+    impl Provider for Cramped {
+        fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            rverbs_core::provider::CompletionQueue::poll(&mut self.send, out)
+        }
+        fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
+            rverbs_core::provider::CompletionQueue::poll(&mut self.recv, out)
+        }
+    }
+
+    /// A post the device refuses half way: the requests it took are counted (their ids, the
+    /// receives they consume at the peer), the channel breaks and waits for them before it
+    /// returns the error, and the batch is empty afterwards.
+    #[test]
+    fn a_batch_refused_half_way_counts_what_the_device_took() {
+        for dev in [InstantDevice::new(), InstantDevice::legacy()] {
+            let send = dev.cq(4);
+            let cap = rverbs_core::provider::CompletionQueue::capacity(&send) as usize;
+            let recv = dev.cq(16);
+            let qp = dev.qp(&send, &recv, caps());
+            let mut chan =
+                Channel::new(Cramped { qp, send, recv }, ChannelConfig::default(), &CLOCK);
+            let src = dev.region(8, AccessFlags::LOCAL_WRITE);
+            let dst = dev.region(8, AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE);
+            let g = [src.sge(0..8).unwrap()];
+            let to = dst.remote();
+            let mut b = chan.batch();
+            assert!(format!("{b:?}").contains("built_in_place: true"));
+            // Every request signaled, two more than the completion queue holds; of those
+            // the device takes, every other one consumes a receive at the peer.
+            for i in 0..cap + 2 {
+                if i % 2 == 0 {
+                    b.write_imm(&g, to, i as u32).unwrap().signaled();
+                } else {
+                    b.write(&g, to).unwrap().signaled();
+                }
+            }
+            let e = b.run().unwrap_err();
+            assert_eq!(e, ChannelError::Post { errno: 12 });
+            assert!(b.is_empty());
+            drop(b);
+            assert_eq!(chan.sends_completed(), cap as u64);
+            assert_eq!(chan.outstanding_sends(), 0);
+            assert_eq!(chan.remote_recvs_used(), cap.div_ceil(2) as u64);
+            assert!(chan.fault().is_some());
+        }
+    }
+}

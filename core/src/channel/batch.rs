@@ -7,7 +7,7 @@ use super::ticket::Work;
 use super::wait::SettleOnDrop;
 use super::{as_gather, Channel, ChannelError, Ticket};
 use crate::poll::Backoff;
-use crate::provider::Provider;
+use crate::provider::{Provider, SendList};
 use crate::sge::{RemoteMemory, Sge, SgeMut};
 use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 
@@ -30,13 +30,29 @@ use crate::wr::{Opcode, SendFlags, WorkRequest, MAX_BATCH};
 #[must_use = "a batch posts nothing until it is run or posted"]
 pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     chan: &'c mut Channel<P, B, R>,
+    /// The queue pair's own list of device requests, where its provider has one
+    /// ([`QueuePair::send_list`](crate::provider::QueuePair::send_list)): each push writes
+    /// the device's request there, numbered and signaled, and the post hands the list to the
+    /// device (one pass). `None` (the model): pushes stage provider-neutral requests in
+    /// `wrs`, which the provider's post reads again.
+    list: Option<SendList>,
+    /// Requests pushed.
+    len: usize,
+    /// The staged requests (without a list). Its type also keeps the buffers a list's
+    /// requests name borrowed for `'b`.
     wrs: Staged<WorkRequest<'b>>,
-    /// The position and entry of each inline request (the request's own `sges` is patched
-    /// to point here when the batch is posted: a batch cannot borrow from itself while it is
-    /// built). Empty for a batch without inline requests.
+    /// The position and entry of each inline request (the request is pointed here when the
+    /// batch is posted: a batch cannot borrow from itself while it is built, and may move
+    /// between pushes). Empty for a batch without inline requests.
     inline: Staged<(u8, Sge<'b>)>,
-    /// How many of the requests consume a receive at the peer (counted as they are pushed).
+    /// How many of the requests consume a receive at the peer (counted as they are pushed),
+    /// and which (bit i: request i), to count those a refused post took.
     consumes: u64,
+    consuming: u64,
+    /// With a list: the signaling interval's count after the last request pushed, and one
+    /// past the last signaled request; the channel takes both once the post succeeded.
+    since_signal: u32,
+    signaled_to: u64,
 }
 
 /// Up to [`MAX_BATCH`] values, none written in advance: making a batch writes one length,
@@ -89,9 +105,13 @@ impl<T: Copy> Staged<T> {
 
 impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Batch")
-            .field("wrs", &self.wrs.as_slice())
-            .finish()
+        let mut d = f.debug_struct("Batch");
+        d.field("len", &self.len)
+            .field("built_in_place", &self.list.is_some());
+        if self.list.is_none() {
+            d.field("wrs", &self.wrs.as_slice());
+        }
+        d.finish()
     }
 }
 
@@ -99,10 +119,15 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     #[inline]
     pub(super) fn new(chan: &'c mut Channel<P, B, R>) -> Self {
         Self {
-            chan,
+            list: chan.p.send_list(),
+            len: 0,
             wrs: Staged::new(),
             inline: Staged::new(),
             consumes: 0,
+            consuming: 0,
+            since_signal: chan.since_signal,
+            signaled_to: chan.signaled_to,
+            chan,
         }
     }
 
@@ -117,20 +142,46 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         self.push_wr(WorkRequest::new(opcode, flags, sges, remote))
     }
 
-    /// Adds a request made by the caller.
+    /// Adds a request made by the caller: with a list, written into it numbered and signaled
+    /// (the channel's loop of [`Channel::post_send_wrs`], a request at a time), else staged.
     #[inline(always)]
-    pub(super) fn push_wr(&mut self, wr: WorkRequest<'b>) -> Result<&mut Self, ChannelError> {
+    pub(super) fn push_wr(&mut self, mut wr: WorkRequest<'b>) -> Result<&mut Self, ChannelError> {
         self.chan
             .check_sges(wr.sges.len(), self.chan.caps.max_send_sge)?;
-        if self.wrs.len >= self.chan.max_post {
+        let i = self.len;
+        if i >= self.chan.max_post {
             return Err(ChannelError::BatchFull {
                 max: self.chan.max_post,
             });
         }
-        self.wrs
-            .push(wr)
-            .map_err(|_| ChannelError::BatchFull { max: MAX_BATCH })?;
-        self.consumes += u64::from(wr.opcode.consumes_remote_recv());
+        match self.list {
+            Some(list) => {
+                let id = self.chan.next_seq + i as u64;
+                let since = self.since_signal + 1;
+                if since >= self.chan.signal_every || wr.flags.contains(SendFlags::SIGNALED) {
+                    wr.flags |= SendFlags::SIGNALED;
+                    self.since_signal = 0;
+                    self.signaled_to = id + 1;
+                } else {
+                    self.since_signal = since;
+                }
+                wr.wr_id = id;
+                // SAFETY: i < max_post <= MAX_BATCH; the list is the queue pair's, which the
+                // borrowed channel keeps alive, and only this batch writes it meanwhile. The
+                // buffers `wr` names are borrowed for 'b.
+                unsafe { list.set(i, &wr) };
+            }
+            None => {
+                self.wrs
+                    .push(wr)
+                    .map_err(|_| ChannelError::BatchFull { max: MAX_BATCH })?;
+            }
+        }
+        let consumes = wr.opcode.consumes_remote_recv();
+        self.consumes += u64::from(consumes);
+        // i < max_post <= MAX_BATCH = 64: the shift stays inside the word.
+        self.consuming |= u64::from(consumes) << i;
+        self.len = i + 1;
         Ok(self)
     }
 
@@ -205,22 +256,88 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         remote: RemoteMemory,
     ) -> Result<&mut Self, ChannelError> {
         let sge = self.chan.inline_sge(data)?;
-        let i = self.wrs.len;
+        let i = self.len;
         self.push(opcode, SendFlags::INLINE, &[], remote)?;
         // As many inline entries as requests, at most MAX_BATCH (< 256): cannot be full.
         let _ = self.inline.push((i as u8, sge));
         Ok(self)
     }
 
-    /// Posts the requests with one doorbell, their inline entries pointing into a copy of the
-    /// table that lives for the post.
+    /// Posts the requests with one doorbell. Posting empties the batch (whether or not the
+    /// post succeeded), so a batch never posts the same requests twice.
     ///
     /// # Safety
     /// The posting contract for every buffer the requests name.
-    /// Posting empties the batch (whether or not the post succeeded), so a batch never posts
-    /// the same requests twice.
     unsafe fn post_now(&mut self) -> Result<Ticket, ChannelError> {
-        let r = if self.inline.len == 0 {
+        let r = match self.list {
+            // SAFETY: forwarded contract.
+            Some(list) => unsafe { self.post_list(list) },
+            // SAFETY: forwarded contract.
+            None => unsafe { self.post_staged() },
+        };
+        self.len = 0;
+        self.wrs.clear();
+        self.inline.clear();
+        self.consumes = 0;
+        self.consuming = 0;
+        self.since_signal = self.chan.since_signal;
+        self.signaled_to = self.chan.signaled_to;
+        r
+    }
+
+    /// Posts the requests built in the queue pair's list: the checks and the bookkeeping of
+    /// [`Channel::post_send_wrs`] (the channel's state and the room in the send queue before,
+    /// the sequence numbers, the signaling interval and the receives consumed after), without
+    /// its loop: the requests were numbered and signaled as they were pushed.
+    ///
+    /// # Safety
+    /// The posting contract for every buffer the requests name.
+    #[inline(always)]
+    unsafe fn post_list(&mut self, list: SendList) -> Result<Ticket, ChannelError> {
+        let n = self.len;
+        let need = n as u64;
+        let chan = &mut *self.chan;
+        if chan.broken.is_some() || !chan.fits(need) {
+            chan.make_room(need)?;
+        }
+        // Each inline request's entry, in the batch, which does not move while it posts (the
+        // payload is copied during the post).
+        for (i, e) in self.inline.as_slice() {
+            // SAFETY: the request was set by its push (i < len); the entry outlives the post.
+            unsafe { list.set_entry(usize::from(*i), e) };
+        }
+        // SAFETY: n requests were set by the pushes (0 < n <= max_post <= MAX_BATCH), the
+        // queue pair is the borrowed channel's; the posting contract is forwarded.
+        match unsafe { list.post(n) } {
+            Ok(()) => {
+                // Counted only once posted, as in `post_send_wrs`.
+                let first = chan.next_seq;
+                chan.next_seq = first + need;
+                chan.since_signal = self.since_signal;
+                chan.signaled_to = self.signaled_to;
+                chan.remote_recvs_used += self.consumes;
+                Ok(chan.ticket(Work::Sends {
+                    first,
+                    last: first + need - 1,
+                }))
+            }
+            Err(f) => {
+                let posted = f.posted.min(n);
+                // posted <= n <= 64; a prefix of 64 is the whole word.
+                let prefix = u64::MAX.checked_shr(64 - posted as u32).unwrap_or(0);
+                let consumed = u64::from((self.consuming & prefix).count_ones());
+                Err(chan.post_refused_counted(posted, consumed, f.errno))
+            }
+        }
+    }
+
+    /// Posts the staged requests, their inline entries pointing into a copy of the table that
+    /// lives for the post.
+    ///
+    /// # Safety
+    /// The posting contract for every buffer the requests name.
+    unsafe fn post_staged(&mut self) -> Result<Ticket, ChannelError> {
+        if self.inline.len == 0 {
             // SAFETY: forwarded contract.
             unsafe {
                 self.chan
@@ -246,16 +363,29 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
                 self.chan
                     .post_send_wrs(patched.as_mut_slice(), self.consumes)
             }
-        };
-        self.wrs.clear();
-        self.inline.clear();
-        self.consumes = 0;
-        r
+        }
     }
 
     fn last_flags(&mut self, f: SendFlags) -> &mut Self {
-        if let Some(w) = self.wrs.as_mut_slice().last_mut() {
-            w.flags |= f;
+        let Some(last) = self.len.checked_sub(1) else {
+            return self;
+        };
+        match self.list {
+            Some(list) => {
+                // SAFETY: request `last` was set by its push; the list is valid (as in
+                // `push_wr`).
+                unsafe { list.add_flags(last, f) };
+                if f.contains(SendFlags::SIGNALED) {
+                    // The last request: the interval counts on from it.
+                    self.since_signal = 0;
+                    self.signaled_to = self.chan.next_seq + self.len as u64;
+                }
+            }
+            None => {
+                if let Some(w) = self.wrs.as_mut_slice().last_mut() {
+                    w.flags |= f;
+                }
+            }
         }
         self
     }
@@ -277,12 +407,12 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
 
     /// Requests collected so far.
     pub fn len(&self) -> usize {
-        self.wrs.len
+        self.len
     }
 
     /// Whether the batch is empty.
     pub fn is_empty(&self) -> bool {
-        self.wrs.len == 0
+        self.len == 0
     }
 
     /// Posts the batch with one doorbell and waits until all of it completed (at most the
@@ -293,7 +423,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     /// posting a few requests.
     #[inline]
     pub fn run(&mut self) -> Result<(), ChannelError> {
-        if self.wrs.len == 0 {
+        if self.len == 0 {
             return Ok(());
         }
         // Waited for at once: the last request's own completion ends the wait.
@@ -323,7 +453,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     #[must_use = "wait for the ticket before touching the buffers it names"]
     #[inline]
     pub unsafe fn post(&mut self) -> Result<Option<Ticket>, ChannelError> {
-        if self.wrs.len == 0 {
+        if self.len == 0 {
             return Ok(None);
         }
         // SAFETY: forwarded to the caller.
@@ -340,6 +470,23 @@ mod tests {
     use crate::poll::StepClock;
 
     static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+
+    /// A batch is `Send` when its channel is (it was before it could hold a queue pair's
+    /// request list): a task that builds one may move between threads.
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn a_batch_on_a_sendable_channel_is_send() {
+        fn send<T: Send>() {}
+        send::<
+            crate::channel::Batch<
+                '_,
+                '_,
+                crate::provider::verbs::VerbsProvider,
+                crate::poll::Spin,
+                64,
+            >,
+        >();
+    }
 
     /// A batch counts the requests that consume a receive at the peer as they are pushed
     /// (sends and writes with immediate, not writes): what node credits are counted against.

@@ -27,6 +27,37 @@ pub mod verbs;
 pub mod verbs_ud;
 
 pub use crate::verb::{ProviderError, Verb};
+#[cfg(feature = "verbs")]
+pub use crate::verbs::send_chain::SendList;
+
+/// A queue pair's own list of device requests, which a batch builds its requests in (see
+/// [`QueuePair::send_list`]). Without the `verbs` feature there is none: no value of this
+/// type exists, and every batch stages provider-neutral requests.
+#[cfg(not(feature = "verbs"))]
+#[derive(Clone, Copy, Debug)]
+pub enum SendList {}
+
+/// The list's operations ([`crate::verbs`]'s `SendList` has them), none of which can be
+/// reached: there is no value to call them on.
+#[cfg(not(feature = "verbs"))]
+#[allow(clippy::missing_safety_doc)]
+impl SendList {
+    pub(crate) unsafe fn set(self, _: usize, _: &WorkRequest<'_>) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn add_flags(self, _: usize, _: crate::wr::SendFlags) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn set_entry(self, _: usize, _: &crate::sge::Sge<'_>) {
+        match self {}
+    }
+
+    pub(crate) unsafe fn post(self, _: usize) -> Result<(), PostFailure> {
+        match self {}
+    }
+}
 
 /// One connected RC queue pair: what can be posted to it. Where its completions go is the
 /// business of [`Provider`] (its own two CQs) or of a completion queue several queue pairs
@@ -48,6 +79,17 @@ pub trait QueuePair {
     /// # Safety
     /// The [posting contract](crate#the-posting-contract).
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure>;
+
+    /// The queue pair's own list of device requests (its `ibv_send_wr` list), lent to a
+    /// [`Batch`](crate::channel::Batch) that writes each request into it as it is pushed and
+    /// posts the list with one call: one pass over the requests. `None` (the default): the
+    /// batch stages provider-neutral [`WorkRequest`]s and posts them with
+    /// [`QueuePair::post_send`] (the model, and any provider outside this crate: a
+    /// [`SendList`] is made only by this crate's verbs queue pairs).
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<SendList> {
+        None
+    }
 
     /// Posts receives as one chain. At most [`MAX_BATCH`](crate::wr::MAX_BATCH) requests.
     ///

@@ -215,6 +215,11 @@ impl QueuePair for VerbsProvider {
         unsafe { self.qp.post_send(wrs) }
     }
 
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        Some(self.qp.send_list())
+    }
+
     #[inline]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the caller upholds the posting contract.
@@ -290,6 +295,11 @@ impl QueuePair for Qp {
     unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the caller upholds the posting contract.
         unsafe { Qp::post_send(self, wrs) }
+    }
+
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        Some(Qp::send_list(self))
     }
 
     #[inline]

@@ -783,6 +783,13 @@ impl Qp {
         unsafe { self.sender.post(self.handle.raw.as_ptr(), wrs) }
     }
 
+    /// The queue pair's own `ibv_send_wr` list, lent to a batch that builds its requests in
+    /// it ([`SendList`](super::send_chain::SendList)).
+    #[inline(always)]
+    pub(crate) fn send_list(&mut self) -> super::send_chain::SendList {
+        self.sender.chain.list(self.handle.raw.get())
+    }
+
     /// How this queue pair posts: through the extended `ibv_wr_*` entry points, or through
     /// `ibv_post_send` and why (the provider lacks them). Decided once, when it was created.
     pub fn post_path(&self) -> PostPath {

@@ -8,7 +8,8 @@ use core::mem::MaybeUninit;
 use core::ptr::{self, NonNull};
 
 use super::ffi::{self, sys, EINVAL};
-use crate::wr::{AtomicOp, Opcode, PostFailure, WorkRequest, MAX_BATCH};
+use crate::sge::Sge;
+use crate::wr::{AtomicOp, Opcode, PostFailure, SendFlags, WorkRequest, MAX_BATCH};
 
 /// A queue pair's own `ibv_send_wr` list, made once with the queue pair, zeroed and linked
 /// (entry i names entry i + 1). A post writes only the fields a request uses, in place, and
@@ -94,6 +95,128 @@ impl SendChain {
         // rather than hand back buffers the device may still read.
         ffi::post_result(rc, bad, base, n, n)
     }
+
+    /// The list, for a batch to build its requests in as they are pushed and post to `qp`
+    /// ([`SendList`]).
+    #[inline(always)]
+    pub(crate) fn list(&mut self, qp: NonNull<sys::ibv_qp>) -> SendList {
+        SendList {
+            list: self.list,
+            qp,
+        }
+    }
+}
+
+/// A queue pair's own `ibv_send_wr` list, lent to a
+/// [`Batch`](crate::channel::Batch): each push writes the device's request into it in place,
+/// and the batch is posted with one `ibv_post_send` of the list. One pass over the requests,
+/// where staging provider-neutral requests for
+/// [`QueuePair::post_send`](crate::provider::QueuePair::post_send) makes two (the staged
+/// copy, then the provider's loop that reads it again).
+///
+/// Valid while the queue pair that handed it out lives and nothing else posts through the
+/// list: a batch holds the channel, and with it the queue pair, borrowed for as long as it
+/// holds the list. A batch that is forgotten (`mem::forget`) leaves requests in the list that
+/// nothing posts: the next post writes every field it uses again, and the list's links are
+/// only cut for the length of a post call (no lock is held, nothing is left half-open).
+#[derive(Clone, Copy)]
+pub struct SendList {
+    list: NonNull<sys::ibv_send_wr>,
+    qp: NonNull<sys::ibv_qp>,
+}
+
+// SAFETY: a list is used only through the `unsafe` methods below, by the batch that holds
+// the queue pair's channel borrowed mutably, so it is as much a unique borrow of the queue
+// pair's list as that borrow is (the list moves with its queue pair, which is `Send`); a
+// shared `&SendList` can do nothing with it. So a batch is `Send` and `Sync` when its channel
+// borrow is, as it was before it held a list.
+unsafe impl Send for SendList {}
+// SAFETY: as above.
+unsafe impl Sync for SendList {}
+
+impl SendList {
+    /// Writes request `i`: every field the driver reads for `w`'s opcode but `next` (the list
+    /// is linked already). An immediate is written only for the opcodes that carry one.
+    ///
+    /// # Safety
+    /// `i < MAX_BATCH`; the list is valid (type docs) and no reference into entry `i` is
+    /// alive.
+    #[inline(always)]
+    pub(crate) unsafe fn set(self, i: usize, w: &WorkRequest<'_>) {
+        debug_assert!(i < MAX_BATCH);
+        // SAFETY: the caller's contract: entry i is inside the list and reached through its
+        // pointer alone.
+        let wr = unsafe { &mut *self.list.as_ptr().add(i) };
+        let (opcode, imm) = send_opcode(w.opcode);
+        wr.wr_id = w.wr_id;
+        // Sge is #[repr(C)] with the layout of ibv_sge (checked in verbs::mod).
+        wr.sg_list = w.sges.as_ptr().cast_mut().cast();
+        wr.num_sge = w.sges.len() as core::ffi::c_int;
+        wr.opcode = opcode;
+        wr.send_flags = w.flags.bits();
+        if matches!(w.opcode, Opcode::SendImm(_) | Opcode::WriteImm(_)) {
+            wr.__bindgen_anon_1.imm_data = imm;
+        }
+        fill_remote(w, wr);
+    }
+
+    /// Adds `f` to request `i`'s flags (the verbs' own `IBV_SEND_*` bits: checked in `wr`'s
+    /// tests).
+    ///
+    /// # Safety
+    /// As for [`SendList::set`], and request `i` was set.
+    #[inline(always)]
+    pub(crate) unsafe fn add_flags(self, i: usize, f: SendFlags) {
+        // SAFETY: the caller's contract.
+        unsafe { (*self.list.as_ptr().add(i)).send_flags |= f.bits() };
+    }
+
+    /// Points request `i` at the one entry `sge` (an inline request's payload, kept by the
+    /// batch, which cannot be pointed at while it is built: the batch may move between
+    /// pushes).
+    ///
+    /// # Safety
+    /// As for [`SendList::add_flags`]; `sge` stays valid until the post that reads it
+    /// returned.
+    #[inline(always)]
+    pub(crate) unsafe fn set_entry(self, i: usize, sge: &Sge<'_>) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let wr = &mut *self.list.as_ptr().add(i);
+            wr.sg_list = ptr::from_ref(sge).cast_mut().cast();
+            wr.num_sge = 1;
+        }
+    }
+
+    /// Posts the first `n` requests (`0 < n <= MAX_BATCH`, each set) with one `ibv_post_send`
+    /// (one doorbell): `Ok`, or how many the device took (as [`SendChain::post`]). Does not
+    /// allocate.
+    ///
+    /// # Safety
+    /// The list is valid (type docs) and the queue pair live; the
+    /// [posting contract](crate#the-posting-contract) for the buffers the requests name.
+    #[inline(always)]
+    pub(crate) unsafe fn post(self, n: usize) -> Result<(), PostFailure> {
+        debug_assert!(n > 0 && n <= MAX_BATCH);
+        let base = self.list.as_ptr();
+        // SAFETY: n - 1 < MAX_BATCH. The list ends here for this post and is linked on again
+        // right after it (the call cannot unwind: a C function pointer).
+        unsafe {
+            let last = &mut *base.add(n - 1);
+            let after = last.next;
+            last.next = ptr::null_mut();
+            let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+            let rc = ffi::post_send(self.qp.as_ptr(), base, &mut bad);
+            (*base.add(n - 1)).next = after;
+            ffi::post_result(rc, bad, base, n, n)
+        }
+    }
+}
+
+impl fmt::Debug for SendList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SendList")
+    }
 }
 
 impl Drop for SendChain {
@@ -135,6 +258,12 @@ fn fill_connected(w: &WorkRequest<'_>, wr: &mut sys::ibv_send_wr) {
     wr.opcode = opcode;
     wr.send_flags = w.flags.bits();
     wr.__bindgen_anon_1.imm_data = imm;
+    fill_remote(w, wr);
+}
+
+/// Writes the remote fields of connected request `w` into `wr`.
+#[inline(always)]
+fn fill_remote(w: &WorkRequest<'_>, wr: &mut sys::ibv_send_wr) {
     if let Opcode::Atomic(op) = w.opcode {
         let (compare_add, swap) = match op {
             AtomicOp::CompareSwap { compare, swap } => (compare, swap),
@@ -273,6 +402,66 @@ mod tests {
                     errno: 5
                 })
             );
+        }
+    }
+
+    /// A batch's list: a post hands the driver exactly the requests set for it (the list
+    /// ends after the n-th, whatever longer post came before) and is linked on again after
+    /// it; a failure is counted as the chain's are.
+    #[test]
+    fn a_send_list_posts_its_first_n_requests_and_stays_linked() {
+        let queued = Cell::new(0usize);
+        let mut ctx: sys::ibv_context = zeroed();
+        // The driver is changed through the pointer the queue pair holds.
+        let ctx: *mut sys::ibv_context = &mut ctx;
+        let mut qp: sys::ibv_qp = zeroed();
+        qp.context = ctx;
+        qp.qp_context = ptr::from_ref(&queued).cast_mut().cast();
+        let mut chain = SendChain::new();
+        let list = chain.list(NonNull::from(&mut qp));
+        let w = WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Send,
+            flags: SendFlags::empty(),
+            sges: &[],
+            remote: crate::sge::RemoteMemory::default(),
+        };
+        for (driver, n, want, took) in [
+            (
+                queue_all_then_fail as _,
+                MAX_BATCH,
+                Err((MAX_BATCH, 5)),
+                MAX_BATCH,
+            ),
+            (queue_all_then_fail as _, 3, Err((3, 5)), 3),
+            (refuse_third as _, 5, Err((2, 12)), 2),
+            (refuse_third as _, 2, Ok(()), 2),
+            (
+                queue_all_then_fail as _,
+                MAX_BATCH,
+                Err((MAX_BATCH, 5)),
+                MAX_BATCH,
+            ),
+        ] {
+            // SAFETY: ctx points at the live local above; no reference to it is alive.
+            unsafe { (*ctx).ops.post_send = Some(driver) };
+            queued.set(0);
+            for i in 0..n {
+                // SAFETY: i < MAX_BATCH; no reference into the list is alive.
+                unsafe {
+                    list.set(
+                        i,
+                        &WorkRequest {
+                            wr_id: i as u64,
+                            ..w
+                        },
+                    )
+                };
+            }
+            // SAFETY: the queue pair is the test's, live for the call; the requests name no
+            // memory.
+            let r = unsafe { list.post(n) }.map_err(|f| (f.posted, f.errno));
+            assert_eq!((r, queued.get()), (want, took));
         }
     }
 
