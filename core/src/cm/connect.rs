@@ -452,6 +452,13 @@ impl QueuePair for Connection {
         unsafe { self.provider.post_send(wrs) }
     }
 
+    /// The connection's queue pair's own list: a batch on an rdmacm connection is built in
+    /// place like any verbs queue pair's.
+    #[inline(always)]
+    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        self.provider.send_list()
+    }
+
     #[inline]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: the caller upholds the posting contract.
