@@ -439,6 +439,53 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Err(e) => Err(e),
         }
     }
+
+    /// Waits for receive `r` of this channel, at most the channel's timeout or `deadline`,
+    /// and returns what it delivered: [`Channel::wait_for`] without the ticket, for a caller
+    /// that holds the receive's sequence number itself and has checked that this is the
+    /// channel it posted on (a [`RecvRing`](super::RecvRing), whose receives complete in the
+    /// order of its slots).
+    ///
+    /// One poll of one receive completion comes before the waiting loop is set up: a ring
+    /// whose next message has arrived is served by it, the way the raw loop polls and takes
+    /// what it found. That poll is the loop's first turn, which reads no clock either (the
+    /// deadline is read every [`CLOCK_EVERY`]-th turn); the loop, out of line, takes the
+    /// turns after it, each checking the deadline and the channel's state.
+    #[inline(always)]
+    pub(super) fn wait_recv_next(
+        &mut self,
+        r: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<Done, ChannelError> {
+        if self.recv_done <= r {
+            if let Err(e) = self.poll_recv_cq_max(1) {
+                return Err(self.poll_failed(e));
+            }
+            if self.recv_done <= r {
+                self.wait_recv_loop(r, deadline)?;
+            }
+        }
+        self.recv_result(r)
+    }
+
+    /// The waiting loop of [`Channel::wait_recv_next`], out of line: reached only when one
+    /// poll did not find the receive done.
+    #[inline(never)]
+    fn wait_recv_loop(&mut self, r: u64, deadline: Option<Deadline>) -> Result<(), ChannelError> {
+        self.poll_until_on(Queues::Recvs, |c| c.recv_done > r, deadline)
+    }
+
+    /// Receive `r`'s result if what the channel has polled, or one more poll of both
+    /// queues, completed it; `None` while it is outstanding. Never waits: the ticket-free
+    /// [`Channel::try_wait`] of a caller that checked the channel (a ring).
+    pub(super) fn try_recv_seq(&mut self, r: u64) -> Option<Result<Done, ChannelError>> {
+        if self.recv_done <= r {
+            if let Err(e) = self.poll() {
+                return Some(Err(e));
+            }
+        }
+        (self.recv_done > r).then(|| self.recv_result(r))
+    }
 }
 
 impl<P: Provider, B: Backoff, const R: usize> crate::poll::drain::Drain for Channel<P, B, R> {
