@@ -228,17 +228,38 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// Takes the head slot's result, lending the slot out on success.
+    #[inline]
     fn take_head(
         &mut self,
         r: Result<Done, ChannelError>,
     ) -> Result<RingMessage<'_>, ChannelError> {
+        match r {
+            Ok(done) => {
+                let i = self.step_head();
+                self.lent = Some(i);
+                Ok(self.message(i, done))
+            }
+            Err(e) => Err(self.head_failed(e)),
+        }
+    }
+
+    /// Steps the head past its slot, which no longer has a receive posted; returns that slot.
+    #[inline]
+    fn step_head(&mut self) -> usize {
         let i = self.head;
         self.seqs[i] = None;
         // No division on the hot path: the head steps to the next slot, wrapping.
         self.head = if i + 1 == self.slots { 0 } else { i + 1 };
-        let done = r?;
-        self.lent = Some(i);
-        Ok(self.message(i, done))
+        i
+    }
+
+    /// The head's receive failed (the channel is broken): the head steps past it all the
+    /// same, its slot lent to nobody. Out of line.
+    #[cold]
+    #[inline(never)]
+    fn head_failed(&mut self, e: ChannelError) -> ChannelError {
+        self.step_head();
+        e
     }
 
     /// Waits for the next message, at most the channel's timeout. Does not allocate.

@@ -402,6 +402,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    #[inline]
     pub(super) fn recv_result(&mut self, r: u64) -> Result<Done, ChannelError> {
         let slot = &mut self.slots[(r % R as u64) as usize];
         slot.taken = true;
@@ -409,6 +410,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         if slot.status.is_success() {
             Ok(slot.info)
         } else {
+            Err(self.recv_failure(r, slot))
+        }
+    }
+
+    /// What a failed receive's result says, out of line: the failure that broke the channel
+    /// first where this receive was only flushed by it.
+    #[cold]
+    #[inline(never)]
+    fn recv_failure(&self, r: u64, slot: super::RecvSlot) -> ChannelError {
+        {
             let w = WrFailure {
                 rank: self.rank,
                 wr_id: r | RECV_BIT,
@@ -416,15 +427,15 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 vendor_err: slot.vendor_err,
             };
             match self.broken {
-                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { rank: self.rank }),
-                Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
+                Some(Broken::TimedOut) => ChannelError::TimedOut { rank: self.rank },
+                Some(Broken::Provider(e)) => ChannelError::Provider(e),
                 Some(Broken::Disconnected) if slot.status == WcStatus::Flushed => {
-                    Err(ChannelError::Disconnected { rank: self.rank })
+                    ChannelError::Disconnected { rank: self.rank }
                 }
                 Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
-                    Err(ChannelError::Broken(first))
+                    ChannelError::Broken(first)
                 }
-                _ => Err(ChannelError::Failed(w)),
+                _ => ChannelError::Failed(w),
             }
         }
     }
