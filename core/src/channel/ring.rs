@@ -178,7 +178,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// Posts slot `i`'s receive (`i < slots`).
-    #[inline]
+    #[inline(always)]
     fn post(&mut self, i: usize) -> Result<(), ChannelError> {
         debug_assert!(i < self.slots);
         // SAFETY: `i < slots`, so the entry lies inside the one `new` took from the region
