@@ -584,13 +584,6 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.poll_cq(P::poll_recv, Self::on_recv_completion, POLL_AT_ONCE)
     }
 
-    /// Polls the receive completion queue for at most `max` completions (and at most
-    /// `POLL_AT_ONCE`): a ring's wait for its next message, which needs that one alone.
-    #[inline]
-    pub(super) fn poll_recv_cq_max(&mut self, max: usize) -> Result<usize, ProviderError> {
-        self.poll_cq(P::poll_recv, Self::on_recv_completion, max)
-    }
-
     /// Polls one completion queue once with `poll` and hands the completions of this
     /// channel's queue pair to `on` (a shared queue may hold other queue pairs'); returns
     /// how many were this channel's.

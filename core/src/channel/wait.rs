@@ -7,7 +7,7 @@ use super::{
     Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY,
     POLL_AT_ONCE, RECV_BIT,
 };
-use crate::completion::WcStatus;
+use crate::completion::{CompletionKind, WcStatus};
 use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
@@ -469,14 +469,44 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         deadline: Option<Deadline>,
     ) -> Result<Done, ChannelError> {
         if self.recv_done <= r {
-            if let Err(e) = self.poll_recv_cq_max(1) {
-                return Err(self.poll_failed(e));
+            match self.poll_recv_head(r) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                Err(e) => return Err(self.poll_failed(e)),
             }
             if self.recv_done <= r {
                 self.wait_recv_loop(r, deadline)?;
             }
         }
         self.recv_result(r)
+    }
+
+    /// Polls one receive completion. If it is receive `r`'s and successful, retires `r` and
+    /// returns what it delivered straight from the completion: the result slot is neither
+    /// written nor read (it still says "taken", as it did when `r` was posted into it, and
+    /// no other receive can use it while `r` is outstanding: the queue holds at most `R`).
+    /// Anything else (another receive, a failure, another queue pair's completion) is
+    /// retired the usual way and `None` returned. Called only while `r` is outstanding
+    /// (`recv_done <= r`), so retiring `r` is `recv_done = r + 1`.
+    #[inline(always)]
+    fn poll_recv_head(&mut self, r: u64) -> Result<Option<Done>, ProviderError> {
+        debug_assert!(self.recv_done <= r && r < self.recv_next);
+        let n = P::poll_recv(&mut self.p, &mut self.wc[..1])?.min(1);
+        if n == 1 {
+            let c = self.wc[0];
+            if c.qp_num == self.qp_num {
+                if c.wr_id == r | RECV_BIT && c.status.is_success() {
+                    self.recv_done = r + 1;
+                    return Ok(Some(Done {
+                        byte_len: c.byte_len,
+                        imm: c.imm,
+                        written: c.kind == CompletionKind::RecvWriteImm,
+                    }));
+                }
+                self.on_recv_completion(&c);
+            }
+        }
+        Ok(None)
     }
 
     /// The waiting loop of [`Channel::wait_recv_next`], out of line: reached only when one
