@@ -70,6 +70,54 @@ fn a_ring_keeps_its_receives_posted_across_many_messages() {
     drop(mb_region);
 }
 
+/// A ring reads its next message straight from the one completion it polls; messages that
+/// something else polled first (the channel's own `poll`, a `try_recv`) wait in the
+/// channel's results and must come out the same, in order, with their immediates, and the
+/// ring must keep re-posting every slot either way.
+#[test]
+fn messages_polled_before_the_ring_asks_come_out_in_order_like_the_rest() {
+    let (mut ma, mut mb) = ([0u8; 4 * 32], [0u8; 64]);
+    let f = fabric();
+    let ra = f.register(Side::A, &mut ma, LW).unwrap();
+    let mb_region = f.register(Side::B, &mut mb, LW).unwrap();
+    let (a, b) = f.ends().unwrap();
+    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 32).unwrap();
+    let mut sender = Channel::new(b, cfg(), clock!());
+    let mut next = 0u32;
+    for round in 0u8..12 {
+        for k in 0..3u8 {
+            assert!(mb_region.write_from(0, &[round, k]));
+            let sge = mb_region.sge(0..2).unwrap();
+            sender.send_imm(&[sge], next + u32::from(k)).unwrap();
+        }
+        // Odd rounds: the channel polls all three first, so the ring finds them in the
+        // results table; even rounds: the ring polls each itself.
+        if round % 2 == 1 {
+            assert_eq!(ring.channel().poll().unwrap(), 3);
+        }
+        for k in 0..3u8 {
+            let m = if k == 1 {
+                ring.try_recv().expect("arrived").unwrap()
+            } else {
+                ring.recv().unwrap()
+            };
+            assert_eq!(m.data, &[round, k]);
+            assert_eq!(
+                (m.done.byte_len, m.done.imm),
+                (2, Some(next + u32::from(k)))
+            );
+            assert!(!m.done.written);
+        }
+        next += 3;
+        assert!(ring.try_recv().is_none(), "nothing more arrived");
+        let c = ring.channel().counters();
+        assert_eq!(c.receives_completed, 36 / 12 * u64::from(round + 1));
+        // The empty try_recv gave the last slot lent out back: every slot is posted again.
+        assert_eq!(ring.channel().outstanding_recvs(), 4);
+    }
+    drop(mb_region);
+}
+
 #[test]
 fn a_write_with_immediate_is_an_empty_message_with_its_immediate() {
     let (mut ma, mut mt, mut ms) = ([0u8; 64], [0u8; 16], [5u8; 8]);

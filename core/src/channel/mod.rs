@@ -851,6 +851,52 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         Ok(r)
     }
 
+    /// Posts one receive into `sge` and returns its sequence number: [`Channel::post_recv`]
+    /// for a caller that needs no ticket (a ring, which keeps its slots' sequence numbers),
+    /// with one scatter entry, so the request the provider builds has a constant shape. The
+    /// checks are `post_recv`'s (the channel's state, the receive queue's room, a result
+    /// nobody took still in the slot the receive would use), cold when they fail.
+    ///
+    /// # Safety
+    /// The posting contract for the scatter buffer.
+    #[inline(always)]
+    pub(super) unsafe fn post_recv_one(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
+        let r = self.recv_next;
+        if self.broken.is_some()
+            || self.caps.max_recv_sge == 0
+            || r - self.recv_done >= self.recv_cap
+            || !self.slots[(r % R as u64) as usize].taken
+        {
+            return Err(self.recv_refused());
+        }
+        let sges = [sge];
+        let wr = RecvRequest {
+            wr_id: r | RECV_BIT,
+            sges: &sges,
+        };
+        // SAFETY: forwarded contract.
+        match unsafe { self.p.post_recv(core::slice::from_ref(&wr)) } {
+            Ok(()) => {
+                self.recv_next = r + 1;
+                Ok(r)
+            }
+            Err(f) => Err(ChannelError::Post { errno: f.errno }),
+        }
+    }
+
+    /// Why [`Channel::post_recv_one`] refused a receive, out of line.
+    #[cold]
+    #[inline(never)]
+    fn recv_refused(&self) -> ChannelError {
+        if let Some(e) = self.fault() {
+            return e;
+        }
+        if let Err(e) = self.check_sges(1, self.caps.max_recv_sge) {
+            return e;
+        }
+        ChannelError::RecvQueueFull
+    }
+
     fn inline_sge<'d>(&self, data: &'d [u8]) -> Result<Sge<'d>, ChannelError> {
         let max = self.caps.max_inline_data;
         if data.len() > max as usize {

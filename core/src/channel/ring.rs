@@ -3,10 +3,11 @@
 use core::fmt;
 use core::mem::ManuallyDrop;
 
-use super::{Channel, ChannelError, Done, Ticket};
+use super::{Channel, ChannelError, Done};
 use crate::memory::{AccessFlags, Region};
 use crate::poll::{Backoff, Deadline, Spin};
 use crate::provider::Provider;
+use crate::sge::Sge;
 
 /// A channel with a ring of receives posted in memory the ring owns.
 ///
@@ -25,9 +26,10 @@ use crate::provider::Provider;
 /// - dropping the ring flushes and drains its channel before it frees the memory, whatever
 ///   the provider does on drop; a panic in the middle leaves at worst a slot un-posted;
 /// - [`RecvRing::channel`] hands out `&mut Channel` (to send and write): if the caller swaps
-///   that channel for another, the ring notices (its tickets name the channel), refuses to
-///   go on ([`ChannelError::Replaced`]), and on drop leaks the memory rather than free
-///   it while the displaced channel may still receive into it.
+///   that channel for another, the ring notices (it keeps the identity of the channel it
+///   posted on and compares it before every post and wait), refuses to go on
+///   ([`ChannelError::Replaced`]), and on drop leaks the memory rather than free it while
+///   the displaced channel may still receive into it.
 ///
 /// Do not post receives of your own on a ring's channel: the peer's messages consume
 /// receives in posting order, so yours would wait behind the ring's slots.
@@ -67,8 +69,14 @@ pub struct RecvRing<P: Provider, M: Region, B: Backoff = Spin, const R: usize = 
     chan_id: usize,
     slot_size: usize,
     slots: usize,
-    /// The outstanding receive of each slot (`None`: lent out, or never re-posted).
-    tickets: [Option<Ticket>; R],
+    /// The slots' scatter entry, made once: slot `i` is `slot_size` bytes at `addr + i *
+    /// slot_size` (the region's entries stay valid while it lives, moved or not: see
+    /// [`Region`]'s contract; a receive posted in `new` already relies on it).
+    addr: u64,
+    lkey: u32,
+    /// The sequence number of each slot's outstanding receive on the channel (`None`: lent
+    /// out, or never re-posted): the channel's receive results are taken by it.
+    seqs: [Option<u64>; R],
     /// The slot the next message lands in (receives complete in posting order).
     head: usize,
     /// The slot of the last message handed out, re-posted by the next call.
@@ -123,13 +131,22 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
             return Err(ChannelError::InvalidRing { what });
         }
         let slots = (mem.len() / slot_size).min(free as usize).min(R);
+        let mut mem = mem;
+        let Some(all) = mem.sge_mut(0..slots * slot_size) else {
+            return Err(ChannelError::InvalidRing {
+                what: "a slot outside the ring memory",
+            });
+        };
+        let (addr, lkey) = (all.addr(), all.lkey());
         let mut ring = Self {
             chan_id: chan.id,
             chan: ManuallyDrop::new(chan),
             mem: ManuallyDrop::new(mem),
             slot_size,
             slots,
-            tickets: [None; R],
+            addr,
+            lkey,
+            seqs: [None; R],
             head: 0,
             lent: None,
         };
@@ -160,20 +177,27 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         &mut self.chan
     }
 
+    /// Posts slot `i`'s receive (`i < slots`).
+    #[inline(always)]
     fn post(&mut self, i: usize) -> Result<(), ChannelError> {
-        let at = i * self.slot_size;
-        let mut sge =
-            [self
-                .mem
-                .sge_mut(at..at + self.slot_size)
-                .ok_or(ChannelError::InvalidRing {
-                    what: "a slot outside the ring memory",
-                })?];
-        // SAFETY: the ring owns the memory and frees it only after the channel is drained
-        // (or leaks it if the channel was swapped out); the slot is read only after its
-        // receive completed and is re-posted only after the reader's borrow ended.
-        let t = unsafe { self.chan.post_recv(&mut sge) }?;
-        self.tickets[i] = Some(t);
+        debug_assert!(i < self.slots);
+        // SAFETY: `i < slots`, so the entry lies inside the one `new` took from the region
+        // for all slots (`slots * slot_size` bytes at `addr`, key `lkey`, local write access
+        // checked), which stays valid while the ring holds the region. The ring owns the
+        // memory and frees it only after the channel is drained (or leaks it if the channel
+        // was swapped out); the slot is read only after its receive completed and is
+        // re-posted only after the reader's borrow ended, so nothing else touches it while
+        // the receive is outstanding.
+        let sge = unsafe {
+            Sge::from_raw(
+                self.addr + (i * self.slot_size) as u64,
+                self.slot_size as u32,
+                self.lkey,
+            )
+        };
+        // SAFETY: as above.
+        let r = unsafe { self.chan.post_recv_one(sge) }?;
+        self.seqs[i] = Some(r);
         Ok(())
     }
 
@@ -204,17 +228,38 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
     }
 
     /// Takes the head slot's result, lending the slot out on success.
+    #[inline]
     fn take_head(
         &mut self,
         r: Result<Done, ChannelError>,
     ) -> Result<RingMessage<'_>, ChannelError> {
+        match r {
+            Ok(done) => {
+                let i = self.step_head();
+                self.lent = Some(i);
+                Ok(self.message(i, done))
+            }
+            Err(e) => Err(self.head_failed(e)),
+        }
+    }
+
+    /// Steps the head past its slot, which no longer has a receive posted; returns that slot.
+    #[inline]
+    fn step_head(&mut self) -> usize {
         let i = self.head;
-        self.tickets[i] = None;
+        self.seqs[i] = None;
         // No division on the hot path: the head steps to the next slot, wrapping.
         self.head = if i + 1 == self.slots { 0 } else { i + 1 };
-        let done = r?;
-        self.lent = Some(i);
-        Ok(self.message(i, done))
+        i
+    }
+
+    /// The head's receive failed (the channel is broken): the head steps past it all the
+    /// same, its slot lent to nobody. Out of line.
+    #[cold]
+    #[inline(never)]
+    fn head_failed(&mut self, e: ChannelError) -> ChannelError {
+        self.step_head();
+        e
     }
 
     /// Waits for the next message, at most the channel's timeout. Does not allocate.
@@ -230,12 +275,10 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
 
     fn recv_inner(&mut self, deadline: Option<Deadline>) -> Result<RingMessage<'_>, ChannelError> {
         self.give_back()?;
-        let t = self.tickets[self.head].ok_or(ChannelError::RecvQueueFull)?;
-        let r = match deadline {
-            None => self.chan.wait(t),
-            Some(d) => self.chan.wait_until(t, d),
-        };
-        self.take_head(r)
+        let r = self.seqs[self.head].ok_or(ChannelError::RecvQueueFull)?;
+        // The channel is the ring's (`give_back` checked it), and `r` its head's receive.
+        let res = self.chan.wait_recv_next(r, deadline);
+        self.take_head(res)
     }
 
     /// The next message if one arrived, without waiting (polls once). Does not allocate.
@@ -243,11 +286,11 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         if let Err(e) = self.give_back() {
             return Some(Err(e));
         }
-        let Some(t) = self.tickets[self.head] else {
+        let Some(r) = self.seqs[self.head] else {
             return Some(Err(ChannelError::RecvQueueFull));
         };
-        let r = self.chan.try_wait(t)?;
-        Some(self.take_head(r))
+        let res = self.chan.try_recv_seq(r)?;
+        Some(self.take_head(res))
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
     Broken, Channel, ChannelError, Done, PeerName, Queues, Ticket, WrFailure, CLOCK_EVERY,
     POLL_AT_ONCE, RECV_BIT,
 };
-use crate::completion::WcStatus;
+use crate::completion::{CompletionKind, WcStatus};
 use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
 use crate::sge::RemoteMemory;
@@ -402,6 +402,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         }
     }
 
+    #[inline]
     pub(super) fn recv_result(&mut self, r: u64) -> Result<Done, ChannelError> {
         let slot = &mut self.slots[(r % R as u64) as usize];
         slot.taken = true;
@@ -409,6 +410,16 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         if slot.status.is_success() {
             Ok(slot.info)
         } else {
+            Err(self.recv_failure(r, slot))
+        }
+    }
+
+    /// What a failed receive's result says, out of line: the failure that broke the channel
+    /// first where this receive was only flushed by it.
+    #[cold]
+    #[inline(never)]
+    fn recv_failure(&self, r: u64, slot: super::RecvSlot) -> ChannelError {
+        {
             let w = WrFailure {
                 rank: self.rank,
                 wr_id: r | RECV_BIT,
@@ -416,15 +427,15 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
                 vendor_err: slot.vendor_err,
             };
             match self.broken {
-                Some(Broken::TimedOut) => Err(ChannelError::TimedOut { rank: self.rank }),
-                Some(Broken::Provider(e)) => Err(ChannelError::Provider(e)),
+                Some(Broken::TimedOut) => ChannelError::TimedOut { rank: self.rank },
+                Some(Broken::Provider(e)) => ChannelError::Provider(e),
                 Some(Broken::Disconnected) if slot.status == WcStatus::Flushed => {
-                    Err(ChannelError::Disconnected { rank: self.rank })
+                    ChannelError::Disconnected { rank: self.rank }
                 }
                 Some(Broken::Wr(first)) if first != w && slot.status == WcStatus::Flushed => {
-                    Err(ChannelError::Broken(first))
+                    ChannelError::Broken(first)
                 }
-                _ => Err(ChannelError::Failed(w)),
+                _ => ChannelError::Failed(w),
             }
         }
     }
@@ -438,6 +449,83 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
             Ok(()) => self.recv_result(r),
             Err(e) => Err(e),
         }
+    }
+
+    /// Waits for receive `r` of this channel, at most the channel's timeout or `deadline`,
+    /// and returns what it delivered: [`Channel::wait_for`] without the ticket, for a caller
+    /// that holds the receive's sequence number itself and has checked that this is the
+    /// channel it posted on (a [`RecvRing`](super::RecvRing), whose receives complete in the
+    /// order of its slots).
+    ///
+    /// One poll of one receive completion comes before the waiting loop is set up: a ring
+    /// whose next message has arrived is served by it, the way the raw loop polls and takes
+    /// what it found. That poll is the loop's first turn, which reads no clock either (the
+    /// deadline is read every [`CLOCK_EVERY`]-th turn); the loop, out of line, takes the
+    /// turns after it, each checking the deadline and the channel's state.
+    #[inline(always)]
+    pub(super) fn wait_recv_next(
+        &mut self,
+        r: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<Done, ChannelError> {
+        if self.recv_done <= r {
+            match self.poll_recv_head(r) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                Err(e) => return Err(self.poll_failed(e)),
+            }
+            if self.recv_done <= r {
+                self.wait_recv_loop(r, deadline)?;
+            }
+        }
+        self.recv_result(r)
+    }
+
+    /// Polls one receive completion. If it is receive `r`'s and successful, retires `r` and
+    /// returns what it delivered straight from the completion: the result slot is neither
+    /// written nor read (it still says "taken", as it did when `r` was posted into it, and
+    /// no other receive can use it while `r` is outstanding: the queue holds at most `R`).
+    /// Anything else (another receive, a failure, another queue pair's completion) is
+    /// retired the usual way and `None` returned. Called only while `r` is outstanding
+    /// (`recv_done <= r`), so retiring `r` is `recv_done = r + 1`.
+    #[inline(always)]
+    fn poll_recv_head(&mut self, r: u64) -> Result<Option<Done>, ProviderError> {
+        debug_assert!(self.recv_done <= r && r < self.recv_next);
+        let n = P::poll_recv(&mut self.p, &mut self.wc[..1])?.min(1);
+        if n == 1 {
+            let c = self.wc[0];
+            if c.qp_num == self.qp_num {
+                if c.wr_id == r | RECV_BIT && c.status.is_success() {
+                    self.recv_done = r + 1;
+                    return Ok(Some(Done {
+                        byte_len: c.byte_len,
+                        imm: c.imm,
+                        written: c.kind == CompletionKind::RecvWriteImm,
+                    }));
+                }
+                self.on_recv_completion(&c);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The waiting loop of [`Channel::wait_recv_next`], out of line: reached only when one
+    /// poll did not find the receive done.
+    #[inline(never)]
+    fn wait_recv_loop(&mut self, r: u64, deadline: Option<Deadline>) -> Result<(), ChannelError> {
+        self.poll_until_on(Queues::Recvs, |c| c.recv_done > r, deadline)
+    }
+
+    /// Receive `r`'s result if what the channel has polled, or one more poll of both
+    /// queues, completed it; `None` while it is outstanding. Never waits: the ticket-free
+    /// [`Channel::try_wait`] of a caller that checked the channel (a ring).
+    pub(super) fn try_recv_seq(&mut self, r: u64) -> Option<Result<Done, ChannelError>> {
+        if self.recv_done <= r {
+            if let Err(e) = self.poll() {
+                return Some(Err(e));
+            }
+        }
+        (self.recv_done > r).then(|| self.recv_result(r))
     }
 }
 
