@@ -118,8 +118,13 @@ impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B,
 impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     #[inline]
     pub(super) fn new(chan: &'c mut Channel<P, B, R>) -> Self {
+        // SAFETY: the batch holds the channel, and with it the provider, borrowed mutably for
+        // as long as it holds the list, and posts through it only requests numbered on this
+        // channel, whose completions the channel polls from this provider: it waits for them
+        // (`run`), or hands out their ticket under the posting contract (`post`).
+        let list = unsafe { chan.p.send_list() };
         Self {
-            list: chan.p.send_list(),
+            list,
             len: 0,
             wrs: Staged::new(),
             inline: Staged::new(),
