@@ -410,6 +410,11 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         self.last_flags(SendFlags::SIGNALED)
     }
 
+    /// The identity of the channel the batch posts on (a scope checks that it is its own).
+    pub(super) fn channel_id(&self) -> usize {
+        self.chan.id
+    }
+
     /// Requests collected so far.
     pub fn len(&self) -> usize {
         self.len
