@@ -698,7 +698,7 @@ mod batches {
         b.send_inline(b"").unwrap();
         #[allow(clippy::forget_non_drop)]
         core::mem::forget(b);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let r = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
             let mut b = chan.batch();
             b.write(src, at(0)).unwrap();
             b.send_inline(b"x").unwrap();

@@ -55,6 +55,9 @@ pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     signaled_to: u64,
 }
 
+// A batch's `consuming` has a bit per request, and its inline entries a `u8` index.
+const _: () = assert!(MAX_BATCH <= u64::BITS as usize);
+
 /// Up to [`MAX_BATCH`] values, none written in advance: making a batch writes one length,
 /// not kilobytes (`heapless::Vec::new` is a constant whose uninitialised storage is emitted
 /// as zeros, a 5 KiB `memset` per batch).
@@ -172,7 +175,10 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
                 }
                 wr.wr_id = id;
                 // SAFETY: i < max_post <= MAX_BATCH; the list is the queue pair's, which the
-                // borrowed channel keeps alive, and only this batch writes it meanwhile. The
+                // borrowed channel keeps alive (`send_list`'s contract), and no reference into
+                // it is alive. The only other post while the batch lives is the channel's drain
+                // (after a post or wait of this batch failed), which writes what it posts
+                // and leaves the channel broken, so this batch posts nothing after it. The
                 // buffers `wr` names are borrowed for 'b.
                 unsafe { list.set(i, &wr) };
             }
@@ -184,7 +190,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         }
         let consumes = wr.opcode.consumes_remote_recv();
         self.consumes += u64::from(consumes);
-        // i < max_post <= MAX_BATCH = 64: the shift stays inside the word.
+        // i < max_post <= MAX_BATCH <= 64 (asserted at the top): the shift stays inside the word.
         self.consuming |= u64::from(consumes) << i;
         self.len = i + 1;
         Ok(self)
