@@ -749,26 +749,32 @@ fn unpolled_posts_signal_every_kth_and_waits_cover_the_rest() {
 }
 
 /// The closure of [`Scope::batch`](rverbs_core::channel::Scope::batch) gets `&mut Batch`,
-/// and safe code can put a batch of another channel there (`mem::swap`; here the other
-/// channel is leaked, which is safe). The scope must not post it: it waits only for its own
-/// channel, and would hand the buffers back while the other channel's request still waits
-/// to run (a send blocked until the peer posts a receive), reading them later.
+/// and safe code can put a batch of another channel there (`mem::swap`: the borrow checker
+/// allows a batch of a channel borrowed for as long as the providers' own lifetime). The scope
+/// must not post it: it waits only for its own channel, and would hand the buffers back while
+/// the other channel's request still waits to run (a send blocked until the peer posts a
+/// receive), reading them later.
 #[test]
 fn a_scope_posts_no_batch_of_another_channel() {
-    fn leak<T>(t: T) -> &'static mut T {
-        Box::leak(Box::new(t))
-    }
+    let (mut sbuf, mut dbuf) = ([1u8; 8], [0u8; 8]);
     let waits = || SoftFabric::new(caps(16), RnrRetry::Infinite, RetryCount::new(3).unwrap());
-    let (mine, theirs) = (&*leak(waits()), &*leak(waits()));
+    // On the heap: two fabrics overflow a test thread's stack.
+    let (mine, theirs) = (Box::new(waits()), Box::new(waits()));
+    let src = theirs.register(Side::A, &mut sbuf, RW).unwrap();
+    let mut dst = theirs.register(Side::B, &mut dbuf, RW).unwrap();
     let (ea, _eb) = mine.ends().unwrap();
     let (oa, ob) = theirs.ends().unwrap();
     let mut chan = Channel::new(ea, ChannelConfig::default(), clock!());
-    let other = leak(Channel::new(oa, ChannelConfig::default(), clock!()));
-    let mut peer = Channel::new(ob, ChannelConfig::default(), clock!());
-    let src = theirs.register(Side::A, leak([1u8; 8]), RW).unwrap();
-    let mut dst = theirs.register(Side::B, leak([0u8; 8]), RW).unwrap();
+    let mut other = Channel::new(oa, ChannelConfig::default(), clock!());
+    // A short timeout: the receive below waits it out when nothing was posted.
+    let mut peer = Channel::new(
+        ob,
+        ChannelConfig::with_timeout(Duration::from_millis(20)),
+        clock!(),
+    );
     let g = [src.sge(0..8).unwrap()];
     let g = &g;
+    let other = &mut other;
     let r = chan.scope(move |s| {
         s.batch(move |b| {
             let mut foreign = other.batch();

@@ -472,20 +472,20 @@ mod tests {
         let imm = matches!(op, Opcode::SendImm(_) | Opcode::WriteImm(_));
         let remote = !matches!(op, Opcode::Send | Opcode::SendImm(_));
         let atomic = matches!(op, Opcode::Atomic(_));
-        // SAFETY: plain C data; each union member read is the one the opcode uses, and every
-        // bit pattern is a valid integer.
+        // SAFETY: plain C data, and only what the opcode uses is read, as the union member
+        // it was written as (a field written as another member may lie in the padding of the
+        // member written last: uninitialised for Rust, though any bits do for the driver).
         let (imm_data, addr, rkey, compare_add, swap) = unsafe {
-            (
-                wr.__bindgen_anon_1.imm_data,
-                wr.wr.rdma.remote_addr,
-                if atomic {
-                    wr.wr.atomic.rkey
-                } else {
-                    wr.wr.rdma.rkey
-                },
-                wr.wr.atomic.compare_add,
-                wr.wr.atomic.swap,
-            )
+            let i = if imm { wr.__bindgen_anon_1.imm_data } else { 0 };
+            if atomic {
+                let a = wr.wr.atomic;
+                (i, a.remote_addr, a.rkey, a.compare_add, a.swap)
+            } else if remote {
+                let r = wr.wr.rdma;
+                (i, r.remote_addr, r.rkey, 0, 0)
+            } else {
+                (i, 0, 0, 0, 0)
+            }
         };
         [
             wr.wr_id,
@@ -493,14 +493,10 @@ mod tests {
             u64::from(wr.send_flags),
             wr.sg_list as u64,
             wr.num_sge as u64,
-            if imm { u64::from(imm_data) } else { 0 },
-            if remote {
-                addr ^ (u64::from(rkey) << 32)
-            } else {
-                0
-            },
-            if atomic { compare_add } else { 0 },
-            if atomic { swap } else { 0 },
+            u64::from(imm_data),
+            addr ^ (u64::from(rkey) << 32),
+            compare_add,
+            swap,
         ]
     }
 
