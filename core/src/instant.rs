@@ -1055,7 +1055,7 @@ impl QueuePair for InstantQp {
     }
 
     #[inline(always)]
-    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
         // SAFETY: `raw()` points into the live struct, never null.
         let qp = unsafe { NonNull::new_unchecked(self.raw()) };
         Some(self.sender.chain.list(qp))
@@ -1159,8 +1159,10 @@ impl QueuePair for InstantProvider {
     }
 
     #[inline(always)]
-    fn send_list(&mut self) -> Option<crate::provider::SendList> {
-        self.qp.send_list()
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        // SAFETY: forwarded contract: the list is the queue pair this provider owns, posts to
+        // and polls the completions of.
+        unsafe { self.qp.send_list() }
     }
 
     #[inline]

@@ -399,8 +399,10 @@ mod batches {
             // SAFETY: forwarded contract.
             unsafe { self.inner.post_send(wrs) }
         }
-        fn send_list(&mut self) -> Option<SendList> {
-            self.inner.send_list()
+        unsafe fn send_list(&mut self) -> Option<SendList> {
+            // SAFETY: forwarded contract: the list is the wrapped queue pair's, which this
+            // provider posts to and reports the completions of.
+            unsafe { self.inner.send_list() }
         }
         unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
             // SAFETY: forwarded contract.
@@ -604,8 +606,10 @@ mod batches {
             // SAFETY: forwarded contract.
             unsafe { self.qp.post_send(wrs) }
         }
-        fn send_list(&mut self) -> Option<SendList> {
-            self.qp.send_list()
+        unsafe fn send_list(&mut self) -> Option<SendList> {
+            // SAFETY: forwarded contract: the list is the queue pair's this provider posts to
+            // and reports the completions of.
+            unsafe { self.qp.send_list() }
         }
         unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
             // SAFETY: forwarded contract.
@@ -660,6 +664,107 @@ mod batches {
             assert_eq!(chan.outstanding_sends(), 0);
             assert_eq!(chan.remote_recvs_used(), cap.div_ceil(2) as u64);
             assert!(chan.fault().is_some());
+            // The same batch pushed on after the refusal posts nothing: the channel is
+            // broken, and the requests left in the list go nowhere.
+            let seen = chan.sends_completed();
+            b = chan.batch();
+            b.write_imm(&g, to, 1).unwrap();
+            b.write(&g, to).unwrap();
+            assert!(matches!(b.run(), Err(ChannelError::Broken(_))));
+            assert!(b.is_empty());
+            drop(b);
+            assert_eq!(chan.sends_completed(), seen);
+            assert_eq!(chan.remote_recvs_used(), cap.div_ceil(2) as u64);
+        }
+    }
+
+    /// Batches never posted (one forgotten after crossing the signaling interval, with
+    /// inline entries and a request marked signaled; one dropped by a panic between pushes)
+    /// leave the channel as they found it: the batches posted next are numbered from 0 and
+    /// signaled as if the others had never been built. Returns the signaled ids.
+    fn unposted<'b, P: Provider>(
+        chan: &mut Channel<Recording<P>>,
+        seen: &Rc<RefCell<Vec<(u64, WcStatus)>>>,
+        src: &'b [Sge<'b>],
+        at: &dyn Fn(u64) -> RemoteMemory,
+    ) -> Vec<(u64, WcStatus)> {
+        assert_eq!(chan.signal_every(), 16);
+        let mut b = chan.batch();
+        for i in 0..18 {
+            b.write(src, at(i * 8 % 64)).unwrap();
+        }
+        b.write_imm(src, at(0), 3).unwrap().signaled();
+        b.write_inline(b"abcdefgh", at(8)).unwrap();
+        b.send_inline(b"").unwrap();
+        #[allow(clippy::forget_non_drop)]
+        core::mem::forget(b);
+        let r = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            let mut b = chan.batch();
+            b.write(src, at(0)).unwrap();
+            b.send_inline(b"x").unwrap();
+            panic!("between pushes");
+        }));
+        assert!(r.is_err());
+        assert_eq!((chan.sends_completed(), chan.outstanding_sends()), (0, 0));
+        assert_eq!(chan.remote_recvs_used(), 0);
+        // 20 writes: the 16th (id 15) signaled by the interval, the last (19) by `run`.
+        let mut b = chan.batch();
+        for i in 0..20 {
+            b.write(src, at(i * 8 % 64)).unwrap();
+        }
+        b.run().unwrap();
+        // 17 writes and an inline one: the interval counts from id 19, so id 35, then 37.
+        let mut b = chan.batch();
+        for i in 0..17 {
+            b.write(src, at(i * 8 % 64)).unwrap();
+        }
+        b.write_inline(b"12345678", at(8)).unwrap();
+        b.run().unwrap();
+        drop(b);
+        chan.wait_all().unwrap();
+        assert_eq!(chan.sends_completed(), 38);
+        assert_eq!(chan.remote_recvs_used(), 0);
+        let ids = seen.borrow().clone();
+        ids
+    }
+
+    #[test]
+    fn batches_never_posted_leave_the_ids_and_the_interval_alone() {
+        let want = [15, 19, 35, 37].map(|id| (id, WcStatus::Success)).to_vec();
+        let (mut src, mut dst) = ([7u8; 8], [0u8; 64]);
+        let fabric = SoftFabric::new(caps(), RnrRetry::default(), RetryCount::default());
+        let src = fabric
+            .register(Side::A, &mut src, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let dst = fabric
+            .register(
+                Side::B,
+                &mut dst,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        let (a, _b) = fabric.ends().unwrap();
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let p = Recording {
+            inner: a,
+            seen: seen.clone(),
+        };
+        let mut chan = Channel::new(p, ChannelConfig::default(), &CLOCK);
+        let g = [src.sge(0..8).unwrap()];
+        let at = |o| dst.remote().slice(o, 8).unwrap();
+        assert_eq!(unposted(&mut chan, &seen, &g, &at), want, "model");
+        for dev in [InstantDevice::new(), InstantDevice::legacy()] {
+            let src = dev.region(8, AccessFlags::LOCAL_WRITE);
+            let dst = dev.region(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+            let seen = Rc::new(RefCell::new(Vec::new()));
+            let p = Recording {
+                inner: dev.provider(caps()),
+                seen: seen.clone(),
+            };
+            let mut chan = Channel::new(p, ChannelConfig::default(), &CLOCK);
+            let g = [src.sge(0..8).unwrap()];
+            let at = |o| dst.remote().slice(o, 8).unwrap();
+            assert_eq!(unposted(&mut chan, &seen, &g, &at), want, "instant");
         }
     }
 }

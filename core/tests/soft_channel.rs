@@ -747,3 +747,53 @@ fn unpolled_posts_signal_every_kth_and_waits_cover_the_rest() {
     assert_eq!(a.outstanding_sends(), 0);
     assert_eq!(bytes::<8>(&dst, 25 * 8), [4; 8]);
 }
+
+/// The closure of [`Scope::batch`](rverbs_core::channel::Scope::batch) gets `&mut Batch`,
+/// and safe code can put a batch of another channel there (`mem::swap`: the borrow checker
+/// allows a batch of a channel borrowed for as long as the providers' own lifetime). The scope
+/// must not post it: it waits only for its own channel, and would hand the buffers back while
+/// the other channel's request still waits to run (a send blocked until the peer posts a
+/// receive), reading them later.
+#[test]
+fn a_scope_posts_no_batch_of_another_channel() {
+    let (mut sbuf, mut dbuf) = ([1u8; 8], [0u8; 8]);
+    let waits = || SoftFabric::new(caps(16), RnrRetry::Infinite, RetryCount::new(3).unwrap());
+    // On the heap: two fabrics overflow a test thread's stack.
+    let (mine, theirs) = (Box::new(waits()), Box::new(waits()));
+    let src = theirs.register(Side::A, &mut sbuf, RW).unwrap();
+    let mut dst = theirs.register(Side::B, &mut dbuf, RW).unwrap();
+    let (ea, _eb) = mine.ends().unwrap();
+    let (oa, ob) = theirs.ends().unwrap();
+    let mut chan = Channel::new(ea, ChannelConfig::default(), clock!());
+    let mut other = Channel::new(oa, ChannelConfig::default(), clock!());
+    // A short timeout: the receive below waits it out when nothing was posted.
+    let mut peer = Channel::new(
+        ob,
+        ChannelConfig::with_timeout(Duration::from_millis(20)),
+        clock!(),
+    );
+    let g = [src.sge(0..8).unwrap()];
+    let g = &g;
+    let other = &mut other;
+    let r = chan.scope(move |s| {
+        s.batch(move |b| {
+            let mut foreign = other.batch();
+            foreign.send(g)?;
+            core::mem::swap(b, &mut foreign);
+            Ok::<(), ChannelError>(())
+        })
+    });
+    // The scope has returned: the buffer is the caller's again, and it writes new bytes.
+    src.write_from(0, &[2u8; 8]);
+    // A receive at the peer: a send still posted would run now and read them.
+    let got = {
+        let mut rs = [dst.sge_mut(0..8).unwrap()];
+        peer.recv(&mut rs)
+    };
+    assert!(
+        r == Ok(Err(ChannelError::Replaced)) && got == Err(ChannelError::TimedOut { rank: None }),
+        "the scope posted a batch of another channel ({r:?}), whose send ran after the \
+         scope returned ({got:?}) and read the bytes written since: {:?}",
+        bytes::<8>(&dst, 0)
+    );
+}

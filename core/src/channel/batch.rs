@@ -55,6 +55,9 @@ pub struct Batch<'c, 'b, P: Provider, B: Backoff, const R: usize> {
     signaled_to: u64,
 }
 
+// A batch's `consuming` has a bit per request, and its inline entries a `u8` index.
+const _: () = assert!(MAX_BATCH <= u64::BITS as usize);
+
 /// Up to [`MAX_BATCH`] values, none written in advance: making a batch writes one length,
 /// not kilobytes (`heapless::Vec::new` is a constant whose uninitialised storage is emitted
 /// as zeros, a 5 KiB `memset` per batch).
@@ -118,8 +121,13 @@ impl<P: Provider, B: Backoff, const R: usize> fmt::Debug for Batch<'_, '_, P, B,
 impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     #[inline]
     pub(super) fn new(chan: &'c mut Channel<P, B, R>) -> Self {
+        // SAFETY: the batch holds the channel, and with it the provider, borrowed mutably for
+        // as long as it holds the list, and posts through it only requests numbered on this
+        // channel, whose completions the channel polls from this provider: it waits for them
+        // (`run`), or hands out their ticket under the posting contract (`post`).
+        let list = unsafe { chan.p.send_list() };
         Self {
-            list: chan.p.send_list(),
+            list,
             len: 0,
             wrs: Staged::new(),
             inline: Staged::new(),
@@ -167,7 +175,10 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
                 }
                 wr.wr_id = id;
                 // SAFETY: i < max_post <= MAX_BATCH; the list is the queue pair's, which the
-                // borrowed channel keeps alive, and only this batch writes it meanwhile. The
+                // borrowed channel keeps alive (`send_list`'s contract), and no reference into
+                // it is alive. The only other post while the batch lives is the channel's drain
+                // (after a post or wait of this batch failed), which writes what it posts
+                // and leaves the channel broken, so this batch posts nothing after it. The
                 // buffers `wr` names are borrowed for 'b.
                 unsafe { list.set(i, &wr) };
             }
@@ -179,7 +190,7 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
         }
         let consumes = wr.opcode.consumes_remote_recv();
         self.consumes += u64::from(consumes);
-        // i < max_post <= MAX_BATCH = 64: the shift stays inside the word.
+        // i < max_post <= MAX_BATCH <= 64 (asserted at the top): the shift stays inside the word.
         self.consuming |= u64::from(consumes) << i;
         self.len = i + 1;
         Ok(self)
@@ -403,6 +414,11 @@ impl<'c, 'b, P: Provider, B: Backoff, const R: usize> Batch<'c, 'b, P, B, R> {
     /// Asks for a completion of the last added request even if it is not a k-th one.
     pub fn signaled(&mut self) -> &mut Self {
         self.last_flags(SendFlags::SIGNALED)
+    }
+
+    /// The identity of the channel the batch posts on (a scope checks that it is its own).
+    pub(super) fn channel_id(&self) -> usize {
+        self.chan.id
     }
 
     /// Requests collected so far.

@@ -98,7 +98,9 @@ pub enum ChannelError {
     ForeignTicket,
     /// The channel a receive ring (or a node's messaging) was built on was swapped for
     /// another through `&mut` access: its receives are posted on the displaced channel, so
-    /// it refuses to read or re-post them (and leaks their memory rather than free it).
+    /// it refuses to read or re-post them (and leaks their memory rather than free it). Or
+    /// the batch a [`Scope::batch`](super::Scope::batch) closure was given was swapped for
+    /// one of another channel, which the scope would not wait for: nothing was posted.
     Replaced,
     /// A wait passed its deadline: the peer did not answer in time (it may be dead).
     /// Outstanding requests were flushed and drained, and the channel is broken.
@@ -145,7 +147,8 @@ impl fmt::Display for ChannelError {
             Self::RecvQueueFull => f.write_str("the receive queue is full"),
             Self::ForeignTicket => f.write_str("the ticket belongs to another channel"),
             Self::Replaced => f.write_str(
-                "the channel was swapped for another: the receives posted on it are out of reach",
+                "the channel (or a scope's batch) was swapped for another's: what was posted \
+                 on it is out of reach, and a scope posts no batch of another channel",
             ),
             Self::InvalidRing { what } => write!(f, "receive ring: {what}"),
             Self::InvalidAtomic(e) => write!(f, "atomic refused before posting: {e}"),

@@ -187,7 +187,9 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
         unsafe { self.chan.post_recv(sges) }
     }
 
-    /// Posts a batch built by `build` with one doorbell.
+    /// Posts a batch built by `build` with one doorbell. Fails with
+    /// [`ChannelError::Replaced`], posting nothing, if `build` put a batch of another channel
+    /// in the place of the scope's (`mem::swap`).
     pub fn batch<E>(
         &mut self,
         build: impl FnOnce(&mut Batch<'_, 'env, P, B, R>) -> Result<(), E>,
@@ -195,8 +197,15 @@ impl<'env, P: Provider, B: Backoff, const R: usize> Scope<'_, 'env, P, B, R> {
     where
         E: From<ChannelError>,
     {
+        let own = self.chan.id;
         let mut b = Batch::new(self.chan);
         build(&mut b)?;
+        // The borrow checker lets `build` swap in a batch of another channel (one borrowed
+        // for longer than this call: a leaked one). This scope waits for its own channel
+        // alone, so it must not post that batch; dropped here, it posts nothing.
+        if b.channel_id() != own {
+            return Err(ChannelError::Replaced.into());
+        }
         // SAFETY: the batch's buffers are borrowed for 'env, and the scope polls them.
         Ok(unsafe { b.post() }?)
     }

@@ -84,10 +84,31 @@ pub trait QueuePair {
     /// [`Batch`](crate::channel::Batch) that writes each request into it as it is pushed and
     /// posts the list with one call: one pass over the requests. `None` (the default): the
     /// batch stages provider-neutral [`WorkRequest`]s and posts them with
-    /// [`QueuePair::post_send`] (the model, and any provider outside this crate: a
-    /// [`SendList`] is made only by this crate's verbs queue pairs).
+    /// [`QueuePair::post_send`] (the model, and any provider that does not forward to one of
+    /// this crate's verbs queue pairs: a [`SendList`] is made only by those).
+    ///
+    /// `unsafe` to call although it does nothing unsafe itself: a batch writes into and posts
+    /// the list it returns, so a provider written in safe code alone must not be able to
+    /// return one (the list of a queue pair it has dropped, or of one whose completions it
+    /// does not report). A provider that returns `Some` got the list through this call, and
+    /// answers for its contract:
+    ///
+    /// ```compile_fail,E0133
+    /// use rverbs_core::provider::{QueuePair, SendList};
+    /// fn lend(qp: &mut impl QueuePair) -> Option<SendList> {
+    ///     qp.send_list() // error: call to unsafe function
+    /// }
+    /// ```
+    ///
+    /// # Safety
+    /// The caller uses the list only while it holds this queue pair borrowed mutably (so the
+    /// queue pair lives, and nothing else posts to it meanwhile), and treats every request
+    /// it posts through the list as posted to this queue pair: the
+    /// [posting contract](crate#the-posting-contract), the request's completion polled from
+    /// this provider. A wrapper that forwards the call keeps it by returning the list of the
+    /// queue pair it owns, posts to and reports the completions of.
     #[inline(always)]
-    fn send_list(&mut self) -> Option<SendList> {
+    unsafe fn send_list(&mut self) -> Option<SendList> {
         None
     }
 

@@ -216,7 +216,8 @@ impl QueuePair for VerbsProvider {
     }
 
     #[inline(always)]
-    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        // The queue pair this provider owns, posts to and polls the completions of.
         Some(self.qp.send_list())
     }
 
@@ -298,7 +299,7 @@ impl QueuePair for Qp {
     }
 
     #[inline(always)]
-    fn send_list(&mut self) -> Option<crate::provider::SendList> {
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
         Some(Qp::send_list(self))
     }
 

@@ -465,6 +465,120 @@ mod tests {
         }
     }
 
+    /// What the driver reads of a connected request with opcode `op` (the immediate only for
+    /// the opcodes that carry one, the remote fields only for those that reach the peer's
+    /// memory, the atomic operands only for atomics).
+    fn read_fields(wr: &sys::ibv_send_wr, op: Opcode) -> [u64; 9] {
+        let imm = matches!(op, Opcode::SendImm(_) | Opcode::WriteImm(_));
+        let remote = !matches!(op, Opcode::Send | Opcode::SendImm(_));
+        let atomic = matches!(op, Opcode::Atomic(_));
+        // SAFETY: plain C data, and only what the opcode uses is read, as the union member
+        // it was written as (a field written as another member may lie in the padding of the
+        // member written last: uninitialised for Rust, though any bits do for the driver).
+        let (imm_data, addr, rkey, compare_add, swap) = unsafe {
+            let i = if imm { wr.__bindgen_anon_1.imm_data } else { 0 };
+            if atomic {
+                let a = wr.wr.atomic;
+                (i, a.remote_addr, a.rkey, a.compare_add, a.swap)
+            } else if remote {
+                let r = wr.wr.rdma;
+                (i, r.remote_addr, r.rkey, 0, 0)
+            } else {
+                (i, 0, 0, 0, 0)
+            }
+        };
+        [
+            wr.wr_id,
+            u64::from(wr.opcode),
+            u64::from(wr.send_flags),
+            wr.sg_list as u64,
+            wr.num_sge as u64,
+            u64::from(imm_data),
+            addr ^ (u64::from(rkey) << 32),
+            compare_add,
+            swap,
+        ]
+    }
+
+    /// A batch writes each request over whatever an earlier one of another opcode left in
+    /// the entry (a forgotten batch's, a chain post's): after `SendList::set` (and
+    /// `set_entry` for an inline one), every field the driver reads for the request's opcode
+    /// is what the chain's own builder writes into a zeroed entry.
+    #[test]
+    fn a_send_list_entry_keeps_nothing_of_the_request_before() {
+        let result = [0u64; 1];
+        let payload = [7u8; 8];
+        // SAFETY: the entries are only compared, never posted.
+        let (gather, inline) = unsafe {
+            (
+                [Sge::from_raw(result.as_ptr() as u64, 8, 11)],
+                Sge::from_raw(payload.as_ptr() as u64, 8, 0),
+            )
+        };
+        let remote = crate::sge::RemoteMemory {
+            addr: 0x1000,
+            len: 8,
+            rkey: 0x55,
+        };
+        let ops = [
+            Opcode::Atomic(AtomicOp::CompareSwap {
+                compare: 3,
+                swap: 4,
+            }),
+            Opcode::WriteImm(9),
+            Opcode::Send,
+            Opcode::Read,
+            Opcode::Atomic(AtomicOp::FetchAdd(5)),
+            Opcode::SendImm(10),
+            Opcode::Write,
+            Opcode::Atomic(AtomicOp::CompareSwap {
+                compare: 6,
+                swap: 8,
+            }),
+            Opcode::Send,
+        ];
+        let mut chain = SendChain::new();
+        let list = chain.list(NonNull::dangling());
+        for (k, op) in ops.into_iter().enumerate() {
+            for is_inline in [false, true] {
+                if is_inline && !matches!(op, Opcode::Send | Opcode::Write) {
+                    continue;
+                }
+                let w = WorkRequest {
+                    wr_id: k as u64 * 2 + u64::from(is_inline),
+                    opcode: op,
+                    flags: if is_inline {
+                        SendFlags::INLINE
+                    } else {
+                        SendFlags::SIGNALED
+                    },
+                    sges: if is_inline { &[] } else { &gather },
+                    remote: if matches!(op, Opcode::Send | Opcode::SendImm(_)) {
+                        crate::sge::RemoteMemory::default()
+                    } else {
+                        remote
+                    },
+                };
+                // SAFETY: entry 0 of the list; no reference into it is alive.
+                unsafe {
+                    list.set(0, &w);
+                    if is_inline {
+                        list.set_entry(0, &inline);
+                    }
+                }
+                let mut want: sys::ibv_send_wr = zeroed();
+                fill_connected(&w, &mut want);
+                if is_inline {
+                    want.sg_list = ptr::from_ref(&inline).cast_mut().cast();
+                    want.num_sge = 1;
+                }
+                // SAFETY: entry 0, written above; no other reference to it is alive.
+                let got = unsafe { &*chain.list.as_ptr() };
+                assert_eq!(read_fields(got, op), read_fields(&want, op), "{op:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_failure_naming_a_request_counts_those_before_it() {
         let (r, queued) = post_through(refuse_third, 5);
