@@ -455,8 +455,10 @@ impl QueuePair for Connection {
     /// The connection's queue pair's own list: a batch on an rdmacm connection is built in
     /// place like any verbs queue pair's.
     #[inline(always)]
-    fn send_list(&mut self) -> Option<crate::provider::SendList> {
-        self.provider.send_list()
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        // SAFETY: forwarded: the list is this connection's own queue pair's, whose
+        // completions this connection's polls report (they forward to the same provider).
+        unsafe { self.provider.send_list() }
     }
 
     #[inline]
