@@ -376,8 +376,19 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             budget,
             &mut handler,
         ) {
-            Err(NodeError::Channel { rank, error }) => Err(self.channel_failed(rank, error)),
-            r => r,
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.progress_failed(e)),
+        }
+    }
+
+    /// A failed `progress`'s error, a channel's failure made failure news first: out of
+    /// line, so the success path neither tests nor moves the (large) error.
+    #[cold]
+    #[inline(never)]
+    fn progress_failed(&mut self, e: NodeError) -> NodeError {
+        match e {
+            NodeError::Channel { rank, error } => self.channel_failed(rank, error),
+            e => e,
         }
     }
 

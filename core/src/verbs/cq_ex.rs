@@ -165,12 +165,17 @@ unsafe fn drain(
         return Ok(1);
     }
     // SAFETY: forwarded, positioned on a completion by a successful start_poll.
-    unsafe { batch(cq, ops, max, each) }
+    match unsafe { batch(cq, ops, max, each) } {
+        (n, 0) => Ok(n),
+        (_, rc) => Err(failed(Verb::StartPoll, rc)),
+    }
 }
 
 /// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
 /// again from `start_poll` until `max` or the queue is empty (see the module docs for why
-/// not `next_poll`).
+/// not `next_poll`). Returns how many it took and 0, or the failing `start_poll`'s code:
+/// two scalars come back in registers, where a `Result` would come back through memory
+/// that [`drain`]'s empty path, inlined into every caller, would then pass through as well.
 ///
 /// # Safety
 /// As for [`drain`], right after a successful `start_poll`; `max > 0`.
@@ -180,7 +185,7 @@ unsafe fn batch(
     ops: &ExOps,
     max: usize,
     mut each: impl FnMut(usize),
-) -> Result<usize, ProviderError> {
+) -> (usize, c_int) {
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     let mut n = 0;
     loop {
@@ -189,16 +194,12 @@ unsafe fn batch(
         // SAFETY: closes the batch the last start_poll opened.
         unsafe { (ops.end)(cq) };
         if n == max {
-            return Ok(n);
+            return (n, 0);
         }
         // SAFETY: the caller's contract; no batch is open.
         let rc = unsafe { (ops.start)(cq, &mut attr) };
         if rc != 0 {
-            return if rc == ENOENT {
-                Ok(n)
-            } else {
-                Err(failed(Verb::StartPoll, rc))
-            };
+            return (n, if rc == ENOENT { 0 } else { rc });
         }
     }
 }
