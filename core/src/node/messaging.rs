@@ -536,34 +536,34 @@ fn poll_failed(e: MultiError) -> NodeError {
 fn sweep<P: Provider, M, B: Backoff + Clone>(multi: &mut MultiChannel<P, B>, rings: &mut Rings<M>) {
     rings.sweep_in = SWEEP_EVERY;
     let p = rings.sweep;
-    rings.sweep = (p + 1) % rings.ranks.len();
+    rings.sweep = if p + 1 < rings.ranks.len() { p + 1 } else { 0 };
     if has_work(multi, rings, p) {
         rings.push_todo(p);
     }
 }
 
 /// Whether serving peer `p` (`serve_peer`, then `credit_back`) would do anything: an event
-/// to hand out, a receive of its ring complete at the head (delivered, or its failure
-/// found), or a credit return due (one a full send queue deferred).
+/// to hand out (`has_events`), a receive of its ring complete at the head (delivered, or
+/// its failure found), or a credit return due (one a full send queue deferred).
 fn has_work<P: Provider, M, B: Backoff + Clone>(
-    multi: &mut MultiChannel<P, B>,
+    multi: &MultiChannel<P, B>,
     rings: &Rings<M>,
     p: usize,
 ) -> bool {
+    let Some(c) = multi.at(p) else {
+        return false;
+    };
     let credit_due = rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64;
-    if credit_due || has_events(multi, rings, p) {
-        return true;
-    }
     let head = rings
         .head
         .get(p)
         .and_then(|&i| rings.tickets.get(p * rings.slots + i))
         .copied()
         .flatten();
-    match (head, multi.by_index(p)) {
-        (Some(t), Some(c)) => c.is_complete(t),
-        _ => false,
-    }
+    credit_due
+        || c.sends_completed() > rings.sends_seen[p]
+        || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
+        || head.is_some_and(|t| c.is_complete(t))
 }
 
 /// Serves the peers on the list (those whose channels had completions or failed, those a

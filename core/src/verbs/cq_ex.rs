@@ -141,19 +141,45 @@ unsafe fn drain(
     max: usize,
     each: impl FnMut(usize),
 ) -> Result<usize, ProviderError> {
-    if max == 0 {
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
         return Ok(0);
+    }
+    // SAFETY: forwarded, positioned on a completion by a successful start_poll.
+    unsafe { rest(cq, ops, max, each) }
+}
+
+/// The protocol's first `start_poll`, unless `max` is 0: whether it positioned the queue
+/// on a completion (false: the queue is empty, and no batch is open).
+///
+/// # Safety
+/// As for [`drain`].
+#[inline(always)]
+unsafe fn start(cq: *mut sys::ibv_cq_ex, ops: &ExOps, max: usize) -> Result<bool, ProviderError> {
+    if max == 0 {
+        return Ok(false);
     }
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     // SAFETY: the caller's contract; `attr` is valid for the call.
     let rc = unsafe { (ops.start)(cq, &mut attr) };
-    if rc != 0 {
-        return if rc == ENOENT {
-            Ok(0)
-        } else {
-            Err(failed(Verb::StartPoll, rc))
-        };
+    match rc {
+        0 => Ok(true),
+        ENOENT => Ok(false),
+        rc => Err(failed(Verb::StartPoll, rc)),
     }
+}
+
+/// The protocol after a successful first `start_poll` ([`start`]), for `max > 0`.
+///
+/// # Safety
+/// As for [`drain`], positioned on a completion.
+#[inline(always)]
+unsafe fn rest(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    each: impl FnMut(usize),
+) -> Result<usize, ProviderError> {
     if max == 1 {
         // One completion asked for (a blocking wait's first poll, which needs just its own
         // request's): read here, where `max` is a constant and this folds to a read and an
@@ -214,28 +240,50 @@ fn failed(verb: Verb, rc: c_int) -> ProviderError {
     }
 }
 
-/// Polls up to `out.len()` completions of `cq` into `out`; returns how many. With `TS`, each
-/// successful completion carries its timestamp. Does not allocate.
+/// Polls up to `out.len()` completions of `cq` into `out`; returns how many. On a queue
+/// created with timestamps (`ops` has the reader), each successful completion carries its
+/// timestamp and the last one taken is kept in `last`; which kind of queue it is is asked
+/// only after a completion was found, so an empty poll is the `start_poll` call and its
+/// test. Does not allocate.
 ///
 /// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
 /// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
 /// it a `VerbsError::Call`) carry no larger one through the hot path.
 ///
 /// # Safety
-/// `cq` is a live extended queue whose functions are `ops` (created with timestamps if
-/// `TS`), polled by nobody else meanwhile.
+/// `cq` is a live extended queue whose functions are `ops`, polled by nobody else
+/// meanwhile.
 #[inline(always)]
-pub(crate) unsafe fn poll<const TS: bool>(
+pub(crate) unsafe fn poll(
     cq: *mut sys::ibv_cq_ex,
     ops: &ExOps,
     out: &mut [Completion],
+    last: &mut Option<NonZeroU64>,
 ) -> Result<usize, ProviderError> {
     let max = out.len();
-    // SAFETY: forwarded; the closure reads the current completion only, and `i < max`.
-    unsafe {
-        drain(cq, ops, max, |i| {
-            read::<TS>(cq, ops, out.get_unchecked_mut(i));
-        })
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
+        return Ok(0);
+    }
+    if ops.timestamps() {
+        // SAFETY: forwarded, positioned on a completion; the closure reads the current
+        // completion only, and `i < max`; the queue has the timestamp reader.
+        let n = unsafe {
+            rest(cq, ops, max, |i| {
+                read::<true>(cq, ops, out.get_unchecked_mut(i));
+            })
+        }?;
+        if let Some(c) = n.checked_sub(1).and_then(|l| out.get(l)) {
+            *last = c.timestamp;
+        }
+        Ok(n)
+    } else {
+        // SAFETY: as above, without timestamps.
+        unsafe {
+            rest(cq, ops, max, |i| {
+                read::<false>(cq, ops, out.get_unchecked_mut(i));
+            })
+        }
     }
 }
 
