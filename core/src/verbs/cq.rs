@@ -379,10 +379,8 @@ impl Cq {
                 // SAFETY: the CQ is live, its functions are `ops` (with the timestamp reader
                 // if it was created with timestamps), and `&mut self` makes this the only
                 // poller.
-                unsafe {
-                    cq_ex::poll(ex.cq.as_ptr(), &ex.ops, out, &mut self.last_timestamp)
-                }
-                .map_err(ex_error)
+                unsafe { cq_ex::poll(ex.cq.as_ptr(), &ex.ops, out, &mut self.last_timestamp) }
+                    .map_err(ex_error)
             }
             // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
             None => unsafe { poll_completions(self.as_raw(), &mut self.wc, out) },
