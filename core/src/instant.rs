@@ -909,19 +909,10 @@ impl CompletionQueue for InstantCq {
     // caller (an idle progress polls every queue), the batch itself being out of line.
     #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        let cq = self.raw_ex();
-        if self.ops.timestamps() {
-            // SAFETY: the CQ lives as long as this handle, its functions are `ops` (with
-            // the timestamp reader), and `&mut self` makes this the only poller.
-            let n = unsafe { cq_ex::poll::<true>(cq, &self.ops, out) }?;
-            if let Some(last) = n.checked_sub(1) {
-                self.last_timestamp = out[last].timestamp;
-            }
-            Ok(n)
-        } else {
-            // SAFETY: as above, without timestamps.
-            unsafe { cq_ex::poll::<false>(cq, &self.ops, out) }
-        }
+        // SAFETY: the CQ lives as long as this handle, its functions are `ops` (with the
+        // timestamp reader if it was created with timestamps), and `&mut self` makes this
+        // the only poller.
+        unsafe { cq_ex::poll(self.raw_ex(), &self.ops, out, &mut self.last_timestamp) }
     }
 
     fn capacity(&self) -> u32 {
@@ -1177,12 +1168,14 @@ impl QueuePair for InstantProvider {
 }
 
 impl Provider for InstantProvider {
-    #[inline]
+    // Inlined whole, as the queues' own `poll`: the count and the error then stay in
+    // registers to the channel's test of them.
+    #[inline(always)]
     fn poll_send(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.send_cq.poll(out)
     }
 
-    #[inline]
+    #[inline(always)]
     fn poll_recv(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
         self.recv_cq.poll(out)
     }

@@ -239,7 +239,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// Whether this channel's `ticket` completed (false for another channel's).
-    pub(super) fn is_complete(&self, ticket: Ticket) -> bool {
+    pub(crate) fn is_complete(&self, ticket: Ticket) -> bool {
         if ticket.chan != self.id {
             return false;
         }

@@ -324,6 +324,10 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 }
             })
             .map_err(MultiError::Completions)?;
+        if shared.is_some() && self.ready.is_empty() {
+            // Nothing arrived for anyone: an idle poll ends here.
+            return Ok(0);
+        }
         let mut n = 0;
         let mut one = |i: usize, c: &mut Channel<P, B, R>| {
             let rank = rank_at[i];

@@ -168,8 +168,8 @@ pub(super) struct Rings<M> {
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
     pub(super) sweep: usize,
-    /// `progress` calls since the last sweep.
-    pub(super) since_sweep: u32,
+    /// `progress` calls until the next sweep (from [`SWEEP_EVERY`] down to 0).
+    pub(super) sweep_in: u32,
 }
 
 impl<M: Region> Rings<M> {
@@ -206,7 +206,7 @@ impl<M: Region> Rings<M> {
             todo: Fifo::new(peers, 0),
             queued: vec![false; peers],
             sweep: 0,
-            since_sweep: 0,
+            sweep_in: SWEEP_EVERY,
         }
     }
 }
@@ -363,21 +363,53 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         budget: usize,
         mut handler: impl FnMut(Event<'_>),
     ) -> Result<usize, NodeError> {
-        let me = self.rank;
-        let world = self.world;
         let Some(rings) = self.rings.as_mut() else {
             return Err(NodeError::MessagingNotStarted);
         };
-        match progress_rings(
+        let r = match poll_rings(&mut self.multi, rings, budget, &mut handler) {
+            // The idle path ends here, having read nothing the serving needs.
+            Ok(handed) if rings.todo.is_empty() => return Ok(handed),
+            Ok(handed) => self.serve_todo(budget, handed, &mut handler),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.progress_failed(e)),
+        }
+    }
+
+    /// Serves the peers on the list (see [`serve_todo`]): out of line, so an idle
+    /// `progress` skips it whole, and reads the node's rank, world and flag addresses only
+    /// when it serves.
+    #[inline(never)]
+    fn serve_todo(
+        &mut self,
+        budget: usize,
+        handed: usize,
+        handler: &mut impl FnMut(Event<'_>),
+    ) -> Result<usize, NodeError> {
+        let Some(rings) = self.rings.as_mut() else {
+            return Ok(handed);
+        };
+        serve_todo(
             &mut self.multi,
             rings,
             &self.peer_flags,
-            (me, world),
+            (self.rank, self.world),
             budget,
-            &mut handler,
-        ) {
-            Err(NodeError::Channel { rank, error }) => Err(self.channel_failed(rank, error)),
-            r => r,
+            handed,
+            handler,
+        )
+    }
+
+    /// A failed `progress`'s error, a channel's failure made failure news first: out of
+    /// line, so the success path neither tests nor moves the (large) error.
+    #[cold]
+    #[inline(never)]
+    fn progress_failed(&mut self, e: NodeError) -> NodeError {
+        match e {
+            NodeError::Channel { rank, error } => self.channel_failed(rank, error),
+            e => e,
         }
     }
 
@@ -428,11 +460,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 /// calls.
 const SWEEP_EVERY: u32 = 8;
 
-fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
+/// [`Node::progress`] up to the serving: a pool's messages handed out, a slot a panicking
+/// handler left re-posted, one poll, the sweep's countdown; the peers to serve are then
+/// on `rings.todo`. Returns how many events it handed (a pool's). The idle path (nothing
+/// arrived, nothing left over, no sweep due) is inline and reads only what it tests;
+/// everything else is out of line.
+#[inline(always)]
+fn poll_rings<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
-    peer_flags: &[crate::sge::RemoteMemory],
-    (me, world): (u32, u32),
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
@@ -440,6 +476,33 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
     if rings.pool.is_some() {
         handed = super::pool::serve_pool(multi, rings, budget, handler)?;
     }
+    if rings.repost.is_some() {
+        repost(multi, rings)?;
+    }
+    if rings.ranks.is_empty() {
+        return Ok(0);
+    }
+    // One poll of the shared queues (or of every channel, for providers with queues of
+    // their own); channels that got completions or failed join the list.
+    multi
+        .poll_ready(|(p, _), _| rings.push_todo(p))
+        .map_err(poll_failed)?;
+    // The sweep: rare, because it is for the rare case (a caller that polled a node's
+    // channel itself); an idle `progress` is then one poll of each shared queue.
+    rings.sweep_in -= 1;
+    if rings.sweep_in == 0 {
+        sweep(multi, rings);
+    }
+    Ok(handed)
+}
+
+/// Re-posts the slot a handler was lent when it panicked (the rare case: out of line).
+#[cold]
+#[inline(never)]
+fn repost<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+) -> Result<(), NodeError> {
     if let Some((p, i)) = rings.repost.take() {
         if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
             if let Err(e) = post_slot(multi, rings, p, i) {
@@ -449,31 +512,72 @@ fn progress_rings<P: Provider, M: Region, B: Backoff + Clone>(
             }
         }
     }
-    let peers = rings.ranks.len();
-    if peers == 0 {
-        return Ok(0);
+    Ok(())
+}
+
+/// A failed poll of the channels, as the node says it.
+#[cold]
+#[inline(never)]
+fn poll_failed(e: MultiError) -> NodeError {
+    match e {
+        MultiError::Peer(p) => NodeError::Channel {
+            rank: p.rank,
+            error: p.error,
+        },
+        MultiError::Completions(e) => NodeError::Completions(e),
+        MultiError::UnknownRank(rank) => NodeError::UnknownRank(rank),
     }
-    // One poll of the shared queues (or of every channel, for providers with queues of
-    // their own); channels that got completions or failed join the list.
-    multi
-        .poll_ready(|(p, _), _| rings.push_todo(p))
-        .map_err(|e| match e {
-            MultiError::Peer(p) => NodeError::Channel {
-                rank: p.rank,
-                error: p.error,
-            },
-            MultiError::Completions(e) => NodeError::Completions(e),
-            MultiError::UnknownRank(rank) => NodeError::UnknownRank(rank),
-        })?;
-    // The sweep: rare, because it is for the rare case (a caller that polled a node's
-    // channel itself); an idle `progress` is then one poll of each shared queue.
-    rings.since_sweep += 1;
-    if rings.since_sweep >= SWEEP_EVERY {
-        rings.since_sweep = 0;
-        let sweep = rings.sweep;
-        rings.sweep = (sweep + 1) % peers;
-        rings.push_todo(sweep);
+}
+
+/// The sweep's turn (every [`SWEEP_EVERY`]-th call): the next peer round-robin joins the
+/// list to serve if serving it would do anything ([`has_work`]); an idle one costs the
+/// tests, not a serving. Out of line.
+#[inline(never)]
+fn sweep<P: Provider, M, B: Backoff + Clone>(multi: &mut MultiChannel<P, B>, rings: &mut Rings<M>) {
+    rings.sweep_in = SWEEP_EVERY;
+    let p = rings.sweep;
+    rings.sweep = if p + 1 < rings.ranks.len() { p + 1 } else { 0 };
+    if has_work(multi, rings, p) {
+        rings.push_todo(p);
     }
+}
+
+/// Whether serving peer `p` (`serve_peer`, then `credit_back`) would do anything: an event
+/// to hand out (`has_events`), a receive of its ring complete at the head (delivered, or
+/// its failure found), or a credit return due (one a full send queue deferred).
+fn has_work<P: Provider, M, B: Backoff + Clone>(
+    multi: &MultiChannel<P, B>,
+    rings: &Rings<M>,
+    p: usize,
+) -> bool {
+    let Some(c) = multi.at(p) else {
+        return false;
+    };
+    let credit_due = rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64;
+    let head = rings
+        .head
+        .get(p)
+        .and_then(|&i| rings.tickets.get(p * rings.slots + i))
+        .copied()
+        .flatten();
+    credit_due
+        || c.sends_completed() > rings.sends_seen[p]
+        || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
+        || head.is_some_and(|t| c.is_complete(t))
+}
+
+/// Serves the peers on the list (those whose channels had completions or failed, those a
+/// budget cut short, the sweep's), after `handed` events a pool's messages made.
+#[inline(always)]
+fn serve_todo<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    peer_flags: &[crate::sge::RemoteMemory],
+    (me, world): (u32, u32),
+    budget: usize,
+    mut handed: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
     // Each peer in the list at most once per call; one cut short goes to the back. With a
     // pool, messages were handed out above, and the peers they came from are here for
     // their credit returns, which must not wait for budget: a sender without credits

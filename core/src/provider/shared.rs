@@ -298,6 +298,18 @@ impl<C: CompletionQueue> State<C> {
         Ok(total)
     }
 
+    /// Empties the ready list, calling `ready(qp_num)` for each queue pair on it (oldest
+    /// first) and marking those its caller polls at once as fresh: out of line, so an idle
+    /// poll pays only for the list's length test.
+    #[inline(never)]
+    fn name_ready(&mut self, ready: &mut dyn FnMut(u32) -> bool) {
+        while let Some(i) = self.ready.pop() {
+            let s = &mut self.slots[i as usize];
+            s.queued = false;
+            s.fresh = [ready(s.qp_num); 2];
+        }
+    }
+
     /// Takes `slot`'s completions of one kind into `out`; polls the shared queue first when
     /// the mailbox is empty.
     fn take(
@@ -364,8 +376,9 @@ unsafe impl<C: Send> Sync for Inner<C> {}
 unsafe impl<C: Send> Send for Inner<C> {}
 
 impl<C> Inner<C> {
-    /// Runs `f` on the state if no other thread holds it; `None` if one does.
-    fn with<T>(&self, f: impl FnOnce(&mut State<C>) -> T) -> Option<T> {
+    /// The state, if no other thread holds it (`None` if one does), until the guard drops.
+    #[inline(always)]
+    fn try_lock(&self) -> Option<Locked<'_, C>> {
         if self
             .busy
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -373,16 +386,42 @@ impl<C> Inner<C> {
         {
             return None;
         }
-        struct Release<'a>(&'a AtomicBool);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _release = Release(&self.busy);
-        // SAFETY: the try-lock above is held until `_release` drops, so this is the only
-        // reference to the state.
-        Some(f(unsafe { &mut *self.state.get() }))
+        Some(Locked(self))
+    }
+
+    /// Runs `f` on the state if no other thread holds it; `None` if one does.
+    fn with<T>(&self, f: impl FnOnce(&mut State<C>) -> T) -> Option<T> {
+        let mut st = self.try_lock()?;
+        Some(f(&mut st))
+    }
+}
+
+/// The shared state, held: the try-lock is released when this drops (a panic included).
+struct Locked<'a, C>(&'a Inner<C>);
+
+impl<C> core::ops::Deref for Locked<'_, C> {
+    type Target = State<C>;
+    #[inline(always)]
+    fn deref(&self) -> &State<C> {
+        // SAFETY: this guard holds the try-lock (taken in `try_lock`, released only in its
+        // `drop`), so no other reference to the state exists while it lives.
+        unsafe { &*self.0.state.get() }
+    }
+}
+
+impl<C> core::ops::DerefMut for Locked<'_, C> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut State<C> {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference made through
+        // the guard.
+        unsafe { &mut *self.0.state.get() }
+    }
+}
+
+impl<C> Drop for Locked<'_, C> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
     }
 }
 
@@ -723,21 +762,23 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
 
     /// Polls both shared queues until each is seen empty and names every queue pair with
     /// completions waiting in its mailbox (each once, oldest first). Does not allocate.
+    ///
+    /// Inlined whole into its caller: when nothing arrived (an idle `progress`) this is the
+    /// try-lock, one `start_poll` per queue and a test of the ready list; routing, naming
+    /// and the drain of full batches are out of line.
+    #[inline(always)]
     fn poll_shared(
         &mut self,
         ready: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<usize>, ProviderError> {
-        self.shared
-            .with(|st| {
-                let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
-                while let Some(i) = st.ready.pop() {
-                    let s = &mut st.slots[i as usize];
-                    s.queued = false;
-                    s.fresh = [ready(s.qp_num); 2];
-                }
-                Ok(Some(n))
-            })
-            .unwrap_or(Ok(Some(0)))
+        let Some(mut st) = self.shared.try_lock() else {
+            return Ok(Some(0));
+        };
+        let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
+        if !st.ready.is_empty() {
+            st.name_ready(ready);
+        }
+        Ok(Some(n))
     }
 
     /// Receive completions of the shared receive queue, whichever queue pair they arrived

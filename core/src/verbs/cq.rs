@@ -375,19 +375,12 @@ impl Cq {
         let want = out.len().min(POLL_BATCH);
         let out = &mut out[..want];
         match &self.ex {
-            Some(ex) if ex.ops.timestamps() => {
-                // SAFETY: the CQ is live, its functions are `ops` (with the timestamp
-                // reader), and `&mut self` makes this the only poller.
-                let n = unsafe { cq_ex::poll::<true>(ex.cq.as_ptr(), &ex.ops, out) }
-                    .map_err(ex_error)?;
-                if let Some(last) = n.checked_sub(1) {
-                    self.last_timestamp = out[last].timestamp;
-                }
-                Ok(n)
-            }
             Some(ex) => {
-                // SAFETY: as above, without timestamps.
-                unsafe { cq_ex::poll::<false>(ex.cq.as_ptr(), &ex.ops, out) }.map_err(ex_error)
+                // SAFETY: the CQ is live, its functions are `ops` (with the timestamp reader
+                // if it was created with timestamps), and `&mut self` makes this the only
+                // poller.
+                unsafe { cq_ex::poll(ex.cq.as_ptr(), &ex.ops, out, &mut self.last_timestamp) }
+                    .map_err(ex_error)
             }
             // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
             None => unsafe { poll_completions(self.as_raw(), &mut self.wc, out) },

@@ -141,19 +141,45 @@ unsafe fn drain(
     max: usize,
     each: impl FnMut(usize),
 ) -> Result<usize, ProviderError> {
-    if max == 0 {
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
         return Ok(0);
+    }
+    // SAFETY: forwarded, positioned on a completion by a successful start_poll.
+    unsafe { rest(cq, ops, max, each) }
+}
+
+/// The protocol's first `start_poll`, unless `max` is 0: whether it positioned the queue
+/// on a completion (false: the queue is empty, and no batch is open).
+///
+/// # Safety
+/// As for [`drain`].
+#[inline(always)]
+unsafe fn start(cq: *mut sys::ibv_cq_ex, ops: &ExOps, max: usize) -> Result<bool, ProviderError> {
+    if max == 0 {
+        return Ok(false);
     }
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     // SAFETY: the caller's contract; `attr` is valid for the call.
     let rc = unsafe { (ops.start)(cq, &mut attr) };
-    if rc != 0 {
-        return if rc == ENOENT {
-            Ok(0)
-        } else {
-            Err(failed(Verb::StartPoll, rc))
-        };
+    match rc {
+        0 => Ok(true),
+        ENOENT => Ok(false),
+        rc => Err(failed(Verb::StartPoll, rc)),
     }
+}
+
+/// The protocol after a successful first `start_poll` ([`start`]), for `max > 0`.
+///
+/// # Safety
+/// As for [`drain`], positioned on a completion.
+#[inline(always)]
+unsafe fn rest(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    each: impl FnMut(usize),
+) -> Result<usize, ProviderError> {
     if max == 1 {
         // One completion asked for (a blocking wait's first poll, which needs just its own
         // request's): read here, where `max` is a constant and this folds to a read and an
@@ -165,12 +191,17 @@ unsafe fn drain(
         return Ok(1);
     }
     // SAFETY: forwarded, positioned on a completion by a successful start_poll.
-    unsafe { batch(cq, ops, max, each) }
+    match unsafe { batch(cq, ops, max, each) } {
+        (n, 0) => Ok(n),
+        (_, rc) => Err(failed(Verb::StartPoll, rc)),
+    }
 }
 
 /// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
 /// again from `start_poll` until `max` or the queue is empty (see the module docs for why
-/// not `next_poll`).
+/// not `next_poll`). Returns how many it took and 0, or the failing `start_poll`'s code:
+/// two scalars come back in registers, where a `Result` would come back through memory
+/// that [`drain`]'s empty path, inlined into every caller, would then pass through as well.
 ///
 /// # Safety
 /// As for [`drain`], right after a successful `start_poll`; `max > 0`.
@@ -180,7 +211,7 @@ unsafe fn batch(
     ops: &ExOps,
     max: usize,
     mut each: impl FnMut(usize),
-) -> Result<usize, ProviderError> {
+) -> (usize, c_int) {
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     let mut n = 0;
     loop {
@@ -189,16 +220,12 @@ unsafe fn batch(
         // SAFETY: closes the batch the last start_poll opened.
         unsafe { (ops.end)(cq) };
         if n == max {
-            return Ok(n);
+            return (n, 0);
         }
         // SAFETY: the caller's contract; no batch is open.
         let rc = unsafe { (ops.start)(cq, &mut attr) };
         if rc != 0 {
-            return if rc == ENOENT {
-                Ok(n)
-            } else {
-                Err(failed(Verb::StartPoll, rc))
-            };
+            return (n, if rc == ENOENT { 0 } else { rc });
         }
     }
 }
@@ -213,38 +240,50 @@ fn failed(verb: Verb, rc: c_int) -> ProviderError {
     }
 }
 
-/// Polls up to `out.len()` completions of `cq` into `out`; returns how many. With `TS`, each
-/// successful completion carries its timestamp. Does not allocate.
+/// Polls up to `out.len()` completions of `cq` into `out`; returns how many. On a queue
+/// created with timestamps (`ops` has the reader), each successful completion carries its
+/// timestamp and the last one taken is kept in `last`; which kind of queue it is is asked
+/// only after a completion was found, so an empty poll is the `start_poll` call and its
+/// test. Does not allocate.
 ///
 /// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
 /// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
 /// it a `VerbsError::Call`) carry no larger one through the hot path.
 ///
 /// # Safety
-/// `cq` is a live extended queue whose functions are `ops` (created with timestamps if
-/// `TS`), polled by nobody else meanwhile.
+/// `cq` is a live extended queue whose functions are `ops`, polled by nobody else
+/// meanwhile.
 #[inline(always)]
-pub(crate) unsafe fn poll<const TS: bool>(
+pub(crate) unsafe fn poll(
     cq: *mut sys::ibv_cq_ex,
     ops: &ExOps,
     out: &mut [Completion],
+    last: &mut Option<NonZeroU64>,
 ) -> Result<usize, ProviderError> {
     let max = out.len();
-    // SAFETY: forwarded; the closure reads the current completion only, and `i < max`.
-    // The closure is inlined by force: it is one function for every queue this polls, and
-    // once a second queue's poll reads a single completion in line (a ring's receive wait
-    // does), the compiler stops inlining it into either, which costs a blocking wait 24
-    // instructions (`tools/cost`: blocking_write 271 -> 295 without this attribute).
-    unsafe {
-        drain(
-            cq,
-            ops,
-            max,
-            #[inline(always)]
-            |i| {
-                read::<TS>(cq, ops, out.get_unchecked_mut(i));
-            },
-        )
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
+        return Ok(0);
+    }
+    if ops.timestamps() {
+        // SAFETY: forwarded, positioned on a completion; the closure reads the current
+        // completion only, and `i < max`; the queue has the timestamp reader.
+        let n = unsafe {
+            rest(cq, ops, max, |i| {
+                read::<true>(cq, ops, out.get_unchecked_mut(i));
+            })
+        }?;
+        if let Some(c) = n.checked_sub(1).and_then(|l| out.get(l)) {
+            *last = c.timestamp;
+        }
+        Ok(n)
+    } else {
+        // SAFETY: as above, without timestamps.
+        unsafe {
+            rest(cq, ops, max, |i| {
+                read::<false>(cq, ops, out.get_unchecked_mut(i));
+            })
+        }
     }
 }
 
