@@ -551,7 +551,7 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         let Some(chan) = multi.by_index(p) else {
             break;
         };
-        let Some(result) = chan.take_if_complete(t) else {
+        let Some(result) = chan.take_recv(t) else {
             break;
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither

@@ -163,6 +163,25 @@ pub trait Provider: QueuePair {
         Ok(None)
     }
 
+    /// [`Provider::poll_shared`] that first offers each completion to `take(recv, c)` (`recv`:
+    /// it came from the receive queue) if nothing of its queue pair's kind waits before it:
+    /// `true` means the caller took it (it hands it to that queue pair's channel itself, after
+    /// this call and before it polls any queue pair `ready` named), `false` that it is kept
+    /// for its queue pair as `poll_shared` keeps it. A completion of a queue pair the caller
+    /// does not own must be refused: it waits for its owner's poll. The default ignores
+    /// `take` (nothing is handed over).
+    fn poll_shared_with<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        take: &mut T,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError>
+    where
+        Self: Sized,
+    {
+        let _ = take;
+        self.poll_shared(ready)
+    }
+
     /// The wake-up source of this provider's queues (their completion events), if they raise
     /// any: a channel built on it [attaches](crate::poll::Backoff::attach) them to its
     /// back-off. `None` (the default) for queues without a completion channel.

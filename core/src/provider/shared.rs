@@ -200,11 +200,19 @@ impl<C: CompletionQueue> State<C> {
         }
     }
 
-    /// Moves a completion of another queue pair into its mailbox (unknown numbers are not
-    /// ours: dropped).
-    fn route(&mut self, c: Completion, recv: bool) {
+    /// Moves a completion into its queue pair's mailbox (unknown numbers are not ours:
+    /// dropped), unless `take` takes it: it is offered only when nothing of that queue pair's
+    /// kind waits in the mailbox (so a queue pair's completions of one kind still come out in
+    /// the order they were polled) and the mailbox never overflowed.
+    #[inline(always)]
+    fn route<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        c: &Completion,
+        recv: bool,
+        take: &mut T,
+    ) {
         if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
-            if self.table.get(c.qp_num).is_some() && pool.push(c).is_err() {
+            if self.table.get(c.qp_num).is_some() && pool.push(*c).is_err() {
                 *overflowed = true;
             }
             return;
@@ -213,12 +221,11 @@ impl<C: CompletionQueue> State<C> {
             return;
         };
         let slot = &mut self.slots[i as usize];
-        let pushed = if recv {
-            slot.recv.push(c)
-        } else {
-            slot.send.push(c)
-        };
-        if pushed.is_err() {
+        let mbox = if recv { &mut slot.recv } else { &mut slot.send };
+        if mbox.is_empty() && !slot.overflowed && take(recv, c) {
+            return;
+        }
+        if mbox.push(*c).is_err() {
             slot.overflowed = true;
         }
         self.enqueue(i as usize);
@@ -245,16 +252,31 @@ impl<C: CompletionQueue> State<C> {
     /// so completions arriving as fast as they are taken cannot keep the caller here.
     #[inline(always)]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
-        let n = self.poll_batch(recv)?;
+        self.poll_routed(recv, &mut |_, _| false)
+    }
+
+    /// [`State::poll_into_mailboxes`], offering each completion to `take` first (see
+    /// [`State::route`]).
+    #[inline(always)]
+    fn poll_routed<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
+        let n = self.poll_batch(recv, take)?;
         if n < POLL_BATCH {
             return Ok(n);
         }
-        self.poll_rest(recv, n)
+        self.poll_rest(recv, n, take)
     }
 
-    /// One poll of a shared queue, routed into mailboxes: how many it took.
+    /// One poll of a shared queue, routed: how many it took.
     #[inline(always)]
-    fn poll_batch(&mut self, recv: bool) -> Result<usize, ProviderError> {
+    fn poll_batch<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
         let n = if recv {
             self.recv_cq.poll(&mut self.scratch)?
         } else {
@@ -262,7 +284,7 @@ impl<C: CompletionQueue> State<C> {
         }
         .min(POLL_BATCH);
         if n > 0 {
-            self.route_scratch(n, recv);
+            self.route_scratch(n, recv, take);
         }
         Ok(n)
     }
@@ -270,18 +292,28 @@ impl<C: CompletionQueue> State<C> {
     /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
     /// (an idle `progress`) pays for none of it.
     #[inline(never)]
-    fn route_scratch(&mut self, n: usize, recv: bool) {
-        for i in 0..n {
+    fn route_scratch<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        n: usize,
+        recv: bool,
+        take: &mut T,
+    ) {
+        for i in 0..n.min(POLL_BATCH) {
             let c = self.scratch[i];
-            self.route(c, recv);
+            self.route(&c, recv, take);
         }
     }
 
-    /// [`State::poll_into_mailboxes`] after a first poll took a full batch (`total`): the
-    /// rare case, out of the idle path.
+    /// [`State::poll_routed`] after a first poll took a full batch (`total`): the rare
+    /// case, out of the idle path.
     #[cold]
     #[inline(never)]
-    fn poll_rest(&mut self, recv: bool, mut total: usize) -> Result<usize, ProviderError> {
+    fn poll_rest<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        mut total: usize,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
         let capacity = if recv {
             self.recv_cq.capacity()
         } else {
@@ -289,7 +321,7 @@ impl<C: CompletionQueue> State<C> {
         };
         // One poll was made; `capacity / POLL_BATCH + 1` in all.
         for _ in 0..capacity as usize / POLL_BATCH {
-            let n = self.poll_batch(recv)?;
+            let n = self.poll_batch(recv, take)?;
             total += n;
             if n < POLL_BATCH {
                 break;
@@ -727,9 +759,22 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
         &mut self,
         ready: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<usize>, ProviderError> {
+        self.poll_shared_with(&mut |_, _| false, ready)
+    }
+
+    /// [`Provider::poll_shared`], handing each completion whose queue pair has nothing of its
+    /// kind waiting to `take` first: a caller that owns the queue pair delivers it to its
+    /// channel directly, with no copy into the mailbox and out again, and no take of the
+    /// shared state per queue pair and kind. One take of the try-lock for the whole poll.
+    /// Does not allocate.
+    fn poll_shared_with<T: FnMut(bool, &Completion) -> bool>(
+        &mut self,
+        take: &mut T,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError> {
         self.shared
             .with(|st| {
-                let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
+                let n = st.poll_routed(false, take)? + st.poll_routed(true, take)?;
                 while let Some(i) = st.ready.pop() {
                     let s = &mut st.slots[i as usize];
                     s.queued = false;
