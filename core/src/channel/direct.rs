@@ -11,13 +11,6 @@ use crate::provider::Provider;
 // Its callers (the multi-channel and the node) need `alloc`.
 #[cfg_attr(not(feature = "alloc"), allow(dead_code))]
 impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
-    /// The queue-pair number this channel's completions carry (the provider's, read when
-    /// the channel was built or renewed).
-    #[inline]
-    pub(crate) fn completion_qp_num(&self) -> u32 {
-        self.qp_num
-    }
-
     /// Retires `c`, a completion of this channel's send (`recv` false) or receive queue that
     /// a shared poll took on its behalf, as its own poll would have: in the order the queue
     /// gave them, with nothing of the same kind left waiting for it elsewhere (the caller's

@@ -123,12 +123,18 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     /// Completions a shared poll handed over (position, from the receive queue, the
     /// completion), to give to their channels once the poll returned (capacity
     /// [`DIRECT`]; more wait in the mailboxes).
-    direct: Vec<(u32, bool, Completion)>,
+    direct: heapless::Vec<(u32, bool, Completion), DIRECT>,
     /// Channels a shared poll gave something, in order: (position, completions retired,
     /// intact before, a failed poll of its mailbox), each once (capacity: one per channel).
     touched: Vec<(u32, usize, bool, Option<ChannelError>)>,
     /// Per position, its index in `touched`, or [`UNSEEN`].
     seen: Vec<u32>,
+    /// Shared-queue slot ([`Provider::shared_slot`]) -> position ([`UNSEEN`] for none of
+    /// ours): which channel a completion a shared poll offers is for.
+    by_slot: Vec<u32>,
+    /// Per position, the identity of the channel placed there (by `new` or `renew`): a
+    /// completion is handed only to that channel, never to one a caller swapped in.
+    ids_at: Vec<usize>,
 }
 
 /// Completions one `poll_ready` hands to channels directly; more wait in the shared
@@ -218,6 +224,16 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let ready = Vec::with_capacity(chans.len());
         let touched = Vec::with_capacity(chans.len());
         let seen = vec![UNSEEN; chans.len()];
+        let mut by_slot = Vec::new();
+        for (i, c) in chans.iter().enumerate() {
+            if let Some(s) = c.provider().shared_slot() {
+                if by_slot.len() <= s {
+                    by_slot.resize(s + 1, UNSEEN);
+                }
+                by_slot[s] = i as u32;
+            }
+        }
+        let ids_at = chans.iter().map(Channel::id).collect();
         Ok(Self {
             chans,
             rank_at,
@@ -225,9 +241,11 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             last,
             qpns,
             ready,
-            direct: Vec::with_capacity(DIRECT),
+            direct: heapless::Vec::new(),
             touched,
             seen,
+            by_slot,
+            ids_at,
         })
     }
 
@@ -306,6 +324,8 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             self.qpns.remove(old);
             self.qpns.insert(new, i as u32);
             self.last[i] = None;
+            // A new identity; the slot stays.
+            self.ids_at[i] = c.id();
         }
         Some(r)
     }
@@ -358,28 +378,23 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let (table, ready, direct) = (&self.qpns, &mut self.ready, &mut self.direct);
         ready.clear();
         direct.clear();
-        let first_qpn = first.completion_qp_num();
+        let (by_slot, ids_at, first_id) = (&self.by_slot, &self.ids_at, first.id());
         let shared = first
             .provider_mut()
             .poll_shared_with(
-                &mut |recv, c| {
-                    // Taken only for a channel of ours still on that queue pair (a channel
-                    // swapped out keeps its completions in its mailbox, for its new owner),
-                    // and while there is room; the rest waits in the mailboxes.
-                    let qpn = c.qp_num;
-                    match table.get(qpn) {
-                        Some(i) if direct.len() < direct.capacity() => {
-                            let on = match (i as usize).checked_sub(1) {
-                                None => first_qpn,
-                                Some(j) => rest.get(j).map_or(!qpn, |c| c.completion_qp_num()),
-                            };
-                            on == qpn && {
-                                direct.push((i, recv, *c));
-                                true
-                            }
-                        }
-                        _ => false,
-                    }
+                &mut |slot, recv, c| {
+                    // Taken only for a channel of ours that is still the one placed there
+                    // (one swapped out keeps its completions in its mailbox, for its new
+                    // owner), and while there is room; the rest waits in the mailboxes.
+                    let Some(&i) = by_slot.get(slot) else {
+                        return false;
+                    };
+                    let id = match (i as usize).checked_sub(1) {
+                        None => first_id,
+                        Some(j) => rest.get(j).map_or(0, |c| c.id()),
+                    };
+                    id == ids_at.get(i as usize).copied().unwrap_or(0)
+                        && direct.push((i, recv, *c)).is_ok()
                 },
                 &mut |qpn| {
                     // Every channel named here is polled below, before this call returns (and
@@ -434,6 +449,22 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         &mut self,
         f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> usize {
+        let mut n = 0;
+        if let (true, Some(&(i, _, _))) = (self.ready.is_empty(), self.direct.first()) {
+            if self.direct.iter().all(|e| e.0 == i) {
+                // The common case (one peer's traffic): one channel, reported once.
+                let i = i as usize;
+                if let Some(c) = self.chans.get_mut(i) {
+                    let intact = c.fault().is_none();
+                    let mut k = 0;
+                    for &(_, recv, ref comp) in self.direct.iter() {
+                        k += usize::from(c.accept(recv, comp));
+                    }
+                    report(f, &mut n, (i, self.rank_at[i]), c, intact, Ok(k));
+                }
+                return n;
+            }
+        }
         let (touched, seen) = (&mut self.touched, &mut self.seen);
         touched.clear();
         for &(i, recv, ref comp) in self.direct.iter() {
@@ -463,7 +494,6 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 Err(e) => t.3 = Some(e),
             }
         }
-        let mut n = 0;
         for &(i, k, intact, err) in touched.iter() {
             let i = i as usize;
             seen[i] = UNSEEN;

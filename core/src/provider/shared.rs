@@ -203,9 +203,11 @@ impl<C: CompletionQueue> State<C> {
     /// Moves a completion into its queue pair's mailbox (unknown numbers are not ours:
     /// dropped), unless `take` takes it: it is offered only when nothing of that queue pair's
     /// kind waits in the mailbox (so a queue pair's completions of one kind still come out in
-    /// the order they were polled) and the mailbox never overflowed.
-    #[inline(always)]
-    fn route<T: FnMut(bool, &Completion) -> bool>(
+    /// the order they were polled) and the mailbox never overflowed. Out of line: inlined
+    /// into the loop over a poll's completions, the loads it hoists out of the loop cost
+    /// more than the call for the one or two completions a poll usually takes.
+    #[inline(never)]
+    fn route<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         c: &Completion,
         recv: bool,
@@ -222,7 +224,7 @@ impl<C: CompletionQueue> State<C> {
         };
         let slot = &mut self.slots[i as usize];
         let mbox = if recv { &mut slot.recv } else { &mut slot.send };
-        if mbox.is_empty() && !slot.overflowed && take(recv, c) {
+        if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
             return;
         }
         if mbox.push(*c).is_err() {
@@ -252,13 +254,13 @@ impl<C: CompletionQueue> State<C> {
     /// so completions arriving as fast as they are taken cannot keep the caller here.
     #[inline(always)]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
-        self.poll_routed(recv, &mut |_, _| false)
+        self.poll_routed(recv, &mut |_, _, _| false)
     }
 
     /// [`State::poll_into_mailboxes`], offering each completion to `take` first (see
     /// [`State::route`]).
     #[inline(always)]
-    fn poll_routed<T: FnMut(bool, &Completion) -> bool>(
+    fn poll_routed<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         recv: bool,
         take: &mut T,
@@ -272,7 +274,7 @@ impl<C: CompletionQueue> State<C> {
 
     /// One poll of a shared queue, routed: how many it took.
     #[inline(always)]
-    fn poll_batch<T: FnMut(bool, &Completion) -> bool>(
+    fn poll_batch<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         recv: bool,
         take: &mut T,
@@ -292,7 +294,7 @@ impl<C: CompletionQueue> State<C> {
     /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
     /// (an idle `progress`) pays for none of it.
     #[inline(never)]
-    fn route_scratch<T: FnMut(bool, &Completion) -> bool>(
+    fn route_scratch<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         n: usize,
         recv: bool,
@@ -308,7 +310,7 @@ impl<C: CompletionQueue> State<C> {
     /// case, out of the idle path.
     #[cold]
     #[inline(never)]
-    fn poll_rest<T: FnMut(bool, &Completion) -> bool>(
+    fn poll_rest<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         recv: bool,
         mut total: usize,
@@ -733,6 +735,11 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
 }
 
 impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
+    #[inline]
+    fn shared_slot(&self) -> Option<usize> {
+        Some(self.slot)
+    }
+
     /// This queue pair's send completions: its mailbox, else the shared queue polled until
     /// it is seen empty (so `Ok(0)` means no completion of it was waiting). Does not
     /// allocate.
@@ -759,7 +766,7 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
         &mut self,
         ready: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<usize>, ProviderError> {
-        self.poll_shared_with(&mut |_, _| false, ready)
+        self.poll_shared_with(&mut |_, _, _| false, ready)
     }
 
     /// [`Provider::poll_shared`], handing each completion whose queue pair has nothing of its
@@ -767,7 +774,7 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
     /// channel directly, with no copy into the mailbox and out again, and no take of the
     /// shared state per queue pair and kind. One take of the try-lock for the whole poll.
     /// Does not allocate.
-    fn poll_shared_with<T: FnMut(bool, &Completion) -> bool>(
+    fn poll_shared_with<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         take: &mut T,
         ready: &mut dyn FnMut(u32) -> bool,
