@@ -29,17 +29,24 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         true
     }
 
-    /// The result of the receive `ticket` stands for, if it has completed; `None` if it has
-    /// not (nothing is polled) or `ticket` is not one of this channel's receives. What
-    /// [`Channel::take_if_complete`] gives for a receive, without the wait's set-up. Does
-    /// not allocate.
+    /// The receive sequence number `ticket` stands for, if it is one of this channel's
+    /// receives: what [`Channel::take_recv`] takes, for a caller that keeps many receives'
+    /// numbers (a node's ring) rather than their tickets.
     #[inline]
-    pub(crate) fn take_recv(&mut self, ticket: Ticket) -> Option<Result<Done, ChannelError>> {
+    pub(crate) fn recv_seq(&self, ticket: Ticket) -> Option<u64> {
         match ticket.work {
-            Work::Recv(r) if ticket.chan == self.id && self.recv_done > r => {
-                Some(self.recv_result(r))
-            }
+            Work::Recv(r) if ticket.chan == self.id => Some(r),
             _ => None,
         }
+    }
+
+    /// The result of this channel's receive `r` ([`Channel::recv_seq`]), if it has
+    /// completed; `None` if it has not (nothing is polled). What [`Channel::take_if_complete`]
+    /// gives for the receive's ticket, without the wait's set-up. The caller must know `r`
+    /// is a receive of this channel (the same channel identity as when it was posted) that
+    /// it has not taken yet. Does not allocate.
+    #[inline]
+    pub(crate) fn take_recv(&mut self, r: u64) -> Option<Result<Done, ChannelError>> {
+        (self.recv_done > r).then(|| self.recv_result(r))
     }
 }

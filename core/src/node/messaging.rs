@@ -41,7 +41,7 @@ use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError, SetupError};
-use crate::channel::{ChannelError, Done, Ticket};
+use crate::channel::{ChannelError, Done};
 use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
@@ -135,7 +135,10 @@ pub(super) struct Rings<M> {
     pub(super) slot_size: usize,
     /// The ranks of the channels, in order.
     pub(super) ranks: Vec<u32>,
-    pub(super) tickets: Vec<Option<Ticket>>,
+    /// Per ring slot, the receive sequence number of its receive on its peer's channel
+    /// ([`NO_RECV`] while it is not posted): taken by number, the channel's identity being
+    /// checked once per peer served (`chan_ids`).
+    pub(super) recv_seqs: Vec<u64>,
     pub(super) head: Vec<usize>,
     pub(super) sends_seen: Vec<u64>,
     pub(super) failure_reported: Vec<bool>,
@@ -174,14 +177,14 @@ pub(super) struct Rings<M> {
 
 impl<M: Region> Rings<M> {
     /// Messaging state over `region` for every channel of `multi`: the per-peer bookkeeping
-    /// both receive layouts share; `tickets` and `head` are the per-peer rings' own (empty
+    /// both receive layouts share; `recv_seqs` and `head` are the per-peer rings' own (empty
     /// for a pool). Allocates (setup).
     pub(super) fn new<P: Provider, B: Backoff + Clone>(
         multi: &mut MultiChannel<P, B>,
         region: M,
         (slots, slot_size, credits): (usize, usize, usize),
         pool: Option<super::pool::Pool>,
-        (tickets, head): (Vec<Option<Ticket>>, Vec<usize>),
+        (recv_seqs, head): (Vec<u64>, Vec<usize>),
     ) -> Self {
         let peers = multi.peers();
         Self {
@@ -191,7 +194,7 @@ impl<M: Region> Rings<M> {
             pool,
             slot_size,
             ranks: multi.ranks().collect(),
-            tickets,
+            recv_seqs,
             head,
             sends_seen: vec![0; peers],
             failure_reported: vec![false; peers],
@@ -314,7 +317,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             region,
             (slots, slot_size, slots),
             None,
-            (vec![None; peers * slots], vec![0; peers]),
+            (vec![NO_RECV; peers * slots], vec![0; peers]),
         );
         for p in 0..peers {
             for i in 0..slots {
@@ -368,16 +371,25 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let Some(rings) = self.rings.as_mut() else {
             return Err(NodeError::MessagingNotStarted);
         };
-        match progress_rings(
+        progress_rings(
             &mut self.multi,
             rings,
             &self.peer_flags,
             (me, world),
             budget,
             &mut handler,
-        ) {
-            Err(NodeError::Channel { rank, error }) => Err(self.channel_failed(rank, error)),
-            r => r,
+        )
+        .map_err(|e| self.progress_failed(e))
+    }
+
+    /// A failed `progress`: a broken channel becomes failure news. Out of line, so the
+    /// result of a `progress` that did not fail is not taken apart and put together again.
+    #[cold]
+    #[inline(never)]
+    fn progress_failed(&mut self, e: NodeError) -> NodeError {
+        match e {
+            NodeError::Channel { rank, error } => self.channel_failed(rank, error),
+            e => e,
         }
     }
 
@@ -422,6 +434,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         Ok(())
     }
 }
+
+/// A ring slot with no receive posted.
+const NO_RECV: u64 = u64::MAX;
 
 /// `progress` sweeps one peer (round-robin) every this many calls: so completions a caller
 /// took by polling a node's channel directly reach the handler within `SWEEP_EVERY` x peers
@@ -545,19 +560,21 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     }
     while handed < budget && rings.pool.is_none() {
         let i = rings.head[p];
-        let Some(t) = rings.tickets[p * rings.slots + i] else {
+        let r = rings.recv_seqs[p * rings.slots + i];
+        if r == NO_RECV {
             break;
-        };
+        }
         let Some(chan) = multi.by_index(p) else {
             break;
         };
-        let Some(result) = chan.take_recv(t) else {
+        // The channel is the one the ring was posted on (checked above).
+        let Some(result) = chan.take_recv(r) else {
             break;
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither
         // sees it twice nor loses it: `repost` brings it back.
-        rings.tickets[p * rings.slots + i] = None;
-        rings.head[p] = (i + 1) % rings.slots;
+        rings.recv_seqs[p * rings.slots + i] = NO_RECV;
+        rings.head[p] = if i + 1 == rings.slots { 0 } else { i + 1 };
         let sent = chan.remote_recvs_used();
         match result {
             Ok(info) => {
@@ -657,6 +674,6 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     // its receive completed, then re-posted.
     let t =
         unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
-    rings.tickets[p * rings.slots + i] = Some(t);
+    rings.recv_seqs[p * rings.slots + i] = chan.recv_seq(t).unwrap_or(NO_RECV);
     Ok(())
 }
