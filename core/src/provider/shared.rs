@@ -291,9 +291,9 @@ impl<C: CompletionQueue> State<C> {
         Ok(n)
     }
 
-    /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
-    /// (an idle `progress`) pays for none of it.
-    #[inline(never)]
+    /// Routes the first `n` completions of the scratch array (each routed out of line, so
+    /// an empty poll, an idle `progress`, pays for none of it).
+    #[inline(always)]
     fn route_scratch<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         n: usize,
