@@ -159,3 +159,33 @@ fn a_swapped_out_channels_completions_wait_for_it_not_for_the_multi_channel() {
     assert_eq!(mem.load_u64(0), Some(0x07_0707_0707));
     assert_eq!(mem.load_u64(8), Some(0x0909_0909_0909));
 }
+
+/// A queue pair routed on the shared queues before the multi-channel's own (its slot comes
+/// first): the multi-channel's poll leaves its completions for it.
+#[test]
+fn a_neighbour_routed_first_keeps_its_completions() {
+    let net = SoftNet::new(SoftNetConfig::new(4, caps()));
+    let mut buf = Words([0u8; 64]);
+    let mut mem = net
+        .register(0, &mut buf.0, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let cqs0 = SharedCqs::new(net.send_cq(0).unwrap(), net.recv_cq(0).unwrap(), 3);
+    let cqs1 = SharedCqs::new(net.send_cq(1).unwrap(), net.recv_cq(1).unwrap(), 1);
+    let cqs2 = SharedCqs::new(net.send_cq(2).unwrap(), net.recv_cq(2).unwrap(), 1);
+    let (n, a) = net.connect(0, 1).unwrap();
+    let (x, b) = net.connect(0, 2).unwrap();
+    let mut neighbour = chan(&cqs0, n, 1);
+    let mut multi = MultiChannel::new(vec![chan(&cqs0, x, 2)]).expect("multi");
+    let (mut a, mut b) = (chan(&cqs1, a, 0), chan(&cqs2, b, 0));
+    let t_n = post_recv(&mut neighbour, &mut mem, 0);
+    let t_x = post_recv(multi.channel(2).unwrap(), &mut mem, 8);
+    a.send_inline(&[3; 3]).expect("send to the neighbour");
+    b.send_inline(&[4; 4]).expect("send to the multi-channel's");
+    let mut reported = Vec::new();
+    multi
+        .poll_ready(|(p, rank), r| reported.push((p, rank, r.expect("no failure"))))
+        .expect("poll_ready");
+    assert_eq!(reported, [(0, 2, 1)], "only the multi-channel's own");
+    assert_eq!(multi.channel(2).unwrap().wait(t_x).unwrap().byte_len, 4);
+    assert_eq!(neighbour.wait(t_n).expect("the neighbour's").byte_len, 3);
+}

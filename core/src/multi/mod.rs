@@ -129,12 +129,11 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     touched: Vec<(u32, usize, bool, Option<ChannelError>)>,
     /// Per position, its index in `touched`, or [`UNSEEN`].
     seen: Vec<u32>,
-    /// Shared-queue slot ([`Provider::shared_slot`]) -> position ([`UNSEEN`] for none of
-    /// ours): which channel a completion a shared poll offers is for.
-    by_slot: Vec<u32>,
-    /// Per position, the identity of the channel placed there (by `new` or `renew`): a
-    /// completion is handed only to that channel, never to one a caller swapped in.
-    ids_at: Vec<usize>,
+    /// Shared-queue slot ([`Provider::shared_slot`]) -> the position of our channel on it
+    /// ([`UNSEEN`] for none of ours) and that channel's identity when it was placed there
+    /// (by `new` or `renew`): a completion a shared poll offers is handed only to that
+    /// channel, never to one a caller swapped in since.
+    by_slot: Vec<(u32, usize)>,
 }
 
 /// Completions one `poll_ready` hands to channels directly; more wait in the shared
@@ -228,12 +227,11 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         for (i, c) in chans.iter().enumerate() {
             if let Some(s) = c.provider().shared_slot() {
                 if by_slot.len() <= s {
-                    by_slot.resize(s + 1, UNSEEN);
+                    by_slot.resize(s + 1, (UNSEEN, 0));
                 }
-                by_slot[s] = i as u32;
+                by_slot[s] = (i as u32, c.id());
             }
         }
-        let ids_at = chans.iter().map(Channel::id).collect();
         Ok(Self {
             chans,
             rank_at,
@@ -245,7 +243,6 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             touched,
             seen,
             by_slot,
-            ids_at,
         })
     }
 
@@ -325,7 +322,13 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             self.qpns.insert(new, i as u32);
             self.last[i] = None;
             // A new identity; the slot stays.
-            self.ids_at[i] = c.id();
+            if let Some(e) = c
+                .provider()
+                .shared_slot()
+                .and_then(|s| self.by_slot.get_mut(s))
+            {
+                *e = (i as u32, c.id());
+            }
         }
         Some(r)
     }
@@ -378,7 +381,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let (table, ready, direct) = (&self.qpns, &mut self.ready, &mut self.direct);
         ready.clear();
         direct.clear();
-        let (by_slot, ids_at, first_id) = (&self.by_slot, &self.ids_at, first.id());
+        let (by_slot, first_id) = (&self.by_slot, first.id());
         let shared = first
             .provider_mut()
             .poll_shared_with(
@@ -386,15 +389,18 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                     // Taken only for a channel of ours that is still the one placed there
                     // (one swapped out keeps its completions in its mailbox, for its new
                     // owner), and while there is room; the rest waits in the mailboxes.
-                    let Some(&i) = by_slot.get(slot) else {
+                    let Some(&(i, placed)) = by_slot.get(slot) else {
                         return false;
                     };
                     let id = match (i as usize).checked_sub(1) {
                         None => first_id,
-                        Some(j) => rest.get(j).map_or(0, |c| c.id()),
+                        Some(j) => match rest.get(j) {
+                            Some(c) => c.id(),
+                            // `UNSEEN`: a queue pair of someone else's.
+                            None => return false,
+                        },
                     };
-                    id == ids_at.get(i as usize).copied().unwrap_or(0)
-                        && direct.push((i, recv, *c)).is_ok()
+                    id == placed && direct.push((i, recv, *c)).is_ok()
                 },
                 &mut |qpn| {
                     // Every channel named here is polled below, before this call returns (and
