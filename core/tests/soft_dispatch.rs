@@ -45,6 +45,8 @@ struct Setup<'n> {
     z: Chan<'n>,
     a: Chan<'n>,
     c: Chan<'n>,
+    /// Node 2's end: not used, kept until the test ends.
+    _b: Chan<'n>,
 }
 
 fn setup<'n>(net: &'n SoftNet<'_>) -> Setup<'n> {
@@ -60,13 +62,12 @@ fn setup<'n>(net: &'n SoftNet<'_>) -> Setup<'n> {
     let z = chan(&cqs0, z, 3);
     let a = chan(&cqs1, a, 0);
     let c = chan(&cqs3, c, 0);
-    // Node 2's end is not used; it lives as long as the net.
-    std::mem::forget(chan(&cqs2, b, 0));
     Setup {
         multi: MultiChannel::new(vec![x, y]).expect("multi"),
         z,
         a,
         c,
+        _b: chan(&cqs2, b, 0),
     }
 }
 
@@ -135,6 +136,7 @@ fn a_swapped_out_channels_completions_wait_for_it_not_for_the_multi_channel() {
         mut z,
         mut a,
         mut c,
+        ..
     } = setup(&net);
     let t_old = post_recv(multi.channel(1).unwrap(), &mut mem, 0);
     let t_new = post_recv(&mut z, &mut mem, 8);
