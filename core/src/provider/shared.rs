@@ -8,8 +8,11 @@
 //! keeping its own completions and dropping the others' into their mailboxes (each such
 //! queue pair then goes on a ready list). A layer that serves many
 //! queue pairs ([`MultiChannel::poll_ready`](crate::multi::MultiChannel::poll_ready)) polls
-//! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
-//! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
+//! the shared queues once through [`Provider::poll_shared_with`] and serves only the queue
+//! pairs on the ready list: an idle poll is one poll of each queue, whatever the number of
+//! peers. It also takes the completions of its own channels straight from the poll (those of
+//! a queue pair with nothing of their kind in its mailbox), and hands them to the channels
+//! itself: no copy into a mailbox and out again, one take of the shared state per poll.
 //!
 //! With a shared receive queue ([`SharedCqs::with_srq`]) the queue pairs have no receives of
 //! their own: every receive completion is one of the shared queue's, kept in arrival order
