@@ -382,46 +382,58 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         ready.clear();
         direct.clear();
         let (by_slot, first_id) = (&self.by_slot, first.id());
-        let shared = first
-            .provider_mut()
-            .poll_shared_with(
-                &mut |slot, recv, c| {
-                    // Taken only for a channel of ours that is still the one placed there
-                    // (one swapped out keeps its completions in its mailbox, for its new
-                    // owner), and while there is room; the rest waits in the mailboxes.
-                    let Some(&(i, placed)) = by_slot.get(slot) else {
-                        return false;
-                    };
-                    let id = match (i as usize).checked_sub(1) {
-                        None => first_id,
-                        Some(j) => match rest.get(j) {
-                            Some(c) => c.id(),
-                            // `UNSEEN`: a queue pair of someone else's.
-                            None => return false,
-                        },
-                    };
-                    id == placed && direct.push((i, recv, *c)).is_ok()
-                },
-                &mut |qpn| {
-                    // Every channel named here is polled below, before this call returns (and
-                    // `&mut self` keeps anyone else from polling it meanwhile).
-                    match table.get(qpn) {
-                        Some(i) if ready.len() < ready.capacity() => {
-                            ready.push(i);
-                            true
-                        }
-                        _ => false,
+        let shared = first.provider_mut().poll_shared_with(
+            &mut |slot, recv, c| {
+                // Taken only for a channel of ours that is still the one placed there
+                // (one swapped out keeps its completions in its mailbox, for its new
+                // owner), and while there is room; the rest waits in the mailboxes.
+                let Some(&(i, placed)) = by_slot.get(slot) else {
+                    return false;
+                };
+                let id = match (i as usize).checked_sub(1) {
+                    None => first_id,
+                    Some(j) => match rest.get(j) {
+                        Some(c) => c.id(),
+                        // `UNSEEN`: a queue pair of someone else's.
+                        None => return false,
+                    },
+                };
+                id == placed && direct.push((i, recv, *c)).is_ok()
+            },
+            &mut |qpn| {
+                // Every channel named here is polled below, before this call returns (and
+                // `&mut self` keeps anyone else from polling it meanwhile).
+                match table.get(qpn) {
+                    Some(i) if ready.len() < ready.capacity() => {
+                        ready.push(i);
+                        true
                     }
-                },
-            )
-            .map_err(MultiError::Completions)?;
-        if shared.is_none() {
-            return Ok(self.poll_each(&mut f));
+                    _ => false,
+                }
+            },
+        );
+        match shared {
+            Ok(Some(_)) if self.direct.is_empty() && self.ready.is_empty() => Ok(0),
+            Ok(Some(_)) => Ok(self.serve_polled(&mut f)),
+            Ok(None) => Ok(self.poll_each(&mut f)),
+            Err(e) => Err(self.poll_failed(e)),
         }
-        if self.direct.is_empty() && self.ready.is_empty() {
-            return Ok(0);
+    }
+
+    /// A shared poll that failed after it had handed completions over (one queue polled,
+    /// the other failing): they are the channels' (gone from the shared queues), so they are
+    /// given to them before the error is returned; the caller, told the poll failed, hears
+    /// of them from the channels. Out of line: the rare case.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: ProviderError) -> MultiError {
+        for &(i, recv, ref comp) in self.direct.iter() {
+            if let Some(c) = self.chans.get_mut(i as usize) {
+                c.accept(recv, comp);
+            }
         }
-        Ok(self.serve_polled(&mut f))
+        self.direct.clear();
+        MultiError::Completions(e)
     }
 
     /// [`MultiChannel::poll_ready`] for providers with queues of their own: every channel
