@@ -99,6 +99,7 @@
 
 mod atomic;
 mod batch;
+mod direct;
 mod error;
 mod ops;
 mod ring;

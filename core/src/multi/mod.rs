@@ -19,6 +19,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::channel::{Batch, Channel, ChannelError, Done, Ticket};
+use crate::completion::Completion;
 use crate::poll::Backoff;
 use crate::provider::shared::QpTable;
 use crate::provider::{Provider, ProviderError};
@@ -119,7 +120,27 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     qpns: QpTable,
     /// Positions named ready by a shared poll (capacity: one per channel).
     ready: Vec<u32>,
+    /// Completions a shared poll handed over (position, from the receive queue, the
+    /// completion), to give to their channels once the poll returned (capacity
+    /// [`DIRECT`]; more wait in the mailboxes).
+    direct: heapless::Vec<(u32, bool, Completion), DIRECT>,
+    /// Channels a shared poll gave something, in order: (position, completions retired,
+    /// intact before, a failed poll of its mailbox), each once (capacity: one per channel).
+    touched: Vec<(u32, usize, bool, Option<ChannelError>)>,
+    /// Per position, its index in `touched`, or [`UNSEEN`].
+    seen: Vec<u32>,
+    /// Shared-queue slot ([`Provider::shared_slot`]) -> the position of our channel on it
+    /// ([`UNSEEN`] for none of ours) and that channel's identity when it was placed there
+    /// (by `new` or `renew`): a completion a shared poll offers is handed only to that
+    /// channel, never to one a caller swapped in since.
+    by_slot: Vec<(u32, usize)>,
 }
+
+/// Completions one `poll_ready` hands to channels directly; more wait in the shared
+/// queues' mailboxes (their channels poll them).
+const DIRECT: usize = 32;
+/// A channel not in `touched`.
+const UNSEEN: u32 = u32::MAX;
 
 impl<P: Provider, B: Backoff + Clone, const R: usize> fmt::Debug for MultiChannel<P, B, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -138,6 +159,32 @@ macro_rules! to_rank {
             self.channel(rank)?.$verb($($arg),*).map_err(at(rank))
         }
     )*};
+}
+
+/// What [`MultiChannel::poll_ready`] tells its caller about channel `who` after polling it
+/// (`polled`: how many completions it retired, or why the poll failed), adding them to `n`:
+/// nothing for none; a channel this poll broke (an error completion, `intact` before) once,
+/// as `Err(ChannelError::Failed)`; later polls say `Ok`.
+#[inline(always)]
+fn report<P: Provider, B: Backoff, const R: usize>(
+    f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
+    n: &mut usize,
+    who: (usize, u32),
+    c: &Channel<P, B, R>,
+    intact: bool,
+    polled: Result<usize, ChannelError>,
+) {
+    match polled {
+        Ok(0) => {}
+        Ok(k) => {
+            *n += k;
+            match c.fault() {
+                Some(ChannelError::Broken(w)) if intact => f(who, Err(ChannelError::Failed(w))),
+                _ => f(who, Ok(k)),
+            }
+        }
+        Err(e) => f(who, Err(e)),
+    }
 }
 
 fn at(rank: u32) -> impl Fn(ChannelError) -> MultiError {
@@ -174,6 +221,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             qpns.insert(c.provider().qp_num(), i as u32);
         }
         let ready = Vec::with_capacity(chans.len());
+        let touched = Vec::with_capacity(chans.len());
+        let seen = vec![UNSEEN; chans.len()];
+        let mut by_slot = Vec::new();
+        for (i, c) in chans.iter().enumerate() {
+            if let Some(s) = c.provider().shared_slot() {
+                if by_slot.len() <= s {
+                    by_slot.resize(s + 1, (UNSEEN, 0));
+                }
+                by_slot[s] = (i as u32, c.id());
+            }
+        }
         Ok(Self {
             chans,
             rank_at,
@@ -181,6 +239,10 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             last,
             qpns,
             ready,
+            direct: heapless::Vec::new(),
+            touched,
+            seen,
+            by_slot,
         })
     }
 
@@ -259,6 +321,14 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             self.qpns.remove(old);
             self.qpns.insert(new, i as u32);
             self.last[i] = None;
+            // A new identity; the slot stays.
+            if let Some(e) = c
+                .provider()
+                .shared_slot()
+                .and_then(|s| self.by_slot.get_mut(s))
+            {
+                *e = (i as u32, c.id());
+            }
         }
         Some(r)
     }
@@ -305,14 +375,32 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         &mut self,
         mut f: impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> Result<usize, MultiError> {
-        let Some(first) = self.chans.first_mut() else {
+        let Some((first, rest)) = self.chans.split_first_mut() else {
             return Ok(0);
         };
-        let (table, ready, rank_at) = (&self.qpns, &mut self.ready, &self.rank_at);
+        let (table, ready, direct) = (&self.qpns, &mut self.ready, &mut self.direct);
         ready.clear();
-        let shared = first
-            .provider_mut()
-            .poll_shared(&mut |qpn| {
+        direct.clear();
+        let (by_slot, first_id) = (&self.by_slot, first.id());
+        let shared = first.provider_mut().poll_shared_with(
+            &mut |slot, recv, c| {
+                // Taken only for a channel of ours that is still the one placed there
+                // (one swapped out keeps its completions in its mailbox, for its new
+                // owner), and while there is room; the rest waits in the mailboxes.
+                let Some(&(i, placed)) = by_slot.get(slot) else {
+                    return false;
+                };
+                let id = match (i as usize).checked_sub(1) {
+                    None => first_id,
+                    Some(j) => match rest.get(j) {
+                        Some(c) => c.id(),
+                        // `UNSEEN`: a queue pair of someone else's.
+                        None => return false,
+                    },
+                };
+                id == placed && direct.push((i, recv, *c)).is_ok()
+            },
+            &mut |qpn| {
                 // Every channel named here is polled below, before this call returns (and
                 // `&mut self` keeps anyone else from polling it meanwhile).
                 match table.get(qpn) {
@@ -322,43 +410,117 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                     }
                     _ => false,
                 }
-            })
-            .map_err(MultiError::Completions)?;
-        if shared.is_some() && self.ready.is_empty() {
-            // Nothing arrived for anyone: an idle poll ends here.
-            return Ok(0);
+            },
+        );
+        match shared {
+            Ok(Some(_)) if self.direct.is_empty() && self.ready.is_empty() => Ok(0),
+            Ok(Some(_)) => Ok(self.serve_polled(&mut f)),
+            Ok(None) => Ok(self.poll_each(&mut f)),
+            Err(e) => Err(self.poll_failed(e)),
         }
+    }
+
+    /// A shared poll that failed after it had handed completions over (one queue polled,
+    /// the other failing): they are the channels' (gone from the shared queues), so they are
+    /// given to them before the error is returned; the caller, told the poll failed, hears
+    /// of them from the channels. Out of line: the rare case.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, e: ProviderError) -> MultiError {
+        for &(i, recv, ref comp) in self.direct.iter() {
+            if let Some(c) = self.chans.get_mut(i as usize) {
+                c.accept(recv, comp);
+            }
+        }
+        self.direct.clear();
+        MultiError::Completions(e)
+    }
+
+    /// [`MultiChannel::poll_ready`] for providers with queues of their own: every channel
+    /// polls its own. Out of line, as [`MultiChannel::serve_polled`].
+    #[inline(never)]
+    fn poll_each(
+        &mut self,
+        f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
+    ) -> usize {
         let mut n = 0;
-        let mut one = |i: usize, c: &mut Channel<P, B, R>| {
-            let rank = rank_at[i];
+        for (i, c) in self.chans.iter_mut().enumerate() {
             let intact = c.fault().is_none();
-            match c.poll() {
-                Ok(0) => {}
-                Ok(k) => {
-                    n += k;
-                    // A channel this poll broke (an error completion) is reported once, here.
-                    match c.fault() {
-                        Some(ChannelError::Broken(w)) if intact => {
-                            f((i, rank), Err(ChannelError::Failed(w)));
-                        }
-                        _ => f((i, rank), Ok(k)),
+            let polled = c.poll();
+            report(f, &mut n, (i, self.rank_at[i]), c, intact, polled);
+        }
+        n
+    }
+
+    /// After a shared poll: gives the channels what it handed over (`direct`) and lets
+    /// those it named (`ready`) take what waits in their mailboxes, then reports each
+    /// channel that got anything once. Out of line: a poll that found nothing (an idle
+    /// `progress`, a barrier's poll) pays for none of it.
+    ///
+    /// Order: each channel's completions handed over are newer than any of its kind that
+    /// waited in its mailbox (those are never handed over, see
+    /// [`Provider::poll_shared_with`]), and no mailbox of a channel that got some could
+    /// have been filled after them within the poll, so handed-over completions first, then
+    /// the mailboxes, keep every channel's completions in the order its queues gave them.
+    #[inline(never)]
+    fn serve_polled(
+        &mut self,
+        f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
+    ) -> usize {
+        let mut n = 0;
+        if let (true, Some(&(i, _, _))) = (self.ready.is_empty(), self.direct.first()) {
+            if self.direct.iter().all(|e| e.0 == i) {
+                // The common case (one peer's traffic): one channel, reported once.
+                let i = i as usize;
+                if let Some(c) = self.chans.get_mut(i) {
+                    let intact = c.fault().is_none();
+                    let mut k = 0;
+                    for &(_, recv, ref comp) in self.direct.iter() {
+                        k += usize::from(c.accept(recv, comp));
                     }
+                    report(f, &mut n, (i, self.rank_at[i]), c, intact, Ok(k));
                 }
-                Err(e) => f((i, rank), Err(e)),
-            }
-        };
-        if shared.is_some() {
-            for &i in self.ready.iter() {
-                if let Some(c) = self.chans.get_mut(i as usize) {
-                    one(i as usize, c);
-                }
-            }
-        } else {
-            for (i, c) in self.chans.iter_mut().enumerate() {
-                one(i, c);
+                return n;
             }
         }
-        Ok(n)
+        let (touched, seen) = (&mut self.touched, &mut self.seen);
+        touched.clear();
+        for &(i, recv, ref comp) in self.direct.iter() {
+            let i = i as usize;
+            let Some(c) = self.chans.get_mut(i) else {
+                continue;
+            };
+            if seen[i] == UNSEEN {
+                seen[i] = touched.len() as u32;
+                touched.push((i as u32, 0, c.fault().is_none(), None));
+            }
+            let t = &mut touched[seen[i] as usize];
+            t.1 += usize::from(c.accept(recv, comp));
+        }
+        for &i in self.ready.iter() {
+            let i = i as usize;
+            let Some(c) = self.chans.get_mut(i) else {
+                continue;
+            };
+            if seen[i] == UNSEEN {
+                seen[i] = touched.len() as u32;
+                touched.push((i as u32, 0, c.fault().is_none(), None));
+            }
+            let t = &mut touched[seen[i] as usize];
+            match c.poll() {
+                Ok(k) => t.1 += k,
+                Err(e) => t.3 = Some(e),
+            }
+        }
+        for &(i, k, intact, err) in touched.iter() {
+            let i = i as usize;
+            seen[i] = UNSEEN;
+            if let Some(c) = self.chans.get_mut(i) {
+                let polled = err.map_or(Ok(k), Err);
+                report(f, &mut n, (i, self.rank_at[i]), c, intact, polled);
+            }
+        }
+        n
     }
 
     to_rank! {

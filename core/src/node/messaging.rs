@@ -41,7 +41,7 @@ use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError, SetupError};
-use crate::channel::{ChannelError, Done, Ticket};
+use crate::channel::{ChannelError, Done};
 use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
@@ -135,7 +135,10 @@ pub(super) struct Rings<M> {
     pub(super) slot_size: usize,
     /// The ranks of the channels, in order.
     pub(super) ranks: Vec<u32>,
-    pub(super) tickets: Vec<Option<Ticket>>,
+    /// Per ring slot, the receive sequence number of its receive on its peer's channel
+    /// ([`NO_RECV`] while it is not posted): taken by number, the channel's identity being
+    /// checked once per peer served (`chan_ids`).
+    pub(super) recv_seqs: Vec<u64>,
     pub(super) head: Vec<usize>,
     pub(super) sends_seen: Vec<u64>,
     pub(super) failure_reported: Vec<bool>,
@@ -174,14 +177,14 @@ pub(super) struct Rings<M> {
 
 impl<M: Region> Rings<M> {
     /// Messaging state over `region` for every channel of `multi`: the per-peer bookkeeping
-    /// both receive layouts share; `tickets` and `head` are the per-peer rings' own (empty
+    /// both receive layouts share; `recv_seqs` and `head` are the per-peer rings' own (empty
     /// for a pool). Allocates (setup).
     pub(super) fn new<P: Provider, B: Backoff + Clone>(
         multi: &mut MultiChannel<P, B>,
         region: M,
         (slots, slot_size, credits): (usize, usize, usize),
         pool: Option<super::pool::Pool>,
-        (tickets, head): (Vec<Option<Ticket>>, Vec<usize>),
+        (recv_seqs, head): (Vec<u64>, Vec<usize>),
     ) -> Self {
         let peers = multi.peers();
         Self {
@@ -191,7 +194,7 @@ impl<M: Region> Rings<M> {
             pool,
             slot_size,
             ranks: multi.ranks().collect(),
-            tickets,
+            recv_seqs,
             head,
             sends_seen: vec![0; peers],
             failure_reported: vec![false; peers],
@@ -314,7 +317,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             region,
             (slots, slot_size, slots),
             None,
-            (vec![None; peers * slots], vec![0; peers]),
+            (vec![NO_RECV; peers * slots], vec![0; peers]),
         );
         for p in 0..peers {
             for i in 0..slots {
@@ -455,6 +458,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
+/// A ring slot with no receive posted.
+const NO_RECV: u64 = u64::MAX;
+
 /// `progress` sweeps one peer (round-robin) every this many calls: so completions a caller
 /// took by polling a node's channel directly reach the handler within `SWEEP_EVERY` x peers
 /// calls.
@@ -554,16 +560,17 @@ fn has_work<P: Provider, M, B: Backoff + Clone>(
         return false;
     };
     let credit_due = rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64;
+    let same = c.id() == rings.chan_ids[p];
     let head = rings
         .head
         .get(p)
-        .and_then(|&i| rings.tickets.get(p * rings.slots + i))
+        .and_then(|&i| rings.recv_seqs.get(p * rings.slots + i))
         .copied()
-        .flatten();
+        .filter(|&r| r != NO_RECV);
     credit_due
         || c.sends_completed() > rings.sends_seen[p]
-        || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
-        || head.is_some_and(|t| c.is_complete(t))
+        || ((c.fault().is_some() || !same) && !rings.failure_reported[p])
+        || (same && head.is_some_and(|r| c.recv_complete(r)))
 }
 
 /// Serves the peers on the list (those whose channels had completions or failed, those a
@@ -649,19 +656,21 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     }
     while handed < budget && rings.pool.is_none() {
         let i = rings.head[p];
-        let Some(t) = rings.tickets[p * rings.slots + i] else {
+        let r = rings.recv_seqs[p * rings.slots + i];
+        if r == NO_RECV {
             break;
-        };
+        }
         let Some(chan) = multi.by_index(p) else {
             break;
         };
-        let Some(result) = chan.take_if_complete(t) else {
+        // The channel is the one the ring was posted on (checked above).
+        let Some(result) = chan.take_recv(r) else {
             break;
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither
         // sees it twice nor loses it: `repost` brings it back.
-        rings.tickets[p * rings.slots + i] = None;
-        rings.head[p] = (i + 1) % rings.slots;
+        rings.recv_seqs[p * rings.slots + i] = NO_RECV;
+        rings.head[p] = if i + 1 == rings.slots { 0 } else { i + 1 };
         let sent = chan.remote_recvs_used();
         match result {
             Ok(info) => {
@@ -761,6 +770,6 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     // its receive completed, then re-posted.
     let t =
         unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
-    rings.tickets[p * rings.slots + i] = Some(t);
+    rings.recv_seqs[p * rings.slots + i] = chan.recv_seq(t).unwrap_or(NO_RECV);
     Ok(())
 }

@@ -226,6 +226,34 @@ pub trait Provider: QueuePair {
         Ok(None)
     }
 
+    /// [`Provider::poll_shared`] that first offers each completion to `take(slot, recv, c)`
+    /// (`slot`: its queue pair's [`Provider::shared_slot`]; `recv`: it came from the receive
+    /// queue) if nothing of its queue pair's kind waits before it: `true` means the caller
+    /// took it (it hands it to that queue pair's channel itself, after this call and before
+    /// it polls any queue pair `ready` named), `false` that it is kept for its queue pair as
+    /// `poll_shared` keeps it. A completion of a queue pair the caller does not own must be
+    /// refused: it waits for its owner's poll. The default ignores `take` (nothing is handed
+    /// over).
+    fn poll_shared_with<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        take: &mut T,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError>
+    where
+        Self: Sized,
+    {
+        let _ = take;
+        self.poll_shared(ready)
+    }
+
+    /// For a queue pair on shared completion queues: its place among their queue pairs
+    /// (fixed while it is routed there, a replaced queue pair keeping its predecessor's),
+    /// as [`Provider::poll_shared_with`] names it. `None` (the default) for a provider with
+    /// queues of its own.
+    fn shared_slot(&self) -> Option<usize> {
+        None
+    }
+
     /// The wake-up source of this provider's queues (their completion events), if they raise
     /// any: a channel built on it [attaches](crate::poll::Backoff::attach) them to its
     /// back-off. `None` (the default) for queues without a completion channel.

@@ -8,8 +8,11 @@
 //! keeping its own completions and dropping the others' into their mailboxes (each such
 //! queue pair then goes on a ready list). A layer that serves many
 //! queue pairs ([`MultiChannel::poll_ready`](crate::multi::MultiChannel::poll_ready)) polls
-//! the shared queues once through [`Provider::poll_shared`] and serves only the queue pairs on
-//! the ready list: an idle poll is one poll of each queue, whatever the number of peers.
+//! the shared queues once through [`Provider::poll_shared_with`] and serves only the queue
+//! pairs on the ready list: an idle poll is one poll of each queue, whatever the number of
+//! peers. It also takes the completions of its own channels straight from the poll (those of
+//! a queue pair with nothing of their kind in its mailbox), and hands them to the channels
+//! itself: no copy into a mailbox and out again, one take of the shared state per poll.
 //!
 //! With a shared receive queue ([`SharedCqs::with_srq`]) the queue pairs have no receives of
 //! their own: every receive completion is one of the shared queue's, kept in arrival order
@@ -200,11 +203,21 @@ impl<C: CompletionQueue> State<C> {
         }
     }
 
-    /// Moves a completion of another queue pair into its mailbox (unknown numbers are not
-    /// ours: dropped).
-    fn route(&mut self, c: Completion, recv: bool) {
+    /// Moves a completion into its queue pair's mailbox (unknown numbers are not ours:
+    /// dropped), unless `take` takes it: it is offered only when nothing of that queue pair's
+    /// kind waits in the mailbox (so a queue pair's completions of one kind still come out in
+    /// the order they were polled) and the mailbox never overflowed. Out of line: inlined
+    /// into the loop over a poll's completions, the loads it hoists out of the loop cost
+    /// more than the call for the one or two completions a poll usually takes.
+    #[inline(never)]
+    fn route<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        c: &Completion,
+        recv: bool,
+        take: &mut T,
+    ) {
         if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
-            if self.table.get(c.qp_num).is_some() && pool.push(c).is_err() {
+            if self.table.get(c.qp_num).is_some() && pool.push(*c).is_err() {
                 *overflowed = true;
             }
             return;
@@ -213,12 +226,11 @@ impl<C: CompletionQueue> State<C> {
             return;
         };
         let slot = &mut self.slots[i as usize];
-        let pushed = if recv {
-            slot.recv.push(c)
-        } else {
-            slot.send.push(c)
-        };
-        if pushed.is_err() {
+        let mbox = if recv { &mut slot.recv } else { &mut slot.send };
+        if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
+            return;
+        }
+        if mbox.push(*c).is_err() {
             slot.overflowed = true;
         }
         self.enqueue(i as usize);
@@ -245,16 +257,31 @@ impl<C: CompletionQueue> State<C> {
     /// so completions arriving as fast as they are taken cannot keep the caller here.
     #[inline(always)]
     fn poll_into_mailboxes(&mut self, recv: bool) -> Result<usize, ProviderError> {
-        let n = self.poll_batch(recv)?;
+        self.poll_routed(recv, &mut |_, _, _| false)
+    }
+
+    /// [`State::poll_into_mailboxes`], offering each completion to `take` first (see
+    /// [`State::route`]).
+    #[inline(always)]
+    fn poll_routed<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
+        let n = self.poll_batch(recv, take)?;
         if n < POLL_BATCH {
             return Ok(n);
         }
-        self.poll_rest(recv, n)
+        self.poll_rest(recv, n, take)
     }
 
-    /// One poll of a shared queue, routed into mailboxes: how many it took.
+    /// One poll of a shared queue, routed: how many it took.
     #[inline(always)]
-    fn poll_batch(&mut self, recv: bool) -> Result<usize, ProviderError> {
+    fn poll_batch<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
         let n = if recv {
             self.recv_cq.poll(&mut self.scratch)?
         } else {
@@ -262,26 +289,36 @@ impl<C: CompletionQueue> State<C> {
         }
         .min(POLL_BATCH);
         if n > 0 {
-            self.route_scratch(n, recv);
+            self.route_scratch(n, recv, take);
         }
         Ok(n)
     }
 
-    /// Routes the first `n` completions of the scratch array: out of line, so an empty poll
-    /// (an idle `progress`) pays for none of it.
-    #[inline(never)]
-    fn route_scratch(&mut self, n: usize, recv: bool) {
-        for i in 0..n {
+    /// Routes the first `n` completions of the scratch array (each routed out of line, so
+    /// an empty poll, an idle `progress`, pays for none of it).
+    #[inline(always)]
+    fn route_scratch<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        n: usize,
+        recv: bool,
+        take: &mut T,
+    ) {
+        for i in 0..n.min(POLL_BATCH) {
             let c = self.scratch[i];
-            self.route(c, recv);
+            self.route(&c, recv, take);
         }
     }
 
-    /// [`State::poll_into_mailboxes`] after a first poll took a full batch (`total`): the
-    /// rare case, out of the idle path.
+    /// [`State::poll_routed`] after a first poll took a full batch (`total`): the rare
+    /// case, out of the idle path.
     #[cold]
     #[inline(never)]
-    fn poll_rest(&mut self, recv: bool, mut total: usize) -> Result<usize, ProviderError> {
+    fn poll_rest<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        recv: bool,
+        mut total: usize,
+        take: &mut T,
+    ) -> Result<usize, ProviderError> {
         let capacity = if recv {
             self.recv_cq.capacity()
         } else {
@@ -289,7 +326,7 @@ impl<C: CompletionQueue> State<C> {
         };
         // One poll was made; `capacity / POLL_BATCH + 1` in all.
         for _ in 0..capacity as usize / POLL_BATCH {
-            let n = self.poll_batch(recv)?;
+            let n = self.poll_batch(recv, take)?;
             total += n;
             if n < POLL_BATCH {
                 break;
@@ -740,6 +777,11 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
 }
 
 impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
+    #[inline]
+    fn shared_slot(&self) -> Option<usize> {
+        Some(self.slot)
+    }
+
     /// This queue pair's send completions: its mailbox, else the shared queue polled until
     /// it is seen empty (so `Ok(0)` means no completion of it was waiting). Does not
     /// allocate.
@@ -771,10 +813,27 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
         &mut self,
         ready: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<usize>, ProviderError> {
+        self.poll_shared_with(&mut |_, _, _| false, ready)
+    }
+
+    /// [`Provider::poll_shared`], handing each completion whose queue pair has nothing of its
+    /// kind waiting to `take` first: a caller that owns the queue pair delivers it to its
+    /// channel directly, with no copy into the mailbox and out again, and no take of the
+    /// shared state per queue pair and kind. One take of the try-lock for the whole poll.
+    /// Does not allocate.
+    ///
+    /// Inlined whole into its caller, as `poll_shared`: when nothing arrived this is the
+    /// try-lock, one `start_poll` per queue and a test of the ready list.
+    #[inline(always)]
+    fn poll_shared_with<T: FnMut(usize, bool, &Completion) -> bool>(
+        &mut self,
+        take: &mut T,
+        ready: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, ProviderError> {
         let Some(mut st) = self.shared.try_lock() else {
             return Ok(Some(0));
         };
-        let n = st.poll_into_mailboxes(false)? + st.poll_into_mailboxes(true)?;
+        let n = st.poll_routed(false, take)? + st.poll_routed(true, take)?;
         if !st.ready.is_empty() {
             st.name_ready(ready);
         }
