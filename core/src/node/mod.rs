@@ -625,6 +625,9 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     all: Vec<u32>,
     backoff: B,
     peer_flags: Vec<RemoteMemory>,
+    /// Per rank, our arrival slot in its flag array ([`arrival_slots`]): worked out and
+    /// checked once, when a rank's flag array becomes known, not on every notification.
+    arrival_slots: Vec<RemoteMemory>,
     peer_windows: Vec<RemoteMemory>,
     flags: M,
     window: M,
@@ -671,14 +674,35 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
 }
 
 struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
-    me: u32,
     world: u32,
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
+    arrival_slots: &'a [RemoteMemory],
     barrier_wakeups: Option<&'a mut wakeups::Wakeups>,
     failures: &'a mut failure::Failures,
     probe_grace: Duration,
+}
+
+/// Per rank, the slot of rank `me` in its flag array `peer_flags[rank]`: where our barrier
+/// notifications to it land. Every other rank's array was checked to hold
+/// [`FlagLayout::len`] bytes before it got here, so each slice fits; our own entry (never
+/// notified: there is no channel to ourselves) is empty.
+fn arrival_slots(me: u32, world: u32, peer_flags: &[RemoteMemory]) -> Vec<RemoteMemory> {
+    peer_flags
+        .iter()
+        .enumerate()
+        .map(|(r, f)| arrival_slot(me, world, r as u32, f))
+        .collect()
+}
+
+/// One entry of [`arrival_slots`].
+pub(crate) fn arrival_slot(me: u32, world: u32, rank: u32, flags: &RemoteMemory) -> RemoteMemory {
+    FlagLayout::new(world)
+        .arrivals(me)
+        .filter(|_| rank != me)
+        .and_then(|at| flags.slice(at as u64, SLOT_LEN as u64))
+        .unwrap_or_default()
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
@@ -704,20 +728,22 @@ fn barrier_error(e: MultiError) -> BarrierError {
 impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<'_, P, M, B> {
     #[inline]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
-        let slot = self
-            .peer_flags
-            .get(rank as usize)
-            .zip(FlagLayout::new(self.world).arrivals(self.me))
-            .and_then(|(f, at)| f.slice(at as u64, SLOT_LEN as u64))
-            .ok_or(BarrierError::RankOutOfRange(rank))?;
+        let Some(&slot) = self.arrival_slots.get(rank as usize) else {
+            return Err(BarrierError::RankOutOfRange(rank));
+        };
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
         let data = FlagLayout::bytes(count);
         // Every error goes through one cold call (which turns it into failure news if it is
         // one): the success path carries no conversion of the large error types.
         if !self.barrier_wakeups.as_ref().is_some_and(|w| w.live) {
-            match self.multi.post_write_inline(rank, &data, slot) {
-                Ok(_) => Ok(()),
+            // The channel's own single-request inline post: no rank-naming error wrapper on
+            // the way (the error is named here, out of line).
+            match self.multi.channel(rank) {
+                Ok(c) => match c.post_write_inline(&data, slot) {
+                    Ok(_) => Ok(()),
+                    Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
+                },
                 Err(e) => Err(self.news(barrier_error(e))),
             }
         } else {
@@ -855,6 +881,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         } else {
             None
         };
+        let arrival_slots = arrival_slots(rank, world, &peer_flags);
         Ok(Self {
             rank,
             world,
@@ -870,6 +897,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             all: (0..world).collect(),
             backoff,
             peer_flags,
+            arrival_slots,
             peer_windows,
             flags,
             window,
@@ -1096,6 +1124,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         let members = members.into().ranks();
+        if members.is_none()
+            && self.algorithm == BarrierAlgorithm::Dissemination
+            && self.barrier_wakeups.is_none()
+        {
+            return self.dissemination_world(timeout);
+        }
         let (alg, clock) = (self.algorithm, self.clock);
         self.with_barrier(members, |barrier, t, m, backoff| match members {
             None => barrier.run_world(t, m, alg, &clock, timeout, backoff),
@@ -1137,10 +1171,21 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         // Remember the members for the polls, unless a barrier is in progress (the start
         // fails then, and the one in progress keeps its own).
         let remember = !self.barrier.is_pending();
-        let done = self.with_barrier(members, |barrier, t, m, _| match members {
-            None => barrier.start_world(t, m, alg, &clock, timeout),
-            Some(_) => barrier.start(t, m, alg, &clock, timeout),
-        });
+        let done = if members.is_none()
+            && alg == BarrierAlgorithm::Dissemination
+            && self.barrier_wakeups.is_none()
+        {
+            // Completed or pending alike: `barrier_poll` finishes what is left.
+            self.with_dissemination_world(|barrier, t| {
+                barrier.start_dissemination_world(t, &clock, timeout)
+            })
+            .map(drop)
+        } else {
+            self.with_barrier(members, |barrier, t, m, _| match members {
+                None => barrier.start_world(t, m, alg, &clock, timeout),
+                Some(_) => barrier.start(t, m, alg, &clock, timeout),
+            })
+        };
         if remember && done.is_ok() {
             self.polled.clear();
             if let Some(m) = members {
@@ -1172,6 +1217,69 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         done
     }
 
+    /// [`Node::barrier_timeout`] over the whole world with the dissemination algorithm and
+    /// no wake-ups, specialised: the rounds run straight from the barrier's list
+    /// ([`BarrierState::start_dissemination_world`]), the transport built once; only a
+    /// barrier that has to wait goes on through the general poll loop (deadline, failure
+    /// news and probes on every turn, timeouts counted per rank). With wake-ups on, the
+    /// general path runs (it re-posts the wake-up receives and makes them live).
+    #[inline]
+    fn dissemination_world(&mut self, timeout: Duration) -> Result<(), NodeError> {
+        let clock = self.clock;
+        match self.with_dissemination_world(|barrier, t| {
+            barrier.start_dissemination_world(t, &clock, timeout)
+        }) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.finish_world_barrier(),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lends `f` the barrier state and a transport without wake-ups (the specialised
+    /// whole-world dissemination start; see [`Node::dissemination_world`]).
+    #[inline(always)]
+    fn with_dissemination_world<T>(
+        &mut self,
+        f: impl FnOnce(&mut BarrierState, &mut Transport<'_, P, M, B>) -> Result<T, BarrierError>,
+    ) -> Result<T, NodeError> {
+        debug_assert!(self.barrier_wakeups.is_none());
+        let Self {
+            world,
+            multi,
+            barrier,
+            peer_flags,
+            arrival_slots,
+            flags,
+            failures,
+            probe_grace,
+            ..
+        } = self;
+        let mut t = Transport {
+            world: *world,
+            multi,
+            flags,
+            peer_flags,
+            arrival_slots,
+            barrier_wakeups: None,
+            failures,
+            probe_grace: *probe_grace,
+        };
+        f(barrier, &mut t).map_err(NodeError::Barrier)
+    }
+
+    /// The wait of a whole-world barrier [`Node::dissemination_world`] started: the general
+    /// poll loop, through [`Node::with_barrier`] (which counts a timeout against each rank
+    /// still missing).
+    #[inline(never)]
+    fn finish_world_barrier(&mut self) -> Result<(), NodeError> {
+        let clock = self.clock;
+        self.with_barrier(None, |barrier, t, m, backoff| {
+            barrier.finish_world(t, m, &clock, backoff)
+        })?;
+        self.barrier_completed(None);
+        Ok(())
+    }
+
     /// After a barrier over `members` (every rank when `None`) completed: a full barrier
     /// proves every rank enabled its wake-ups, so notifications may carry an immediate.
     fn barrier_completed(&mut self, members: Option<&[u32]>) {
@@ -1195,13 +1303,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         ) -> Result<T, BarrierError>,
     ) -> Result<T, NodeError> {
         let Self {
-            rank,
             world,
             multi,
             barrier,
             all,
             backoff,
             peer_flags,
+            arrival_slots,
             flags,
             barrier_wakeups,
             failures,
@@ -1219,11 +1327,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             }
         }
         let mut t = Transport {
-            me: *rank,
             world: *world,
             multi,
             flags,
             peer_flags,
+            arrival_slots,
             barrier_wakeups: barrier_wakeups.as_mut(),
             failures,
             probe_grace: *probe_grace,

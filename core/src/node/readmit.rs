@@ -183,6 +183,8 @@ where
             Some(Ok(())) => {}
         }
         self.peer_flags[rank as usize] = flags;
+        self.arrival_slots[rank as usize] =
+            super::arrival_slot(self.rank, self.world, rank, &flags);
         self.peer_windows[rank as usize] = window;
         self.barrier.reset();
         for at in FlagLayout::new(self.world).slots() {
