@@ -726,7 +726,7 @@ fn barrier_error(e: MultiError) -> BarrierError {
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<'_, P, M, B> {
-    #[inline]
+    #[inline(always)]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
         let Some(&slot) = self.arrival_slots.get(rank as usize) else {
             return Err(BarrierError::RankOutOfRange(rank));
@@ -759,10 +759,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     #[inline]
     fn arrived(&self, rank: u32) -> u64 {
-        FlagLayout::new(self.world)
-            .arrivals(rank)
-            .and_then(|at| self.flags.load_u64(at))
-            .unwrap_or(0)
+        arrivals(self.flags, self.world, rank)
     }
 
     #[inline]
@@ -783,6 +780,61 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     fn probe_grace(&self) -> Duration {
         self.probe_grace
+    }
+}
+
+/// The transport of the specialised whole-world dissemination start
+/// ([`Node::dissemination_world`]): notifications (plain inline writes: no wake-ups) and
+/// arrivals, nothing else to borrow. Its errors are the plain ones; the node turns them into
+/// the failure news they are once the start has returned (out of line), so no cold path
+/// here needs the failure state.
+struct Notifier<'a, P: Provider, M: Region, B: Backoff + Clone> {
+    world: u32,
+    multi: &'a mut MultiChannel<P, B>,
+    flags: &'a M,
+    arrival_slots: &'a [RemoteMemory],
+}
+
+/// A notification to `rank` failed with `error`.
+#[cold]
+#[inline(never)]
+fn notify_failed(rank: u32, error: ChannelError) -> BarrierError {
+    BarrierError::Transport { rank, error }
+}
+
+/// The count `rank` last wrote into its arrival slot of `flags` (0 for a rank outside the
+/// world: never read for one, the barrier's ranks are the world's).
+#[inline(always)]
+fn arrivals<M: Region>(flags: &M, world: u32, rank: u32) -> u64 {
+    FlagLayout::new(world)
+        .arrivals(rank)
+        .and_then(|at| flags.load_u64(at))
+        .unwrap_or(0)
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Notifier<'_, P, M, B> {
+    #[inline(always)]
+    fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
+        let Some(&slot) = self.arrival_slots.get(rank as usize) else {
+            return Err(BarrierError::RankOutOfRange(rank));
+        };
+        match self.multi.channel(rank) {
+            Ok(c) => match c.post_write_inline(&FlagLayout::bytes(count), slot) {
+                Ok(_) => Ok(()),
+                Err(error) => Err(notify_failed(rank, error)),
+            },
+            Err(_) => Err(BarrierError::RankOutOfRange(rank)),
+        }
+    }
+
+    #[inline(always)]
+    fn arrived(&self, rank: u32) -> u64 {
+        arrivals(self.flags, self.world, rank)
+    }
+
+    /// Not called by the start it serves; a poll of the channels, errors plain.
+    fn progress(&mut self) -> Result<(), BarrierError> {
+        self.multi.poll().map(drop).map_err(barrier_error)
     }
 }
 
@@ -1176,10 +1228,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             && self.barrier_wakeups.is_none()
         {
             // Completed or pending alike: `barrier_poll` finishes what is left.
-            self.with_dissemination_world(|barrier, t| {
-                barrier.start_dissemination_world(t, &clock, timeout)
-            })
-            .map(drop)
+            self.start_dissemination_world(timeout).map(drop)
         } else {
             self.with_barrier(members, |barrier, t, m, _| match members {
                 None => barrier.start_world(t, m, alg, &clock, timeout),
@@ -1225,46 +1274,50 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// general path runs (it re-posts the wake-up receives and makes them live).
     #[inline]
     fn dissemination_world(&mut self, timeout: Duration) -> Result<(), NodeError> {
-        let clock = self.clock;
-        match self.with_dissemination_world(|barrier, t| {
-            barrier.start_dissemination_world(t, &clock, timeout)
-        }) {
+        match self.start_dissemination_world(timeout) {
             Ok(true) => Ok(()),
             Ok(false) => self.finish_world_barrier(),
             Err(e) => Err(e),
         }
     }
 
-    /// Lends `f` the barrier state and a transport without wake-ups (the specialised
-    /// whole-world dissemination start; see [`Node::dissemination_world`]).
+    /// The start of [`Node::dissemination_world`] (and of [`Node::barrier_start`] over the
+    /// world with that algorithm): [`BarrierState::start_dissemination_world`] over a
+    /// [`Notifier`], whose errors become failure news here, out of line.
     #[inline(always)]
-    fn with_dissemination_world<T>(
-        &mut self,
-        f: impl FnOnce(&mut BarrierState, &mut Transport<'_, P, M, B>) -> Result<T, BarrierError>,
-    ) -> Result<T, NodeError> {
+    fn start_dissemination_world(&mut self, timeout: Duration) -> Result<bool, NodeError> {
         debug_assert!(self.barrier_wakeups.is_none());
+        let clock = self.clock;
         let Self {
             world,
             multi,
             barrier,
-            peer_flags,
             arrival_slots,
             flags,
-            failures,
-            probe_grace,
             ..
         } = self;
-        let mut t = Transport {
+        let mut t = Notifier {
             world: *world,
             multi,
             flags,
-            peer_flags,
             arrival_slots,
-            barrier_wakeups: None,
-            failures,
-            probe_grace: *probe_grace,
         };
-        f(barrier, &mut t).map_err(NodeError::Barrier)
+        match barrier.start_dissemination_world(&mut t, &clock, timeout) {
+            Ok(done) => Ok(done),
+            Err(e) => Err(self.barrier_news(e)),
+        }
+    }
+
+    /// `e`, or the failure news it is, as the node's error.
+    #[cold]
+    #[inline(never)]
+    fn barrier_news(&mut self, e: BarrierError) -> NodeError {
+        NodeError::Barrier(failure::barrier_news(
+            e,
+            &mut self.failures,
+            &mut self.multi,
+            &self.peer_flags,
+        ))
     }
 
     /// The wait of a whole-world barrier [`Node::dissemination_world`] started: the general
