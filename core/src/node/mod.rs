@@ -612,6 +612,11 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     rank: u32,
     world: u32,
     algorithm: BarrierAlgorithm,
+    /// Whether a whole-world barrier takes the specialised dissemination path
+    /// ([`Node::dissemination_world`]): the algorithm is dissemination and there are no
+    /// wake-ups. Kept with the algorithm (wake-ups are chosen at build), so a barrier asks
+    /// one question instead of two.
+    dissemination_world: bool,
     multi: MultiChannel<P, B>,
     rings: Option<messaging::Rings<M>>,
     barrier_wakeups: Option<wakeups::Wakeups>,
@@ -625,9 +630,9 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     all: Vec<u32>,
     backoff: B,
     peer_flags: Vec<RemoteMemory>,
-    /// Per rank, our arrival slot in its flag array ([`arrival_slots`]): worked out and
+    /// Per rank, where a barrier notification to it goes ([`NotifyTo`]): worked out and
     /// checked once, when a rank's flag array becomes known, not on every notification.
-    arrival_slots: Vec<RemoteMemory>,
+    notify_to: Vec<Option<NotifyTo>>,
     peer_windows: Vec<RemoteMemory>,
     flags: M,
     window: M,
@@ -678,31 +683,54 @@ struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
-    arrival_slots: &'a [RemoteMemory],
+    notify_to: &'a [Option<NotifyTo>],
     barrier_wakeups: Option<&'a mut wakeups::Wakeups>,
     failures: &'a mut failure::Failures,
     probe_grace: Duration,
 }
 
-/// Per rank, the slot of rank `me` in its flag array `peer_flags[rank]`: where our barrier
-/// notifications to it land. Every other rank's array was checked to hold
-/// [`FlagLayout::len`] bytes before it got here, so each slice fits; our own entry (never
-/// notified: there is no channel to ourselves) is empty.
-fn arrival_slots(me: u32, world: u32, peer_flags: &[RemoteMemory]) -> Vec<RemoteMemory> {
+/// Where a barrier notification to one rank goes: our arrival slot in its flag array and
+/// the position of its channel in the node's [`MultiChannel`] (fixed for the node's life:
+/// readmission renews a channel in place).
+#[derive(Clone, Copy, Debug)]
+struct NotifyTo {
+    slot: RemoteMemory,
+    channel: usize,
+}
+
+/// Per rank, where a notification goes; `None` for our own rank (no channel to ourselves).
+/// Every other rank's array was checked to hold [`FlagLayout::len`] bytes before it got
+/// here, so each slot fits.
+fn notify_to<P: Provider, B: Backoff + Clone>(
+    me: u32,
+    world: u32,
+    peer_flags: &[RemoteMemory],
+    multi: &MultiChannel<P, B>,
+) -> Vec<Option<NotifyTo>> {
     peer_flags
         .iter()
         .enumerate()
-        .map(|(r, f)| arrival_slot(me, world, r as u32, f))
+        .map(|(r, f)| {
+            let channel = multi.position(r as u32)?;
+            Some(NotifyTo {
+                slot: arrival_slot(me, world, r as u32, f)?,
+                channel,
+            })
+        })
         .collect()
 }
 
-/// One entry of [`arrival_slots`].
-pub(crate) fn arrival_slot(me: u32, world: u32, rank: u32, flags: &RemoteMemory) -> RemoteMemory {
+/// Rank `me`'s arrival slot in `rank`'s flag array `flags` (none in our own).
+pub(crate) fn arrival_slot(
+    me: u32,
+    world: u32,
+    rank: u32,
+    flags: &RemoteMemory,
+) -> Option<RemoteMemory> {
     FlagLayout::new(world)
         .arrivals(me)
         .filter(|_| rank != me)
         .and_then(|at| flags.slice(at as u64, SLOT_LEN as u64))
-        .unwrap_or_default()
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
@@ -728,7 +756,7 @@ fn barrier_error(e: MultiError) -> BarrierError {
 impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<'_, P, M, B> {
     #[inline(always)]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
-        let Some(&slot) = self.arrival_slots.get(rank as usize) else {
+        let Some(&Some(NotifyTo { slot, channel })) = self.notify_to.get(rank as usize) else {
             return Err(BarrierError::RankOutOfRange(rank));
         };
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
@@ -739,20 +767,20 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
         if !self.barrier_wakeups.as_ref().is_some_and(|w| w.live) {
             // The channel's own single-request inline post: no rank-naming error wrapper on
             // the way (the error is named here, out of line).
-            match self.multi.channel(rank) {
-                Ok(c) => match c.post_write_inline(&data, slot) {
+            match self.multi.by_index(channel) {
+                Some(c) => match c.post_write_inline(&data, slot) {
                     Ok(_) => Ok(()),
                     Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
                 },
-                Err(e) => Err(self.news(barrier_error(e))),
+                None => Err(BarrierError::RankOutOfRange(rank)),
             }
         } else {
-            match self.multi.channel(rank) {
-                Ok(c) => match c.post_write_imm_inline(&data, slot, wakeups::WAKE_IMM) {
+            match self.multi.by_index(channel) {
+                Some(c) => match c.post_write_imm_inline(&data, slot, wakeups::WAKE_IMM) {
                     Ok(_) => Ok(()),
                     Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
                 },
-                Err(e) => Err(self.news(barrier_error(e))),
+                None => Err(BarrierError::RankOutOfRange(rank)),
             }
         }
     }
@@ -792,7 +820,7 @@ struct Notifier<'a, P: Provider, M: Region, B: Backoff + Clone> {
     world: u32,
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
-    arrival_slots: &'a [RemoteMemory],
+    notify_to: &'a [Option<NotifyTo>],
 }
 
 /// A notification to `rank` failed with `error`.
@@ -815,15 +843,15 @@ fn arrivals<M: Region>(flags: &M, world: u32, rank: u32) -> u64 {
 impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Notifier<'_, P, M, B> {
     #[inline(always)]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
-        let Some(&slot) = self.arrival_slots.get(rank as usize) else {
+        let Some(&Some(to)) = self.notify_to.get(rank as usize) else {
             return Err(BarrierError::RankOutOfRange(rank));
         };
-        match self.multi.channel(rank) {
-            Ok(c) => match c.post_write_inline(&FlagLayout::bytes(count), slot) {
+        match self.multi.by_index(to.channel) {
+            Some(c) => match c.post_write_inline(&FlagLayout::bytes(count), to.slot) {
                 Ok(_) => Ok(()),
                 Err(error) => Err(notify_failed(rank, error)),
             },
-            Err(_) => Err(BarrierError::RankOutOfRange(rank)),
+            None => Err(BarrierError::RankOutOfRange(rank)),
         }
     }
 
@@ -933,11 +961,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         } else {
             None
         };
-        let arrival_slots = arrival_slots(rank, world, &peer_flags);
+        let notify_to = notify_to(rank, world, &peer_flags, &multi);
         Ok(Self {
             rank,
             world,
             algorithm,
+            dissemination_world: algorithm == BarrierAlgorithm::Dissemination
+                && barrier_wakeups.is_none(),
             multi,
             rings: None,
             barrier_wakeups,
@@ -949,7 +979,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             all: (0..world).collect(),
             backoff,
             peer_flags,
-            arrival_slots,
+            notify_to,
             peer_windows,
             flags,
             window,
@@ -1020,6 +1050,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Sets the default barrier algorithm. Every member of a barrier must use the same one.
     pub fn set_algorithm(&mut self, alg: BarrierAlgorithm) {
         self.algorithm = alg;
+        self.dissemination_world =
+            alg == BarrierAlgorithm::Dissemination && self.barrier_wakeups.is_none();
     }
 
     /// Whether a failed barrier poisoned this node (see [`crate::barrier`]).
@@ -1176,10 +1208,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         let members = members.into().ranks();
-        if members.is_none()
-            && self.algorithm == BarrierAlgorithm::Dissemination
-            && self.barrier_wakeups.is_none()
-        {
+        if members.is_none() && self.dissemination_world {
             return self.dissemination_world(timeout);
         }
         let (alg, clock) = (self.algorithm, self.clock);
@@ -1223,10 +1252,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         // Remember the members for the polls, unless a barrier is in progress (the start
         // fails then, and the one in progress keeps its own).
         let remember = !self.barrier.is_pending();
-        let done = if members.is_none()
-            && alg == BarrierAlgorithm::Dissemination
-            && self.barrier_wakeups.is_none()
-        {
+        let done = if members.is_none() && self.dissemination_world {
             // Completed or pending alike: `barrier_poll` finishes what is left.
             self.start_dissemination_world(timeout).map(drop)
         } else {
@@ -1292,7 +1318,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             world,
             multi,
             barrier,
-            arrival_slots,
+            notify_to,
             flags,
             ..
         } = self;
@@ -1300,7 +1326,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             world: *world,
             multi,
             flags,
-            arrival_slots,
+            notify_to,
         };
         match barrier.start_dissemination_world(&mut t, &clock, timeout) {
             Ok(done) => Ok(done),
@@ -1362,7 +1388,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             all,
             backoff,
             peer_flags,
-            arrival_slots,
+            notify_to,
             flags,
             barrier_wakeups,
             failures,
@@ -1384,7 +1410,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             multi,
             flags,
             peer_flags,
-            arrival_slots,
+            notify_to,
             barrier_wakeups: barrier_wakeups.as_mut(),
             failures,
             probe_grace: *probe_grace,
