@@ -1055,6 +1055,18 @@ mod tests {
             );
             clock.0.store(0, Ordering::Relaxed);
         }
+        // The specialised whole-world dissemination start alike: none while all are there,
+        // one when a rank is missing (the deadline starts).
+        let mut s = BarrierState::new(0, 3);
+        let mut t = Slots {
+            slots: [0, 1, 1],
+            notified: 0,
+        };
+        assert_eq!(s.start_dissemination_world(&mut t, &clock, long), Ok(true));
+        assert_eq!(clock.0.load(Ordering::Relaxed), 0);
+        assert_eq!(s.start_dissemination_world(&mut t, &clock, long), Ok(false));
+        assert_eq!(clock.0.load(Ordering::Relaxed), 1);
+        assert!(s.is_pending());
     }
 
     /// A world of flag arrays in one process: rank `me`'s transport writes its counts into
