@@ -16,6 +16,12 @@
 //!   parent, wait for the parent's release, release the children. `2 log2 n` latencies, at
 //!   most 3 messages per rank.
 //!
+//! A barrier over the whole world walks stages worked out once per algorithm (a plan), and
+//! the common one, dissemination over the whole world, starts in a loop of its own
+//! (`BarrierState::start_dissemination_world`, used by the node): per round one
+//! notification and one compare, the pending state built only when a rank is missing; a
+//! test holds it to the general walk barrier after barrier.
+//!
 //! # After a failure
 //! When the deadline passes, a rank does not blame the ranks it waits for at once: one of them
 //! may be alive and waiting for a dead rank itself. It first asks the transport whether a
