@@ -118,6 +118,39 @@ fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
     assert_eq!(nodes[0].peer_counters(1).unwrap().barrier_timeouts, 0);
 }
 
+/// The blocking whole-world dissemination barrier (its own start, specialised) waits like
+/// every other: a stalled rank is probed, then named in a timeout, and counted against it.
+#[test]
+fn a_blocking_dissemination_barrier_names_a_stalled_rank_after_the_probe() {
+    let world_size = if cfg!(miri) { 4 } else { 8 };
+    let clock = clock!(STEP);
+    quick_probed_nodes!(let net, nodes = world_size, BarrierAlgorithm::Dissemination, clock);
+    // Rank 0 waits for the stalled rank in its first round (at distance 1 below it).
+    let stalled = world_size - 1;
+    for n in nodes[1..].iter_mut().filter(|n| n.rank() != stalled) {
+        n.barrier_start_timeout(Members::World, Duration::from_millis(5))
+            .unwrap();
+    }
+    let e = nodes[0]
+        .barrier_timeout(Members::World, Duration::from_millis(5))
+        .unwrap_err();
+    match &e {
+        NodeError::Barrier(BarrierError::Timeout { missing, .. }) => {
+            assert_eq!(missing.as_slice(), &[stalled], "{e}");
+        }
+        other => panic!("expected a timeout naming rank {stalled}, got {other}"),
+    }
+    assert_eq!(nodes[0].failure(), None);
+    let c = nodes[0].peer_counters(stalled).unwrap();
+    assert_eq!((c.barrier_timeouts, c.failed), (1, None), "{c:?}");
+    // A failed barrier poisons the node: the next one is refused at once.
+    assert!(nodes[0].is_poisoned());
+    assert_eq!(
+        nodes[0].barrier_timeout(Members::World, Duration::from_millis(5)),
+        Err(NodeError::Barrier(BarrierError::Poisoned))
+    );
+}
+
 #[test]
 fn a_failure_raised_on_the_alarm_ends_a_wait_and_names_the_rank() {
     let world_size = 4;

@@ -89,6 +89,33 @@ fn a_forged_arrival_count_fails_the_barrier_instead_of_completing_it() {
     }
 }
 
+/// The same refusal in the blocking whole-world dissemination barrier, whose start is
+/// specialised (its own loop of notify and compare): a forged count fails it, and every
+/// later barrier is refused.
+#[test]
+fn a_forged_arrival_count_fails_the_blocking_dissemination_barrier() {
+    let net = net(3);
+    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+    let mut nodes = world(&net, &mut arena, BarrierAlgorithm::Dissemination);
+    all_meet(&mut nodes);
+    // Rank 0 waits for rank 2 in its first round.
+    forge(&mut nodes, 1, 0, 16, u64::MAX);
+    let e = nodes[0].barrier_timeout(Members::World, LONG).unwrap_err();
+    assert_eq!(
+        e,
+        NodeError::Barrier(BarrierError::ImplausibleArrival {
+            rank: 2,
+            count: u64::MAX,
+            most: 3
+        })
+    );
+    assert!(nodes[0].is_poisoned());
+    assert_eq!(
+        nodes[0].barrier(Members::World),
+        Err(NodeError::Barrier(BarrierError::Poisoned))
+    );
+}
+
 /// Not a fix, the bound's other side: honest ranks are never refused, though fast ranks
 /// run their next barrier (its count is ours + 1) while a slow one still polls the last,
 /// with sub-groups in between.

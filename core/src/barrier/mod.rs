@@ -16,6 +16,12 @@
 //!   parent, wait for the parent's release, release the children. `2 log2 n` latencies, at
 //!   most 3 messages per rank.
 //!
+//! A barrier over the whole world walks stages worked out once per algorithm (a plan), and
+//! the common one, dissemination over the whole world, starts in a loop of its own
+//! (`BarrierState::start_dissemination_world`, used by the node): per round one
+//! notification and one compare, the pending state built only when a rank is missing; a
+//! test holds it to the general walk barrier after barrier.
+//!
 //! # After a failure
 //! When the deadline passes, a rank does not blame the ranks it waits for at once: one of them
 //! may be alive and waiting for a dead rank itself. It first asks the transport whether a
@@ -237,6 +243,10 @@ pub struct BarrierState {
     /// the whole world, worked out once: a whole-world step reads its ranks from here
     /// instead of evaluating the stage table (divisions, matches) on every step.
     plans: [Plan; 3],
+    /// The whole-world dissemination barrier's rounds for this rank, `(notify, wait)` per
+    /// round (the dissemination plan's steps, each of one rank to notify and one to wait
+    /// for): what [`BarrierState::start_dissemination_world`] walks, one pair per round.
+    rounds: Vec<(u32, u32)>,
 }
 
 /// The stages of one algorithm's barrier over the whole world for this rank: the ranks to
@@ -280,6 +290,19 @@ impl Plan {
 
     fn ranks(&self, (a, b): (u32, u32)) -> &[u32] {
         self.ranks.get(a as usize..b as usize).unwrap_or(&[])
+    }
+
+    /// A dissemination plan's steps as `(notify, wait)` pairs: each of its steps notifies
+    /// one rank and waits for one (the table's `Set::One` twice).
+    fn rounds(&self) -> Vec<(u32, u32)> {
+        self.steps
+            .iter()
+            .map(|s| {
+                let (notify, wait) = (self.ranks(s.notify), self.ranks(s.wait));
+                debug_assert!(notify.len() == 1 && wait.len() == 1);
+                (notify[0], wait[0])
+            })
+            .collect()
     }
 }
 
@@ -468,6 +491,7 @@ impl BarrierState {
             pending: None,
             world_print: world_fingerprint(world),
             plans: BarrierAlgorithm::ALL.map(|alg| Plan::new(alg, me, world)),
+            rounds: Plan::new(BarrierAlgorithm::Dissemination, me, world).rounds(),
         }
     }
 
@@ -599,6 +623,89 @@ impl BarrierState {
         // A valid list of `world` ranks is `0..world`: the plan serves it.
         let world = members.len() == self.sent.len();
         self.begin(t, members, (print, world), alg, clock, timeout)
+    }
+
+    /// [`BarrierState::start_world`] for [`BarrierAlgorithm::Dissemination`], specialised:
+    /// per round one notification and one compare of the awaited rank's slot, straight
+    /// from the rounds worked out at build (no plan walked through ranges, no pending state
+    /// built unless a rank is missing). `Ok(true)`: the barrier completed. `Ok(false)`: a
+    /// rank is missing; the barrier is pending at that round, entered, its deadline running
+    /// from now, exactly as [`BarrierState::start_world`] leaves it (finish it with
+    /// [`BarrierState::poll_world`] or [`BarrierState::finish_world`]). Refuses a poisoned
+    /// state and a barrier already started; a failed notification and an implausible
+    /// arrival poison the state, as everywhere. Does not allocate.
+    #[inline]
+    pub(crate) fn start_dissemination_world<T: BarrierTransport, C: Clock>(
+        &mut self,
+        t: &mut T,
+        clock: &C,
+        timeout: Duration,
+    ) -> Result<bool, BarrierError> {
+        if self.poisoned || self.pending.is_some() {
+            return Err(self.refusal());
+        }
+        for k in 0..self.rounds.len() {
+            let (to, from) = self.rounds[k];
+            let c = &mut self.sent[to as usize];
+            *c += 1;
+            if let Err(e) = t.notify(to, *c) {
+                return Err(self.fail(e));
+            }
+            let e = &mut self.expected[from as usize];
+            *e += 1;
+            let (count, e) = (t.arrived(from), *e);
+            match arrival(count, e) {
+                Arrival::In => {}
+                Arrival::Waiting => {
+                    self.wait_at(k, clock, timeout);
+                    return Ok(false);
+                }
+                Arrival::Implausible => return Err(self.fail(implausible(from, count, e))),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Why a barrier may not start: the state is poisoned, or one is in progress.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self) -> BarrierError {
+        if self.poisoned {
+            BarrierError::Poisoned
+        } else {
+            BarrierError::AlreadyStarted
+        }
+    }
+
+    /// The whole-world dissemination barrier waits in round `k` (entered: its notification
+    /// is out, its count expected): the pending state the plan walk goes on from, with the
+    /// deadline from now.
+    #[cold]
+    #[inline(never)]
+    fn wait_at<C: Clock>(&mut self, k: usize, clock: &C, timeout: Duration) {
+        self.pending = Some(Pending {
+            alg: BarrierAlgorithm::Dissemination,
+            i: self.me as usize,
+            stage: k as u32,
+            entered: true,
+            world: true,
+            deadline: Deadline::after(clock, timeout),
+            probed: false,
+            members: self.world_print,
+        });
+    }
+
+    /// Polls the whole-world barrier in progress until it completes, backing off between
+    /// rounds (see [`BarrierState::run_world`]). Does not allocate.
+    pub(crate) fn finish_world<T: BarrierTransport, C: Clock, B: Backoff>(
+        &mut self,
+        t: &mut T,
+        world: &[u32],
+        clock: &C,
+        backoff: &mut B,
+    ) -> Result<(), BarrierError> {
+        debug_assert!(world.iter().copied().eq(0..self.sent.len() as u32));
+        self.finish(t, world, self.world_print, clock, backoff)
     }
 
     /// [`BarrierState::start`] over every rank of the world: `0..world`, which needs no
@@ -954,6 +1061,158 @@ mod tests {
             );
             clock.0.store(0, Ordering::Relaxed);
         }
+        // The specialised whole-world dissemination start alike: none while all are there,
+        // one when a rank is missing (the deadline starts).
+        let mut s = BarrierState::new(0, 3);
+        let mut t = Slots {
+            slots: [0, 1, 1],
+            notified: 0,
+        };
+        assert_eq!(s.start_dissemination_world(&mut t, &clock, long), Ok(true));
+        assert_eq!(clock.0.load(Ordering::Relaxed), 0);
+        assert_eq!(s.start_dissemination_world(&mut t, &clock, long), Ok(false));
+        assert_eq!(clock.0.load(Ordering::Relaxed), 1);
+        assert!(s.is_pending());
+    }
+
+    /// A world of flag arrays in one process: rank `me`'s transport writes its counts into
+    /// the other ranks' arrays (an RDMA write overwrites the slot) and reads its own.
+    struct Shared<'a> {
+        me: u32,
+        flags: &'a [Vec<core::cell::Cell<u64>>],
+    }
+
+    impl BarrierTransport for Shared<'_> {
+        fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
+            self.flags[rank as usize][self.me as usize].set(count);
+            Ok(())
+        }
+        fn arrived(&self, rank: u32) -> u64 {
+            self.flags[self.me as usize][rank as usize].get()
+        }
+        fn progress(&mut self) -> Result<(), BarrierError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_specialised_dissemination_start_meets_the_general_one_barrier_after_barrier() {
+        // Every world up to 12 natively (Miri: up to 5); ranks start in a rotating order,
+        // barrier after barrier, each rank alternating the specialised start and the general
+        // one (in opposite phase to its neighbour), so counts from either reach the other.
+        let most = if cfg!(miri) { 5 } else { 12 };
+        let long = Duration::from_secs(3600);
+        let alg = BarrierAlgorithm::Dissemination;
+        for world in 1..=most {
+            let flags: Vec<Vec<core::cell::Cell<u64>>> = (0..world)
+                .map(|_| (0..world).map(|_| core::cell::Cell::new(0)).collect())
+                .collect();
+            let all: Vec<u32> = (0..world).collect();
+            let mut states: Vec<BarrierState> =
+                (0..world).map(|r| BarrierState::new(r, world)).collect();
+            for b in 0..6u32 {
+                let mut waiting = Vec::new();
+                for k in 0..world {
+                    let r = (k + b) % world;
+                    let mut t = Shared {
+                        me: r,
+                        flags: &flags,
+                    };
+                    let s = &mut states[r as usize];
+                    let done = if (r + b) % 2 == 0 {
+                        s.start_dissemination_world(&mut t, &clock(), long)
+                    } else {
+                        s.start_world(&mut t, &all, alg, &clock(), long)
+                            .map(|()| !s.is_pending())
+                    }
+                    .unwrap_or_else(|e| panic!("{r}/{world} barrier {b}: {e}"));
+                    assert_eq!(done, !s.is_pending(), "{r}/{world} barrier {b}");
+                    if !done {
+                        waiting.push(r);
+                    }
+                }
+                // The last rank to start never waits for anyone who has not started.
+                let mut turns = 0;
+                while !waiting.is_empty() {
+                    turns += 1;
+                    assert!(turns < 100, "{world}: barrier {b} never completes");
+                    waiting.retain(|&r| {
+                        let mut t = Shared {
+                            me: r,
+                            flags: &flags,
+                        };
+                        !states[r as usize]
+                            .poll_world(&mut t, &all, &clock())
+                            .unwrap_or_else(|e| panic!("{r}/{world} barrier {b}: {e}"))
+                    });
+                }
+                // Every rank counted the same barriers: one notification per round each.
+                let rounds = states[0].rounds.len() as u64;
+                for s in &states {
+                    assert_eq!(s.sent.iter().sum::<u64>(), rounds * u64::from(b + 1));
+                    assert_eq!(s.expected.iter().sum::<u64>(), rounds * u64::from(b + 1));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_specialised_dissemination_start_keeps_every_refusal() {
+        let long = Duration::from_secs(3600);
+        let flags: Vec<Vec<core::cell::Cell<u64>>> = (0..4)
+            .map(|_| (0..4).map(|_| core::cell::Cell::new(0)).collect())
+            .collect();
+        let mut t = Shared {
+            me: 0,
+            flags: &flags,
+        };
+        let mut s = BarrierState::new(0, 4);
+        // Nobody else is there: pending in round 0, deadline running, a second start refused.
+        assert_eq!(
+            s.start_dissemination_world(&mut t, &clock(), long),
+            Ok(false)
+        );
+        assert!(s.is_pending());
+        assert_eq!(
+            s.start_dissemination_world(&mut t, &clock(), long),
+            Err(BarrierError::AlreadyStarted)
+        );
+        assert!(!s.is_poisoned(), "a refused start changes nothing");
+        // Rank 0 waits for rank 3 in round 0 (count 1): a forged count fails the barrier.
+        flags[0][3].set(u64::MAX);
+        let mut s = BarrierState::new(0, 4);
+        assert_eq!(
+            s.start_dissemination_world(&mut t, &clock(), long),
+            Err(BarrierError::ImplausibleArrival {
+                rank: 3,
+                count: u64::MAX,
+                most: 2
+            })
+        );
+        assert!(s.is_poisoned());
+        assert_eq!(
+            s.start_dissemination_world(&mut t, &clock(), long),
+            Err(BarrierError::Poisoned)
+        );
+        // A transport that cannot notify fails the barrier and poisons the state.
+        struct Refusing;
+        impl BarrierTransport for Refusing {
+            fn notify(&mut self, rank: u32, _: u64) -> Result<(), BarrierError> {
+                Err(BarrierError::RankOutOfRange(rank))
+            }
+            fn arrived(&self, _: u32) -> u64 {
+                0
+            }
+            fn progress(&mut self) -> Result<(), BarrierError> {
+                Ok(())
+            }
+        }
+        let mut s = BarrierState::new(0, 4);
+        assert_eq!(
+            s.start_dissemination_world(&mut Refusing, &clock(), long),
+            Err(BarrierError::RankOutOfRange(1))
+        );
+        assert!(s.is_poisoned());
     }
 
     #[test]

@@ -612,6 +612,11 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     rank: u32,
     world: u32,
     algorithm: BarrierAlgorithm,
+    /// Whether a whole-world barrier takes the specialised dissemination path
+    /// ([`Node::dissemination_world`]): the algorithm is dissemination and there are no
+    /// wake-ups. Kept with the algorithm (wake-ups are chosen at build), so a barrier asks
+    /// one question instead of two.
+    dissemination_world: bool,
     multi: MultiChannel<P, B>,
     rings: Option<messaging::Rings<M>>,
     barrier_wakeups: Option<wakeups::Wakeups>,
@@ -625,6 +630,9 @@ pub struct Node<P: Provider, M: Region, B: Backoff + Clone> {
     all: Vec<u32>,
     backoff: B,
     peer_flags: Vec<RemoteMemory>,
+    /// Per rank, where a barrier notification to it goes ([`NotifyTo`]): worked out and
+    /// checked once, when a rank's flag array becomes known, not on every notification.
+    notify_to: Vec<Option<NotifyTo>>,
     peer_windows: Vec<RemoteMemory>,
     flags: M,
     window: M,
@@ -671,14 +679,58 @@ impl<P: Provider, M: Region, B: Backoff + Clone> fmt::Debug for Node<P, M, B> {
 }
 
 struct Transport<'a, P: Provider, M: Region, B: Backoff + Clone> {
-    me: u32,
     world: u32,
     multi: &'a mut MultiChannel<P, B>,
     flags: &'a M,
     peer_flags: &'a [RemoteMemory],
+    notify_to: &'a [Option<NotifyTo>],
     barrier_wakeups: Option<&'a mut wakeups::Wakeups>,
     failures: &'a mut failure::Failures,
     probe_grace: Duration,
+}
+
+/// Where a barrier notification to one rank goes: our arrival slot in its flag array and
+/// the position of its channel in the node's [`MultiChannel`] (fixed for the node's life:
+/// readmission renews a channel in place).
+#[derive(Clone, Copy, Debug)]
+struct NotifyTo {
+    slot: RemoteMemory,
+    channel: usize,
+}
+
+/// Per rank, where a notification goes; `None` for our own rank (no channel to ourselves).
+/// Every other rank's array was checked to hold [`FlagLayout::len`] bytes before it got
+/// here, so each slot fits.
+fn notify_to<P: Provider, B: Backoff + Clone>(
+    me: u32,
+    world: u32,
+    peer_flags: &[RemoteMemory],
+    multi: &MultiChannel<P, B>,
+) -> Vec<Option<NotifyTo>> {
+    peer_flags
+        .iter()
+        .enumerate()
+        .map(|(r, f)| {
+            let channel = multi.position(r as u32)?;
+            Some(NotifyTo {
+                slot: arrival_slot(me, world, r as u32, f)?,
+                channel,
+            })
+        })
+        .collect()
+}
+
+/// Rank `me`'s arrival slot in `rank`'s flag array `flags` (none in our own).
+pub(crate) fn arrival_slot(
+    me: u32,
+    world: u32,
+    rank: u32,
+    flags: &RemoteMemory,
+) -> Option<RemoteMemory> {
+    FlagLayout::new(world)
+        .arrivals(me)
+        .filter(|_| rank != me)
+        .and_then(|at| flags.slice(at as u64, SLOT_LEN as u64))
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
@@ -702,41 +754,40 @@ fn barrier_error(e: MultiError) -> BarrierError {
 }
 
 impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<'_, P, M, B> {
-    #[inline]
+    #[inline(always)]
     fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
-        let slot = self
-            .peer_flags
-            .get(rank as usize)
-            .zip(FlagLayout::new(self.world).arrivals(self.me))
-            .and_then(|(f, at)| f.slice(at as u64, SLOT_LEN as u64))
-            .ok_or(BarrierError::RankOutOfRange(rank))?;
+        let Some(&Some(NotifyTo { slot, channel })) = self.notify_to.get(rank as usize) else {
+            return Err(BarrierError::RankOutOfRange(rank));
+        };
         // The ticket is not waited for: a later signaled request (or the drain of a failure)
         // retires it, and failures surface in `progress`.
         let data = FlagLayout::bytes(count);
         // Every error goes through one cold call (which turns it into failure news if it is
         // one): the success path carries no conversion of the large error types.
         if !self.barrier_wakeups.as_ref().is_some_and(|w| w.live) {
-            match self.multi.post_write_inline(rank, &data, slot) {
-                Ok(_) => Ok(()),
-                Err(e) => Err(self.news(barrier_error(e))),
-            }
-        } else {
-            match self.multi.channel(rank) {
-                Ok(c) => match c.post_write_imm_inline(&data, slot, wakeups::WAKE_IMM) {
+            // The channel's own single-request inline post: no rank-naming error wrapper on
+            // the way (the error is named here, out of line).
+            match self.multi.by_index(channel) {
+                Some(c) => match c.post_write_inline(&data, slot) {
                     Ok(_) => Ok(()),
                     Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
                 },
-                Err(e) => Err(self.news(barrier_error(e))),
+                None => Err(BarrierError::RankOutOfRange(rank)),
+            }
+        } else {
+            match self.multi.by_index(channel) {
+                Some(c) => match c.post_write_imm_inline(&data, slot, wakeups::WAKE_IMM) {
+                    Ok(_) => Ok(()),
+                    Err(error) => Err(self.news(BarrierError::Transport { rank, error })),
+                },
+                None => Err(BarrierError::RankOutOfRange(rank)),
             }
         }
     }
 
     #[inline]
     fn arrived(&self, rank: u32) -> u64 {
-        FlagLayout::new(self.world)
-            .arrivals(rank)
-            .and_then(|at| self.flags.load_u64(at))
-            .unwrap_or(0)
+        arrivals(self.flags, self.world, rank)
     }
 
     #[inline]
@@ -757,6 +808,61 @@ impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Transport<
 
     fn probe_grace(&self) -> Duration {
         self.probe_grace
+    }
+}
+
+/// The transport of the specialised whole-world dissemination start
+/// ([`Node::dissemination_world`]): notifications (plain inline writes: no wake-ups) and
+/// arrivals, nothing else to borrow. Its errors are the plain ones; the node turns them into
+/// the failure news they are once the start has returned (out of line), so no cold path
+/// here needs the failure state.
+struct Notifier<'a, P: Provider, M: Region, B: Backoff + Clone> {
+    world: u32,
+    multi: &'a mut MultiChannel<P, B>,
+    flags: &'a M,
+    notify_to: &'a [Option<NotifyTo>],
+}
+
+/// A notification to `rank` failed with `error`.
+#[cold]
+#[inline(never)]
+fn notify_failed(rank: u32, error: ChannelError) -> BarrierError {
+    BarrierError::Transport { rank, error }
+}
+
+/// The count `rank` last wrote into its arrival slot of `flags` (0 for a rank outside the
+/// world: never read for one, the barrier's ranks are the world's).
+#[inline(always)]
+fn arrivals<M: Region>(flags: &M, world: u32, rank: u32) -> u64 {
+    FlagLayout::new(world)
+        .arrivals(rank)
+        .and_then(|at| flags.load_u64(at))
+        .unwrap_or(0)
+}
+
+impl<P: Provider, M: Region, B: Backoff + Clone> BarrierTransport for Notifier<'_, P, M, B> {
+    #[inline(always)]
+    fn notify(&mut self, rank: u32, count: u64) -> Result<(), BarrierError> {
+        let Some(&Some(to)) = self.notify_to.get(rank as usize) else {
+            return Err(BarrierError::RankOutOfRange(rank));
+        };
+        match self.multi.by_index(to.channel) {
+            Some(c) => match c.post_write_inline(&FlagLayout::bytes(count), to.slot) {
+                Ok(_) => Ok(()),
+                Err(error) => Err(notify_failed(rank, error)),
+            },
+            None => Err(BarrierError::RankOutOfRange(rank)),
+        }
+    }
+
+    #[inline(always)]
+    fn arrived(&self, rank: u32) -> u64 {
+        arrivals(self.flags, self.world, rank)
+    }
+
+    /// Not called by the start it serves; a poll of the channels, errors plain.
+    fn progress(&mut self) -> Result<(), BarrierError> {
+        self.multi.poll().map(drop).map_err(barrier_error)
     }
 }
 
@@ -855,10 +961,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         } else {
             None
         };
+        let notify_to = notify_to(rank, world, &peer_flags, &multi);
         Ok(Self {
             rank,
             world,
             algorithm,
+            dissemination_world: algorithm == BarrierAlgorithm::Dissemination
+                && barrier_wakeups.is_none(),
             multi,
             rings: None,
             barrier_wakeups,
@@ -870,6 +979,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             all: (0..world).collect(),
             backoff,
             peer_flags,
+            notify_to,
             peer_windows,
             flags,
             window,
@@ -940,6 +1050,8 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// Sets the default barrier algorithm. Every member of a barrier must use the same one.
     pub fn set_algorithm(&mut self, alg: BarrierAlgorithm) {
         self.algorithm = alg;
+        self.dissemination_world =
+            alg == BarrierAlgorithm::Dissemination && self.barrier_wakeups.is_none();
     }
 
     /// Whether a failed barrier poisoned this node (see [`crate::barrier`]).
@@ -1096,6 +1208,9 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         timeout: Duration,
     ) -> Result<(), NodeError> {
         let members = members.into().ranks();
+        if members.is_none() && self.dissemination_world {
+            return self.dissemination_world(timeout);
+        }
         let (alg, clock) = (self.algorithm, self.clock);
         self.with_barrier(members, |barrier, t, m, backoff| match members {
             None => barrier.run_world(t, m, alg, &clock, timeout, backoff),
@@ -1137,10 +1252,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         // Remember the members for the polls, unless a barrier is in progress (the start
         // fails then, and the one in progress keeps its own).
         let remember = !self.barrier.is_pending();
-        let done = self.with_barrier(members, |barrier, t, m, _| match members {
-            None => barrier.start_world(t, m, alg, &clock, timeout),
-            Some(_) => barrier.start(t, m, alg, &clock, timeout),
-        });
+        let done = if members.is_none() && self.dissemination_world {
+            // Completed or pending alike: `barrier_poll` finishes what is left.
+            self.start_dissemination_world(timeout).map(drop)
+        } else {
+            self.with_barrier(members, |barrier, t, m, _| match members {
+                None => barrier.start_world(t, m, alg, &clock, timeout),
+                Some(_) => barrier.start(t, m, alg, &clock, timeout),
+            })
+        };
         if remember && done.is_ok() {
             self.polled.clear();
             if let Some(m) = members {
@@ -1172,6 +1292,73 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         done
     }
 
+    /// [`Node::barrier_timeout`] over the whole world with the dissemination algorithm and
+    /// no wake-ups, specialised: the rounds run straight from the barrier's list
+    /// ([`BarrierState::start_dissemination_world`]), the transport built once; only a
+    /// barrier that has to wait goes on through the general poll loop (deadline, failure
+    /// news and probes on every turn, timeouts counted per rank). With wake-ups on, the
+    /// general path runs (it re-posts the wake-up receives and makes them live).
+    #[inline]
+    fn dissemination_world(&mut self, timeout: Duration) -> Result<(), NodeError> {
+        match self.start_dissemination_world(timeout) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.finish_world_barrier(),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The start of [`Node::dissemination_world`] (and of [`Node::barrier_start`] over the
+    /// world with that algorithm): [`BarrierState::start_dissemination_world`] over a
+    /// [`Notifier`], whose errors become failure news here, out of line.
+    #[inline(always)]
+    fn start_dissemination_world(&mut self, timeout: Duration) -> Result<bool, NodeError> {
+        debug_assert!(self.barrier_wakeups.is_none());
+        let clock = self.clock;
+        let Self {
+            world,
+            multi,
+            barrier,
+            notify_to,
+            flags,
+            ..
+        } = self;
+        let mut t = Notifier {
+            world: *world,
+            multi,
+            flags,
+            notify_to,
+        };
+        match barrier.start_dissemination_world(&mut t, &clock, timeout) {
+            Ok(done) => Ok(done),
+            Err(e) => Err(self.barrier_news(e)),
+        }
+    }
+
+    /// `e`, or the failure news it is, as the node's error.
+    #[cold]
+    #[inline(never)]
+    fn barrier_news(&mut self, e: BarrierError) -> NodeError {
+        NodeError::Barrier(failure::barrier_news(
+            e,
+            &mut self.failures,
+            &mut self.multi,
+            &self.peer_flags,
+        ))
+    }
+
+    /// The wait of a whole-world barrier [`Node::dissemination_world`] started: the general
+    /// poll loop, through [`Node::with_barrier`] (which counts a timeout against each rank
+    /// still missing).
+    #[inline(never)]
+    fn finish_world_barrier(&mut self) -> Result<(), NodeError> {
+        let clock = self.clock;
+        self.with_barrier(None, |barrier, t, m, backoff| {
+            barrier.finish_world(t, m, &clock, backoff)
+        })?;
+        self.barrier_completed(None);
+        Ok(())
+    }
+
     /// After a barrier over `members` (every rank when `None`) completed: a full barrier
     /// proves every rank enabled its wake-ups, so notifications may carry an immediate.
     fn barrier_completed(&mut self, members: Option<&[u32]>) {
@@ -1195,13 +1382,13 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         ) -> Result<T, BarrierError>,
     ) -> Result<T, NodeError> {
         let Self {
-            rank,
             world,
             multi,
             barrier,
             all,
             backoff,
             peer_flags,
+            notify_to,
             flags,
             barrier_wakeups,
             failures,
@@ -1219,11 +1406,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             }
         }
         let mut t = Transport {
-            me: *rank,
             world: *world,
             multi,
             flags,
             peer_flags,
+            notify_to,
             barrier_wakeups: barrier_wakeups.as_mut(),
             failures,
             probe_grace: *probe_grace,

@@ -183,6 +183,10 @@ where
             Some(Ok(())) => {}
         }
         self.peer_flags[rank as usize] = flags;
+        // The channel kept its position (renewed in place): only the slot is new.
+        if let Some(Some(to)) = self.notify_to.get_mut(rank as usize) {
+            to.slot = super::arrival_slot(self.rank, self.world, rank, &flags).unwrap_or(to.slot);
+        }
         self.peer_windows[rank as usize] = window;
         self.barrier.reset();
         for at in FlagLayout::new(self.world).slots() {
