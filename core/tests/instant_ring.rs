@@ -1,0 +1,127 @@
+//! [`RecvRing`] on the instant device (issue #25's review): the ring reads its head's result
+//! straight from the completion it polled, so what that completion says (a length longer
+//! than a slot, an immediate) must reach the message checked, in order with messages the
+//! channel polled first; and nothing safe may write a slot while its message is borrowed
+//! (the device's [`PeerHand`](rverbs_core::instant::PeerHand), which plays a peer's RDMA
+//! write, writes only memory a peer could write). Run under Miri in CI (tools/test-all).
+
+use core::time::Duration;
+
+use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
+use rverbs_core::instant::{InstantDevice, InstantProvider, InstantRegion};
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::params::QpCaps;
+use rverbs_core::poll::StepClock;
+
+static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
+
+const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
+const SLOT: usize = 16;
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    }
+}
+
+/// A ring of four 16-byte slots on an instant queue pair, and that queue pair's arrivals.
+fn ring(
+    dev: &InstantDevice,
+    mem: InstantRegion,
+) -> (
+    RecvRing<InstantProvider, InstantRegion>,
+    rverbs_core::instant::Arrivals,
+) {
+    let p = dev.provider(caps());
+    let arrivals = p.arrivals();
+    let cfg = ChannelConfig::with_timeout(Duration::from_millis(5));
+    let ring = RecvRing::new(Channel::new(p, cfg, &CLOCK), mem, SLOT).unwrap();
+    (ring, arrivals)
+}
+
+/// A peer's claim of more bytes than a slot holds is clamped to the slot; the immediate comes
+/// through; messages come out in order whether the ring polled their completion itself (read
+/// straight from it) or the channel polled it first (read from the channel's results), and
+/// every slot is re-posted either way.
+#[test]
+fn lengths_are_clamped_and_immediates_kept_on_both_read_paths() {
+    let dev = InstantDevice::new();
+    let mem = dev.region(4 * SLOT, LW);
+    let (mut ring, arrivals) = ring(&dev, mem);
+    assert_eq!(ring.slots(), 4);
+    let lens = [0u32, 3, SLOT as u32, SLOT as u32 + 1, u32::MAX];
+    for round in 0..10u32 {
+        let len = lens[round as usize % lens.len()];
+        assert!(arrivals.deliver(len, Some(round)));
+        assert!(arrivals.deliver(len, None));
+        if round % 2 == 1 {
+            // The channel takes both completions first: the ring finds them in its results.
+            assert_eq!(ring.channel().poll().unwrap(), 2);
+        }
+        for imm in [Some(round), None] {
+            let m = ring.recv().unwrap();
+            assert_eq!(m.data.len(), (len as usize).min(SLOT), "round {round}");
+            assert_eq!((m.done.byte_len, m.done.imm), (len, imm), "round {round}");
+            assert!(!m.done.written);
+        }
+        assert!(ring.try_recv().is_none());
+        assert_eq!(ring.channel().outstanding_recvs(), 4, "every slot posted again");
+        assert_eq!(
+            ring.channel().counters().receives_completed,
+            2 * u64::from(round + 1)
+        );
+    }
+}
+
+/// A ring with no message waits at most its channel's timeout, then fails, and keeps failing
+/// (no hang, no message) on every later call; dropping it afterwards is clean.
+#[test]
+fn an_empty_ring_times_out_and_stays_broken() {
+    let dev = InstantDevice::new();
+    let (mut ring, arrivals) = ring(&dev, dev.region(4 * SLOT, LW));
+    assert!(matches!(ring.recv(), Err(ChannelError::TimedOut { .. })));
+    // The timeout flushed every receive: nothing is posted, nothing arrives any more.
+    assert_eq!(ring.channel().outstanding_recvs(), 0);
+    assert!(!arrivals.deliver(1, None));
+    for _ in 0..3 {
+        assert!(ring.recv().is_err());
+        assert!(matches!(ring.try_recv(), Some(Err(_))));
+    }
+}
+
+/// The hand that plays a peer's RDMA write must not write memory no peer could write: a ring
+/// refuses remotely writable memory precisely so that a borrowed message cannot change under
+/// its reader. A hand taken before the region went into the ring used to write the slot a
+/// message borrowed (undefined behaviour, which Miri reports at the second read).
+#[test]
+fn a_peer_hand_cannot_write_a_ring_slot_while_its_message_is_borrowed() {
+    let dev = InstantDevice::new();
+    let mem = dev.region(4 * SLOT, LW);
+    let hand = mem.peer_hand();
+    let (mut ring, arrivals) = ring(&dev, mem);
+    assert!(arrivals.deliver(8, None));
+    let m = ring.recv().unwrap();
+    let before = m.data[0];
+    assert!(
+        !hand.store_u64(0, u64::MAX),
+        "a peer's write into memory registered without remote write access"
+    );
+    assert_eq!(m.data[0], before, "a borrowed message changed");
+}
+
+/// A hand over memory a peer may write does write it.
+#[test]
+fn a_peer_hand_writes_remotely_writable_memory() {
+    let dev = InstantDevice::new();
+    let mem = dev.region(64, LW | AccessFlags::REMOTE_WRITE);
+    let hand = mem.peer_hand();
+    assert!(hand.store_u64(8, 7));
+    assert_eq!(mem.load_u64(8), Some(7));
+    let atomics = dev.region(64, LW | AccessFlags::REMOTE_ATOMIC);
+    assert!(atomics.peer_hand().store_u64(0, 9));
+    assert_eq!(atomics.load_u64(0), Some(9));
+}
