@@ -87,9 +87,14 @@ fn an_empty_ring_times_out_and_stays_broken() {
     // The timeout flushed every receive: nothing is posted, nothing arrives any more.
     assert_eq!(ring.channel().outstanding_recvs(), 0);
     assert!(!arrivals.deliver(1, None));
-    for _ in 0..3 {
-        assert!(ring.recv().is_err());
-        assert!(matches!(ring.try_recv(), Some(Err(_))));
+    // Every later call says why, also once every slot's receive was flushed (and none is
+    // posted again): the timeout, not a full receive queue.
+    for _ in 0..6 {
+        assert!(matches!(ring.recv(), Err(ChannelError::TimedOut { .. })));
+        assert!(matches!(
+            ring.try_recv(),
+            Some(Err(ChannelError::TimedOut { .. }))
+        ));
     }
 }
 
@@ -120,9 +125,79 @@ fn a_peer_hand_writes_remotely_writable_memory() {
     let dev = InstantDevice::new();
     let mem = dev.region(64, LW | AccessFlags::REMOTE_WRITE);
     let hand = mem.peer_hand();
-    assert!(hand.store_u64(8, 7));
-    assert_eq!(mem.load_u64(8), Some(7));
+    // The first 8-aligned offset (the allocator's alignment, which may be 1 under Miri).
+    let at = (0..8).find(|&at| hand.store_u64(at, 7)).expect("a writable region");
+    assert_eq!(mem.load_u64(at), Some(7));
     let atomics = dev.region(64, LW | AccessFlags::REMOTE_ATOMIC);
-    assert!(atomics.peer_hand().store_u64(0, 9));
-    assert_eq!(atomics.load_u64(0), Some(9));
+    let hand = atomics.peer_hand();
+    let at = (0..8).find(|&at| hand.store_u64(at, 9)).expect("an atomic region");
+    assert_eq!(atomics.load_u64(at), Some(9));
+}
+
+/// Two rings on queue pairs that share one receive completion queue (routed,
+/// [`SharedCqs`](rverbs_core::provider::shared::SharedCqs)): each ring's one-completion poll
+/// may meet the other's messages first; none is lost, handed twice or to the wrong ring, and
+/// each ring's come out in order with their immediates. Then one ring waits while the other
+/// queue pair's messages keep arriving: its wait still ends at its timeout.
+#[test]
+fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
+    use rverbs_core::provider::shared::SharedCqs;
+    let dev = InstantDevice::new();
+    let (scq, rcq) = (dev.cq(64), dev.cq(64));
+    let cq_caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..caps()
+    };
+    let (qa, qb) = (dev.qp(&scq, &rcq, cq_caps), dev.qp(&scq, &rcq, cq_caps));
+    let (arr_a, arr_b) = (qa.arrivals(), qb.arrivals());
+    let shared = SharedCqs::new(scq, rcq, 2);
+    let cfg = ChannelConfig::with_timeout(Duration::from_millis(5));
+    let chan = |qp| Channel::new(shared.add(qp).map_err(|(_, e)| e).unwrap(), cfg, &CLOCK);
+    let mut a = RecvRing::new(chan(qa), dev.region(4 * SLOT, LW), SLOT).unwrap();
+    let mut b = RecvRing::new(chan(qb), dev.region(4 * SLOT, LW), SLOT).unwrap();
+    let (mut next_a, mut next_b) = (0u32, 1000u32);
+    for round in 0..12u32 {
+        // Interleaved in the shared queue, A's first or B's first by turns.
+        let order: [bool; 5] = if round % 2 == 0 {
+            [true, false, true, false, true]
+        } else {
+            [false, true, false, true, true]
+        };
+        let (mut ka, mut kb) = (0, 0);
+        for to_a in order {
+            if to_a {
+                assert!(arr_a.deliver(5, Some(next_a + ka)));
+                ka += 1;
+            } else {
+                assert!(arr_b.deliver(SLOT as u32 + 9, Some(next_b + kb)));
+                kb += 1;
+            }
+        }
+        // Odd rounds: A's channel polls first (the mailboxes hand it only its own).
+        if round % 2 == 1 {
+            a.channel().poll().unwrap();
+        }
+        for k in 0..3 {
+            let m = a.recv().unwrap();
+            assert_eq!((m.data.len(), m.done.imm), (5, Some(next_a + k)), "round {round}");
+        }
+        for k in 0..2 {
+            let m = b.recv().unwrap();
+            assert_eq!((m.data.len(), m.done.imm), (SLOT, Some(next_b + k)), "round {round}");
+        }
+        assert!(a.try_recv().is_none() && b.try_recv().is_none(), "round {round}");
+        next_a += 3;
+        next_b += 2;
+    }
+    let (ca, cb) = (a.channel().counters(), b.channel().counters());
+    assert_eq!((ca.receives_completed, cb.receives_completed), (36, 24));
+    // A waits for nothing while B's messages keep coming: the wait ends at its timeout.
+    for _ in 0..4 {
+        assert!(arr_b.deliver(1, Some(7)));
+    }
+    assert!(matches!(a.recv(), Err(ChannelError::TimedOut { .. })));
+    for _ in 0..4 {
+        assert_eq!(b.recv().unwrap().done.imm, Some(7), "B's messages intact");
+    }
 }
