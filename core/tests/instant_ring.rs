@@ -17,6 +17,9 @@ static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 
 const LW: AccessFlags = AccessFlags::LOCAL_WRITE;
 const SLOT: usize = 16;
+/// Short: a timeout takes a clock read (one step) every few empty polls, which Miri runs
+/// slowly. Nothing the tests wait for is late, except on purpose.
+const TIMEOUT: Duration = Duration::from_micros(50);
 
 fn caps() -> QpCaps {
     QpCaps {
@@ -38,7 +41,7 @@ fn ring(
 ) {
     let p = dev.provider(caps());
     let arrivals = p.arrivals();
-    let cfg = ChannelConfig::with_timeout(Duration::from_millis(5));
+    let cfg = ChannelConfig::with_timeout(TIMEOUT);
     let ring = RecvRing::new(Channel::new(p, cfg, &CLOCK), mem, SLOT).unwrap();
     (ring, arrivals)
 }
@@ -152,7 +155,7 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
     let (qa, qb) = (dev.qp(&scq, &rcq, cq_caps), dev.qp(&scq, &rcq, cq_caps));
     let (arr_a, arr_b) = (qa.arrivals(), qb.arrivals());
     let shared = SharedCqs::new(scq, rcq, 2);
-    let cfg = ChannelConfig::with_timeout(Duration::from_millis(5));
+    let cfg = ChannelConfig::with_timeout(TIMEOUT);
     let chan = |qp| Channel::new(shared.add(qp).map_err(|(_, e)| e).unwrap(), cfg, &CLOCK);
     let mut a = RecvRing::new(chan(qa), dev.region(4 * SLOT, LW), SLOT).unwrap();
     let mut b = RecvRing::new(chan(qb), dev.region(4 * SLOT, LW), SLOT).unwrap();
