@@ -714,3 +714,43 @@ fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
     }
     assert_eq!((sent, delivered), (total, total));
 }
+
+/// A send whose completion a caller took by waiting on the node's channel directly (so no
+/// poll of the queues reports it again) is still reported: `progress`'s sweep finds the
+/// channel's count of completed sends above what the handler was told.
+#[test]
+fn sends_completed_through_a_direct_channel_wait_are_still_reported() {
+    const SLOTS: usize = 4;
+    const SLOT: usize = 32;
+    let world_size = 4u32;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
+    let mut rings = vec![0u8; world_size as usize * mem_len];
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    let t = nodes[0].post_send_inline(2, b"direct").unwrap();
+    nodes[0].channel(2).unwrap().wait(t).unwrap();
+    let done = nodes[0].channel(2).unwrap().sends_completed();
+    assert!(done > 0);
+    let peers = world_size - 1;
+    let mut reported = None;
+    for _ in 0..=8 * peers {
+        nodes[0]
+            .progress(8, |ev| {
+                if let Event::SendsCompleted { rank, completed } = ev {
+                    reported = Some((rank, completed));
+                }
+            })
+            .unwrap();
+        if reported.is_some() {
+            break;
+        }
+    }
+    assert_eq!(reported, Some((2, done)), "within {} calls", 8 * peers);
+}
