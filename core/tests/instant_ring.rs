@@ -72,7 +72,11 @@ fn lengths_are_clamped_and_immediates_kept_on_both_read_paths() {
             assert!(!m.done.written);
         }
         assert!(ring.try_recv().is_none());
-        assert_eq!(ring.channel().outstanding_recvs(), 4, "every slot posted again");
+        assert_eq!(
+            ring.channel().outstanding_recvs(),
+            4,
+            "every slot posted again"
+        );
         assert_eq!(
             ring.channel().counters().receives_completed,
             2 * u64::from(round + 1)
@@ -118,7 +122,10 @@ fn a_peer_hand_cannot_write_a_ring_slot_while_its_message_is_borrowed() {
     // allocator's (Miri's may be 1): one of the first eight offsets is aligned, and inside
     // the borrowed slot.
     let wrote = (0..8).find(|&at| hand.store_u64(at, u64::MAX));
-    assert_eq!(wrote, None, "a peer's write into memory without remote write access");
+    assert_eq!(
+        wrote, None,
+        "a peer's write into memory without remote write access"
+    );
     assert_eq!(m.data, &[0; 8], "a borrowed message changed");
 }
 
@@ -129,11 +136,15 @@ fn a_peer_hand_writes_remotely_writable_memory() {
     let mem = dev.region(64, LW | AccessFlags::REMOTE_WRITE);
     let hand = mem.peer_hand();
     // The first 8-aligned offset (the allocator's alignment, which may be 1 under Miri).
-    let at = (0..8).find(|&at| hand.store_u64(at, 7)).expect("a writable region");
+    let at = (0..8)
+        .find(|&at| hand.store_u64(at, 7))
+        .expect("a writable region");
     assert_eq!(mem.load_u64(at), Some(7));
     let atomics = dev.region(64, LW | AccessFlags::REMOTE_ATOMIC);
     let hand = atomics.peer_hand();
-    let at = (0..8).find(|&at| hand.store_u64(at, 9)).expect("an atomic region");
+    let at = (0..8)
+        .find(|&at| hand.store_u64(at, 9))
+        .expect("an atomic region");
     assert_eq!(atomics.load_u64(at), Some(9));
 }
 
@@ -183,13 +194,24 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
         }
         for k in 0..3 {
             let m = a.recv().unwrap();
-            assert_eq!((m.data.len(), m.done.imm), (5, Some(next_a + k)), "round {round}");
+            assert_eq!(
+                (m.data.len(), m.done.imm),
+                (5, Some(next_a + k)),
+                "round {round}"
+            );
         }
         for k in 0..2 {
             let m = b.recv().unwrap();
-            assert_eq!((m.data.len(), m.done.imm), (SLOT, Some(next_b + k)), "round {round}");
+            assert_eq!(
+                (m.data.len(), m.done.imm),
+                (SLOT, Some(next_b + k)),
+                "round {round}"
+            );
         }
-        assert!(a.try_recv().is_none() && b.try_recv().is_none(), "round {round}");
+        assert!(
+            a.try_recv().is_none() && b.try_recv().is_none(),
+            "round {round}"
+        );
         next_a += 3;
         next_b += 2;
     }

@@ -683,7 +683,11 @@ fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
         }
     }
     assert!(panicked, "the first message never reached the handler");
-    assert_eq!(got, [b"next".to_vec()], "delivered once, the panicked one not again");
+    assert_eq!(
+        got,
+        [b"next".to_vec()],
+        "delivered once, the panicked one not again"
+    );
     // The panicked slot was re-posted: every slot is posted again.
     let ch = nodes[0].channel(1).unwrap();
     assert_eq!(ch.outstanding_recvs(), SLOTS as u64);
