@@ -432,3 +432,100 @@ unsafe fn error(
         timestamp: None,
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An extended queue played by Rust functions: `ready` successful receive completions
+    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever.
+    #[repr(C)]
+    struct Fake {
+        cq: sys::ibv_cq_ex,
+        ready: u64,
+        next: u64,
+    }
+
+    const EIO: c_int = 5;
+
+    unsafe extern "C" fn start(cq: *mut sys::ibv_cq_ex, _: *mut sys::ibv_poll_cq_attr) -> c_int {
+        // SAFETY: every queue these functions are given is the first field of a `Fake`
+        // (`repr(C)`), reached through a pointer to the whole `Fake`.
+        let f = unsafe { &mut *cq.cast::<Fake>() };
+        if f.next < f.ready {
+            f.cq.wr_id = f.next;
+            f.cq.status = sys::ibv_wc_status::IBV_WC_SUCCESS;
+            f.next += 1;
+            0
+        } else {
+            EIO
+        }
+    }
+    unsafe extern "C" fn end(_: *mut sys::ibv_cq_ex) {}
+    unsafe extern "C" fn opcode(_: *mut sys::ibv_cq_ex) -> u32 {
+        sys::ibv_wc_opcode::IBV_WC_RECV
+    }
+    unsafe extern "C" fn byte_len(_: *mut sys::ibv_cq_ex) -> u32 {
+        8
+    }
+    unsafe extern "C" fn zero32(_: *mut sys::ibv_cq_ex) -> u32 {
+        0
+    }
+    unsafe extern "C" fn zero8(_: *mut sys::ibv_cq_ex) -> u8 {
+        0
+    }
+    unsafe extern "C" fn flags(_: *mut sys::ibv_cq_ex) -> core::ffi::c_uint {
+        0
+    }
+
+    fn ops() -> ExOps {
+        ExOps {
+            start,
+            end,
+            opcode,
+            vendor_err: zero32,
+            byte_len,
+            imm: zero32,
+            qp_num: zero32,
+            wc_flags: flags,
+            src_qp: zero32,
+            slid: zero32,
+            sl: zero8,
+            path_bits: zero8,
+            wallclock: None,
+        }
+    }
+
+    /// Completions a poll took (each read and ended: the device has let go of them) before
+    /// a later `start_poll` of the same batch failed are the caller's: returned, not
+    /// dropped with the error (a channel would then wait for them until its drain gave up);
+    /// the failure shows at the next poll, whose first `start_poll` fails the same way.
+    #[test]
+    fn completions_taken_before_a_failed_start_poll_are_returned_not_lost() {
+        for ready in [1u64, 2, 3] {
+            let mut f = Fake {
+                // SAFETY: plain C data (integers, pointers, optional function pointers, a
+                // mutex and a condition variable as bytes): all zeroes is a valid value.
+                cq: unsafe { core::mem::zeroed() },
+                ready,
+                next: 0,
+            };
+            let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+            let mut out = [Completion::EMPTY; 4];
+            let mut last = None;
+            // SAFETY: `cq` is a live queue (the `Fake` outlives the calls) whose functions
+            // are `ops()`, polled by nobody else.
+            let r = unsafe { poll(cq, &ops(), &mut out, &mut last) };
+            assert_eq!(r.ok(), Some(ready as usize), "{ready} ready");
+            for (i, c) in out[..ready as usize].iter().enumerate() {
+                assert_eq!((c.wr_id, c.byte_len), (i as u64, 8));
+            }
+            // SAFETY: as above.
+            let r = unsafe { poll(cq, &ops(), &mut out, &mut last) };
+            assert!(
+                matches!(r, Err(e) if e.verb == Verb::StartPoll && e.errno == EIO),
+                "{r:?}"
+            );
+        }
+    }
+}
