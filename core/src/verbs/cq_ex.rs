@@ -191,17 +191,18 @@ unsafe fn rest(
         return Ok(1);
     }
     // SAFETY: forwarded, positioned on a completion by a successful start_poll.
-    match unsafe { batch(cq, ops, max, each) } {
-        (n, 0) => Ok(n),
-        (_, rc) => Err(failed(Verb::StartPoll, rc)),
-    }
+    Ok(unsafe { batch(cq, ops, max, each) })
 }
 
 /// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
 /// again from `start_poll` until `max` or the queue is empty (see the module docs for why
-/// not `next_poll`). Returns how many it took and 0, or the failing `start_poll`'s code:
-/// two scalars come back in registers, where a `Result` would come back through memory
-/// that [`drain`]'s empty path, inlined into every caller, would then pass through as well.
+/// not `next_poll`). Returns how many it took: at least one, each read and ended, so the
+/// device has let go of it and the caller must have it. A `start_poll` that fails here
+/// (other than `ENOENT`) therefore ends the batch like an empty queue: its error is not
+/// returned with the completions (that would drop them), and the caller's next poll, whose
+/// first `start_poll` meets the same failure, reports it. A count alone also comes back in
+/// a register, where a `Result` would come back through memory that [`drain`]'s empty
+/// path, inlined into every caller, would then pass through as well.
 ///
 /// # Safety
 /// As for [`drain`], right after a successful `start_poll`; `max > 0`.
@@ -211,7 +212,7 @@ unsafe fn batch(
     ops: &ExOps,
     max: usize,
     mut each: impl FnMut(usize),
-) -> (usize, c_int) {
+) -> usize {
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     let mut n = 0;
     loop {
@@ -220,12 +221,11 @@ unsafe fn batch(
         // SAFETY: closes the batch the last start_poll opened.
         unsafe { (ops.end)(cq) };
         if n == max {
-            return (n, 0);
+            return n;
         }
         // SAFETY: the caller's contract; no batch is open.
-        let rc = unsafe { (ops.start)(cq, &mut attr) };
-        if rc != 0 {
-            return (n, if rc == ENOENT { 0 } else { rc });
+        if unsafe { (ops.start)(cq, &mut attr) } != 0 {
+            return n;
         }
     }
 }
@@ -246,9 +246,10 @@ fn failed(verb: Verb, rc: c_int) -> ProviderError {
 /// only after a completion was found, so an empty poll is the `start_poll` call and its
 /// test. Does not allocate.
 ///
-/// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
-/// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
-/// it a `VerbsError::Call`) carry no larger one through the hot path.
+/// Fails with the verb (`ibv_start_poll`) and its errno when the first `start_poll` fails
+/// (a later one ends the batch, whose completions are returned: see [`batch`]): a small
+/// error, so that the instant device's queues (which return it as is) and [`super::Cq`]
+/// (which makes it a `VerbsError::Call`) carry no larger one through the hot path.
 ///
 /// # Safety
 /// `cq` is a live extended queue whose functions are `ops`, polled by nobody else
