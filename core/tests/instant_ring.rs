@@ -226,3 +226,48 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
         assert_eq!(b.recv().unwrap().done.imm, Some(7), "B's messages intact");
     }
 }
+
+/// The shared queues' try-lock is a guard: a panic in the callback `poll_shared` runs while
+/// it holds the lock (the caller's code) releases it, so the other queue pairs on the queues
+/// go on; a lock left held would make every later poll find the queues busy and see nothing
+/// (each channel's wait would end only at its timeout).
+#[test]
+fn a_panic_inside_the_shared_queues_lock_leaves_them_unlocked() {
+    use rverbs_core::provider::shared::SharedCqs;
+    use rverbs_core::provider::{Provider, QueuePair};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let dev = InstantDevice::new();
+    let (scq, rcq) = (dev.cq(64), dev.cq(64));
+    let cq_caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..caps()
+    };
+    let (qa, qb) = (dev.qp(&scq, &rcq, cq_caps), dev.qp(&scq, &rcq, cq_caps));
+    let (arr_a, arr_b) = (qa.arrivals(), qb.arrivals());
+    let shared = SharedCqs::new(scq, rcq, 2);
+    let mut a = shared.add(qa).map_err(|(_, e)| e).unwrap();
+    let cfg = ChannelConfig::with_timeout(TIMEOUT);
+    let b = shared.add(qb).map_err(|(_, e)| e).unwrap();
+    let mut ring_b = RecvRing::new(Channel::new(b, cfg, &CLOCK), dev.region(64, LW), SLOT).unwrap();
+    let wr = rverbs_core::wr::RecvRequest {
+        wr_id: 1,
+        sges: &[],
+    };
+    // SAFETY: names no memory.
+    unsafe { a.post_recv(core::slice::from_ref(&wr)) }.unwrap();
+    assert!(arr_a.deliver(0, None));
+    assert!(arr_b.deliver(3, Some(11)));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _ = a.poll_shared(&mut |_| panic!("the caller's callback fails"));
+    }));
+    assert!(r.is_err(), "the callback ran (A had a completion to name)");
+    // B's message is still reachable, and new ones keep coming.
+    assert_eq!(ring_b.recv().unwrap().done.imm, Some(11));
+    assert!(arr_b.deliver(3, Some(12)));
+    assert_eq!(ring_b.recv().unwrap().done.imm, Some(12));
+    // And A's own completion waits in its mailbox.
+    let mut wc = [rverbs_core::completion::Completion::EMPTY; 2];
+    assert_eq!(a.poll_recv(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].wr_id, 1);
+}
