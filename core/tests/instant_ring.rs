@@ -233,9 +233,10 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
 /// (each channel's wait would end only at its timeout).
 #[test]
 fn a_panic_inside_the_shared_queues_lock_leaves_them_unlocked() {
+    use core::panic::AssertUnwindSafe;
     use rverbs_core::provider::shared::SharedCqs;
     use rverbs_core::provider::{Provider, QueuePair};
-    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::panic::catch_unwind;
     let dev = InstantDevice::new();
     let (scq, rcq) = (dev.cq(64), dev.cq(64));
     let cq_caps = QpCaps {
