@@ -1279,7 +1279,8 @@ impl InstantRegion {
     /// The bytes of `range`, or `None` if out of bounds.
     ///
     /// # Safety
-    /// Nobody may write the range while the slice lives (no [`PeerHand`] of this region).
+    /// Nobody may write the range while the slice lives (no peer and no local work request;
+    /// of a remotely writable region, no [`PeerHand`] either).
     pub unsafe fn slice_unchecked(&self, range: core::ops::Range<usize>) -> Option<&[u8]> {
         let (_, len) = self.bytes().entry(&range)?;
         // From the allocation's pointer, not the entry's integer address: a pointer made
@@ -1311,10 +1312,17 @@ impl InstantRegion {
     }
 
     /// A handle that plays a peer writing this region (the instant device delivers no
-    /// writes): a benchmark makes a barrier's peers arrive with it.
+    /// writes): a benchmark makes a barrier's peers arrive with it. It writes only if the
+    /// region grants remote write or atomic access, as a peer's RDMA would: memory no peer
+    /// can write (a [`RecvRing`](crate::channel::RecvRing)'s, a node's message slots) is
+    /// lent out as plain slices, which a store through the hand would change under their
+    /// readers.
     pub fn peer_hand(&self) -> PeerHand {
         PeerHand {
             mem: self.mem.clone(),
+            writable: self
+                .access
+                .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC),
         }
     }
 }
@@ -1324,22 +1332,26 @@ crate::memory::region_by_inherent_methods!(InstantRegion);
 /// Writes a region as a peer's RDMA write would ([`InstantRegion::peer_hand`]).
 pub struct PeerHand {
     mem: Rc<Memory>,
+    /// Whether a peer may write the region (its remote access): if not, nothing is stored.
+    writable: bool,
 }
 
 impl fmt::Debug for PeerHand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeerHand")
             .field("len", &self.mem.len)
+            .field("writable", &self.writable)
             .finish()
     }
 }
 
 impl PeerHand {
-    /// A volatile little-endian `u64` store at an 8-aligned `offset`; `false` if misaligned
-    /// or out of bounds. Does not allocate.
+    /// A volatile little-endian `u64` store at an 8-aligned `offset`; `false` (storing
+    /// nothing) if misaligned, out of bounds, or the region grants no remote write or atomic
+    /// access. Does not allocate.
     #[inline]
     pub fn store_u64(&self, offset: usize, v: u64) -> bool {
-        self.mem.bytes().store_u64(offset, v)
+        self.writable && self.mem.bytes().store_u64(offset, v)
     }
 }
 

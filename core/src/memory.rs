@@ -423,6 +423,14 @@ mod tests {
 ///   them exists, **and that leaking the region (`mem::forget`) keeps that memory allocated
 ///   and unused by anything else for ever** (owned memory: leaked with it; borrowed memory:
 ///   borrowed for the life of the whole fabric, as the software model's are);
+/// - an entry's address and key stay those of the same bytes while the region lives, moved
+///   or not (the memory is not inside the region value itself), so an entry taken once may
+///   be posted again later: a [`RecvRing`](crate::channel::RecvRing) takes its slots' entry
+///   once, when it is made;
+/// - nothing but the region's own methods, called by whoever holds it, writes the memory
+///   locally, and nothing lets a peer write it unless its access says so (no handle that
+///   outlives a move of the region into a ring writes memory registered without remote
+///   write or atomic access);
 /// - [`len`](Self::len) and [`access`](Self::access) tell the truth about the registration.
 ///
 /// A region over a plain borrow (`MemoryRegion<'b>`) cannot promise the first point: leaking

@@ -624,3 +624,137 @@ fn components_that_cannot_work_together_are_refused_when_the_world_is_built_nami
         );
     }
 }
+
+/// A handler that panics on a message leaves its slot to be re-posted by the next
+/// `progress`; the message after it, whose completion the panicking call's poll already took
+/// (so no later poll of the queues reports it again), must still reach the handler (the
+/// sweep finds it at the ring's head), once, and the one that panicked never again; credits
+/// must keep coming back, so the sender can go on far past its credits.
+#[test]
+fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    const SLOTS: usize = 4;
+    const SLOT: usize = 32;
+    let world_size = 3u32;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
+    let mut rings = vec![0u8; world_size as usize * mem_len];
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    nodes[1].post_send_inline(0, b"boom").unwrap();
+    nodes[1].post_send_inline(0, b"next").unwrap();
+    // Both complete at rank 0's channel to rank 1 before any `progress` sees them.
+    let mut seen = 0;
+    for _ in 0..1000 {
+        seen += nodes[0].channel(1).unwrap().poll().unwrap();
+        if seen >= 2 {
+            break;
+        }
+    }
+    assert!(seen >= 2, "the messages never completed at rank 0");
+    let peers = (world_size - 1) as usize;
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let mut panicked = false;
+    for _ in 0..8 * peers + 8 {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            nodes[0].progress(8, |ev| {
+                if let Event::Message { data, .. } = ev {
+                    if data == b"boom" && !panicked {
+                        panic!("the handler fails");
+                    }
+                    got.push(data.to_vec());
+                }
+            })
+        }));
+        match r {
+            Err(_) => panicked = true,
+            Ok(r) => {
+                r.unwrap();
+            }
+        }
+        if got.len() == 1 {
+            break;
+        }
+    }
+    assert!(panicked, "the first message never reached the handler");
+    assert_eq!(
+        got,
+        [b"next".to_vec()],
+        "delivered once, the panicked one not again"
+    );
+    // The panicked slot was re-posted: every slot is posted again.
+    let ch = nodes[0].channel(1).unwrap();
+    assert_eq!(ch.outstanding_recvs(), SLOTS as u64);
+    // Credits keep coming back: many more messages than credits go through.
+    let credits = nodes[1].credits_per_peer();
+    let total = 4 * credits.max(1);
+    let (mut sent, mut delivered) = (0usize, 0usize);
+    for _ in 0..100_000 {
+        if sent < total {
+            match nodes[1].post_send_inline(0, &(sent as u32).to_le_bytes()) {
+                Ok(_) => sent += 1,
+                Err(NodeError::WouldBlock { .. }) => {}
+                Err(e) => panic!("send {sent}: {e}"),
+            }
+        }
+        nodes[1].progress(8, |_| {}).unwrap();
+        nodes[0]
+            .progress(8, |ev| {
+                if let Event::Message { data, .. } = ev {
+                    assert_eq!(data, (delivered as u32).to_le_bytes(), "in order");
+                    delivered += 1;
+                }
+            })
+            .unwrap();
+        if delivered == total {
+            break;
+        }
+    }
+    assert_eq!((sent, delivered), (total, total));
+}
+
+/// A send whose completion a caller took by waiting on the node's channel directly (so no
+/// poll of the queues reports it again) is still reported: `progress`'s sweep finds the
+/// channel's count of completed sends above what the handler was told.
+#[test]
+fn sends_completed_through_a_direct_channel_wait_are_still_reported() {
+    const SLOTS: usize = 4;
+    const SLOT: usize = 32;
+    let world_size = 4u32;
+    let net = net(world_size);
+    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
+    let mut rings = vec![0u8; world_size as usize * mem_len];
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    let t = nodes[0].post_send_inline(2, b"direct").unwrap();
+    nodes[0].channel(2).unwrap().wait(t).unwrap();
+    let done = nodes[0].channel(2).unwrap().sends_completed();
+    assert!(done > 0);
+    let peers = world_size - 1;
+    let mut reported = None;
+    for _ in 0..=8 * peers {
+        nodes[0]
+            .progress(8, |ev| {
+                if let Event::SendsCompleted { rank, completed } = ev {
+                    reported = Some((rank, completed));
+                }
+            })
+            .unwrap();
+        if reported.is_some() {
+            break;
+        }
+    }
+    assert_eq!(reported, Some((2, done)), "within {} calls", 8 * peers);
+}

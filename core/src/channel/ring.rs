@@ -262,6 +262,15 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
         e
     }
 
+    /// Why the head slot has no receive posted: the failure that broke the channel (a
+    /// failed receive steps the head past its slot without re-posting it, so after a ring's
+    /// worth of calls on a broken channel every slot is bare), else a full receive queue.
+    #[cold]
+    #[inline(never)]
+    fn no_receive(&self) -> ChannelError {
+        self.chan.fault().unwrap_or(ChannelError::RecvQueueFull)
+    }
+
     /// Waits for the next message, at most the channel's timeout. Does not allocate.
     pub fn recv(&mut self) -> Result<RingMessage<'_>, ChannelError> {
         self.recv_inner(None)
@@ -275,7 +284,9 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
 
     fn recv_inner(&mut self, deadline: Option<Deadline>) -> Result<RingMessage<'_>, ChannelError> {
         self.give_back()?;
-        let r = self.seqs[self.head].ok_or(ChannelError::RecvQueueFull)?;
+        let Some(r) = self.seqs[self.head] else {
+            return Err(self.no_receive());
+        };
         // The channel is the ring's (`give_back` checked it), and `r` its head's receive.
         let res = self.chan.wait_recv_next(r, deadline);
         self.take_head(res)
@@ -287,7 +298,7 @@ impl<P: Provider, M: Region, B: Backoff, const R: usize> RecvRing<P, M, B, R> {
             return Some(Err(e));
         }
         let Some(r) = self.seqs[self.head] else {
-            return Some(Err(ChannelError::RecvQueueFull));
+            return Some(Err(self.no_receive()));
         };
         let res = self.chan.try_recv_seq(r)?;
         Some(self.take_head(res))

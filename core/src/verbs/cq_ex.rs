@@ -191,17 +191,18 @@ unsafe fn rest(
         return Ok(1);
     }
     // SAFETY: forwarded, positioned on a completion by a successful start_poll.
-    match unsafe { batch(cq, ops, max, each) } {
-        (n, 0) => Ok(n),
-        (_, rc) => Err(failed(Verb::StartPoll, rc)),
-    }
+    Ok(unsafe { batch(cq, ops, max, each) })
 }
 
 /// After a successful `start_poll`: `each` on the current completion, `end_poll`, and
 /// again from `start_poll` until `max` or the queue is empty (see the module docs for why
-/// not `next_poll`). Returns how many it took and 0, or the failing `start_poll`'s code:
-/// two scalars come back in registers, where a `Result` would come back through memory
-/// that [`drain`]'s empty path, inlined into every caller, would then pass through as well.
+/// not `next_poll`). Returns how many it took: at least one, each read and ended, so the
+/// device has let go of it and the caller must have it. A `start_poll` that fails here
+/// (other than `ENOENT`) therefore ends the batch like an empty queue: its error is not
+/// returned with the completions (that would drop them), and the caller's next poll, whose
+/// first `start_poll` meets the same failure, reports it. A count alone also comes back in
+/// a register, where a `Result` would come back through memory that [`drain`]'s empty
+/// path, inlined into every caller, would then pass through as well.
 ///
 /// # Safety
 /// As for [`drain`], right after a successful `start_poll`; `max > 0`.
@@ -211,7 +212,7 @@ unsafe fn batch(
     ops: &ExOps,
     max: usize,
     mut each: impl FnMut(usize),
-) -> (usize, c_int) {
+) -> usize {
     let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
     let mut n = 0;
     loop {
@@ -220,12 +221,11 @@ unsafe fn batch(
         // SAFETY: closes the batch the last start_poll opened.
         unsafe { (ops.end)(cq) };
         if n == max {
-            return (n, 0);
+            return n;
         }
         // SAFETY: the caller's contract; no batch is open.
-        let rc = unsafe { (ops.start)(cq, &mut attr) };
-        if rc != 0 {
-            return (n, if rc == ENOENT { 0 } else { rc });
+        if unsafe { (ops.start)(cq, &mut attr) } != 0 {
+            return n;
         }
     }
 }
@@ -246,9 +246,10 @@ fn failed(verb: Verb, rc: c_int) -> ProviderError {
 /// only after a completion was found, so an empty poll is the `start_poll` call and its
 /// test. Does not allocate.
 ///
-/// Fails with the verb (`ibv_start_poll`) and its errno: a small error, so
-/// that the instant device's queues (which return it as is) and [`super::Cq`] (which makes
-/// it a `VerbsError::Call`) carry no larger one through the hot path.
+/// Fails with the verb (`ibv_start_poll`) and its errno when the first `start_poll` fails
+/// (a later one ends the batch, whose completions are returned: see [`batch`]): a small
+/// error, so that the instant device's queues (which return it as is) and [`super::Cq`]
+/// (which makes it a `VerbsError::Call`) carry no larger one through the hot path.
 ///
 /// # Safety
 /// `cq` is a live extended queue whose functions are `ops`, polled by nobody else
@@ -431,4 +432,101 @@ unsafe fn error(
         qp_num,
         timestamp: None,
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An extended queue played by Rust functions: `ready` successful receive completions
+    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever.
+    #[repr(C)]
+    struct Fake {
+        cq: sys::ibv_cq_ex,
+        ready: u64,
+        next: u64,
+    }
+
+    const EIO: c_int = 5;
+
+    unsafe extern "C" fn start(cq: *mut sys::ibv_cq_ex, _: *mut sys::ibv_poll_cq_attr) -> c_int {
+        // SAFETY: every queue these functions are given is the first field of a `Fake`
+        // (`repr(C)`), reached through a pointer to the whole `Fake`.
+        let f = unsafe { &mut *cq.cast::<Fake>() };
+        if f.next < f.ready {
+            f.cq.wr_id = f.next;
+            f.cq.status = sys::ibv_wc_status::IBV_WC_SUCCESS;
+            f.next += 1;
+            0
+        } else {
+            EIO
+        }
+    }
+    unsafe extern "C" fn end(_: *mut sys::ibv_cq_ex) {}
+    unsafe extern "C" fn opcode(_: *mut sys::ibv_cq_ex) -> u32 {
+        sys::ibv_wc_opcode::IBV_WC_RECV
+    }
+    unsafe extern "C" fn byte_len(_: *mut sys::ibv_cq_ex) -> u32 {
+        8
+    }
+    unsafe extern "C" fn zero32(_: *mut sys::ibv_cq_ex) -> u32 {
+        0
+    }
+    unsafe extern "C" fn zero8(_: *mut sys::ibv_cq_ex) -> u8 {
+        0
+    }
+    unsafe extern "C" fn flags(_: *mut sys::ibv_cq_ex) -> core::ffi::c_uint {
+        0
+    }
+
+    fn ops() -> ExOps {
+        ExOps {
+            start,
+            end,
+            opcode,
+            vendor_err: zero32,
+            byte_len,
+            imm: zero32,
+            qp_num: zero32,
+            wc_flags: flags,
+            src_qp: zero32,
+            slid: zero32,
+            sl: zero8,
+            path_bits: zero8,
+            wallclock: None,
+        }
+    }
+
+    /// Completions a poll took (each read and ended: the device has let go of them) before
+    /// a later `start_poll` of the same batch failed are the caller's: returned, not
+    /// dropped with the error (a channel would then wait for them until its drain gave up);
+    /// the failure shows at the next poll, whose first `start_poll` fails the same way.
+    #[test]
+    fn completions_taken_before_a_failed_start_poll_are_returned_not_lost() {
+        for ready in [1u64, 2, 3] {
+            let mut f = Fake {
+                // SAFETY: plain C data (integers, pointers, optional function pointers, a
+                // mutex and a condition variable as bytes): all zeroes is a valid value.
+                cq: unsafe { core::mem::zeroed() },
+                ready,
+                next: 0,
+            };
+            let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+            let mut out = [Completion::EMPTY; 4];
+            let mut last = None;
+            // SAFETY: `cq` is a live queue (the `Fake` outlives the calls) whose functions
+            // are `ops()`, polled by nobody else.
+            let r = unsafe { poll(cq, &ops(), &mut out, &mut last) };
+            assert_eq!(r.ok(), Some(ready as usize), "{ready} ready");
+            for (i, c) in out[..ready as usize].iter().enumerate() {
+                assert_eq!((c.wr_id, c.byte_len), (i as u64, 8));
+            }
+            // SAFETY: as above.
+            let r = unsafe { poll(cq, &ops(), &mut out, &mut last) };
+            assert!(
+                matches!(r, Err(e) if e.verb == Verb::StartPoll && e.errno == EIO),
+                "{r:?}"
+            );
+        }
+    }
 }
