@@ -191,3 +191,61 @@ fn a_neighbour_routed_first_keeps_its_completions() {
     assert_eq!(multi.channel(2).unwrap().wait(t_x).unwrap().byte_len, 4);
     assert_eq!(neighbour.wait(t_n).expect("the neighbour's").byte_len, 3);
 }
+
+/// A caller's `f` that panics while `poll_ready` reports: what the poll handed over was
+/// given to the channels before, and no later poll gives or reports it again (delivery is
+/// once); the poll after that serves new completions as before.
+#[test]
+fn a_report_that_panics_leaves_nothing_to_deliver_twice() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let net = SoftNet::new(SoftNetConfig::new(4, caps()));
+    let mut buf = Words([0u8; 64]);
+    let mut mem = net
+        .register(0, &mut buf.0, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let Setup {
+        mut multi,
+        mut a,
+        _b: mut b,
+        ..
+    } = setup(&net);
+    let mut t_x: Vec<Ticket> = (0..3)
+        .map(|i| post_recv(multi.channel(1).unwrap(), &mut mem, i * 8))
+        .collect();
+    let t_y = post_recv(multi.channel(2).unwrap(), &mut mem, 24);
+    let panics = |multi: &mut MultiChannel<_, Spin>| {
+        catch_unwind(AssertUnwindSafe(|| {
+            multi.poll_ready(|_, _| panic!("the caller's report panics"))
+        }))
+        .is_err()
+    };
+    // Two channels with completions (each marked while the poll serves them)...
+    a.send_inline(&[1; 1]).expect("send to x");
+    b.send_inline(&[2; 2]).expect("send to y");
+    assert!(panics(&mut multi));
+    assert_eq!(multi.poll_ready(|_, _| panic!("nothing new")).unwrap(), 0);
+    // ... then one (its completions handed over, reported once).
+    a.send_inline(&[3; 3]).expect("send to x");
+    assert!(panics(&mut multi));
+    assert_eq!(multi.poll_ready(|_, _| panic!("nothing new")).unwrap(), 0);
+    // Both delivered, each once: the receives complete with their own lengths.
+    let x = multi.channel(1).unwrap();
+    assert_eq!(x.wait(t_x.remove(0)).unwrap().byte_len, 1);
+    assert_eq!(x.wait(t_x.remove(0)).unwrap().byte_len, 3);
+    let y = multi.channel(2).unwrap();
+    assert_eq!(y.wait(t_y).unwrap().byte_len, 2);
+    // The next poll serves both channels again, each reported once.
+    a.send_inline(&[4; 4]).expect("send to x");
+    let t_y = post_recv(multi.channel(2).unwrap(), &mut mem, 32);
+    b.send_inline(&[5; 5]).expect("send to y");
+    let mut reported = Vec::new();
+    let n = multi
+        .poll_ready(|(p, rank), r| reported.push((p, rank, r.expect("no failure"))))
+        .expect("poll_ready");
+    assert_eq!(n, 2);
+    reported.sort_unstable();
+    assert_eq!(reported, [(0, 1, 1), (1, 2, 1)]);
+    let x = multi.channel(1).unwrap();
+    assert_eq!(x.wait(t_x.remove(0)).unwrap().byte_len, 4);
+    assert_eq!(multi.channel(2).unwrap().wait(t_y).unwrap().byte_len, 5);
+}

@@ -116,24 +116,54 @@ pub struct MultiChannel<P: Provider, B: Backoff + Clone, const R: usize = 64> {
     /// waits for exactly that (and what came before it on that queue), not for receives
     /// posted by others (a node's messaging rings).
     last: Vec<Option<Ticket>>,
-    /// Queue-pair number -> position, for providers that share completion queues.
-    qpns: QpTable,
-    /// Positions named ready by a shared poll (capacity: one per channel).
-    ready: Vec<u32>,
-    /// Completions a shared poll handed over (position, from the receive queue, the
-    /// completion), to give to their channels once the poll returned (capacity
-    /// [`DIRECT`]; more wait in the mailboxes).
-    direct: heapless::Vec<(u32, bool, Completion), DIRECT>,
+    /// Queue-pair numbers and the channels a shared poll names ready (one place: what
+    /// `poll_ready`'s `ready` callback captures, one pointer).
+    named: Named,
+    /// Shared-queue slots and the completions a shared poll hands over (one place: what
+    /// `poll_ready`'s `take` callback captures, with the channels' identities).
+    hand: Handover,
     /// Channels a shared poll gave something, in order: (position, completions retired,
     /// intact before, a failed poll of its mailbox), each once (capacity: one per channel).
     touched: Vec<(u32, usize, bool, Option<ChannelError>)>,
     /// Per position, its index in `touched`, or [`UNSEEN`].
     seen: Vec<u32>,
+}
+
+/// What [`MultiChannel::poll_ready`]'s `ready` callback reads and fills.
+struct Named {
+    /// Queue-pair number -> position, for providers that share completion queues.
+    qpns: QpTable,
+    /// Positions named ready by a shared poll (capacity: one per channel). Empty outside
+    /// `poll_ready`: the serving empties it, also when it unwinds (see [`Spent`]).
+    ready: Vec<u32>,
+}
+
+/// What [`MultiChannel::poll_ready`]'s `take` callback reads and fills.
+struct Handover {
     /// Shared-queue slot ([`Provider::shared_slot`]) -> the position of our channel on it
     /// ([`UNSEEN`] for none of ours) and that channel's identity when it was placed there
     /// (by `new` or `renew`): a completion a shared poll offers is handed only to that
     /// channel, never to one a caller swapped in since.
     by_slot: Vec<(u32, usize)>,
+    /// Completions a shared poll handed over (position, from the receive queue, the
+    /// completion), to give to their channels once the poll returned (capacity
+    /// [`DIRECT`]; more wait in the mailboxes). Empty outside `poll_ready`, as
+    /// [`Named::ready`].
+    direct: heapless::Vec<(u32, bool, Completion), DIRECT>,
+}
+
+/// Empties the lists a shared poll filled when the serving of them ends, returning or
+/// unwinding (a panicking `f`, or a channel's poll): so `poll_ready` need not empty them
+/// before each poll (an idle poll writes neither), and no entry, given to its channel
+/// already, is ever given again by a later poll: delivery is once.
+struct Spent<'a>(&'a mut Handover, &'a mut Named);
+
+impl Drop for Spent<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.direct.clear();
+        self.1.ready.clear();
+    }
 }
 
 /// Completions one `poll_ready` hands to channels directly; more wait in the shared
@@ -237,12 +267,13 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             rank_at,
             index,
             last,
-            qpns,
-            ready,
-            direct: heapless::Vec::new(),
+            named: Named { qpns, ready },
+            hand: Handover {
+                by_slot,
+                direct: heapless::Vec::new(),
+            },
             touched,
             seen,
-            by_slot,
         })
     }
 
@@ -260,7 +291,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     /// The rank whose channel runs on queue pair `qp_num` (how a device's asynchronous event
     /// names a connection), if one does.
     pub fn rank_of_qp(&self, qp_num: u32) -> Option<u32> {
-        let i = self.qpns.get(qp_num)?;
+        let i = self.named.qpns.get(qp_num)?;
         self.rank_at.get(i as usize).copied()
     }
 
@@ -318,14 +349,14 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let r = c.renew(swap).ok()?;
         if r.is_ok() {
             let new = c.provider().qp_num();
-            self.qpns.remove(old);
-            self.qpns.insert(new, i as u32);
+            self.named.qpns.remove(old);
+            self.named.qpns.insert(new, i as u32);
             self.last[i] = None;
             // A new identity; the slot stays.
             if let Some(e) = c
                 .provider()
                 .shared_slot()
-                .and_then(|s| self.by_slot.get_mut(s))
+                .and_then(|s| self.hand.by_slot.get_mut(s))
             {
                 *e = (i as u32, c.id());
             }
@@ -378,16 +409,16 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         let Some((first, rest)) = self.chans.split_first_mut() else {
             return Ok(0);
         };
-        let (table, ready, direct) = (&self.qpns, &mut self.ready, &mut self.direct);
-        ready.clear();
-        direct.clear();
-        let (by_slot, first_id) = (&self.by_slot, first.id());
+        // `direct` and `ready` are empty here (`Spent`); the callbacks capture little (one
+        // pointer each, and the channels' identities), built on every poll.
+        let (hand, named, first_id) = (&mut self.hand, &mut self.named, first.id());
+        let rest: &[Channel<P, B, R>] = rest;
         let shared = first.provider_mut().poll_shared_with(
-            &mut |slot, recv, c| {
+            &mut move |slot, recv, c| {
                 // Taken only for a channel of ours that is still the one placed there
                 // (one swapped out keeps its completions in its mailbox, for its new
                 // owner), and while there is room; the rest waits in the mailboxes.
-                let Some(&(i, placed)) = by_slot.get(slot) else {
+                let Some(&(i, placed)) = hand.by_slot.get(slot) else {
                     return false;
                 };
                 let id = match (i as usize).checked_sub(1) {
@@ -398,14 +429,14 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                         None => return false,
                     },
                 };
-                id == placed && direct.push((i, recv, *c)).is_ok()
+                id == placed && hand.direct.push((i, recv, *c)).is_ok()
             },
-            &mut |qpn| {
+            &mut move |qpn| {
                 // Every channel named here is polled below, before this call returns (and
                 // `&mut self` keeps anyone else from polling it meanwhile).
-                match table.get(qpn) {
-                    Some(i) if ready.len() < ready.capacity() => {
-                        ready.push(i);
+                match named.qpns.get(qpn) {
+                    Some(i) if named.ready.len() < named.ready.capacity() => {
+                        named.ready.push(i);
                         true
                     }
                     _ => false,
@@ -413,7 +444,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             },
         );
         match shared {
-            Ok(Some(_)) if self.direct.is_empty() && self.ready.is_empty() => Ok(0),
+            Ok(Some(_)) if self.hand.direct.is_empty() && self.named.ready.is_empty() => Ok(0),
             Ok(Some(_)) => Ok(self.serve_polled(&mut f)),
             Ok(None) => Ok(self.poll_each(&mut f)),
             Err(e) => Err(self.poll_failed(e)),
@@ -427,12 +458,12 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     #[cold]
     #[inline(never)]
     fn poll_failed(&mut self, e: ProviderError) -> MultiError {
-        for &(i, recv, ref comp) in self.direct.iter() {
+        let spent = Spent(&mut self.hand, &mut self.named);
+        for &(i, recv, ref comp) in spent.0.direct.iter() {
             if let Some(c) = self.chans.get_mut(i as usize) {
                 c.accept(recv, comp);
             }
         }
-        self.direct.clear();
         MultiError::Completions(e)
     }
 
@@ -443,6 +474,9 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         &mut self,
         f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> usize {
+        // A provider that says it has queues of its own hands nothing over; were it to, its
+        // lists would not outlive this poll.
+        drop(Spent(&mut self.hand, &mut self.named));
         let mut n = 0;
         for (i, c) in self.chans.iter_mut().enumerate() {
             let intact = c.fault().is_none();
@@ -468,14 +502,17 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         f: &mut impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> usize {
         let mut n = 0;
-        if let (true, Some(&(i, _, _))) = (self.ready.is_empty(), self.direct.first()) {
-            if self.direct.iter().all(|e| e.0 == i) {
+        // Both lists are emptied when this returns or unwinds, whatever `f` does.
+        let spent = Spent(&mut self.hand, &mut self.named);
+        let (direct, ready) = (&spent.0.direct, &spent.1.ready);
+        if let (true, Some(&(i, _, _))) = (ready.is_empty(), direct.first()) {
+            if direct.iter().all(|e| e.0 == i) {
                 // The common case (one peer's traffic): one channel, reported once.
                 let i = i as usize;
                 if let Some(c) = self.chans.get_mut(i) {
                     let intact = c.fault().is_none();
                     let mut k = 0;
-                    for &(_, recv, ref comp) in self.direct.iter() {
+                    for &(_, recv, ref comp) in direct.iter() {
                         k += usize::from(c.accept(recv, comp));
                     }
                     report(f, &mut n, (i, self.rank_at[i]), c, intact, Ok(k));
@@ -485,7 +522,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         }
         let (touched, seen) = (&mut self.touched, &mut self.seen);
         touched.clear();
-        for &(i, recv, ref comp) in self.direct.iter() {
+        for &(i, recv, ref comp) in direct.iter() {
             let i = i as usize;
             let Some(c) = self.chans.get_mut(i) else {
                 continue;
@@ -497,7 +534,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             let t = &mut touched[seen[i] as usize];
             t.1 += usize::from(c.accept(recv, comp));
         }
-        for &i in self.ready.iter() {
+        for &i in ready.iter() {
             let i = i as usize;
             let Some(c) = self.chans.get_mut(i) else {
                 continue;
@@ -512,9 +549,13 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 Err(e) => t.3 = Some(e),
             }
         }
+        drop(spent);
+        // Every mark undone before `f` runs: one that panics leaves none for the next poll.
+        for &(i, ..) in touched.iter() {
+            seen[i as usize] = UNSEEN;
+        }
         for &(i, k, intact, err) in touched.iter() {
             let i = i as usize;
-            seen[i] = UNSEEN;
             if let Some(c) = self.chans.get_mut(i) {
                 let polled = err.map_or(Ok(k), Err);
                 report(f, &mut n, (i, self.rank_at[i]), c, intact, polled);
