@@ -94,22 +94,27 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
         }
         post_now(&mut b, last)
     };
-    let mut times = BwTimes::with_capacity(n);
+    // Without a peak (perftest's `-N`, on by itself above 20000 iterations) the run is timed
+    // as perftest times it then: from before the first post to after the last completion,
+    // with no clock read per request.
+    let stamps = !p.no_peak;
+    let mut times = BwTimes::with_capacity(if stamps { n } else { 0 });
     let start = Instant::now();
     let now = || start.elapsed().as_nanos() as u64;
     let mut posted = 0usize;
     let mut done = 0usize;
     // A run that stops making progress (the peer gone, a device that lost completions) ends
-    // with an error after the channel's patience rather than spinning forever. The clock is
-    // read for it once per 4096 empty polls, so the check costs the loop nothing.
-    let patience = PATIENCE.as_nanos() as u64;
-    let mut last_progress = now();
-    let mut empty = 0u32;
+    // with an error after the channel's patience rather than spinning forever.
+    let mut stall = Stall::new(PATIENCE.as_nanos() as u64);
     while done < n {
         while posted < n && chan.outstanding_sends() + l as u64 <= tx {
-            let t = now();
-            post(chan, posted + l == n)?;
-            times.posted.resize(posted + l, t);
+            if stamps {
+                let t = now();
+                post(chan, posted + l == n)?;
+                times.posted.resize(posted + l, t);
+            } else {
+                post(chan, posted + l == n)?;
+            }
             posted += l;
         }
         // The send queue alone, as perftest polls: nothing is received here.
@@ -121,16 +126,15 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
         }
         let retired = posted - chan.outstanding_sends() as usize;
         if retired > done {
-            // Stamped only when a poll retired something, as perftest stamps completions.
-            let t = now();
-            times.complete_to(retired, t);
+            if stamps {
+                // Stamped only when a poll retired something, as perftest stamps completions.
+                times.complete_to(retired, now());
+            }
             done = retired;
-            empty = 0;
-            last_progress = t;
+            stall.progress();
             continue;
         }
-        empty = empty.wrapping_add(1);
-        if empty.is_multiple_of(4096) && now() - last_progress > patience {
+        if stall.empty_poll(now) {
             return Err(format!(
                 "no request completed for {} s ({done} of {n} done): is the peer alive?",
                 PATIENCE.as_secs()
@@ -138,7 +142,61 @@ fn stream(s: &mut Session, test: Test) -> Res<BwReport> {
             .into());
         }
     }
-    BwReport::from_times(size, &times, l).ok_or_else(|| "no requests ran".into())
+    let report = if stamps {
+        BwReport::from_times(size, &times, l)
+    } else {
+        BwReport::whole_run(size, n, now())
+    };
+    report.ok_or_else(|| "no requests ran".into())
+}
+
+/// Notices a stream that stopped making progress without reading the clock on the way: the
+/// clock is read once per [`Stall::EVERY`] consecutive empty polls, and the stream has
+/// stalled when no poll retired anything for `patience` after the first such read.
+#[derive(Debug)]
+struct Stall {
+    /// Consecutive empty polls.
+    empty: u32,
+    /// When a check first found no progress since the last one (nanoseconds).
+    since: Option<u64>,
+    patience: u64,
+}
+
+impl Stall {
+    /// Empty polls between two clock reads: the check costs the loop nothing.
+    const EVERY: u32 = 4096;
+
+    fn new(patience: u64) -> Self {
+        Self {
+            empty: 0,
+            since: None,
+            patience,
+        }
+    }
+
+    /// A poll retired something.
+    #[inline]
+    fn progress(&mut self) {
+        self.empty = 0;
+        self.since = None;
+    }
+
+    /// A poll retired nothing; reads `now` when a check is due. Whether the stream stalled.
+    #[inline]
+    fn empty_poll(&mut self, now: impl FnOnce() -> u64) -> bool {
+        self.empty = self.empty.wrapping_add(1);
+        if !self.empty.is_multiple_of(Self::EVERY) {
+            return false;
+        }
+        let t = now();
+        match self.since {
+            None => {
+                self.since = Some(t);
+                false
+            }
+            Some(s) => t.saturating_sub(s) > self.patience,
+        }
+    }
 }
 
 /// Posts a batch (one doorbell), signaling its last request if `last`.
@@ -159,4 +217,41 @@ fn post_now(
     // run and is not written by the CPU; the caller polls until every request completed.
     let _ticket = unsafe { b.post() }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stall;
+
+    #[test]
+    fn a_stall_is_seen_only_after_patience_without_progress_and_progress_resets_it() {
+        let mut s = Stall::new(1000);
+        let mut reads = 0;
+        let mut clock = |t: u64| {
+            reads += 1;
+            t
+        };
+        // No clock read before EVERY empty polls.
+        for _ in 0..Stall::EVERY - 1 {
+            assert!(!s.empty_poll(|| clock(0)));
+        }
+        // The first due check only notes when the waiting began.
+        assert!(!s.empty_poll(|| clock(500)));
+        for _ in 0..Stall::EVERY - 1 {
+            assert!(!s.empty_poll(|| clock(0)));
+        }
+        // 1000 ns after it: not yet more than the patience.
+        assert!(!s.empty_poll(|| clock(1500)));
+        // Progress forgets the waiting: the next due check starts it again.
+        s.progress();
+        for _ in 0..Stall::EVERY - 1 {
+            assert!(!s.empty_poll(|| clock(0)));
+        }
+        assert!(!s.empty_poll(|| clock(10_000)));
+        for _ in 0..Stall::EVERY - 1 {
+            assert!(!s.empty_poll(|| clock(0)));
+        }
+        assert!(s.empty_poll(|| clock(11_001)), "1001 ns without progress");
+        assert_eq!(reads, 4, "the clock is read once per EVERY empty polls");
+    }
 }

@@ -128,6 +128,11 @@ pub(crate) struct Args {
     /// Receives the server keeps posted in send tests (at most 512).
     #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
     pub(crate) rx_depth: u32,
+    /// Bandwidth tests: time only the whole run (from before the first post to after the
+    /// last completion) and report no peak, as perftest's `-N`. perftest turns this on by
+    /// itself above 20000 iterations; so does rverbs-perf.
+    #[arg(short = 'N', long = "noPeak")]
+    pub(crate) no_peak: bool,
     /// TCP port of the server.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub(crate) port: u16,
@@ -155,7 +160,16 @@ pub(crate) struct Plan {
     pub(crate) rx_depth: u32,
     /// Latency from completion timestamps (`--hw-timestamps`).
     pub(crate) hw_timestamps: bool,
+    /// Bandwidth: no per-request stamps, no peak (`-N`, or more than [`NO_PEAK_ABOVE`]
+    /// iterations).
+    pub(crate) no_peak: bool,
 }
+
+/// Above this many iterations a bandwidth test stamps only the start and the end of the run
+/// and reports no peak, as perftest does (its `noPeak` turns on by itself past 20000
+/// iterations): the same measurement, with none of the per-request clock reads that
+/// perftest does not make either.
+pub(crate) const NO_PEAK_ABOVE: u64 = 20_000;
 
 impl Args {
     /// perftest's defaults for what was not given, and its consistency checks.
@@ -235,6 +249,7 @@ impl Args {
             tx_depth,
             rx_depth,
             hw_timestamps: self.hw_timestamps,
+            no_peak: t.is_bw() && (self.no_peak || iters > NO_PEAK_ABOVE),
         })
     }
 }
@@ -318,6 +333,19 @@ mod tests {
         let p = plan("rverbs-perf send_bw -s 64").unwrap();
         assert_eq!(p.cq_mod, 100);
         assert_eq!(plan("rverbs-perf atomic_lat").unwrap().size, 8);
+    }
+
+    #[test]
+    fn bandwidth_tests_drop_the_peak_past_20000_iterations_or_with_n_as_perftest() {
+        let no_peak = |cmd: &str| plan(cmd).unwrap().no_peak;
+        assert!(!no_peak("rverbs-perf write_bw -s 64 -n 20000"));
+        assert!(no_peak("rverbs-perf write_bw -s 64 -n 20001"));
+        assert!(no_peak("rverbs-perf send_bw -s 64 -n 32000 -l 32"));
+        assert!(no_peak("rverbs-perf read_bw -N"));
+        assert!(
+            !no_peak("rverbs-perf send_lat -n 32000"),
+            "latency has no peak to drop"
+        );
     }
 
     #[test]

@@ -142,12 +142,8 @@ impl BwReport {
         if n == 0 || times.completed.len() != n {
             return None;
         }
-        let total_ns = times.completed[n - 1]
-            .saturating_sub(times.posted[0])
-            .max(1) as f64;
+        let total_ns = times.completed[n - 1].saturating_sub(times.posted[0]);
         let mib = (1u64 << 20) as f64;
-        let bw_average = (bytes * n) as f64 / mib / (total_ns * 1e-9);
-        let msg_rate = n as f64 / (total_ns * 1e-9) / 1e6;
         let step = post_list.max(1);
         let mut best = f64::INFINITY;
         if (n / step).saturating_mul(times.events.len()) <= PEAK_WORK_LIMIT {
@@ -166,11 +162,25 @@ impl BwReport {
             0.0
         };
         Some(Self {
+            bw_peak,
+            ..Self::whole_run(bytes, n, total_ns)?
+        })
+    }
+
+    /// perftest's report without a peak (its `-N`): `n` messages of `bytes` in `total_ns`
+    /// from before the first post to after the last completion; the peak is 0, as perftest
+    /// prints it then. `None` for no messages.
+    pub(crate) fn whole_run(bytes: usize, n: usize, total_ns: u64) -> Option<Self> {
+        if n == 0 {
+            return None;
+        }
+        let secs = total_ns.max(1) as f64 * 1e-9;
+        Some(Self {
             bytes,
             iterations: n as u64,
-            bw_peak,
-            bw_average,
-            msg_rate,
+            bw_peak: 0.0,
+            bw_average: (bytes * n) as f64 / (1u64 << 20) as f64 / secs,
+            msg_rate: n as f64 / secs / 1e6,
         })
     }
 
@@ -242,5 +252,10 @@ mod tests {
         assert!((r.msg_rate - 4.0 / 200e-9 / 1e6).abs() / r.msg_rate < 1e-9);
         // Best window: the first pair, 20 ns for 2 messages = 10 ns each.
         assert!((r.bw_peak - 1.0 / 10e-9).abs() / r.bw_peak < 1e-9, "{r:?}");
+        // The same run timed whole, as perftest's -N: the same average, no peak.
+        let w = BwReport::whole_run(1 << 20, 4, 200).unwrap();
+        assert_eq!((w.bw_average, w.msg_rate), (r.bw_average, r.msg_rate));
+        assert_eq!(w.bw_peak, 0.0);
+        assert!(BwReport::whole_run(64, 0, 200).is_none());
     }
 }
