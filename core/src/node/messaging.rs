@@ -41,12 +41,14 @@ use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError, SetupError};
-use crate::channel::{ChannelError, Done};
+use crate::channel::{recv_number, ChannelError, Done};
+use crate::completion::{Completion, CompletionKind};
 use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
+use crate::sge::Sge;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
 /// the node is built ([`Components::messaging`](super::Components); on a device the queue
@@ -167,6 +169,17 @@ pub(super) struct Rings<M> {
     /// budget cut short. `queued[p]` says whether `p` is in it.
     pub(super) todo: Fifo<usize>,
     pub(super) queued: Vec<bool>,
+    /// The ring memory's address and local key, from its entry taken once at start (the
+    /// [`Region`] contract keeps an entry valid while the region lives): each slot's
+    /// receive entry is cut from it, with no bounds check per message (`recv_seqs` has one
+    /// number per slot of the ring, so an index it accepts is a slot inside the ring).
+    ring_entry: (u64, u32),
+    /// Ring heads a poll claimed ([`claim`]), oldest first: retired on their channels right
+    /// after the poll and delivered by the same `progress`, or (a handler panicked) by the
+    /// next one, before it polls. `claimed[claimed_at..claimed_len]` wait.
+    claimed: [Claimed; CLAIM],
+    claimed_at: usize,
+    claimed_len: usize,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
@@ -187,7 +200,15 @@ impl<M: Region> Rings<M> {
         (recv_seqs, head): (Vec<u64>, Vec<usize>),
     ) -> Self {
         let peers = multi.peers();
+        let mut region = region;
+        let ring_entry = region
+            .sge_mut(0..region.len())
+            .map_or((0, 0), |e| (e.addr(), e.lkey()));
         Self {
+            ring_entry,
+            claimed: [Claimed::default(); CLAIM],
+            claimed_at: 0,
+            claimed_len: 0,
             region: ManuallyDrop::new(region),
             slots,
             credits,
@@ -229,11 +250,7 @@ impl<M> Drop for Rings<M> {
 
 impl<M> Rings<M> {
     pub(super) fn push_todo(&mut self, p: usize) {
-        if !self.queued[p] {
-            self.queued[p] = true;
-            // Each peer at most once, and there is a slot for every peer.
-            let _ = self.todo.push(p);
-        }
+        push_todo(&mut self.todo, &mut self.queued, p);
     }
 
     fn pop_todo(&mut self) -> Option<usize> {
@@ -458,6 +475,32 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
+/// Puts peer `p` on the list to serve unless it is there (`queued`).
+#[inline(always)]
+fn push_todo(todo: &mut Fifo<usize>, queued: &mut [bool], p: usize) {
+    if let Some(q) = queued.get_mut(p) {
+        if !*q {
+            *q = true;
+            // Each peer at most once, and there is a slot for every peer.
+            let _ = todo.push(p);
+        }
+    }
+}
+
+/// A ring head a poll claimed: peer, slot in its ring, the receive number on its channel,
+/// and what the completion said.
+#[derive(Clone, Copy, Default)]
+struct Claimed {
+    p: usize,
+    i: usize,
+    r: u64,
+    info: Done,
+}
+
+/// Ring heads one poll claims at most (the rest go to their channels, and `progress`
+/// serves them the slower way, in order).
+const CLAIM: usize = 32;
+
 /// A ring slot with no receive posted.
 const NO_RECV: u64 = u64::MAX;
 
@@ -485,19 +528,171 @@ fn poll_rings<P: Provider, M: Region, B: Backoff + Clone>(
     if rings.repost.is_some() {
         repost(multi, rings)?;
     }
+    if rings.claimed_at < rings.claimed_len {
+        // A handler panicked with claimed heads left: they go first, in order, and no poll
+        // claims more before they are gone.
+        handed += deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
+        if rings.claimed_at < rings.claimed_len {
+            return Ok(handed);
+        }
+    }
     if rings.ranks.is_empty() {
         return Ok(0);
     }
     // One poll of the shared queues (or of every channel, for providers with queues of
-    // their own); channels that got completions or failed join the list.
-    multi
-        .poll_ready(|(p, _), _| rings.push_todo(p))
-        .map_err(poll_failed)?;
+    // their own); a successful receive at the head of its peer's ring is claimed and
+    // delivered below; channels that got other completions or failed join the list.
+    let limit = budget.saturating_sub(handed).min(CLAIM);
+    let polled = {
+        let r = &mut *rings;
+        let (todo, queued) = (&mut r.todo, &mut r.queued);
+        let mut ring = Heads {
+            chan_ids: &r.chan_ids,
+            head: &mut r.head,
+            recv_seqs: &mut r.recv_seqs,
+            slots: r.slots,
+            claimed: &mut r.claimed,
+            claimed_len: &mut r.claimed_len,
+            limit,
+        };
+        multi.poll_claiming(&mut |at, c| ring.claim(at, c), |(p, _), _| {
+            push_todo(todo, queued, p)
+        })
+    };
+    if rings.claimed_len > 0 {
+        // Retired on their channels before any handler runs, whatever happens next.
+        retire_claimed(multi, rings);
+    }
+    polled.map_err(poll_failed)?;
+    if rings.claimed_len > 0 {
+        handed += deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
+    }
     // The sweep: rare, because it is for the rare case (a caller that polled a node's
     // channel itself); an idle `progress` is then one poll of each shared queue.
     rings.sweep_in -= 1;
     if rings.sweep_in == 0 {
         sweep(multi, rings);
+    }
+    Ok(handed)
+}
+
+/// What a poll's claim reads and moves of the rings (fields of [`Rings`], borrowed apart
+/// from the list of peers to serve, which the poll's report fills).
+struct Heads<'a> {
+    chan_ids: &'a [usize],
+    head: &'a mut [usize],
+    recv_seqs: &'a mut [u64],
+    slots: usize,
+    claimed: &'a mut [Claimed; CLAIM],
+    claimed_len: &'a mut usize,
+    limit: usize,
+}
+
+impl Heads<'_> {
+    /// Claims `c`, a receive completion the poll found for the channel at position `p`
+    /// (identity `id`), if it is the successful completion of the receive at the head of
+    /// `p`'s ring on the very channel the ring was posted on: the head moves on and the
+    /// slot leaves the ring (its receive done, so the node may read it; re-posted after
+    /// delivery). Anything else (a failure or flush, the channel's own receive, a swapped
+    /// channel, a receive not at the head) goes to the channel and the slower path, which
+    /// keeps the order: a peer's later receives are no longer its head.
+    #[inline(always)]
+    fn claim(&mut self, (p, id): (usize, usize), c: &Completion) -> bool {
+        let n = *self.claimed_len;
+        if n >= self.limit {
+            return false;
+        }
+        let Some(r) = recv_number(c) else {
+            return false;
+        };
+        if self.chan_ids.get(p) != Some(&id) {
+            return false;
+        }
+        let Some(h) = self.head.get_mut(p) else {
+            return false;
+        };
+        let i = *h;
+        let Some(seq) = self.recv_seqs.get_mut(p * self.slots + i) else {
+            return false;
+        };
+        if *seq != r {
+            return false;
+        }
+        *seq = NO_RECV;
+        *h = if i + 1 == self.slots { 0 } else { i + 1 };
+        if let Some(e) = self.claimed.get_mut(n) {
+            *e = Claimed {
+                p,
+                i,
+                r,
+                info: Done {
+                    byte_len: c.byte_len,
+                    imm: c.imm,
+                    written: c.kind == CompletionKind::RecvWriteImm,
+                },
+            };
+        }
+        *self.claimed_len = n + 1;
+        true
+    }
+}
+
+/// Retires the claimed heads on their channels (their completions came off the shared
+/// queue, so the channels' receive counts must move), before any handler runs.
+#[inline(always)]
+fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+) {
+    for e in rings.claimed.iter().take(rings.claimed_len) {
+        if let Some(c) = multi.by_index(e.p) {
+            c.retire_claimed_recv(e.r);
+        }
+    }
+}
+
+/// Delivers the claimed heads (at most `budget`), in order: the credit its immediate
+/// returns, the handler, the slot re-posted. A head whose channel broke or was swapped
+/// since is not read (the slower path reports the failure). The slot leaves the list
+/// before the handler runs, so a panicking handler neither sees it twice nor loses it
+/// (`repost`), and the heads after it wait for the next call.
+#[inline(never)]
+fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    let mut handed = 0;
+    while rings.claimed_at < rings.claimed_len && handed < budget {
+        let Some(&e) = rings.claimed.get(rings.claimed_at) else {
+            break;
+        };
+        rings.claimed_at += 1;
+        let p = e.p;
+        let Some(chan) = multi.by_index(p) else {
+            continue;
+        };
+        if chan.id() != rings.chan_ids[p] || chan.fault().is_some() || rings.failure_reported[p] {
+            rings.push_todo(p);
+            continue;
+        }
+        let sent = chan.remote_recvs_used();
+        rings.consumed[p] += 1;
+        rings.repost = Some((p, e.i));
+        deliver(rings, (p, sent), p * rings.slots + e.i, e.info, handler);
+        handed += 1;
+        // On failure `repost` keeps the slot for the next call.
+        post_slot(multi, rings, p, e.i)?;
+        rings.repost = None;
+        if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+            // A credit return due: the serving writes it.
+            rings.push_todo(p);
+        }
+    }
+    if rings.claimed_at == rings.claimed_len {
+        rings.claimed_at = 0;
+        rings.claimed_len = 0;
     }
     Ok(handed)
 }
@@ -755,21 +950,40 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     p: usize,
     i: usize,
 ) -> Result<(), NodeError> {
-    let rank = rings.ranks[p];
-    let at = (p * rings.slots + i) * rings.slot_size;
-    let mut sge =
-        [rings
-            .region
-            .sge_mut(at..at + rings.slot_size)
-            .ok_or(NodeError::InvalidArgument {
-                what: "ring slot outside the ring",
-            })?];
-    let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-    // SAFETY: the ring memory is owned by the node, which drains every channel before it
-    // frees it (or leaks it if a channel was swapped out), and this slot is read only after
-    // its receive completed, then re-posted.
-    let t =
-        unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
-    rings.recv_seqs[p * rings.slots + i] = chan.recv_seq(t).unwrap_or(NO_RECV);
-    Ok(())
+    let k = p * rings.slots + i;
+    if i >= rings.slots || k >= rings.recv_seqs.len() {
+        return Err(slot_outside());
+    }
+    let at = (k * rings.slot_size) as u64;
+    let (addr, lkey) = rings.ring_entry;
+    // SAFETY: slot `k` lies inside the ring (`recv_seqs` has one entry per slot of the
+    // `(world - 1) * slots * slot_size` bytes checked against the region at start), cut
+    // from the region's own entry, whose address and key stay valid while the region
+    // lives (the `Region` contract); the ring memory is owned by the node, which drains
+    // every channel before it frees it (or leaks it if a channel was swapped out), and this
+    // slot is read only after its receive completed, then re-posted.
+    let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
+    let Some(chan) = multi.by_index(p) else {
+        return Err(NodeError::UnknownRank(rings.ranks[p]));
+    };
+    // SAFETY: as above (the posting contract for the slot).
+    match unsafe { chan.post_recv_numbered(sge) } {
+        Ok(r) => {
+            rings.recv_seqs[k] = r;
+            Ok(())
+        }
+        Err(error) => Err(NodeError::Channel {
+            rank: rings.ranks[p],
+            error,
+        }),
+    }
+}
+
+/// A ring slot outside the ring (never, as the node names slots): out of line.
+#[cold]
+#[inline(never)]
+fn slot_outside() -> NodeError {
+    NodeError::InvalidArgument {
+        what: "ring slot outside the ring",
+    }
 }
