@@ -406,7 +406,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         &mut self,
         f: impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> Result<usize, MultiError> {
-        self.poll_claiming(&mut |_, _| false, f)
+        self.poll_claiming(|_, _| false, f)
     }
 
     /// [`MultiChannel::poll_ready`], offering each receive completion a shared poll would
@@ -420,7 +420,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     #[inline(always)]
     pub(crate) fn poll_claiming(
         &mut self,
-        claim: &mut impl FnMut((usize, usize), &Completion) -> bool,
+        mut claim: impl FnMut((usize, usize), &Completion) -> bool,
         mut f: impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> Result<usize, MultiError> {
         let Some((first, rest)) = self.chans.split_first_mut() else {

@@ -60,9 +60,16 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             // The piggybacked count is widened against the larger of the two from now on.
             // The peer wrote that word: it is taken only if it could be true, counting (as
             // the peer does) from when messaging started.
-            let sent = used.saturating_sub(r.base[p]);
-            r.returned[p] = r.returned[p].max(plausible_return(written, sent));
-            (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
+            let sent = used.saturating_sub(r.heads.peers[p].base);
+            r.heads.peers[p].returned = r.heads.peers[p]
+                .returned
+                .max(plausible_return(written, sent));
+            (
+                r.heads.peers[p].base,
+                r.credits as u64,
+                r.heads.peers[p].returned,
+                r.heads.peers[p].consumed,
+            )
         });
         if let Some((base, slots, returned, _)) = credit {
             // Every request that consumes one of the peer's ring slots counts, whichever
@@ -70,7 +77,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             let in_flight = used.saturating_sub(base).saturating_sub(returned);
             if in_flight >= slots {
                 if let Some(r) = self.rings.as_mut() {
-                    r.refused[p] = r.refused[p].saturating_add(1);
+                    r.heads.peers[p].refused = r.heads.peers[p].refused.saturating_add(1);
                 }
                 return Err(NodeError::WouldBlock { rank });
             }
@@ -100,7 +107,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             return Ok(t);
         };
         if let Some(r) = self.rings.as_mut() {
-            r.reported[p] = consumed;
+            r.heads.peers[p].reported = consumed;
         }
         Ok(t)
     }
@@ -157,7 +164,9 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
 ) {
     // Half the credits at a time: a sender that ran out of credits has all of them in
     // flight, so they come back after at most half of them were consumed.
-    if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+    if rings.heads.peers[p].consumed - rings.heads.peers[p].reported
+        >= rings.credits.div_ceil(2) as u64
+    {
         write_credit(multi, rings, peer_flags, (me, world), p);
     }
 }
@@ -170,8 +179,8 @@ fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
     (me, world): (u32, u32),
     p: usize,
 ) {
-    let consumed = rings.consumed[p];
-    let rank = rings.ranks[p];
+    let consumed = rings.heads.peers[p].consumed;
+    let rank = rings.heads.peers[p].rank;
     let Some(slot) = peer_flags
         .get(rank as usize)
         .zip(FlagLayout::new(world).credits(me))
@@ -194,7 +203,7 @@ fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
             )
             .is_ok()
     {
-        rings.reported[p] = consumed;
+        rings.heads.peers[p].reported = consumed;
         rings.credit_writes += 1;
     }
 }

@@ -124,7 +124,39 @@ pub enum Event<'a> {
     },
 }
 
-/// Per-peer state of messaging, indexed by the channel's position in the node's list.
+/// One peer's messaging state (one struct per peer: one bounds check per peer served, not
+/// one per field), indexed by the channel's position in the node's list.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Peer {
+    /// The rank of the channel (fixed at start).
+    pub(super) rank: u32,
+    /// The channel the peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
+    /// so a caller can swap a channel out; a ring whose channel changed is never read again,
+    /// and its memory is leaked rather than freed while the displaced channel may still
+    /// receive into it.
+    pub(super) chan_id: usize,
+    /// The ring's head: the slot whose receive completes next (a ring per peer).
+    pub(super) head: usize,
+    /// The channel's count of requests that consume the peer's receives when messaging
+    /// started: what the peer's credit returns (which count from then) are measured from.
+    pub(super) base: u64,
+    /// Messages (and writes with immediate) of the peer consumed.
+    pub(super) consumed: u64,
+    /// The consumed count last told the peer (written back or piggybacked on a message).
+    pub(super) reported: u64,
+    /// What the peer last told us it consumed of our messages through a message's
+    /// immediate (the flag array holds what it wrote; the sender trusts the larger).
+    pub(super) returned: u64,
+    /// Sends to the peer refused for want of credit ([`NodeError::WouldBlock`]).
+    pub(super) refused: u64,
+    /// Sends completed last reported ([`Event::SendsCompleted`]).
+    pub(super) sends_seen: u64,
+    /// The channel's failure was reported (once).
+    pub(super) failure_reported: bool,
+}
+
+/// Messaging state: the ring memory and per-peer state, indexed by the channel's position
+/// in the node's list.
 pub(super) struct Rings<M> {
     /// Dropped by hand: a pool's memory is freed only once its shared queue is gone.
     pub(super) region: ManuallyDrop<M>,
@@ -135,51 +167,24 @@ pub(super) struct Rings<M> {
     /// The shared pool, if messages land in one.
     pub(super) pool: Option<super::pool::Pool>,
     pub(super) slot_size: usize,
-    /// The ranks of the channels, in order.
-    pub(super) ranks: Vec<u32>,
-    /// Per ring slot, the receive sequence number of its receive on its peer's channel
-    /// ([`NO_RECV`] while it is not posted): taken by number, the channel's identity being
-    /// checked once per peer served (`chan_ids`).
-    pub(super) recv_seqs: Vec<u64>,
-    pub(super) head: Vec<usize>,
-    pub(super) sends_seen: Vec<u64>,
-    pub(super) failure_reported: Vec<bool>,
+    /// Per-peer state and the rings' slots: what a poll's claim reads and moves (one
+    /// place, so the claim captures one pointer).
+    pub(super) heads: Heads,
     /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
     pub(super) repost: Option<(usize, usize)>,
-    /// The channel each peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
-    /// so a caller can swap a channel out; a ring whose channel changed is never read again,
-    /// and its memory is leaked rather than freed while the displaced channel may still
-    /// receive into it.
-    pub(super) chan_ids: Vec<usize>,
-    /// Each channel's count of requests that consume a peer's receive when messaging started:
-    /// what the peer's credit returns (which count from then) are measured from.
-    pub(super) base: Vec<u64>,
-    /// Messages (and writes with immediate) of each peer consumed.
-    pub(super) consumed: Vec<u64>,
-    /// The consumed count last told each peer (written back or piggybacked on a message).
-    pub(super) reported: Vec<u64>,
-    /// What each peer last told us it consumed of our messages through a message's
-    /// immediate (the flag array holds what it wrote; the sender trusts the larger).
-    pub(super) returned: Vec<u64>,
     /// Credit returns that needed a write of their own (no message went back in time).
     pub(super) credit_writes: u64,
-    /// Sends to each peer refused for want of credit ([`NodeError::WouldBlock`]).
-    pub(super) refused: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
-    pub(super) todo: Fifo<usize>,
-    pub(super) queued: Vec<bool>,
+    pub(super) todo: Todo,
     /// The ring memory's address and local key, from its entry taken once at start (the
     /// [`Region`] contract keeps an entry valid while the region lives): each slot's
     /// receive entry is cut from it, with no bounds check per message (`recv_seqs` has one
     /// number per slot of the ring, so an index it accepts is a slot inside the ring).
     ring_entry: (u64, u32),
-    /// Ring heads a poll claimed ([`claim`]), oldest first: retired on their channels right
-    /// after the poll and delivered by the same `progress`, or (a handler panicked) by the
-    /// next one, before it polls. `claimed[claimed_at..claimed_len]` wait.
-    claimed: [Claimed; CLAIM],
+    /// The first of the ring heads a poll claimed (`Heads::claimed`) not yet delivered:
+    /// `claimed[claimed_at..claimed_len]` wait (a handler panicked, or the budget ran out).
     claimed_at: usize,
-    claimed_len: usize,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
@@ -190,45 +195,53 @@ pub(super) struct Rings<M> {
 
 impl<M: Region> Rings<M> {
     /// Messaging state over `region` for every channel of `multi`: the per-peer bookkeeping
-    /// both receive layouts share; `recv_seqs` and `head` are the per-peer rings' own (empty
-    /// for a pool). Allocates (setup).
+    /// both receive layouts share; `recv_seqs` is the per-peer rings' own (empty for a
+    /// pool). Allocates (setup).
     pub(super) fn new<P: Provider, B: Backoff + Clone>(
         multi: &mut MultiChannel<P, B>,
         region: M,
         (slots, slot_size, credits): (usize, usize, usize),
         pool: Option<super::pool::Pool>,
-        (recv_seqs, head): (Vec<u64>, Vec<usize>),
+        recv_seqs: Vec<u64>,
     ) -> Self {
         let peers = multi.peers();
         let mut region = region;
         let ring_entry = region
             .sge_mut(0..region.len())
             .map_or((0, 0), |e| (e.addr(), e.lkey()));
+        let mut states: Vec<Peer> = multi
+            .ranks()
+            .zip(multi.ids())
+            .map(|(rank, chan_id)| Peer {
+                rank,
+                chan_id,
+                ..Peer::default()
+            })
+            .collect();
+        for (st, c) in states.iter_mut().zip(multi.channels()) {
+            st.base = c.remote_recvs_used();
+        }
         Self {
             ring_entry,
-            claimed: [Claimed::default(); CLAIM],
             claimed_at: 0,
-            claimed_len: 0,
             region: ManuallyDrop::new(region),
             slots,
             credits,
             pool,
             slot_size,
-            ranks: multi.ranks().collect(),
-            recv_seqs,
-            head,
-            sends_seen: vec![0; peers],
-            failure_reported: vec![false; peers],
+            heads: Heads {
+                peers: states,
+                recv_seqs,
+                slots,
+                claimed: [Claimed::default(); CLAIM],
+                claimed_len: 0,
+            },
             repost: None,
-            chan_ids: multi.ids().collect(),
-            base: multi.channels().map(|c| c.remote_recvs_used()).collect(),
-            consumed: vec![0; peers],
-            reported: vec![0; peers],
-            returned: vec![0; peers],
             credit_writes: 0,
-            refused: vec![0; peers],
-            todo: Fifo::new(peers, 0),
-            queued: vec![false; peers],
+            todo: Todo {
+                list: Fifo::new(peers, 0),
+                queued: vec![false; peers],
+            },
             sweep: 0,
             sweep_in: SWEEP_EVERY,
         }
@@ -250,12 +263,14 @@ impl<M> Drop for Rings<M> {
 
 impl<M> Rings<M> {
     pub(super) fn push_todo(&mut self, p: usize) {
-        push_todo(&mut self.todo, &mut self.queued, p);
+        self.todo.push(p);
     }
 
     fn pop_todo(&mut self) -> Option<usize> {
-        let p = self.todo.pop()?;
-        self.queued[p] = false;
+        let p = self.todo.list.pop()?;
+        if let Some(q) = self.todo.queued.get_mut(p) {
+            *q = false;
+        }
         Some(p)
     }
 }
@@ -263,7 +278,7 @@ impl<M> Rings<M> {
 impl<M> Rings<M> {
     /// Whether every channel is still the one its ring was posted on.
     pub(super) fn channels_unchanged(&self, ids: impl Iterator<Item = usize>) -> bool {
-        ids.eq(self.chan_ids.iter().copied())
+        ids.eq(self.heads.peers.iter().map(|st| st.chan_id))
     }
 }
 
@@ -334,7 +349,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             region,
             (slots, slot_size, slots),
             None,
-            (vec![NO_RECV; peers * slots], vec![0; peers]),
+            vec![NO_RECV; peers * slots],
         );
         for p in 0..peers {
             for i in 0..slots {
@@ -368,7 +383,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             let slots = if r.pool.is_some() {
                 r.slots
             } else {
-                r.slots * r.ranks.len()
+                r.slots * r.heads.peers.len()
             };
             slots * r.slot_size
         })
@@ -388,7 +403,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         };
         let r = match poll_rings(&mut self.multi, rings, budget, &mut handler) {
             // The idle path ends here, having read nothing the serving needs.
-            Ok(handed) if rings.todo.is_empty() => return Ok(handed),
+            Ok(handed) if rings.todo.list.is_empty() => return Ok(handed),
             Ok(handed) => self.serve_todo(budget, handed, &mut handler),
             Err(e) => Err(e),
         };
@@ -475,14 +490,23 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
-/// Puts peer `p` on the list to serve unless it is there (`queued`).
-#[inline(always)]
-fn push_todo(todo: &mut Fifo<usize>, queued: &mut [bool], p: usize) {
-    if let Some(q) = queued.get_mut(p) {
-        if !*q {
-            *q = true;
-            // Each peer at most once, and there is a slot for every peer.
-            let _ = todo.push(p);
+/// Peers to serve, oldest first (each at most once: `queued[p]` says whether `p` is in
+/// the list): one place, so a poll's report captures one pointer.
+pub(super) struct Todo {
+    list: Fifo<usize>,
+    queued: Vec<bool>,
+}
+
+impl Todo {
+    /// Puts peer `p` on the list unless it is there.
+    #[inline(always)]
+    fn push(&mut self, p: usize) {
+        if let Some(q) = self.queued.get_mut(p) {
+            if !*q {
+                *q = true;
+                // Each peer at most once, and there is a slot for every peer.
+                let _ = self.list.push(p);
+            }
         }
     }
 }
@@ -528,67 +552,45 @@ fn poll_rings<P: Provider, M: Region, B: Backoff + Clone>(
     if rings.repost.is_some() {
         repost(multi, rings)?;
     }
-    if rings.claimed_at < rings.claimed_len {
-        // A handler panicked with claimed heads left: they go first, in order, and no poll
-        // claims more before they are gone.
-        handed += deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
-        if rings.claimed_at < rings.claimed_len {
-            return Ok(handed);
-        }
-    }
-    if rings.ranks.is_empty() {
+    if rings.heads.peers.is_empty() {
         return Ok(0);
     }
     // One poll of the shared queues (or of every channel, for providers with queues of
     // their own); a successful receive at the head of its peer's ring is claimed and
     // delivered below; channels that got other completions or failed join the list.
-    let limit = budget.saturating_sub(handed).min(CLAIM);
-    let polled = {
-        let r = &mut *rings;
-        let (todo, queued) = (&mut r.todo, &mut r.queued);
-        let mut ring = Heads {
-            chan_ids: &r.chan_ids,
-            head: &mut r.head,
-            recv_seqs: &mut r.recv_seqs,
-            slots: r.slots,
-            claimed: &mut r.claimed,
-            claimed_len: &mut r.claimed_len,
-            limit,
-        };
-        multi.poll_claiming(&mut |at, c| ring.claim(at, c), |(p, _), _| {
-            push_todo(todo, queued, p)
-        })
-    };
-    if rings.claimed_len > 0 {
-        // Retired on their channels before any handler runs, whatever happens next.
-        retire_claimed(multi, rings);
+    let (heads, todo) = (&mut rings.heads, &mut rings.todo);
+    let polled = multi.poll_claiming(|at, c| heads.claim(at, c), |(p, _), _| todo.push(p));
+    // Heads claimed now, or left by a call whose handler panicked or whose budget ran out
+    // (those first: the list keeps each peer's order).
+    if rings.heads.claimed_len != 0 {
+        return claimed_after_poll(multi, rings, polled, (handed, budget), handler);
     }
     polled.map_err(poll_failed)?;
-    if rings.claimed_len > 0 {
-        handed += deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
-    }
-    // The sweep: rare, because it is for the rare case (a caller that polled a node's
-    // channel itself); an idle `progress` is then one poll of each shared queue.
-    rings.sweep_in -= 1;
-    if rings.sweep_in == 0 {
-        sweep(multi, rings);
-    }
+    sweep_turn(multi, rings);
     Ok(handed)
 }
 
-/// What a poll's claim reads and moves of the rings (fields of [`Rings`], borrowed apart
-/// from the list of peers to serve, which the poll's report fills).
-struct Heads<'a> {
-    chan_ids: &'a [usize],
-    head: &'a mut [usize],
-    recv_seqs: &'a mut [u64],
+/// Per-peer state and the per-peer rings' slots: what a poll's claim ([`Heads::claim`])
+/// reads and moves, apart from the list of peers to serve, which the poll's report fills.
+pub(super) struct Heads {
+    /// Each peer's state, in the order of the channels.
+    pub(super) peers: Vec<Peer>,
+    /// Per ring slot, the receive number of its receive on its peer's channel
+    /// ([`NO_RECV`] while it is not posted): claimed or taken by number, the channel's
+    /// identity being checked (`Peer::chan_id`). Empty for a pool.
+    pub(super) recv_seqs: Vec<u64>,
+    /// Slots per ring (`Rings::slots`).
     slots: usize,
-    claimed: &'a mut [Claimed; CLAIM],
-    claimed_len: &'a mut usize,
-    limit: usize,
+    /// Ring heads a poll claimed, oldest first: retired on their channels right after the
+    /// poll and delivered by the same `progress` (up to its budget), the rest (a handler
+    /// panicked, or the budget ran out) by the next call, after its poll, before what that
+    /// poll claimed (appended: each peer's order is kept). `claimed[Rings::claimed_at..
+    /// claimed_len]` wait.
+    claimed: [Claimed; CLAIM],
+    claimed_len: usize,
 }
 
-impl Heads<'_> {
+impl Heads {
     /// Claims `c`, a receive completion the poll found for the channel at position `p`
     /// (identity `id`), if it is the successful completion of the receive at the head of
     /// `p`'s ring on the very channel the ring was posted on: the head moves on and the
@@ -598,20 +600,20 @@ impl Heads<'_> {
     /// keeps the order: a peer's later receives are no longer its head.
     #[inline(always)]
     fn claim(&mut self, (p, id): (usize, usize), c: &Completion) -> bool {
-        let n = *self.claimed_len;
-        if n >= self.limit {
+        let n = self.claimed_len;
+        if n >= CLAIM {
             return false;
         }
         let Some(r) = recv_number(c) else {
             return false;
         };
-        if self.chan_ids.get(p) != Some(&id) {
-            return false;
-        }
-        let Some(h) = self.head.get_mut(p) else {
+        let Some(st) = self.peers.get_mut(p) else {
             return false;
         };
-        let i = *h;
+        if st.chan_id != id {
+            return false;
+        }
+        let i = st.head;
         let Some(seq) = self.recv_seqs.get_mut(p * self.slots + i) else {
             return false;
         };
@@ -619,7 +621,7 @@ impl Heads<'_> {
             return false;
         }
         *seq = NO_RECV;
-        *h = if i + 1 == self.slots { 0 } else { i + 1 };
+        st.head = if i + 1 == self.slots { 0 } else { i + 1 };
         if let Some(e) = self.claimed.get_mut(n) {
             *e = Claimed {
                 p,
@@ -632,9 +634,42 @@ impl Heads<'_> {
                 },
             };
         }
-        *self.claimed_len = n + 1;
+        self.claimed_len = n + 1;
         true
     }
+}
+
+/// The sweep's countdown (see [`sweep`]).
+#[inline(always)]
+fn sweep_turn<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+) {
+    // The sweep: rare, because it is for the rare case (a caller that polled a node's
+    // channel itself); an idle `progress` is then one poll of each shared queue.
+    rings.sweep_in -= 1;
+    if rings.sweep_in == 0 {
+        sweep(multi, rings);
+    }
+}
+
+/// [`poll_rings`] after a poll that claimed ring heads: they are retired on their channels
+/// before anything else (a failed poll's error included, and before any handler runs),
+/// then delivered up to the budget. Out of line, so an idle `progress` pays
+/// one test.
+#[inline(never)]
+fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    polled: Result<usize, MultiError>,
+    (handed, budget): (usize, usize),
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    retire_claimed(multi, rings);
+    polled.map_err(poll_failed)?;
+    let handed = handed + deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
+    sweep_turn(multi, rings);
+    Ok(handed)
 }
 
 /// Retires the claimed heads on their channels (their completions came off the shared
@@ -644,7 +679,14 @@ fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
 ) {
-    for e in rings.claimed.iter().take(rings.claimed_len) {
+    // Heads an earlier call left were retired then; retiring is idempotent.
+    for e in rings
+        .heads
+        .claimed
+        .iter()
+        .take(rings.heads.claimed_len)
+        .skip(rings.claimed_at)
+    {
         if let Some(c) = multi.by_index(e.p) {
             c.retire_claimed_recv(e.r);
         }
@@ -656,7 +698,7 @@ fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
 /// since is not read (the slower path reports the failure). The slot leaves the list
 /// before the handler runs, so a panicking handler neither sees it twice nor loses it
 /// (`repost`), and the heads after it wait for the next call.
-#[inline(never)]
+#[inline(always)]
 fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -664,8 +706,8 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
     let mut handed = 0;
-    while rings.claimed_at < rings.claimed_len && handed < budget {
-        let Some(&e) = rings.claimed.get(rings.claimed_at) else {
+    while rings.claimed_at < rings.heads.claimed_len && handed < budget {
+        let Some(&e) = rings.heads.claimed.get(rings.claimed_at) else {
             break;
         };
         rings.claimed_at += 1;
@@ -673,26 +715,31 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
         let Some(chan) = multi.by_index(p) else {
             continue;
         };
-        if chan.id() != rings.chan_ids[p] || chan.fault().is_some() || rings.failure_reported[p] {
+        if chan.id() != rings.heads.peers[p].chan_id
+            || chan.fault().is_some()
+            || rings.heads.peers[p].failure_reported
+        {
             rings.push_todo(p);
             continue;
         }
         let sent = chan.remote_recvs_used();
-        rings.consumed[p] += 1;
+        rings.heads.peers[p].consumed += 1;
         rings.repost = Some((p, e.i));
         deliver(rings, (p, sent), p * rings.slots + e.i, e.info, handler);
         handed += 1;
         // On failure `repost` keeps the slot for the next call.
         post_slot(multi, rings, p, e.i)?;
         rings.repost = None;
-        if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+        if rings.heads.peers[p].consumed - rings.heads.peers[p].reported
+            >= rings.credits.div_ceil(2) as u64
+        {
             // A credit return due: the serving writes it.
             rings.push_todo(p);
         }
     }
-    if rings.claimed_at == rings.claimed_len {
+    if rings.claimed_at == rings.heads.claimed_len {
         rings.claimed_at = 0;
-        rings.claimed_len = 0;
+        rings.heads.claimed_len = 0;
     }
     Ok(handed)
 }
@@ -705,7 +752,7 @@ fn repost<P: Provider, M: Region, B: Backoff + Clone>(
     rings: &mut Rings<M>,
 ) -> Result<(), NodeError> {
     if let Some((p, i)) = rings.repost.take() {
-        if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
+        if multi.by_index(p).map(|c| c.id()) == Some(rings.heads.peers[p].chan_id) {
             if let Err(e) = post_slot(multi, rings, p, i) {
                 // Not lost: the next call tries again.
                 rings.repost = Some((p, i));
@@ -737,7 +784,11 @@ fn poll_failed(e: MultiError) -> NodeError {
 fn sweep<P: Provider, M, B: Backoff + Clone>(multi: &mut MultiChannel<P, B>, rings: &mut Rings<M>) {
     rings.sweep_in = SWEEP_EVERY;
     let p = rings.sweep;
-    rings.sweep = if p + 1 < rings.ranks.len() { p + 1 } else { 0 };
+    rings.sweep = if p + 1 < rings.heads.peers.len() {
+        p + 1
+    } else {
+        0
+    };
     if has_work(multi, rings, p) {
         rings.push_todo(p);
     }
@@ -754,17 +805,20 @@ fn has_work<P: Provider, M, B: Backoff + Clone>(
     let Some(c) = multi.at(p) else {
         return false;
     };
-    let credit_due = rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64;
-    let same = c.id() == rings.chan_ids[p];
+    let Some(st) = rings.heads.peers.get(p) else {
+        return false;
+    };
+    let credit_due = st.consumed - st.reported >= rings.credits.div_ceil(2) as u64;
+    let same = c.id() == st.chan_id;
     let head = rings
-        .head
-        .get(p)
-        .and_then(|&i| rings.recv_seqs.get(p * rings.slots + i))
+        .heads
+        .recv_seqs
+        .get(p * rings.slots + st.head)
         .copied()
         .filter(|&r| r != NO_RECV);
     credit_due
-        || c.sends_completed() > rings.sends_seen[p]
-        || ((c.fault().is_some() || !same) && !rings.failure_reported[p])
+        || c.sends_completed() > st.sends_seen
+        || ((c.fault().is_some() || !same) && !st.failure_reported)
         || (same && head.is_some_and(|r| c.recv_complete(r)))
 }
 
@@ -785,7 +839,7 @@ fn serve_todo<P: Provider, M: Region, B: Backoff + Clone>(
     // their credit returns, which must not wait for budget: a sender without credits
     // sends nothing, and the pool would run dry.
     let pooled = rings.pool.is_some();
-    for _ in 0..rings.todo.len() {
+    for _ in 0..rings.todo.list.len() {
         if handed >= budget && !pooled {
             break;
         }
@@ -814,8 +868,9 @@ fn has_events<P: Provider, M, B: Backoff + Clone>(
     p: usize,
 ) -> bool {
     multi.by_index(p).is_some_and(|c| {
-        c.sends_completed() > rings.sends_seen[p]
-            || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
+        c.sends_completed() > rings.heads.peers[p].sends_seen
+            || ((c.fault().is_some() || c.id() != rings.heads.peers[p].chan_id)
+                && !rings.heads.peers[p].failure_reported)
     })
 }
 
@@ -827,12 +882,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
-    let rank = rings.ranks[p];
+    let rank = rings.heads.peers[p].rank;
     let mut handed = 0;
     let Some(chan) = multi.by_index(p) else {
         return Ok(0);
     };
-    if chan.id() != rings.chan_ids[p] {
+    if chan.id() != rings.heads.peers[p].chan_id {
         // The caller swapped this peer's channel out: its ring slots are posted on another
         // channel, so none of them may be read or re-posted again.
         return Ok(report_failure(rings, p, ChannelError::Replaced, handler));
@@ -841,8 +896,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         return Ok(report_failure(rings, p, error, handler));
     }
     let done = chan.sends_completed();
-    if done > rings.sends_seen[p] && handed < budget {
-        rings.sends_seen[p] = done;
+    if done > rings.heads.peers[p].sends_seen && handed < budget {
+        rings.heads.peers[p].sends_seen = done;
         handler(Event::SendsCompleted {
             rank,
             completed: done,
@@ -850,8 +905,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         handed += 1;
     }
     while handed < budget && rings.pool.is_none() {
-        let i = rings.head[p];
-        let r = rings.recv_seqs[p * rings.slots + i];
+        let i = rings.heads.peers[p].head;
+        let r = rings.heads.recv_seqs[p * rings.slots + i];
         if r == NO_RECV {
             break;
         }
@@ -864,12 +919,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither
         // sees it twice nor loses it: `repost` brings it back.
-        rings.recv_seqs[p * rings.slots + i] = NO_RECV;
-        rings.head[p] = if i + 1 == rings.slots { 0 } else { i + 1 };
+        rings.heads.recv_seqs[p * rings.slots + i] = NO_RECV;
+        rings.heads.peers[p].head = if i + 1 == rings.slots { 0 } else { i + 1 };
         let sent = chan.remote_recvs_used();
         match result {
             Ok(info) => {
-                rings.consumed[p] += 1;
+                rings.heads.peers[p].consumed += 1;
                 rings.repost = Some((p, i));
                 deliver(rings, (p, sent), p * rings.slots + i, info, handler);
                 handed += 1;
@@ -878,8 +933,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
                 rings.repost = None;
             }
             Err(error) => {
-                if !rings.failure_reported[p] {
-                    rings.failure_reported[p] = true;
+                if !rings.heads.peers[p].failure_reported {
+                    rings.heads.peers[p].failure_reported = true;
                     handler(Event::Failed { rank, error });
                     handed += 1;
                 }
@@ -900,12 +955,12 @@ fn report_failure<M>(
     error: ChannelError,
     handler: &mut impl FnMut(Event<'_>),
 ) -> usize {
-    if rings.failure_reported[p] {
+    if rings.heads.peers[p].failure_reported {
         return 0;
     }
-    rings.failure_reported[p] = true;
+    rings.heads.peers[p].failure_reported = true;
     handler(Event::Failed {
-        rank: rings.ranks[p],
+        rank: rings.heads.peers[p].rank,
         error,
     });
     1
@@ -916,6 +971,7 @@ fn report_failure<M>(
 ///
 /// `sent` is what we ever posted to `p` that consumes its receives; less what we had posted
 /// when messaging started, it is what its credit return may say at most.
+#[inline(always)]
 pub(super) fn deliver<M: Region>(
     rings: &mut Rings<M>,
     (p, sent): (usize, u64),
@@ -923,7 +979,7 @@ pub(super) fn deliver<M: Region>(
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
 ) {
-    let rank = rings.ranks[p];
+    let rank = rings.heads.peers[p].rank;
     if info.written {
         handler(Event::Written {
             rank,
@@ -933,8 +989,8 @@ pub(super) fn deliver<M: Region>(
         return;
     }
     if let Some(imm) = info.imm {
-        let since_start = sent.saturating_sub(rings.base[p]);
-        super::credits::credit_in(&mut rings.returned[p], imm, since_start);
+        let since_start = sent.saturating_sub(rings.heads.peers[p].base);
+        super::credits::credit_in(&mut rings.heads.peers[p].returned, imm, since_start);
     }
     let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
@@ -944,6 +1000,7 @@ pub(super) fn deliver<M: Region>(
     handler(Event::Message { rank, data });
 }
 
+#[inline(always)]
 fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
@@ -951,7 +1008,7 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     i: usize,
 ) -> Result<(), NodeError> {
     let k = p * rings.slots + i;
-    if i >= rings.slots || k >= rings.recv_seqs.len() {
+    if i >= rings.slots || k >= rings.heads.recv_seqs.len() {
         return Err(slot_outside());
     }
     let at = (k * rings.slot_size) as u64;
@@ -964,16 +1021,16 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     // slot is read only after its receive completed, then re-posted.
     let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
     let Some(chan) = multi.by_index(p) else {
-        return Err(NodeError::UnknownRank(rings.ranks[p]));
+        return Err(NodeError::UnknownRank(rings.heads.peers[p].rank));
     };
     // SAFETY: as above (the posting contract for the slot).
     match unsafe { chan.post_recv_numbered(sge) } {
         Ok(r) => {
-            rings.recv_seqs[k] = r;
+            rings.heads.recv_seqs[k] = r;
             Ok(())
         }
         Err(error) => Err(NodeError::Channel {
-            rank: rings.ranks[p],
+            rank: rings.heads.peers[p].rank,
             error,
         }),
     }
