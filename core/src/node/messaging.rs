@@ -559,13 +559,14 @@ fn poll_rings<P: Provider, M: Region, B: Backoff + Clone>(
     // their own); a successful receive at the head of its peer's ring is claimed and
     // delivered below; channels that got other completions or failed join the list.
     let (heads, todo) = (&mut rings.heads, &mut rings.todo);
-    let polled = multi.poll_claiming(|at, c| heads.claim(at, c), |(p, _), _| todo.push(p));
+    if let Err(e) = multi.poll_claiming(|at, c| heads.claim(at, c), |(p, _), _| todo.push(p)) {
+        return Err(claimed_then_failed(multi, rings, e));
+    }
     // Heads claimed now, or left by a call whose handler panicked or whose budget ran out
     // (those first: the list keeps each peer's order).
     if rings.heads.claimed_len != 0 {
-        return claimed_after_poll(multi, rings, polled, (handed, budget), handler);
+        return claimed_after_poll(multi, rings, (handed, budget), handler);
     }
-    polled.map_err(poll_failed)?;
     sweep_turn(multi, rings);
     Ok(handed)
 }
@@ -661,15 +662,27 @@ fn sweep_turn<P: Provider, M, B: Backoff + Clone>(
 fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
-    polled: Result<usize, MultiError>,
     (handed, budget): (usize, usize),
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
     retire_claimed(multi, rings);
-    polled.map_err(poll_failed)?;
     let handed = handed + deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
     sweep_turn(multi, rings);
     Ok(handed)
+}
+
+/// A failed poll (the rare case, out of line): heads it claimed before it failed are
+/// retired on their channels first (they are off the shared queue) and wait in the list
+/// for the next call; then the error, as the node says it.
+#[cold]
+#[inline(never)]
+fn claimed_then_failed<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    e: MultiError,
+) -> NodeError {
+    retire_claimed(multi, rings);
+    poll_failed(e)
 }
 
 /// Retires the claimed heads on their channels (their completions came off the shared
