@@ -50,66 +50,66 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
+        let Some(r) = self.rings.as_mut() else {
+            return self.post_send_unmetered(rank, data);
+        };
+        let (Some(chan), Some(st)) = (self.multi.by_index(p), r.heads.peers.get_mut(p)) else {
+            return Err(NodeError::UnknownRank(rank));
+        };
         let written = FlagLayout::new(self.world)
             .credits(rank)
             .and_then(|at| self.flags.load_u64(at))
             .unwrap_or(0);
-        let used = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
-        // (credit base, credits, the peer's latest return, what we consumed of the peer's)
-        let credit = self.rings.as_mut().map(|r| {
-            // The piggybacked count is widened against the larger of the two from now on.
-            // The peer wrote that word: it is taken only if it could be true, counting (as
-            // the peer does) from when messaging started.
-            let sent = used.saturating_sub(r.heads.peers[p].base);
-            r.heads.peers[p].returned = r.heads.peers[p]
-                .returned
-                .max(plausible_return(written, sent));
-            (
-                r.heads.peers[p].base,
-                r.credits as u64,
-                r.heads.peers[p].returned,
-                r.heads.peers[p].consumed,
-            )
-        });
-        if let Some((base, slots, returned, _)) = credit {
-            // Every request that consumes one of the peer's ring slots counts, whichever
-            // call posted it (a send or a write with immediate on the channel directly too).
-            let in_flight = used.saturating_sub(base).saturating_sub(returned);
-            if in_flight >= slots {
-                if let Some(r) = self.rings.as_mut() {
-                    r.heads.peers[p].refused = r.heads.peers[p].refused.saturating_add(1);
-                }
-                return Err(NodeError::WouldBlock { rank });
-            }
+        let used = chan.remote_recvs_used();
+        // The piggybacked count is widened against the larger of the two from now on. The
+        // peer wrote that word: it is taken only if it could be true, counting (as the peer
+        // does) from when messaging started.
+        let sent = used.saturating_sub(st.base);
+        st.returned = st.returned.max(plausible_return(written, sent));
+        // Every request that consumes one of the peer's ring slots counts, whichever call
+        // posted it (a send or a write with immediate on the channel directly too).
+        if sent.saturating_sub(st.returned) >= r.credits as u64 {
+            st.refused = st.refused.saturating_add(1);
+            return Err(NodeError::WouldBlock { rank });
         }
-        let chan = self.channel(rank)?;
         if !chan.send_room(1) {
-            return match chan.fault() {
-                Some(error) => Err(NodeError::Channel { rank, error }),
-                None => Err(NodeError::WouldBlock { rank }),
-            };
+            return Err(send_queue_full(rank, chan.fault()));
         }
         // Signaled as the channel signals (every `signal_every`-th request): the payload is
         // copied during the post, so no buffer waits for the completion, a send-queue slot
         // is reused only once a later signaled completion covers it, and a failed send
         // completes with an error, signaled or not. `progress` reports sends completed as
-        // those signaled completions arrive; a wait for the ticket covers the rest. Once
-        // messaging runs, the credit return rides along: the low 32 bits of our consumed
-        // count (the peer widens it against what it had, `credit_in`).
-        let (opcode, consumed) = match credit {
-            Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
-            None => (Opcode::Send, None),
-        };
+        // those signaled completions arrive; a wait for the ticket covers the rest. The
+        // credit return rides along: the low 32 bits of our consumed count (the peer widens
+        // it against what it had, `credit_in`).
+        let consumed = st.consumed;
         let t = chan
-            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::empty())
+            .post_inline_flags(
+                Opcode::SendImm(consumed as u32),
+                data,
+                RemoteMemory::default(),
+                SendFlags::empty(),
+            )
             .map_err(|error| NodeError::Channel { rank, error })?;
-        let Some(consumed) = consumed else {
-            return Ok(t);
-        };
-        if let Some(r) = self.rings.as_mut() {
-            r.heads.peers[p].reported = consumed;
-        }
+        st.reported = consumed;
         Ok(t)
+    }
+
+    /// [`Node::post_send_inline`] before messaging started: no credit to spend, no
+    /// immediate. Out of line.
+    #[inline(never)]
+    fn post_send_unmetered(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
+        let chan = self.channel(rank)?;
+        if !chan.send_room(1) {
+            return Err(send_queue_full(rank, chan.fault()));
+        }
+        chan.post_inline_flags(
+            Opcode::Send,
+            data,
+            RemoteMemory::default(),
+            SendFlags::empty(),
+        )
+        .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Credit returns that needed an 8-byte write of their own since messaging started: a
@@ -117,6 +117,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// were used. 0 for traffic that flows both ways. Does not allocate.
     pub fn credit_writes(&self) -> u64 {
         self.rings.as_ref().map_or(0, |r| r.credit_writes)
+    }
+}
+
+/// A send refused for a full send queue: the channel's failure if it broke, else "try
+/// again" (out of line).
+#[cold]
+#[inline(never)]
+fn send_queue_full(rank: u32, fault: Option<crate::channel::ChannelError>) -> NodeError {
+    match fault {
+        Some(error) => NodeError::Channel { rank, error },
+        None => NodeError::WouldBlock { rank },
     }
 }
 
