@@ -692,7 +692,7 @@ fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
 ) {
-    // Heads an earlier call left were retired then; retiring is idempotent.
+    // Heads an earlier call left were retired then (and retiring twice changes nothing).
     for e in rings
         .heads
         .claimed
@@ -719,35 +719,40 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
     let mut handed = 0;
+    let half = rings.credits.div_ceil(2) as u64;
     while rings.claimed_at < rings.heads.claimed_len && handed < budget {
         let Some(&e) = rings.heads.claimed.get(rings.claimed_at) else {
             break;
         };
         rings.claimed_at += 1;
         let p = e.p;
-        let Some(chan) = multi.by_index(p) else {
+        let (Some(chan), Some(st)) = (multi.by_index(p), rings.heads.peers.get_mut(p)) else {
             continue;
         };
-        if chan.id() != rings.heads.peers[p].chan_id
-            || chan.fault().is_some()
-            || rings.heads.peers[p].failure_reported
-        {
-            rings.push_todo(p);
+        if chan.id() != st.chan_id || chan.fault().is_some() || st.failure_reported {
+            rings.todo.push(p);
             continue;
         }
-        let sent = chan.remote_recvs_used();
-        rings.heads.peers[p].consumed += 1;
+        st.consumed += 1;
+        let rank = st.rank;
+        if !e.info.written {
+            if let Some(imm) = e.info.imm {
+                let since_start = chan.remote_recvs_used().saturating_sub(st.base);
+                super::credits::credit_in(&mut st.returned, imm, since_start);
+            }
+        }
+        let credit_due = st.consumed - st.reported >= half;
+        // The slot leaves the list before the handler runs; on a panic, or a failed
+        // re-post, `repost` brings it back.
         rings.repost = Some((p, e.i));
-        deliver(rings, (p, sent), p * rings.slots + e.i, e.info, handler);
+        let k = p * rings.slots + e.i;
+        hand_slot(&*rings.region, rings.slot_size, (rank, k), e.info, handler);
         handed += 1;
-        // On failure `repost` keeps the slot for the next call.
-        post_slot(multi, rings, p, e.i)?;
+        post_ring_slot(chan, rings, k).map_err(|error| NodeError::Channel { rank, error })?;
         rings.repost = None;
-        if rings.heads.peers[p].consumed - rings.heads.peers[p].reported
-            >= rings.credits.div_ceil(2) as u64
-        {
+        if credit_due {
             // A credit return due: the serving writes it.
-            rings.push_todo(p);
+            rings.todo.push(p);
         }
     }
     if rings.claimed_at == rings.heads.claimed_len {
@@ -979,6 +984,32 @@ fn report_failure<M>(
     1
 }
 
+/// Hands ring slot `k` of `region` (slots of `slot_size` bytes), whose receive completed
+/// with `info`, from `rank` to the handler (after the credit return was taken).
+#[inline(always)]
+fn hand_slot<M: Region>(
+    region: &M,
+    slot_size: usize,
+    (rank, k): (u32, usize),
+    info: Done,
+    handler: &mut impl FnMut(Event<'_>),
+) {
+    if info.written {
+        handler(Event::Written {
+            rank,
+            imm: info.imm.unwrap_or(0),
+            len: info.byte_len,
+        });
+        return;
+    }
+    let at = k * slot_size;
+    let len = (info.byte_len as usize).min(slot_size);
+    // SAFETY: this slot's receive completed and it is not re-posted until after the handler
+    // returns; the region grants no remote write access (checked when messaging started).
+    let data = unsafe { region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
+    handler(Event::Message { rank, data });
+}
+
 /// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to
 /// the handler, after taking the credit return a message's immediate carries.
 ///
@@ -1020,10 +1051,30 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     p: usize,
     i: usize,
 ) -> Result<(), NodeError> {
-    let k = p * rings.slots + i;
-    if i >= rings.slots || k >= rings.heads.recv_seqs.len() {
+    let rank = rings.heads.peers.get(p).map_or(0, |st| st.rank);
+    if i >= rings.slots {
         return Err(slot_outside());
     }
+    let Some(chan) = multi.by_index(p) else {
+        return Err(NodeError::UnknownRank(rank));
+    };
+    post_ring_slot(chan, rings, p * rings.slots + i)
+        .map_err(|error| NodeError::Channel { rank, error })
+}
+
+/// Posts ring slot `k` (numbered across all the rings, peer by peer) on `chan`, its peer's
+/// channel, and keeps its receive number. The entry is cut from the ring's own, with no
+/// bounds check but `recv_seqs`' (one number per slot). Does not allocate.
+#[inline(always)]
+fn post_ring_slot<P: Provider, M, B: Backoff>(
+    chan: &mut crate::channel::Channel<P, B>,
+    rings: &mut Rings<M>,
+    k: usize,
+) -> Result<(), ChannelError> {
+    let Some(seq) = rings.heads.recv_seqs.get_mut(k) else {
+        // Never: the node names only its own slots.
+        return Err(ChannelError::RecvQueueFull);
+    };
     let at = (k * rings.slot_size) as u64;
     let (addr, lkey) = rings.ring_entry;
     // SAFETY: slot `k` lies inside the ring (`recv_seqs` has one entry per slot of the
@@ -1033,20 +1084,9 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     // every channel before it frees it (or leaks it if a channel was swapped out), and this
     // slot is read only after its receive completed, then re-posted.
     let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
-    let Some(chan) = multi.by_index(p) else {
-        return Err(NodeError::UnknownRank(rings.heads.peers[p].rank));
-    };
     // SAFETY: as above (the posting contract for the slot).
-    match unsafe { chan.post_recv_numbered(sge) } {
-        Ok(r) => {
-            rings.heads.recv_seqs[k] = r;
-            Ok(())
-        }
-        Err(error) => Err(NodeError::Channel {
-            rank: rings.heads.peers[p].rank,
-            error,
-        }),
-    }
+    *seq = unsafe { chan.post_recv_numbered(sge) }?;
+    Ok(())
 }
 
 /// A ring slot outside the ring (never, as the node names slots): out of line.
