@@ -665,7 +665,20 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
     (handed, budget): (usize, usize),
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
-    retire_claimed(multi, rings);
+    // One head, claimed now: the common case (one peer's message per call), retired
+    // without the loop.
+    match (
+        rings.claimed_at,
+        rings.heads.claimed_len,
+        rings.heads.claimed.first(),
+    ) {
+        (0, 1, Some(e)) => {
+            if let Some(c) = multi.by_index(e.p) {
+                c.retire_claimed_recv(e.r);
+            }
+        }
+        _ => retire_claimed(multi, rings),
+    }
     let handed = handed + deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
     sweep_turn(multi, rings);
     Ok(handed)
@@ -687,7 +700,7 @@ fn claimed_then_failed<P: Provider, M, B: Backoff + Clone>(
 
 /// Retires the claimed heads on their channels (their completions came off the shared
 /// queue, so the channels' receive counts must move), before any handler runs.
-#[inline(always)]
+#[inline(never)]
 fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
