@@ -5,7 +5,6 @@
 
 use super::{Channel, ChannelError, Done, RECV_BIT};
 use crate::completion::Completion;
-use crate::completion::CompletionKind;
 use crate::poll::Backoff;
 use crate::provider::Provider;
 use crate::sge::Sge;
@@ -77,15 +76,13 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 }
 
-/// The receive number a successful receive completion carries ([`Channel::post_recv_numbered`]):
-/// `None` for a send's, a failed one's, or a completion whose id is not a receive's. A caller
-/// that claims its own receives from a shared poll compares it with the numbers it posted
-/// on that channel (the same channel identity), never trusting it alone.
+/// The receive number a successful completion of a receive queue carries
+/// ([`Channel::post_recv_numbered`]): `None` for a failed one (a flush included) or one whose
+/// id is not a channel's receive. The caller knows `c` came from a receive queue (its kind
+/// is then a receive's) and compares the number with those it posted on that channel (the
+/// same channel identity), never trusting it alone.
 #[cfg_attr(not(feature = "alloc"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn recv_number(c: &Completion) -> Option<u64> {
-    (c.wr_id & RECV_BIT != 0
-        && c.status.is_success()
-        && matches!(c.kind, CompletionKind::Recv | CompletionKind::RecvWriteImm))
-    .then_some(c.wr_id & !RECV_BIT)
+    (c.status.is_success() && c.wr_id & RECV_BIT != 0).then_some(c.wr_id & !RECV_BIT)
 }
