@@ -774,7 +774,7 @@ mod batches {
 /// with no staged copy and no call of `post_send`; their completions come back through the
 /// shared queues to the channel as those of any post.
 mod routed_batch {
-    use std::cell::Cell;
+    use core::cell::Cell;
     use std::rc::Rc;
 
     use rverbs_core::channel::{Channel, ChannelConfig};
