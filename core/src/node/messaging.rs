@@ -14,8 +14,12 @@
 //!
 //! # Cost and fairness
 //! `progress` polls once (one poll of each completion queue the channels share, see
-//! [`crate::provider::shared`]) and serves only the peers whose channels got completions,
-//! in the order they got them; a peer a budget cut short goes to the back of that list, so
+//! [`crate::provider::shared`]). A successful receive at the head of its peer's ring is
+//! claimed from that poll and delivered at once from its slot (its number checked against
+//! the ring's, on the very channel the ring was posted on; see `Heads::claim`); everything
+//! else (a failure or flush, a receive a caller posted on the channel, a swapped channel,
+//! a send completion) goes to the channel, and `progress` then serves only the peers whose
+//! channels got completions, in the order they got them; a peer a budget cut short goes to the back of that list, so
 //! a budget smaller than the traffic does not starve anyone. An idle `progress` costs the
 //! same for 2 peers and for 2000. Every 8th call it also looks at one more peer, round-robin,
 //! which delivers what a direct call on a channel polled on the node's behalf (within 8
