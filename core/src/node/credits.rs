@@ -9,7 +9,7 @@
 //! (every message `post_send_inline` sends carries, in its immediate, the count of the
 //! receiver's messages this node consumed), or, when no message went back since half the
 //! credits were consumed, by an 8-byte inline write of the count into the peer's flag array.
-//! The sender takes the larger of the two before each send. Traffic both ways (requests
+//! The sender takes the larger of the two, reading the word only when what the immediates returned leaves it no credit. Traffic both ways (requests
 //! and replies, a ping-pong) therefore needs no credit writes at all;
 //! [`Node::credit_writes`] counts those that were needed.
 //!
@@ -56,21 +56,26 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let (Some(chan), Some(st)) = (self.multi.by_index(p), r.heads.peers.get_mut(p)) else {
             return Err(NodeError::UnknownRank(rank));
         };
-        let written = FlagLayout::new(self.world)
-            .credits(rank)
-            .and_then(|at| self.flags.load_u64(at))
-            .unwrap_or(0);
         let used = chan.remote_recvs_used();
-        // The piggybacked count is widened against the larger of the two from now on. The
-        // peer wrote that word: it is taken only if it could be true, counting (as the peer
-        // does) from when messaging started.
         let sent = used.saturating_sub(st.base);
-        st.returned = st.returned.max(plausible_return(written, sent));
         // Every request that consumes one of the peer's ring slots counts, whichever call
-        // posted it (a send or a write with immediate on the channel directly too).
+        // posted it (a send or a write with immediate on the channel directly too). What
+        // the peer's messages returned in their immediates is enough as long as it leaves
+        // a credit; only then is the word the peer writes into our flags read (a one-way
+        // stream's returns arrive there).
         if sent.saturating_sub(st.returned) >= r.credits as u64 {
-            st.refused = st.refused.saturating_add(1);
-            return Err(NodeError::WouldBlock { rank });
+            // The piggybacked count is widened against the larger of the two from now
+            // on. The peer wrote that word: it is taken only if it could be true, counting
+            // (as the peer does) from when messaging started.
+            let written = FlagLayout::new(self.world)
+                .credits(rank)
+                .and_then(|at| self.flags.load_u64(at))
+                .unwrap_or(0);
+            st.returned = st.returned.max(plausible_return(written, sent));
+            if sent.saturating_sub(st.returned) >= r.credits as u64 {
+                st.refused = st.refused.saturating_add(1);
+                return Err(NodeError::WouldBlock { rank });
+            }
         }
         if !chan.send_room(1) {
             return Err(send_queue_full(rank, chan.fault()));
