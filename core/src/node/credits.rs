@@ -9,9 +9,10 @@
 //! (every message `post_send_inline` sends carries, in its immediate, the count of the
 //! receiver's messages this node consumed), or, when no message went back since half the
 //! credits were consumed, by an 8-byte inline write of the count into the peer's flag array.
-//! The sender takes the larger of the two, reading the word only when what the immediates returned leaves it no credit. Traffic both ways (requests
-//! and replies, a ping-pong) therefore needs no credit writes at all;
-//! [`Node::credit_writes`] counts those that were needed.
+//! The sender takes the larger of the two, reading the word only when what the immediates
+//! returned leaves it no credit. Traffic both ways (requests and replies, a ping-pong)
+//! therefore needs no credit writes at all; [`Node::credit_writes`] counts those that were
+//! needed.
 //!
 //! The immediate of a send is the node's once messaging started: a send with immediate a
 //! peer posts on its channel directly is read as a credit return, and [`Event::Message`]
