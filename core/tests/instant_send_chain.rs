@@ -768,3 +768,99 @@ mod batches {
         }
     }
 }
+
+/// A queue pair on shared completion queues (`RoutedQp`, what a node's channels are) lends
+/// its queue pair's send list, so a batch builds the device's requests in it and posts them
+/// with no staged copy and no call of `post_send`; their completions come back through the
+/// shared queues to the channel as those of any post.
+mod routed_batch {
+    use core::cell::Cell;
+    use std::rc::Rc;
+
+    use rverbs_core::channel::{Channel, ChannelConfig};
+    use rverbs_core::instant::{InstantDevice, InstantQp};
+    use rverbs_core::memory::AccessFlags;
+    use rverbs_core::params::QpCaps;
+    use rverbs_core::poll::StepClock;
+    use rverbs_core::provider::shared::SharedCqs;
+    use rverbs_core::provider::{QueuePair, SendList};
+    use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+
+    static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
+
+    /// An instant queue pair that counts the posts made through `post_send` (a batch
+    /// without the list makes one per run), and lends its list only if told to.
+    struct Counting {
+        qp: InstantQp,
+        posts: Rc<Cell<u32>>,
+        lend: bool,
+    }
+
+    impl QueuePair for Counting {
+        fn caps(&self) -> QpCaps {
+            self.qp.caps()
+        }
+        fn qp_num(&self) -> u32 {
+            self.qp.qp_num()
+        }
+        unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
+            self.posts.set(self.posts.get() + 1);
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_send(wrs) }
+        }
+        unsafe fn send_list(&mut self) -> Option<SendList> {
+            if !self.lend {
+                return None;
+            }
+            // SAFETY: forwarded contract: the list is the wrapped queue pair's, which this
+            // provider posts to and whose completions the shared queues route to it.
+            unsafe { self.qp.send_list() }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
+            // SAFETY: forwarded contract.
+            unsafe { self.qp.post_recv(wrs) }
+        }
+        fn set_error(&mut self) -> Result<(), rverbs_core::provider::ProviderError> {
+            self.qp.set_error()
+        }
+        fn completion_queues(&self) -> Option<[rverbs_core::provider::CqId; 2]> {
+            self.qp.completion_queues()
+        }
+    }
+
+    /// Runs two batches of three inline writes on a routed channel; how many `post_send`
+    /// calls they made.
+    fn posts_of_two_batches(lend: bool) -> u32 {
+        let dev = InstantDevice::new();
+        let (scq, rcq) = (dev.cq(64), dev.cq(64));
+        let posts = Rc::new(Cell::new(0));
+        let qp = Counting {
+            qp: dev.qp(&scq, &rcq, QpCaps::queues(64, 16)),
+            posts: posts.clone(),
+            lend,
+        };
+        let shared = SharedCqs::new(scq, rcq, 1);
+        let routed = shared.add(qp).map_err(|(_, e)| e).unwrap();
+        let mut chan = Channel::new(routed, ChannelConfig::default(), &CLOCK);
+        let dst = dev.region(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        let data = [7u8; 8];
+        for _ in 0..2 {
+            let mut b = chan.batch();
+            for i in 0..3 {
+                b.write_inline(&data, dst.remote().slice(8 * i, 8).unwrap())
+                    .unwrap();
+            }
+            // Posted and waited for: the completion came back through the shared queues.
+            b.run().unwrap();
+        }
+        assert_eq!(chan.sends_completed(), 6);
+        posts.get()
+    }
+
+    #[test]
+    fn a_batch_on_shared_queues_posts_through_the_queue_pairs_list() {
+        assert_eq!(posts_of_two_batches(true), 0);
+        // The control: without the list, each run stages and posts once.
+        assert_eq!(posts_of_two_batches(false), 2);
+    }
+}

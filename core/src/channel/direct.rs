@@ -3,10 +3,11 @@
 //! channel: to hand it a completion the shared poll took for it (no copy into a mailbox and
 //! out again), and to take a receive's result once it is known complete, without a wait.
 
-use super::{Channel, ChannelError, Done, Ticket, Work};
+use super::{Channel, ChannelError, Done, RECV_BIT};
 use crate::completion::Completion;
 use crate::poll::Backoff;
 use crate::provider::Provider;
+use crate::sge::Sge;
 
 // Its callers (the multi-channel and the node) need `alloc`.
 #[cfg_attr(not(feature = "alloc"), allow(dead_code))]
@@ -29,18 +30,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         true
     }
 
-    /// The receive sequence number `ticket` stands for, if it is one of this channel's
-    /// receives: what [`Channel::take_recv`] takes, for a caller that keeps many receives'
-    /// numbers (a node's ring) rather than their tickets.
-    #[inline]
-    pub(crate) fn recv_seq(&self, ticket: Ticket) -> Option<u64> {
-        match ticket.work {
-            Work::Recv(r) if ticket.chan == self.id => Some(r),
-            _ => None,
-        }
-    }
-
-    /// Whether this channel's receive `r` ([`Channel::recv_seq`]) has completed (nothing is
+    /// Whether this channel's receive `r` ([`Channel::post_recv_numbered`]) has completed (nothing is
     /// polled, nothing taken). As for [`Channel::take_recv`], `r` must be a receive of this
     /// channel; for another channel's the answer means nothing. Does not allocate.
     #[inline]
@@ -48,7 +38,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.recv_done > r
     }
 
-    /// The result of this channel's receive `r` ([`Channel::recv_seq`]), if it has
+    /// The result of this channel's receive `r` ([`Channel::post_recv_numbered`]), if it has
     /// completed; `None` if it has not (nothing is polled). What [`Channel::take_if_complete`]
     /// gives for the receive's ticket, without the wait's set-up. The caller must know `r`
     /// is a receive of this channel (the same channel identity as when it was posted) that
@@ -57,4 +47,42 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub(crate) fn take_recv(&mut self, r: u64) -> Option<Result<Done, ChannelError>> {
         (self.recv_done > r).then(|| self.recv_result(r))
     }
+
+    /// Posts one receive into `sge` and returns its receive number, as
+    /// [`Channel::post_recv`] without a ticket: for a caller that keeps its receives'
+    /// numbers (a node's ring, whose entries are built once). Counted like every receive
+    /// (room in the queue, outstanding receives). Does not allocate.
+    ///
+    /// # Safety
+    /// The posting contract for the scatter buffer.
+    #[inline(always)]
+    pub(crate) unsafe fn post_recv_numbered(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_recv_one(sge) }
+    }
+
+    /// Retires this channel's receive `r`, whose successful completion a caller took from a
+    /// shared poll for itself (a node's ring head, [`Channel::recv_number`]), without
+    /// storing its result in the receive slot table: the caller keeps it, so nobody can take
+    /// it through this channel (the slot stays free). The caller's promise, as for
+    /// [`Channel::accept`]: the completion is this channel's, and every receive before `r`
+    /// has completed (a queue pair's receives complete in the order they were posted).
+    /// Ignored for a number never posted. Does not allocate.
+    #[inline(always)]
+    pub(crate) fn retire_claimed_recv(&mut self, r: u64) {
+        if r < self.recv_next && self.recv_done <= r {
+            self.recv_done = r + 1;
+        }
+    }
+}
+
+/// The receive number a successful completion of a receive queue carries
+/// ([`Channel::post_recv_numbered`]): `None` for a failed one (a flush included) or one whose
+/// id is not a channel's receive. The caller knows `c` came from a receive queue (its kind
+/// is then a receive's) and compares the number with those it posted on that channel (the
+/// same channel identity), never trusting it alone.
+#[cfg_attr(not(feature = "alloc"), allow(dead_code))]
+#[inline(always)]
+pub(crate) fn recv_number(c: &Completion) -> Option<u64> {
+    (c.status.is_success() && c.wr_id & RECV_BIT != 0).then_some(c.wr_id & !RECV_BIT)
 }

@@ -117,6 +117,7 @@ pub use ticket::{Done, Ticket};
 use core::fmt;
 use core::time::Duration;
 
+pub(crate) use direct::recv_number;
 pub(crate) use error::PeerName;
 
 use crate::completion::{Completion, CompletionKind, WcStatus};

@@ -404,6 +404,23 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
     /// Positions are in the order given to [`MultiChannel::new`]. Does not allocate.
     pub fn poll_ready(
         &mut self,
+        f: impl FnMut((usize, u32), Result<usize, ChannelError>),
+    ) -> Result<usize, MultiError> {
+        self.poll_claiming(|_, _| false, f)
+    }
+
+    /// [`MultiChannel::poll_ready`], offering each receive completion a shared poll would
+    /// hand to its channel to `claim((position, channel identity), completion)` first: one
+    /// it claims (true) is the caller's to retire on that channel
+    /// ([`Channel::retire_claimed_recv`]) and deliver, and goes neither to the channel nor
+    /// to `f`. Offered under the same rules as a hand-over (a channel of ours still the one
+    /// placed there, nothing of its receive queue's waiting in its mailbox), so a claimed
+    /// completion is the next of its channel's receive queue. A node's rings claim their
+    /// heads this way. Does not allocate.
+    #[inline(always)]
+    pub(crate) fn poll_claiming(
+        &mut self,
+        mut claim: impl FnMut((usize, usize), &Completion) -> bool,
         mut f: impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> Result<usize, MultiError> {
         let Some((first, rest)) = self.chans.split_first_mut() else {
@@ -429,7 +446,10 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                         None => return false,
                     },
                 };
-                id == placed && hand.direct.push((i, recv, *c)).is_ok()
+                if id != placed {
+                    return false;
+                }
+                (recv && claim((i as usize, id), c)) || hand.direct.push((i, recv, *c)).is_ok()
             },
             &mut move |qpn| {
                 // Every channel named here is polled below, before this call returns (and

@@ -48,9 +48,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         let channel = chan.counters();
         let (mut sent, mut received, mut refused) = (0, 0, 0);
         if let Some(r) = &self.rings {
-            sent = chan.remote_recvs_used().saturating_sub(r.base[p]);
-            received = r.consumed[p];
-            refused = r.refused[p];
+            sent = chan
+                .remote_recvs_used()
+                .saturating_sub(r.heads.peers[p].base);
+            received = r.heads.peers[p].consumed;
+            refused = r.heads.peers[p].refused;
         }
         let failed = self
             .failures

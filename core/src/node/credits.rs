@@ -9,9 +9,10 @@
 //! (every message `post_send_inline` sends carries, in its immediate, the count of the
 //! receiver's messages this node consumed), or, when no message went back since half the
 //! credits were consumed, by an 8-byte inline write of the count into the peer's flag array.
-//! The sender takes the larger of the two before each send. Traffic both ways (requests
-//! and replies, a ping-pong) therefore needs no credit writes at all;
-//! [`Node::credit_writes`] counts those that were needed.
+//! The sender takes the larger of the two, reading the word only when what the immediates
+//! returned leaves it no credit. Traffic both ways (requests and replies, a ping-pong)
+//! therefore needs no credit writes at all; [`Node::credit_writes`] counts those that were
+//! needed.
 //!
 //! The immediate of a send is the node's once messaging started: a send with immediate a
 //! peer posts on its channel directly is read as a credit return, and [`Event::Message`]
@@ -50,59 +51,71 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             .multi
             .position(rank)
             .ok_or(NodeError::UnknownRank(rank))?;
-        let written = FlagLayout::new(self.world)
-            .credits(rank)
-            .and_then(|at| self.flags.load_u64(at))
-            .unwrap_or(0);
-        let used = self.multi.by_index(p).map_or(0, |c| c.remote_recvs_used());
-        // (credit base, credits, the peer's latest return, what we consumed of the peer's)
-        let credit = self.rings.as_mut().map(|r| {
-            // The piggybacked count is widened against the larger of the two from now on.
-            // The peer wrote that word: it is taken only if it could be true, counting (as
-            // the peer does) from when messaging started.
-            let sent = used.saturating_sub(r.base[p]);
-            r.returned[p] = r.returned[p].max(plausible_return(written, sent));
-            (r.base[p], r.credits as u64, r.returned[p], r.consumed[p])
-        });
-        if let Some((base, slots, returned, _)) = credit {
-            // Every request that consumes one of the peer's ring slots counts, whichever
-            // call posted it (a send or a write with immediate on the channel directly too).
-            let in_flight = used.saturating_sub(base).saturating_sub(returned);
-            if in_flight >= slots {
-                if let Some(r) = self.rings.as_mut() {
-                    r.refused[p] = r.refused[p].saturating_add(1);
-                }
+        let Some(r) = self.rings.as_mut() else {
+            return self.post_send_unmetered(rank, data);
+        };
+        let (Some(chan), Some(st)) = (self.multi.by_index(p), r.heads.peers.get_mut(p)) else {
+            return Err(NodeError::UnknownRank(rank));
+        };
+        let used = chan.remote_recvs_used();
+        let sent = used.saturating_sub(st.base);
+        // Every request that consumes one of the peer's ring slots counts, whichever call
+        // posted it (a send or a write with immediate on the channel directly too). What
+        // the peer's messages returned in their immediates is enough as long as it leaves
+        // a credit; only then is the word the peer writes into our flags read (a one-way
+        // stream's returns arrive there).
+        if sent.saturating_sub(st.returned) >= r.credits as u64 {
+            // The piggybacked count is widened against the larger of the two from now
+            // on. The peer wrote that word: it is taken only if it could be true, counting
+            // (as the peer does) from when messaging started.
+            let written = FlagLayout::new(self.world)
+                .credits(rank)
+                .and_then(|at| self.flags.load_u64(at))
+                .unwrap_or(0);
+            st.returned = st.returned.max(plausible_return(written, sent));
+            if sent.saturating_sub(st.returned) >= r.credits as u64 {
+                st.refused = st.refused.saturating_add(1);
                 return Err(NodeError::WouldBlock { rank });
             }
         }
-        let chan = self.channel(rank)?;
         if !chan.send_room(1) {
-            return match chan.fault() {
-                Some(error) => Err(NodeError::Channel { rank, error }),
-                None => Err(NodeError::WouldBlock { rank }),
-            };
+            return Err(send_queue_full(rank, chan.fault()));
         }
         // Signaled as the channel signals (every `signal_every`-th request): the payload is
         // copied during the post, so no buffer waits for the completion, a send-queue slot
         // is reused only once a later signaled completion covers it, and a failed send
         // completes with an error, signaled or not. `progress` reports sends completed as
-        // those signaled completions arrive; a wait for the ticket covers the rest. Once
-        // messaging runs, the credit return rides along: the low 32 bits of our consumed
-        // count (the peer widens it against what it had, `credit_in`).
-        let (opcode, consumed) = match credit {
-            Some((_, _, _, consumed)) => (Opcode::SendImm(consumed as u32), Some(consumed)),
-            None => (Opcode::Send, None),
-        };
+        // those signaled completions arrive; a wait for the ticket covers the rest. The
+        // credit return rides along: the low 32 bits of our consumed count (the peer widens
+        // it against what it had, `credit_in`).
+        let consumed = st.consumed;
         let t = chan
-            .post_inline_flags(opcode, data, RemoteMemory::default(), SendFlags::empty())
+            .post_inline_flags(
+                Opcode::SendImm(consumed as u32),
+                data,
+                RemoteMemory::default(),
+                SendFlags::empty(),
+            )
             .map_err(|error| NodeError::Channel { rank, error })?;
-        let Some(consumed) = consumed else {
-            return Ok(t);
-        };
-        if let Some(r) = self.rings.as_mut() {
-            r.reported[p] = consumed;
-        }
+        st.reported = consumed;
         Ok(t)
+    }
+
+    /// [`Node::post_send_inline`] before messaging started: no credit to spend, no
+    /// immediate. Out of line.
+    #[inline(never)]
+    fn post_send_unmetered(&mut self, rank: u32, data: &[u8]) -> Result<Ticket, NodeError> {
+        let chan = self.channel(rank)?;
+        if !chan.send_room(1) {
+            return Err(send_queue_full(rank, chan.fault()));
+        }
+        chan.post_inline_flags(
+            Opcode::Send,
+            data,
+            RemoteMemory::default(),
+            SendFlags::empty(),
+        )
+        .map_err(|error| NodeError::Channel { rank, error })
     }
 
     /// Credit returns that needed an 8-byte write of their own since messaging started: a
@@ -110,6 +123,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// were used. 0 for traffic that flows both ways. Does not allocate.
     pub fn credit_writes(&self) -> u64 {
         self.rings.as_ref().map_or(0, |r| r.credit_writes)
+    }
+}
+
+/// A send refused for a full send queue: the channel's failure if it broke, else "try
+/// again" (out of line).
+#[cold]
+#[inline(never)]
+fn send_queue_full(rank: u32, fault: Option<crate::channel::ChannelError>) -> NodeError {
+    match fault {
+        Some(error) => NodeError::Channel { rank, error },
+        None => NodeError::WouldBlock { rank },
     }
 }
 
@@ -157,7 +181,9 @@ pub(super) fn credit_back<P: Provider, M: Region, B: Backoff + Clone>(
 ) {
     // Half the credits at a time: a sender that ran out of credits has all of them in
     // flight, so they come back after at most half of them were consumed.
-    if rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64 {
+    if rings.heads.peers[p].consumed - rings.heads.peers[p].reported
+        >= rings.credits.div_ceil(2) as u64
+    {
         write_credit(multi, rings, peer_flags, (me, world), p);
     }
 }
@@ -170,8 +196,8 @@ fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
     (me, world): (u32, u32),
     p: usize,
 ) {
-    let consumed = rings.consumed[p];
-    let rank = rings.ranks[p];
+    let consumed = rings.heads.peers[p].consumed;
+    let rank = rings.heads.peers[p].rank;
     let Some(slot) = peer_flags
         .get(rank as usize)
         .zip(FlagLayout::new(world).credits(me))
@@ -194,7 +220,7 @@ fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
             )
             .is_ok()
     {
-        rings.reported[p] = consumed;
+        rings.heads.peers[p].reported = consumed;
         rings.credit_writes += 1;
     }
 }

@@ -14,8 +14,12 @@
 //!
 //! # Cost and fairness
 //! `progress` polls once (one poll of each completion queue the channels share, see
-//! [`crate::provider::shared`]) and serves only the peers whose channels got completions,
-//! in the order they got them; a peer a budget cut short goes to the back of that list, so
+//! [`crate::provider::shared`]). A successful receive at the head of its peer's ring is
+//! claimed from that poll and delivered at once from its slot (its number checked against
+//! the ring's, on the very channel the ring was posted on; see `Heads::claim`); everything
+//! else (a failure or flush, a receive a caller posted on the channel, a swapped channel,
+//! a send completion) goes to the channel, and `progress` then serves only the peers whose
+//! channels got completions, in the order they got them; a peer a budget cut short goes to the back of that list, so
 //! a budget smaller than the traffic does not starve anyone. An idle `progress` costs the
 //! same for 2 peers and for 2000. Every 8th call it also looks at one more peer, round-robin,
 //! which delivers what a direct call on a channel polled on the node's behalf (within 8
@@ -41,12 +45,14 @@ use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 
 use super::{Node, NodeError, SetupError};
-use crate::channel::{ChannelError, Done};
+use crate::channel::{recv_number, ChannelError, Done};
+use crate::completion::{Completion, CompletionKind};
 use crate::fifo::Fifo;
 use crate::memory::{AccessFlags, Region};
 use crate::multi::{MultiChannel, MultiError};
 use crate::poll::{Backoff, Deadline, Patience};
 use crate::provider::Provider;
+use crate::sge::Sge;
 
 /// Where a node's messages land: a ring per peer, or one pool all peers share. Chosen when
 /// the node is built ([`Components::messaging`](super::Components); on a device the queue
@@ -122,7 +128,39 @@ pub enum Event<'a> {
     },
 }
 
-/// Per-peer state of messaging, indexed by the channel's position in the node's list.
+/// One peer's messaging state (one struct per peer: one bounds check per peer served, not
+/// one per field), indexed by the channel's position in the node's list.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Peer {
+    /// The rank of the channel (fixed at start).
+    pub(super) rank: u32,
+    /// The channel the peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
+    /// so a caller can swap a channel out; a ring whose channel changed is never read again,
+    /// and its memory is leaked rather than freed while the displaced channel may still
+    /// receive into it.
+    pub(super) chan_id: usize,
+    /// The ring's head: the slot whose receive completes next (a ring per peer).
+    pub(super) head: usize,
+    /// The channel's count of requests that consume the peer's receives when messaging
+    /// started: what the peer's credit returns (which count from then) are measured from.
+    pub(super) base: u64,
+    /// Messages (and writes with immediate) of the peer consumed.
+    pub(super) consumed: u64,
+    /// The consumed count last told the peer (written back or piggybacked on a message).
+    pub(super) reported: u64,
+    /// What the peer last told us it consumed of our messages through a message's
+    /// immediate (the flag array holds what it wrote; the sender trusts the larger).
+    pub(super) returned: u64,
+    /// Sends to the peer refused for want of credit ([`NodeError::WouldBlock`]).
+    pub(super) refused: u64,
+    /// Sends completed last reported ([`Event::SendsCompleted`]).
+    pub(super) sends_seen: u64,
+    /// The channel's failure was reported (once).
+    pub(super) failure_reported: bool,
+}
+
+/// Messaging state: the ring memory and per-peer state, indexed by the channel's position
+/// in the node's list.
 pub(super) struct Rings<M> {
     /// Dropped by hand: a pool's memory is freed only once its shared queue is gone.
     pub(super) region: ManuallyDrop<M>,
@@ -133,40 +171,24 @@ pub(super) struct Rings<M> {
     /// The shared pool, if messages land in one.
     pub(super) pool: Option<super::pool::Pool>,
     pub(super) slot_size: usize,
-    /// The ranks of the channels, in order.
-    pub(super) ranks: Vec<u32>,
-    /// Per ring slot, the receive sequence number of its receive on its peer's channel
-    /// ([`NO_RECV`] while it is not posted): taken by number, the channel's identity being
-    /// checked once per peer served (`chan_ids`).
-    pub(super) recv_seqs: Vec<u64>,
-    pub(super) head: Vec<usize>,
-    pub(super) sends_seen: Vec<u64>,
-    pub(super) failure_reported: Vec<bool>,
+    /// Per-peer state and the rings' slots: what a poll's claim reads and moves (one
+    /// place, so the claim captures one pointer).
+    pub(super) heads: Heads,
     /// A slot handed to a handler and not yet re-posted (the handler may have panicked).
     pub(super) repost: Option<(usize, usize)>,
-    /// The channel each peer's ring was posted on. `Node::channel` hands out `&mut Channel`,
-    /// so a caller can swap a channel out; a ring whose channel changed is never read again,
-    /// and its memory is leaked rather than freed while the displaced channel may still
-    /// receive into it.
-    pub(super) chan_ids: Vec<usize>,
-    /// Each channel's count of requests that consume a peer's receive when messaging started:
-    /// what the peer's credit returns (which count from then) are measured from.
-    pub(super) base: Vec<u64>,
-    /// Messages (and writes with immediate) of each peer consumed.
-    pub(super) consumed: Vec<u64>,
-    /// The consumed count last told each peer (written back or piggybacked on a message).
-    pub(super) reported: Vec<u64>,
-    /// What each peer last told us it consumed of our messages through a message's
-    /// immediate (the flag array holds what it wrote; the sender trusts the larger).
-    pub(super) returned: Vec<u64>,
     /// Credit returns that needed a write of their own (no message went back in time).
     pub(super) credit_writes: u64,
-    /// Sends to each peer refused for want of credit ([`NodeError::WouldBlock`]).
-    pub(super) refused: Vec<u64>,
     /// Peers to serve, oldest first: those whose channels had completions, and those a
     /// budget cut short. `queued[p]` says whether `p` is in it.
-    pub(super) todo: Fifo<usize>,
-    pub(super) queued: Vec<bool>,
+    pub(super) todo: Todo,
+    /// The ring memory's address and local key, from its entry taken once at start (the
+    /// [`Region`] contract keeps an entry valid while the region lives): each slot's
+    /// receive entry is cut from it, with no bounds check per message (`recv_seqs` has one
+    /// number per slot of the ring, so an index it accepts is a slot inside the ring).
+    ring_entry: (u64, u32),
+    /// The first of the ring heads a poll claimed (`Heads::claimed`) not yet delivered:
+    /// `claimed[claimed_at..claimed_len]` wait (a handler panicked, or the budget ran out).
+    claimed_at: usize,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
@@ -177,37 +199,53 @@ pub(super) struct Rings<M> {
 
 impl<M: Region> Rings<M> {
     /// Messaging state over `region` for every channel of `multi`: the per-peer bookkeeping
-    /// both receive layouts share; `recv_seqs` and `head` are the per-peer rings' own (empty
-    /// for a pool). Allocates (setup).
+    /// both receive layouts share; `recv_seqs` is the per-peer rings' own (empty for a
+    /// pool). Allocates (setup).
     pub(super) fn new<P: Provider, B: Backoff + Clone>(
         multi: &mut MultiChannel<P, B>,
         region: M,
         (slots, slot_size, credits): (usize, usize, usize),
         pool: Option<super::pool::Pool>,
-        (recv_seqs, head): (Vec<u64>, Vec<usize>),
+        recv_seqs: Vec<u64>,
     ) -> Self {
         let peers = multi.peers();
+        let mut region = region;
+        let ring_entry = region
+            .sge_mut(0..region.len())
+            .map_or((0, 0), |e| (e.addr(), e.lkey()));
+        let mut states: Vec<Peer> = multi
+            .ranks()
+            .zip(multi.ids())
+            .map(|(rank, chan_id)| Peer {
+                rank,
+                chan_id,
+                ..Peer::default()
+            })
+            .collect();
+        for (st, c) in states.iter_mut().zip(multi.channels()) {
+            st.base = c.remote_recvs_used();
+        }
         Self {
+            ring_entry,
+            claimed_at: 0,
             region: ManuallyDrop::new(region),
             slots,
             credits,
             pool,
             slot_size,
-            ranks: multi.ranks().collect(),
-            recv_seqs,
-            head,
-            sends_seen: vec![0; peers],
-            failure_reported: vec![false; peers],
+            heads: Heads {
+                peers: states,
+                recv_seqs,
+                slots,
+                claimed: [Claimed::default(); CLAIM],
+                claimed_len: 0,
+            },
             repost: None,
-            chan_ids: multi.ids().collect(),
-            base: multi.channels().map(|c| c.remote_recvs_used()).collect(),
-            consumed: vec![0; peers],
-            reported: vec![0; peers],
-            returned: vec![0; peers],
             credit_writes: 0,
-            refused: vec![0; peers],
-            todo: Fifo::new(peers, 0),
-            queued: vec![false; peers],
+            todo: Todo {
+                list: Fifo::new(peers, 0),
+                queued: vec![false; peers],
+            },
             sweep: 0,
             sweep_in: SWEEP_EVERY,
         }
@@ -229,16 +267,14 @@ impl<M> Drop for Rings<M> {
 
 impl<M> Rings<M> {
     pub(super) fn push_todo(&mut self, p: usize) {
-        if !self.queued[p] {
-            self.queued[p] = true;
-            // Each peer at most once, and there is a slot for every peer.
-            let _ = self.todo.push(p);
-        }
+        self.todo.push(p);
     }
 
     fn pop_todo(&mut self) -> Option<usize> {
-        let p = self.todo.pop()?;
-        self.queued[p] = false;
+        let p = self.todo.list.pop()?;
+        if let Some(q) = self.todo.queued.get_mut(p) {
+            *q = false;
+        }
         Some(p)
     }
 }
@@ -246,7 +282,7 @@ impl<M> Rings<M> {
 impl<M> Rings<M> {
     /// Whether every channel is still the one its ring was posted on.
     pub(super) fn channels_unchanged(&self, ids: impl Iterator<Item = usize>) -> bool {
-        ids.eq(self.chan_ids.iter().copied())
+        ids.eq(self.heads.peers.iter().map(|st| st.chan_id))
     }
 }
 
@@ -317,7 +353,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             region,
             (slots, slot_size, slots),
             None,
-            (vec![NO_RECV; peers * slots], vec![0; peers]),
+            vec![NO_RECV; peers * slots],
         );
         for p in 0..peers {
             for i in 0..slots {
@@ -351,7 +387,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             let slots = if r.pool.is_some() {
                 r.slots
             } else {
-                r.slots * r.ranks.len()
+                r.slots * r.heads.peers.len()
             };
             slots * r.slot_size
         })
@@ -371,7 +407,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         };
         let r = match poll_rings(&mut self.multi, rings, budget, &mut handler) {
             // The idle path ends here, having read nothing the serving needs.
-            Ok(handed) if rings.todo.is_empty() => return Ok(handed),
+            Ok(handed) if rings.todo.list.is_empty() => return Ok(handed),
             Ok(handed) => self.serve_todo(budget, handed, &mut handler),
             Err(e) => Err(e),
         };
@@ -458,6 +494,41 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     }
 }
 
+/// Peers to serve, oldest first (each at most once: `queued[p]` says whether `p` is in
+/// the list): one place, so a poll's report captures one pointer.
+pub(super) struct Todo {
+    list: Fifo<usize>,
+    queued: Vec<bool>,
+}
+
+impl Todo {
+    /// Puts peer `p` on the list unless it is there.
+    #[inline(always)]
+    fn push(&mut self, p: usize) {
+        if let Some(q) = self.queued.get_mut(p) {
+            if !*q {
+                *q = true;
+                // Each peer at most once, and there is a slot for every peer.
+                let _ = self.list.push(p);
+            }
+        }
+    }
+}
+
+/// A ring head a poll claimed: peer, slot in its ring, the receive number on its channel,
+/// and what the completion said.
+#[derive(Clone, Copy, Default)]
+struct Claimed {
+    p: usize,
+    i: usize,
+    r: u64,
+    info: Done,
+}
+
+/// Ring heads one poll claims at most (the rest go to their channels, and `progress`
+/// serves them the slower way, in order).
+const CLAIM: usize = 32;
+
 /// A ring slot with no receive posted.
 const NO_RECV: u64 = u64::MAX;
 
@@ -485,19 +556,225 @@ fn poll_rings<P: Provider, M: Region, B: Backoff + Clone>(
     if rings.repost.is_some() {
         repost(multi, rings)?;
     }
-    if rings.ranks.is_empty() {
+    if rings.heads.peers.is_empty() {
         return Ok(0);
     }
     // One poll of the shared queues (or of every channel, for providers with queues of
-    // their own); channels that got completions or failed join the list.
-    multi
-        .poll_ready(|(p, _), _| rings.push_todo(p))
-        .map_err(poll_failed)?;
+    // their own); a successful receive at the head of its peer's ring is claimed and
+    // delivered below; channels that got other completions or failed join the list.
+    let (heads, todo) = (&mut rings.heads, &mut rings.todo);
+    if let Err(e) = multi.poll_claiming(|at, c| heads.claim(at, c), |(p, _), _| todo.push(p)) {
+        return Err(claimed_then_failed(multi, rings, e));
+    }
+    // Heads claimed now, or left by a call whose handler panicked or whose budget ran out
+    // (those first: the list keeps each peer's order).
+    if rings.heads.claimed_len != 0 {
+        return claimed_after_poll(multi, rings, (handed, budget), handler);
+    }
+    sweep_turn(multi, rings);
+    Ok(handed)
+}
+
+/// Per-peer state and the per-peer rings' slots: what a poll's claim ([`Heads::claim`])
+/// reads and moves, apart from the list of peers to serve, which the poll's report fills.
+pub(super) struct Heads {
+    /// Each peer's state, in the order of the channels.
+    pub(super) peers: Vec<Peer>,
+    /// Per ring slot, the receive number of its receive on its peer's channel
+    /// ([`NO_RECV`] while it is not posted): claimed or taken by number, the channel's
+    /// identity being checked (`Peer::chan_id`). Empty for a pool.
+    pub(super) recv_seqs: Vec<u64>,
+    /// Slots per ring (`Rings::slots`).
+    slots: usize,
+    /// Ring heads a poll claimed, oldest first: retired on their channels right after the
+    /// poll and delivered by the same `progress` (up to its budget), the rest (a handler
+    /// panicked, or the budget ran out) by the next call, after its poll, before what that
+    /// poll claimed (appended: each peer's order is kept). `claimed[Rings::claimed_at..
+    /// claimed_len]` wait.
+    claimed: [Claimed; CLAIM],
+    claimed_len: usize,
+}
+
+impl Heads {
+    /// Claims `c`, a receive completion the poll found for the channel at position `p`
+    /// (identity `id`), if it is the successful completion of the receive at the head of
+    /// `p`'s ring on the very channel the ring was posted on: the head moves on and the
+    /// slot leaves the ring (its receive done, so the node may read it; re-posted after
+    /// delivery). Anything else (a failure or flush, the channel's own receive, a swapped
+    /// channel, a receive not at the head) goes to the channel and the slower path, which
+    /// keeps the order: a peer's later receives are no longer its head.
+    #[inline(always)]
+    fn claim(&mut self, (p, id): (usize, usize), c: &Completion) -> bool {
+        let n = self.claimed_len;
+        if n >= CLAIM {
+            return false;
+        }
+        let Some(r) = recv_number(c) else {
+            return false;
+        };
+        let Some(st) = self.peers.get_mut(p) else {
+            return false;
+        };
+        if st.chan_id != id {
+            return false;
+        }
+        let i = st.head;
+        let Some(seq) = self.recv_seqs.get_mut(p * self.slots + i) else {
+            return false;
+        };
+        if *seq != r {
+            return false;
+        }
+        *seq = NO_RECV;
+        st.head = if i + 1 == self.slots { 0 } else { i + 1 };
+        if let Some(e) = self.claimed.get_mut(n) {
+            *e = Claimed {
+                p,
+                i,
+                r,
+                info: Done {
+                    byte_len: c.byte_len,
+                    imm: c.imm,
+                    written: c.kind == CompletionKind::RecvWriteImm,
+                },
+            };
+        }
+        self.claimed_len = n + 1;
+        true
+    }
+}
+
+/// The sweep's countdown (see [`sweep`]).
+#[inline(always)]
+fn sweep_turn<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+) {
     // The sweep: rare, because it is for the rare case (a caller that polled a node's
     // channel itself); an idle `progress` is then one poll of each shared queue.
     rings.sweep_in -= 1;
     if rings.sweep_in == 0 {
         sweep(multi, rings);
+    }
+}
+
+/// [`poll_rings`] after a poll that claimed ring heads: they are retired on their channels
+/// before anything else (a failed poll's error included, and before any handler runs),
+/// then delivered up to the budget. Out of line, so an idle `progress` pays
+/// one test.
+#[inline(never)]
+fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    (handed, budget): (usize, usize),
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    // One head, claimed now: the common case (one peer's message per call), retired
+    // without the loop.
+    match (
+        rings.claimed_at,
+        rings.heads.claimed_len,
+        rings.heads.claimed.first(),
+    ) {
+        (0, 1, Some(e)) => {
+            if let Some(c) = multi.by_index(e.p) {
+                c.retire_claimed_recv(e.r);
+            }
+        }
+        _ => retire_claimed(multi, rings),
+    }
+    let handed = handed + deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
+    sweep_turn(multi, rings);
+    Ok(handed)
+}
+
+/// A failed poll (the rare case, out of line): heads it claimed before it failed are
+/// retired on their channels first (they are off the shared queue) and wait in the list
+/// for the next call; then the error, as the node says it.
+#[cold]
+#[inline(never)]
+fn claimed_then_failed<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    e: MultiError,
+) -> NodeError {
+    retire_claimed(multi, rings);
+    poll_failed(e)
+}
+
+/// Retires the claimed heads on their channels (their completions came off the shared
+/// queue, so the channels' receive counts must move), before any handler runs.
+#[inline(never)]
+fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+) {
+    // Heads an earlier call left were retired then (and retiring twice changes nothing).
+    for e in rings
+        .heads
+        .claimed
+        .iter()
+        .take(rings.heads.claimed_len)
+        .skip(rings.claimed_at)
+    {
+        if let Some(c) = multi.by_index(e.p) {
+            c.retire_claimed_recv(e.r);
+        }
+    }
+}
+
+/// Delivers the claimed heads (at most `budget`), in order: the credit its immediate
+/// returns, the handler, the slot re-posted. A head whose channel broke or was swapped
+/// since is not read (the slower path reports the failure). The slot leaves the list
+/// before the handler runs, so a panicking handler neither sees it twice nor loses it
+/// (`repost`), and the heads after it wait for the next call.
+#[inline(always)]
+fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
+    multi: &mut MultiChannel<P, B>,
+    rings: &mut Rings<M>,
+    budget: usize,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<usize, NodeError> {
+    let mut handed = 0;
+    let half = rings.credits.div_ceil(2) as u64;
+    while rings.claimed_at < rings.heads.claimed_len && handed < budget {
+        let Some(&e) = rings.heads.claimed.get(rings.claimed_at) else {
+            break;
+        };
+        rings.claimed_at += 1;
+        let p = e.p;
+        let (Some(chan), Some(st)) = (multi.by_index(p), rings.heads.peers.get_mut(p)) else {
+            continue;
+        };
+        if chan.id() != st.chan_id || chan.fault().is_some() || st.failure_reported {
+            rings.todo.push(p);
+            continue;
+        }
+        st.consumed += 1;
+        let rank = st.rank;
+        if !e.info.written {
+            if let Some(imm) = e.info.imm {
+                let since_start = chan.remote_recvs_used().saturating_sub(st.base);
+                super::credits::credit_in(&mut st.returned, imm, since_start);
+            }
+        }
+        let credit_due = st.consumed - st.reported >= half;
+        // The slot leaves the list before the handler runs; on a panic, or a failed
+        // re-post, `repost` brings it back.
+        rings.repost = Some((p, e.i));
+        let k = p * rings.slots + e.i;
+        hand_slot(&*rings.region, rings.slot_size, (rank, k), e.info, handler);
+        handed += 1;
+        post_ring_slot(chan, rings, k).map_err(|error| NodeError::Channel { rank, error })?;
+        rings.repost = None;
+        if credit_due {
+            // A credit return due: the serving writes it.
+            rings.todo.push(p);
+        }
+    }
+    if rings.claimed_at == rings.heads.claimed_len {
+        rings.claimed_at = 0;
+        rings.heads.claimed_len = 0;
     }
     Ok(handed)
 }
@@ -510,7 +787,7 @@ fn repost<P: Provider, M: Region, B: Backoff + Clone>(
     rings: &mut Rings<M>,
 ) -> Result<(), NodeError> {
     if let Some((p, i)) = rings.repost.take() {
-        if multi.by_index(p).map(|c| c.id()) == Some(rings.chan_ids[p]) {
+        if multi.by_index(p).map(|c| c.id()) == Some(rings.heads.peers[p].chan_id) {
             if let Err(e) = post_slot(multi, rings, p, i) {
                 // Not lost: the next call tries again.
                 rings.repost = Some((p, i));
@@ -542,7 +819,11 @@ fn poll_failed(e: MultiError) -> NodeError {
 fn sweep<P: Provider, M, B: Backoff + Clone>(multi: &mut MultiChannel<P, B>, rings: &mut Rings<M>) {
     rings.sweep_in = SWEEP_EVERY;
     let p = rings.sweep;
-    rings.sweep = if p + 1 < rings.ranks.len() { p + 1 } else { 0 };
+    rings.sweep = if p + 1 < rings.heads.peers.len() {
+        p + 1
+    } else {
+        0
+    };
     if has_work(multi, rings, p) {
         rings.push_todo(p);
     }
@@ -559,17 +840,20 @@ fn has_work<P: Provider, M, B: Backoff + Clone>(
     let Some(c) = multi.at(p) else {
         return false;
     };
-    let credit_due = rings.consumed[p] - rings.reported[p] >= rings.credits.div_ceil(2) as u64;
-    let same = c.id() == rings.chan_ids[p];
+    let Some(st) = rings.heads.peers.get(p) else {
+        return false;
+    };
+    let credit_due = st.consumed - st.reported >= rings.credits.div_ceil(2) as u64;
+    let same = c.id() == st.chan_id;
     let head = rings
-        .head
-        .get(p)
-        .and_then(|&i| rings.recv_seqs.get(p * rings.slots + i))
+        .heads
+        .recv_seqs
+        .get(p * rings.slots + st.head)
         .copied()
         .filter(|&r| r != NO_RECV);
     credit_due
-        || c.sends_completed() > rings.sends_seen[p]
-        || ((c.fault().is_some() || !same) && !rings.failure_reported[p])
+        || c.sends_completed() > st.sends_seen
+        || ((c.fault().is_some() || !same) && !st.failure_reported)
         || (same && head.is_some_and(|r| c.recv_complete(r)))
 }
 
@@ -590,7 +874,7 @@ fn serve_todo<P: Provider, M: Region, B: Backoff + Clone>(
     // their credit returns, which must not wait for budget: a sender without credits
     // sends nothing, and the pool would run dry.
     let pooled = rings.pool.is_some();
-    for _ in 0..rings.todo.len() {
+    for _ in 0..rings.todo.list.len() {
         if handed >= budget && !pooled {
             break;
         }
@@ -619,8 +903,9 @@ fn has_events<P: Provider, M, B: Backoff + Clone>(
     p: usize,
 ) -> bool {
     multi.by_index(p).is_some_and(|c| {
-        c.sends_completed() > rings.sends_seen[p]
-            || ((c.fault().is_some() || c.id() != rings.chan_ids[p]) && !rings.failure_reported[p])
+        c.sends_completed() > rings.heads.peers[p].sends_seen
+            || ((c.fault().is_some() || c.id() != rings.heads.peers[p].chan_id)
+                && !rings.heads.peers[p].failure_reported)
     })
 }
 
@@ -632,12 +917,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
     budget: usize,
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
-    let rank = rings.ranks[p];
+    let rank = rings.heads.peers[p].rank;
     let mut handed = 0;
     let Some(chan) = multi.by_index(p) else {
         return Ok(0);
     };
-    if chan.id() != rings.chan_ids[p] {
+    if chan.id() != rings.heads.peers[p].chan_id {
         // The caller swapped this peer's channel out: its ring slots are posted on another
         // channel, so none of them may be read or re-posted again.
         return Ok(report_failure(rings, p, ChannelError::Replaced, handler));
@@ -646,8 +931,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         return Ok(report_failure(rings, p, error, handler));
     }
     let done = chan.sends_completed();
-    if done > rings.sends_seen[p] && handed < budget {
-        rings.sends_seen[p] = done;
+    if done > rings.heads.peers[p].sends_seen && handed < budget {
+        rings.heads.peers[p].sends_seen = done;
         handler(Event::SendsCompleted {
             rank,
             completed: done,
@@ -655,8 +940,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         handed += 1;
     }
     while handed < budget && rings.pool.is_none() {
-        let i = rings.head[p];
-        let r = rings.recv_seqs[p * rings.slots + i];
+        let i = rings.heads.peers[p].head;
+        let r = rings.heads.recv_seqs[p * rings.slots + i];
         if r == NO_RECV {
             break;
         }
@@ -669,12 +954,12 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
         };
         // The slot leaves the ring before the handler runs, so a panicking handler neither
         // sees it twice nor loses it: `repost` brings it back.
-        rings.recv_seqs[p * rings.slots + i] = NO_RECV;
-        rings.head[p] = if i + 1 == rings.slots { 0 } else { i + 1 };
+        rings.heads.recv_seqs[p * rings.slots + i] = NO_RECV;
+        rings.heads.peers[p].head = if i + 1 == rings.slots { 0 } else { i + 1 };
         let sent = chan.remote_recvs_used();
         match result {
             Ok(info) => {
-                rings.consumed[p] += 1;
+                rings.heads.peers[p].consumed += 1;
                 rings.repost = Some((p, i));
                 deliver(rings, (p, sent), p * rings.slots + i, info, handler);
                 handed += 1;
@@ -683,8 +968,8 @@ fn serve_peer<P: Provider, M: Region, B: Backoff + Clone>(
                 rings.repost = None;
             }
             Err(error) => {
-                if !rings.failure_reported[p] {
-                    rings.failure_reported[p] = true;
+                if !rings.heads.peers[p].failure_reported {
+                    rings.heads.peers[p].failure_reported = true;
                     handler(Event::Failed { rank, error });
                     handed += 1;
                 }
@@ -705,15 +990,41 @@ fn report_failure<M>(
     error: ChannelError,
     handler: &mut impl FnMut(Event<'_>),
 ) -> usize {
-    if rings.failure_reported[p] {
+    if rings.heads.peers[p].failure_reported {
         return 0;
     }
-    rings.failure_reported[p] = true;
+    rings.heads.peers[p].failure_reported = true;
     handler(Event::Failed {
-        rank: rings.ranks[p],
+        rank: rings.heads.peers[p].rank,
         error,
     });
     1
+}
+
+/// Hands ring slot `k` of `region` (slots of `slot_size` bytes), whose receive completed
+/// with `info`, from `rank` to the handler (after the credit return was taken).
+#[inline(always)]
+fn hand_slot<M: Region>(
+    region: &M,
+    slot_size: usize,
+    (rank, k): (u32, usize),
+    info: Done,
+    handler: &mut impl FnMut(Event<'_>),
+) {
+    if info.written {
+        handler(Event::Written {
+            rank,
+            imm: info.imm.unwrap_or(0),
+            len: info.byte_len,
+        });
+        return;
+    }
+    let at = k * slot_size;
+    let len = (info.byte_len as usize).min(slot_size);
+    // SAFETY: this slot's receive completed and it is not re-posted until after the handler
+    // returns; the region grants no remote write access (checked when messaging started).
+    let data = unsafe { region.slice_unchecked(at..at + len) }.unwrap_or(&[]);
+    handler(Event::Message { rank, data });
 }
 
 /// Hands slot `slot` of the region (whose receive completed with `info`) from peer `p` to
@@ -721,6 +1032,7 @@ fn report_failure<M>(
 ///
 /// `sent` is what we ever posted to `p` that consumes its receives; less what we had posted
 /// when messaging started, it is what its credit return may say at most.
+#[inline(always)]
 pub(super) fn deliver<M: Region>(
     rings: &mut Rings<M>,
     (p, sent): (usize, u64),
@@ -728,7 +1040,7 @@ pub(super) fn deliver<M: Region>(
     info: Done,
     handler: &mut impl FnMut(Event<'_>),
 ) {
-    let rank = rings.ranks[p];
+    let rank = rings.heads.peers[p].rank;
     if info.written {
         handler(Event::Written {
             rank,
@@ -738,8 +1050,8 @@ pub(super) fn deliver<M: Region>(
         return;
     }
     if let Some(imm) = info.imm {
-        let since_start = sent.saturating_sub(rings.base[p]);
-        super::credits::credit_in(&mut rings.returned[p], imm, since_start);
+        let since_start = sent.saturating_sub(rings.heads.peers[p].base);
+        super::credits::credit_in(&mut rings.heads.peers[p].returned, imm, since_start);
     }
     let at = slot * rings.slot_size;
     let len = (info.byte_len as usize).min(rings.slot_size);
@@ -749,27 +1061,56 @@ pub(super) fn deliver<M: Region>(
     handler(Event::Message { rank, data });
 }
 
+#[inline(always)]
 fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
     p: usize,
     i: usize,
 ) -> Result<(), NodeError> {
-    let rank = rings.ranks[p];
-    let at = (p * rings.slots + i) * rings.slot_size;
-    let mut sge =
-        [rings
-            .region
-            .sge_mut(at..at + rings.slot_size)
-            .ok_or(NodeError::InvalidArgument {
-                what: "ring slot outside the ring",
-            })?];
-    let chan = multi.by_index(p).ok_or(NodeError::UnknownRank(rank))?;
-    // SAFETY: the ring memory is owned by the node, which drains every channel before it
-    // frees it (or leaks it if a channel was swapped out), and this slot is read only after
-    // its receive completed, then re-posted.
-    let t =
-        unsafe { chan.post_recv(&mut sge) }.map_err(|error| NodeError::Channel { rank, error })?;
-    rings.recv_seqs[p * rings.slots + i] = chan.recv_seq(t).unwrap_or(NO_RECV);
+    let rank = rings.heads.peers.get(p).map_or(0, |st| st.rank);
+    if i >= rings.slots {
+        return Err(slot_outside());
+    }
+    let Some(chan) = multi.by_index(p) else {
+        return Err(NodeError::UnknownRank(rank));
+    };
+    post_ring_slot(chan, rings, p * rings.slots + i)
+        .map_err(|error| NodeError::Channel { rank, error })
+}
+
+/// Posts ring slot `k` (numbered across all the rings, peer by peer) on `chan`, its peer's
+/// channel, and keeps its receive number. The entry is cut from the ring's own, with no
+/// bounds check but `recv_seqs`' (one number per slot). Does not allocate.
+#[inline(always)]
+fn post_ring_slot<P: Provider, M, B: Backoff>(
+    chan: &mut crate::channel::Channel<P, B>,
+    rings: &mut Rings<M>,
+    k: usize,
+) -> Result<(), ChannelError> {
+    let Some(seq) = rings.heads.recv_seqs.get_mut(k) else {
+        // Never: the node names only its own slots.
+        return Err(ChannelError::RecvQueueFull);
+    };
+    let at = (k * rings.slot_size) as u64;
+    let (addr, lkey) = rings.ring_entry;
+    // SAFETY: slot `k` lies inside the ring (`recv_seqs` has one entry per slot of the
+    // `(world - 1) * slots * slot_size` bytes checked against the region at start), cut
+    // from the region's own entry, whose address and key stay valid while the region
+    // lives (the `Region` contract); the ring memory is owned by the node, which drains
+    // every channel before it frees it (or leaks it if a channel was swapped out), and this
+    // slot is read only after its receive completed, then re-posted.
+    let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
+    // SAFETY: as above (the posting contract for the slot).
+    *seq = unsafe { chan.post_recv_numbered(sge) }?;
     Ok(())
+}
+
+/// A ring slot outside the ring (never, as the node names slots): out of line.
+#[cold]
+#[inline(never)]
+fn slot_outside() -> NodeError {
+    NodeError::InvalidArgument {
+        what: "ring slot outside the ring",
+    }
 }

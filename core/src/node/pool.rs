@@ -102,7 +102,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
                 pending: heapless::Deque::new(),
                 probe,
             }),
-            (Vec::new(), Vec::new()),
+            Vec::new(),
         );
         // A failed post leaves receives in the shared queue, which no flush takes back:
         // dropping `rings` then leaks the memory (its probe says the queue lives on).
@@ -136,7 +136,10 @@ fn pool_channel<'a, P: Provider, M, B: Backoff + Clone>(
 ) -> Result<(u32, &'a mut Channel<P, B>), NodeError> {
     // A pooled node has at least one peer (`start_pool` refuses none): rank and channel id
     // of position 0 are there whenever rings are.
-    let (Some(&rank), Some(&id)) = (rings.ranks.first(), rings.chan_ids.first()) else {
+    let Some(&super::messaging::Peer {
+        rank, chan_id: id, ..
+    }) = rings.heads.peers.first()
+    else {
         return Err(NodeError::InvalidArgument {
             what: "a pooled node without peers has no pool channel",
         });
@@ -287,7 +290,7 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
         .map_or(0, |c| c.remote_recvs_used());
     match p {
         Some(p) if c.status.is_success() => {
-            rings.consumed[p] += 1;
+            rings.heads.peers[p].consumed += 1;
             let info = Done {
                 byte_len: c.byte_len,
                 imm: c.imm,
@@ -299,9 +302,9 @@ fn serve_pool_completion<P: Provider, M: Region, B: Backoff + Clone>(
         }
         // A receive the queue pair's failure cut short: the slot is free again, and the
         // peer is reported broken once.
-        Some(p) if !rings.failure_reported[p] => {
-            rings.failure_reported[p] = true;
-            let rank = rings.ranks[p];
+        Some(p) if !rings.heads.peers[p].failure_reported => {
+            rings.heads.peers[p].failure_reported = true;
+            let rank = rings.heads.peers[p].rank;
             handler(Event::Failed {
                 rank,
                 error: ChannelError::Broken(WrFailure {

@@ -748,6 +748,13 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_send(wrs) }
     }
+    #[inline(always)]
+    unsafe fn send_list(&mut self) -> Option<crate::provider::SendList> {
+        // SAFETY: forwarded contract: the list is that of the queue pair this wrapper owns
+        // and posts to, whose completions it reports (routed from the shared queues by its
+        // number, exactly as those of a request posted through `post_send`).
+        unsafe { self.qp.send_list() }
+    }
     #[inline]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
