@@ -252,10 +252,21 @@ impl<C: CompletionQueue> State<C> {
         if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
             return;
         }
+        self.to_mailbox(i as usize, recv, c);
+    }
+
+    /// [`State::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
+    /// onto the ready list. Out of line, so the hand-over path keeps its registers.
+    #[inline(never)]
+    fn to_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let mbox = if recv { &mut slot.recv } else { &mut slot.send };
         if mbox.push(*c).is_err() {
             slot.overflowed = true;
         }
-        self.enqueue(i as usize);
+        self.enqueue(i);
     }
 
     /// Puts slot `i` on the ready list unless it is there.
