@@ -189,6 +189,10 @@ pub(super) struct Rings<M> {
     /// The first of the ring heads a poll claimed (`Heads::claimed`) not yet delivered:
     /// `claimed[claimed_at..claimed_len]` wait (a handler panicked, or the budget ran out).
     claimed_at: usize,
+    /// `claimed[..retired_to]` were retired on their channels (right after the poll that
+    /// claimed them): never again, since by the next call the caller may have swapped
+    /// another channel into their position, whose receives those numbers do not name.
+    retired_to: usize,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
@@ -228,6 +232,7 @@ impl<M: Region> Rings<M> {
         Self {
             ring_entry,
             claimed_at: 0,
+            retired_to: 0,
             region: ManuallyDrop::new(region),
             slots,
             credits,
@@ -672,7 +677,7 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
     // One head, claimed now: the common case (one peer's message per call), retired
     // without the loop.
     match (
-        rings.claimed_at,
+        rings.retired_to,
         rings.heads.claimed_len,
         rings.heads.claimed.first(),
     ) {
@@ -680,6 +685,7 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
             if let Some(c) = multi.by_index(e.p) {
                 c.retire_claimed_recv(e.r);
             }
+            rings.retired_to = 1;
         }
         _ => retire_claimed(multi, rings),
     }
@@ -709,18 +715,20 @@ fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
 ) {
-    // Heads an earlier call left were retired then (and retiring twice changes nothing).
+    // Heads an earlier call left were retired then, on the channel that was there; the
+    // one there now may be another (swapped in since), so they are not retired again.
     for e in rings
         .heads
         .claimed
         .iter()
         .take(rings.heads.claimed_len)
-        .skip(rings.claimed_at)
+        .skip(rings.retired_to)
     {
         if let Some(c) = multi.by_index(e.p) {
             c.retire_claimed_recv(e.r);
         }
     }
+    rings.retired_to = rings.heads.claimed_len;
 }
 
 /// Delivers the claimed heads (at most `budget`), in order: the credit its immediate
@@ -774,6 +782,7 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
     }
     if rings.claimed_at == rings.heads.claimed_len {
         rings.claimed_at = 0;
+        rings.retired_to = 0;
         rings.heads.claimed_len = 0;
     }
     Ok(handed)

@@ -1,0 +1,140 @@
+//! Adversarial review of the node's claimed ring heads (issue #25, msg26): sequences of
+//! public calls that try to make `progress` count a receive on the wrong channel, read a
+//! slot whose receive has not completed, or stop serving every peer because one broke.
+//! Each test failed before its fix (see the commit that added it).
+#![allow(clippy::std_instead_of_core)]
+
+use std::time::Duration;
+
+use rverbs_core::barrier::BarrierAlgorithm;
+use rverbs_core::channel::ChannelError;
+use rverbs_core::memory::AccessFlags;
+use rverbs_core::node::{soft_world_bytes, Event};
+use rverbs_testkit::clock;
+use rverbs_testkit::{net, nodes};
+
+const STEP: Duration = Duration::from_micros(1);
+const SLOTS: usize = 4;
+const SLOT: usize = 32;
+
+/// `let net, nodes` of `world` ranks with messaging started (rings of [`SLOTS`] slots of
+/// [`SLOT`] bytes per peer).
+macro_rules! messaging_world {
+    (let $net:ident, $nodes:ident = $world:expr) => {
+        let world_size: u32 = $world;
+        let $net = net(world_size);
+        let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
+        let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
+        let mut rings = vec![0u8; world_size as usize * mem_len];
+        #[allow(unused_mut)]
+        let mut $nodes = nodes(&$net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+        for (n, mem) in $nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+            let region = $net
+                .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+        }
+    };
+}
+
+/// Every event `progress` hands out: (rank, payload) per message, (rank, error) per
+/// failure.
+#[derive(Debug, Default)]
+struct Seen {
+    messages: Vec<(u32, Vec<u8>)>,
+    failed: Vec<(u32, ChannelError)>,
+}
+
+impl Seen {
+    fn handler(&mut self) -> impl FnMut(Event<'_>) + '_ {
+        |ev| match ev {
+            Event::Message { rank, data } => self.messages.push((rank, data.to_vec())),
+            Event::Failed { rank, error } => self.failed.push((rank, error)),
+            _ => {}
+        }
+    }
+}
+
+/// Swaps the node's first two channels (positions 0 and 1: the channels to ranks 1 and 2
+/// of rank 0), as `Node::multi` lets any caller.
+fn swap_first_two(node: &mut rverbs_core::node::SoftNode<'_, rverbs_core::poll::Spin>) {
+    let mut chans = node.multi().channels();
+    let (a, b) = (chans.next().unwrap(), chans.next().unwrap());
+    std::mem::swap(a, b);
+}
+
+/// Heads a poll claimed and a budget left undelivered stay in the claimed list; the next
+/// `progress` retires them again ("retiring twice changes nothing") on whatever channel is
+/// at their position by then. A caller who swapped another channel in between (here the
+/// node's own channel to rank 2, whose ring receives have not completed: rank 2 sent
+/// nothing) must not see that channel's receives counted complete: its receive count
+/// would lie to any wait on it, and once swapped back the node would take its ring heads
+/// as completed, read slots no message was written to, and post them a second time while
+/// their first receives are still with the device.
+#[test]
+fn a_claimed_head_left_over_is_not_retired_on_a_channel_swapped_in() {
+    messaging_world!(let net, nodes = 3);
+    nodes[1].post_send_inline(0, b"a").unwrap();
+    nodes[1].post_send_inline(0, b"b").unwrap();
+    let mut seen = Seen::default();
+    // One poll claims both heads; the budget delivers one, the other waits in the list.
+    assert_eq!(nodes[0].progress(1, seen.handler()).unwrap(), 1);
+    assert_eq!(seen.messages, [(1, b"a".to_vec())]);
+    let to_2 = nodes[0].channel(2).unwrap().counters();
+    assert_eq!(to_2.receives_completed, 0, "rank 2 sent nothing");
+    swap_first_two(&mut nodes[0]);
+    let _ = nodes[0].progress(8, seen.handler()).unwrap();
+    {
+        // Position 0 now holds the channel to rank 2.
+        let chan = nodes[0].multi().channels().next().unwrap();
+        assert_eq!(chan.peer(), Some(2));
+        assert_eq!(
+            chan.counters().receives_completed,
+            0,
+            "a receive of rank 1's channel retired on rank 2's"
+        );
+        assert_eq!(chan.outstanding_recvs(), SLOTS as u64);
+    }
+    swap_first_two(&mut nodes[0]);
+    let mut after = Seen::default();
+    for _ in 0..64 {
+        nodes[0].progress(8, after.handler()).unwrap();
+    }
+    assert!(
+        after.messages.iter().all(|m| m.0 != 2),
+        "a message from rank 2, which sent none: {after:?}"
+    );
+}
+
+/// The same with a budget of 0: the one head the poll claimed is retired and waits (the
+/// list holds one entry from its first slot), and the next call's one-head shortcut must
+/// not retire it a second time on the channel swapped in.
+#[test]
+fn a_head_claimed_under_a_zero_budget_is_not_retired_on_a_channel_swapped_in() {
+    messaging_world!(let net, nodes = 3);
+    nodes[1].post_send_inline(0, b"a").unwrap();
+    let mut seen = Seen::default();
+    assert_eq!(nodes[0].progress(0, seen.handler()).unwrap(), 0);
+    assert!(seen.messages.is_empty());
+    swap_first_two(&mut nodes[0]);
+    let _ = nodes[0].progress(8, seen.handler()).unwrap();
+    {
+        let chan = nodes[0].multi().channels().next().unwrap();
+        assert_eq!(chan.peer(), Some(2));
+        assert_eq!(
+            chan.counters().receives_completed,
+            0,
+            "a receive of rank 1's channel retired on rank 2's"
+        );
+        assert_eq!(chan.outstanding_recvs(), SLOTS as u64);
+    }
+    swap_first_two(&mut nodes[0]);
+    let mut after = Seen::default();
+    for _ in 0..64 {
+        nodes[0].progress(8, after.handler()).unwrap();
+    }
+    assert!(
+        after.messages.iter().all(|m| m.0 != 2),
+        "a message from rank 2, which sent none: {after:?}"
+    );
+}
