@@ -138,3 +138,51 @@ fn a_head_claimed_under_a_zero_budget_is_not_retired_on_a_channel_swapped_in() {
         "a message from rank 2, which sent none: {after:?}"
     );
 }
+
+/// The poll the node makes goes through its first channel's provider, which names the
+/// shared completion queues; a caller who swapped that channel for one of another node
+/// (here: another world's, same type) makes the node poll that node's queues. Their
+/// completions carry that node's slot numbers and receive numbers, which the claim must
+/// not take for this node's ring heads: the message rank 2 of world B sent to B's rank 0
+/// must not come out of A's rank 0 as a message from its rank 2 (a slot A's device never
+/// wrote, then posted a second time).
+#[test]
+fn a_completion_of_another_nodes_queues_is_never_claimed() {
+    // Two worlds built side by side (one lifetime, so their channels have one type).
+    let (net_a, net_b) = (net(3), net(3));
+    let mut arenas = [
+        vec![0u8; soft_world_bytes(3, 64)],
+        vec![0u8; soft_world_bytes(3, 64)],
+    ];
+    let mem_len = 2 * SLOTS * SLOT;
+    let mut rings = [vec![0u8; 3 * mem_len], vec![0u8; 3 * mem_len]];
+    let [arena_a, arena_b] = &mut arenas;
+    let mut a = nodes(&net_a, arena_a, BarrierAlgorithm::default(), clock!(STEP));
+    let mut b = nodes(&net_b, arena_b, BarrierAlgorithm::default(), clock!(STEP));
+    let [rings_a, rings_b] = &mut rings;
+    for (world, net, mem) in [(&mut a, &net_a, rings_a), (&mut b, &net_b, rings_b)] {
+        for (n, mem) in world.iter_mut().zip(mem.chunks_mut(mem_len)) {
+            let region = net
+                .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+        }
+    }
+    std::mem::swap(a[0].channel(1).unwrap(), b[0].channel(1).unwrap());
+    b[2].post_send_inline(0, b"for B").unwrap();
+    let mut seen = Seen::default();
+    for _ in 0..8 {
+        a[0].progress(8, seen.handler()).unwrap();
+    }
+    assert!(
+        seen.messages.is_empty(),
+        "A's rank 0 handed out B's message: {seen:?}"
+    );
+    std::mem::swap(a[0].channel(1).unwrap(), b[0].channel(1).unwrap());
+    // B's message is B's: its rank 0 still gets it.
+    let mut seen_b = Seen::default();
+    for _ in 0..64 {
+        b[0].progress(8, seen_b.handler()).unwrap();
+    }
+    assert_eq!(seen_b.messages, [(2, b"for B".to_vec())]);
+}
