@@ -186,3 +186,41 @@ fn a_completion_of_another_nodes_queues_is_never_claimed() {
     }
     assert_eq!(seen_b.messages, [(2, b"for B".to_vec())]);
 }
+
+/// A handler panics on rank 1's message (its slot waits to be re-posted by the next
+/// `progress`), and before that call rank 1's channel breaks (rank 1 died; our send to it
+/// failed). The re-post can never succeed on a broken channel: it must not fail every later
+/// `progress` and so stop the messages of every other peer; rank 1's failure is reported
+/// once, rank 2's message is delivered.
+#[test]
+fn a_slot_left_by_a_panic_on_a_channel_broken_since_does_not_stop_the_other_peers() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    messaging_world!(let net, nodes = 3);
+    nodes[1].post_send_inline(0, b"boom").unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        nodes[0].progress(8, |ev| {
+            if let Event::Message { .. } = ev {
+                panic!("the handler fails");
+            }
+        })
+    }));
+    assert!(r.is_err(), "the message reached the handler");
+    net.kill(1);
+    let t = nodes[0].post_send_inline(1, b"to the dead").unwrap();
+    assert!(nodes[0].wait(t).is_err(), "a send to a dead rank fails");
+    assert!(nodes[0].channel(1).unwrap().fault().is_some());
+    nodes[2].post_send_inline(0, b"alive").unwrap();
+    let mut seen = Seen::default();
+    let mut errors = 0;
+    for _ in 0..64 {
+        if nodes[0].progress(8, seen.handler()).is_err() {
+            errors += 1;
+        }
+    }
+    assert!(errors <= 1, "{errors} of 64 progress calls failed");
+    assert_eq!(seen.messages, [(2, b"alive".to_vec())]);
+    assert!(
+        seen.failed.len() <= 1 && seen.failed.iter().all(|f| f.0 == 1),
+        "{seen:?}"
+    );
+}

@@ -796,7 +796,12 @@ fn repost<P: Provider, M: Region, B: Backoff + Clone>(
     rings: &mut Rings<M>,
 ) -> Result<(), NodeError> {
     if let Some((p, i)) = rings.repost.take() {
-        if multi.by_index(p).map(|c| c.id()) == Some(rings.heads.peers[p].chan_id) {
+        // A channel broken since takes no receive again (its failure is the peer's news, its
+        // ring is done): the slot stays out, rather than fail every call for every peer.
+        if multi
+            .by_index(p)
+            .is_some_and(|c| c.id() == rings.heads.peers[p].chan_id && c.fault().is_none())
+        {
             if let Err(e) = post_slot(multi, rings, p, i) {
                 // Not lost: the next call tries again.
                 rings.repost = Some((p, i));
