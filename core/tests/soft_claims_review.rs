@@ -224,3 +224,59 @@ fn a_slot_left_by_a_panic_on_a_channel_broken_since_does_not_stop_the_other_peer
         "{seen:?}"
     );
 }
+
+/// More messages in one poll than the claim takes (`CLAIM` is 32), from two peers at once,
+/// under budgets of 0, 1, a few and many in turn: some heads are claimed, the rest go the
+/// slower way (the claim list full, a head not claimed since), some wait for the next call.
+/// Every message arrives once, each peer's in the order sent, and no call hands out more
+/// than its budget.
+#[test]
+fn heads_past_the_claim_limit_and_budget_cuts_keep_each_peers_order() {
+    const DEEP: usize = 48;
+    const EACH: u32 = 3 * DEEP as u32;
+    let net = rverbs_core::model::SoftNet::new(rverbs_core::model::SoftNetConfig::new(
+        3,
+        rverbs_testkit::caps(128, 128, 1),
+    ));
+    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+    let mem_len = 2 * DEEP * 8;
+    let mut rings = vec![0u8; 3 * mem_len];
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, DEEP, 8).unwrap();
+    }
+    let budgets = [1usize, 0, 5, 3, 64, 2, 40];
+    let mut sent = [0u32; 3];
+    let mut got: [Vec<u32>; 3] = Default::default();
+    let mut turn = 0;
+    while (got[1].len() as u32) < EACH || (got[2].len() as u32) < EACH {
+        turn += 1;
+        assert!(turn < 20_000, "stuck: {:?}", got.each_ref().map(Vec::len));
+        // Bursts: each sender sends what its credits allow before rank 0 polls.
+        for s in 1..3 {
+            while sent[s] < EACH {
+                match nodes[s].post_send_inline(0, &sent[s].to_le_bytes()) {
+                    Ok(_) => sent[s] += 1,
+                    Err(rverbs_core::node::NodeError::WouldBlock { .. }) => break,
+                    Err(e) => panic!("send: {e}"),
+                }
+            }
+            nodes[s].progress(64, |_| {}).unwrap();
+        }
+        let budget = budgets[turn % budgets.len()];
+        let n = nodes[0]
+            .progress(budget, |ev| {
+                if let Event::Message { rank, data } = ev {
+                    got[rank as usize].push(u32::from_le_bytes(data.try_into().unwrap()));
+                }
+            })
+            .unwrap();
+        assert!(n <= budget, "{n} events for a budget of {budget}");
+    }
+    for r in 1..3 {
+        assert_eq!(got[r], (0..EACH).collect::<Vec<_>>(), "rank {r}'s order");
+    }
+}
