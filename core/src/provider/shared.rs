@@ -52,10 +52,12 @@ use crate::wr::{PostFailure, RecvRequest, WorkRequest};
 const POLL_BATCH: usize = 32;
 
 /// Queue-pair number -> mailbox index: open addressing, linear probing, built at setup.
+/// Each entry holds its key and value side by side, so a lookup's hit is one bounds check
+/// and one load of the pair.
 #[derive(Debug)]
 pub(crate) struct QpTable {
-    keys: Vec<u32>,
-    vals: Vec<u32>,
+    /// `(queue-pair number, value)`; `EMPTY_KEY` marks a free entry.
+    entries: Vec<(u32, u32)>,
     mask: usize,
 }
 
@@ -65,12 +67,12 @@ impl QpTable {
     pub(crate) fn new(entries: usize) -> Self {
         let cap = (entries * 2).next_power_of_two().max(2);
         Self {
-            keys: vec![EMPTY_KEY; cap],
-            vals: vec![0; cap],
+            entries: vec![(EMPTY_KEY, 0); cap],
             mask: cap - 1,
         }
     }
 
+    #[inline(always)]
     fn home(&self, qpn: u32) -> usize {
         (qpn.wrapping_mul(0x9e37_79b1) as usize) & self.mask
     }
@@ -83,12 +85,12 @@ impl QpTable {
         }
         let mut i = self.home(qpn);
         for _ in 0..=self.mask {
-            if self.keys[i] == qpn {
+            let e = &mut self.entries[i];
+            if e.0 == qpn {
                 return false;
             }
-            if self.keys[i] == EMPTY_KEY {
-                self.keys[i] = qpn;
-                self.vals[i] = val;
+            if e.0 == EMPTY_KEY {
+                *e = (qpn, val);
                 return true;
             }
             i = (i + 1) & self.mask;
@@ -100,11 +102,11 @@ impl QpTable {
     /// probe run move back (no tombstones), so lookups stay as short as before.
     pub(crate) fn remove(&mut self, qpn: u32) -> Option<u32> {
         let mut hole = self.slot_of(qpn)?;
-        let val = self.vals[hole];
+        let val = self.entries[hole].1;
         let mut j = hole;
         loop {
             j = (j + 1) & self.mask;
-            let key = self.keys[j];
+            let key = self.entries[j].0;
             if key == EMPTY_KEY {
                 break;
             }
@@ -117,35 +119,55 @@ impl QpTable {
                 hole < home || home <= j
             };
             if !reachable {
-                self.keys[hole] = key;
-                self.vals[hole] = self.vals[j];
+                self.entries[hole] = self.entries[j];
                 hole = j;
             }
         }
-        self.keys[hole] = EMPTY_KEY;
+        self.entries[hole].0 = EMPTY_KEY;
         Some(val)
     }
 
-    /// Where `qpn` is stored.
+    /// Where `qpn` is stored. At most one probe per entry (a full table of other numbers
+    /// ends the search), counted down rather than by a range: the hit on the first probe,
+    /// the common case, is a load, a compare and a branch.
     #[inline]
     fn slot_of(&self, qpn: u32) -> Option<usize> {
         if qpn == EMPTY_KEY {
             return None;
         }
         let mut i = self.home(qpn);
-        for _ in 0..=self.mask {
-            match self.keys[i] {
-                k if k == qpn => return Some(i),
-                EMPTY_KEY => return None,
-                _ => i = (i + 1) & self.mask,
+        let mut left = self.mask;
+        loop {
+            let key = self.entries.get(i)?.0;
+            if key == qpn {
+                return Some(i);
             }
+            if key == EMPTY_KEY || left == 0 {
+                return None;
+            }
+            left -= 1;
+            i = (i + 1) & self.mask;
         }
-        None
     }
 
     #[inline]
     pub(crate) fn get(&self, qpn: u32) -> Option<u32> {
-        self.slot_of(qpn).map(|i| self.vals[i])
+        if qpn == EMPTY_KEY {
+            return None;
+        }
+        let mut i = self.home(qpn);
+        let mut left = self.mask;
+        loop {
+            let (key, val) = *self.entries.get(i)?;
+            if key == qpn {
+                return Some(val);
+            }
+            if key == EMPTY_KEY || left == 0 {
+                return None;
+            }
+            left -= 1;
+            i = (i + 1) & self.mask;
+        }
     }
 }
 
@@ -230,10 +252,21 @@ impl<C: CompletionQueue> State<C> {
         if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
             return;
         }
+        self.to_mailbox(i as usize, recv, c);
+    }
+
+    /// [`State::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
+    /// onto the ready list. Out of line, so the hand-over path keeps its registers.
+    #[inline(never)]
+    fn to_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        let mbox = if recv { &mut slot.recv } else { &mut slot.send };
         if mbox.push(*c).is_err() {
             slot.overflowed = true;
         }
-        self.enqueue(i as usize);
+        self.enqueue(i);
     }
 
     /// Puts slot `i` on the ready list unless it is there.
