@@ -280,3 +280,34 @@ fn heads_past_the_claim_limit_and_budget_cuts_keep_each_peers_order() {
         assert_eq!(*got, (0..EACH).collect::<Vec<_>>(), "rank {r}'s order");
     }
 }
+
+/// A ring region of more than 4 GiB (a scatter entry's length is 32 bits; a large world's
+/// rings reach it: 1000 peers x 1024 slots x 8 KiB is 8 GiB). Each slot's receive entry is
+/// cut from one entry of the region taken at start: for such a region that entry does not
+/// exist, and the slots must still be posted into the region's own memory under its key,
+/// so a message arrives as it does in a small region. (`vec!` of zeros maps the 4 GiB
+/// lazily: only the pages the messages land on are touched.)
+#[test]
+#[cfg_attr(miri, ignore = "4 GiB of address space")]
+fn a_ring_region_over_4_gib_receives_messages() {
+    const BIG: usize = (4 << 30) + 4096;
+    let net = net(2);
+    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
+    let mut big = vec![0u8; BIG];
+    let mut small = vec![0u8; SLOTS * SLOT];
+    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
+    for (n, mem) in nodes.iter_mut().zip([&mut big[..], &mut small[..]]) {
+        let region = net
+            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    nodes[1].post_send_inline(0, b"over 4 GiB").unwrap();
+    let mut seen = Seen::default();
+    for _ in 0..16 {
+        nodes[0].progress(8, seen.handler()).unwrap();
+        nodes[1].progress(8, |_| {}).unwrap();
+    }
+    assert!(seen.failed.is_empty(), "{seen:?}");
+    assert_eq!(seen.messages, [(1, b"over 4 GiB".to_vec())]);
+}

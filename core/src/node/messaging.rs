@@ -214,8 +214,13 @@ impl<M: Region> Rings<M> {
     ) -> Self {
         let peers = multi.peers();
         let mut region = region;
+        // The first slot's entry: its address is the region's start and its key the
+        // region's, good for every byte of the registration. An entry for the whole region
+        // would not exist past 4 GiB (an entry's length is 32 bits), and a ring may be
+        // larger. A slot's entry exists (`start_messaging_in` checked local write, the
+        // length, and `slot_size` fitting 32 bits).
         let ring_entry = region
-            .sge_mut(0..region.len())
+            .sge_mut(0..slot_size)
             .map_or((0, 0), |e| (e.addr(), e.lkey()));
         let mut states: Vec<Peer> = multi
             .ranks()
