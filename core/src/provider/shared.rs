@@ -252,13 +252,13 @@ impl<C: CompletionQueue> State<C> {
         if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
             return;
         }
-        self.to_mailbox(i as usize, recv, c);
+        self.put_in_mailbox(i as usize, recv, c);
     }
 
     /// [`State::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
     /// onto the ready list. Out of line, so the hand-over path keeps its registers.
     #[inline(never)]
-    fn to_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
+    fn put_in_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
         let Some(slot) = self.slots.get_mut(i) else {
             return;
         };
