@@ -294,7 +294,7 @@ fn a_ring_region_over_4_gib_receives_messages() {
     let net = net(2);
     let mut arena = vec![0u8; soft_world_bytes(2, 64)];
     let mut big = vec![0u8; BIG];
-    let mut small = vec![0u8; SLOTS * SLOT];
+    let mut small = [0u8; SLOTS * SLOT];
     let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
     for (n, mem) in nodes.iter_mut().zip([&mut big[..], &mut small[..]]) {
         let region = net
