@@ -145,6 +145,11 @@ struct Handover {
     /// (by `new` or `renew`): a completion a shared poll offers is handed only to that
     /// channel, never to one a caller swapped in since.
     by_slot: Vec<(u32, usize)>,
+    /// The identity of the channel placed at position 0 (by `new` or `renew`): a shared poll
+    /// polls the queues that channel's provider names, which `by_slot` describes only while
+    /// it is still ours (one swapped in from another node names that node's queues, whose
+    /// slots and queue-pair numbers may be the same as ours).
+    first: usize,
     /// Completions a shared poll handed over (position, from the receive queue, the
     /// completion), to give to their channels once the poll returned (capacity
     /// [`DIRECT`]; more wait in the mailboxes). Empty outside `poll_ready`, as
@@ -262,6 +267,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
                 by_slot[s] = (i as u32, c.id());
             }
         }
+        let first = chans.first().map_or(0, Channel::id);
         Ok(Self {
             chans,
             rank_at,
@@ -270,6 +276,7 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             named: Named { qpns, ready },
             hand: Handover {
                 by_slot,
+                first,
                 direct: heapless::Vec::new(),
             },
             touched,
@@ -360,6 +367,9 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
             {
                 *e = (i as u32, c.id());
             }
+            if i == 0 {
+                self.hand.first = c.id();
+            }
         }
         Some(r)
     }
@@ -423,6 +433,16 @@ impl<P: Provider, B: Backoff + Clone, const R: usize> MultiChannel<P, B, R> {
         mut claim: impl FnMut((usize, usize), &Completion) -> bool,
         mut f: impl FnMut((usize, u32), Result<usize, ChannelError>),
     ) -> Result<usize, MultiError> {
+        if self
+            .chans
+            .first()
+            .is_some_and(|c| c.id() != self.hand.first)
+        {
+            // The first channel was swapped for another: its provider's shared queues may be
+            // another node's, so nothing it polls is handed over or claimed by slot; every
+            // channel polls its own queues, as a channel polled directly does.
+            return Ok(self.poll_each(&mut f));
+        }
         let Some((first, rest)) = self.chans.split_first_mut() else {
             return Ok(0);
         };

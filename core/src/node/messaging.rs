@@ -189,6 +189,10 @@ pub(super) struct Rings<M> {
     /// The first of the ring heads a poll claimed (`Heads::claimed`) not yet delivered:
     /// `claimed[claimed_at..claimed_len]` wait (a handler panicked, or the budget ran out).
     claimed_at: usize,
+    /// `claimed[..retired_to]` were retired on their channels (right after the poll that
+    /// claimed them): never again, since by the next call the caller may have swapped
+    /// another channel into their position, whose receives those numbers do not name.
+    retired_to: usize,
     /// The peer the next sweep looks at, whether or not it had completions: one peer every
     /// [`SWEEP_EVERY`]-th `progress` call, round-robin, so completions a direct channel call
     /// took (which no poll of the shared queues reports again) are delivered too.
@@ -210,8 +214,13 @@ impl<M: Region> Rings<M> {
     ) -> Self {
         let peers = multi.peers();
         let mut region = region;
+        // The first slot's entry: its address is the region's start and its key the
+        // region's, good for every byte of the registration. An entry for the whole region
+        // would not exist past 4 GiB (an entry's length is 32 bits), and a ring may be
+        // larger. A slot's entry exists (`start_messaging_in` checked local write, the
+        // length, and `slot_size` fitting 32 bits).
         let ring_entry = region
-            .sge_mut(0..region.len())
+            .sge_mut(0..slot_size)
             .map_or((0, 0), |e| (e.addr(), e.lkey()));
         let mut states: Vec<Peer> = multi
             .ranks()
@@ -228,6 +237,7 @@ impl<M: Region> Rings<M> {
         Self {
             ring_entry,
             claimed_at: 0,
+            retired_to: 0,
             region: ManuallyDrop::new(region),
             slots,
             credits,
@@ -672,7 +682,7 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
     // One head, claimed now: the common case (one peer's message per call), retired
     // without the loop.
     match (
-        rings.claimed_at,
+        rings.retired_to,
         rings.heads.claimed_len,
         rings.heads.claimed.first(),
     ) {
@@ -680,6 +690,7 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
             if let Some(c) = multi.by_index(e.p) {
                 c.retire_claimed_recv(e.r);
             }
+            rings.retired_to = 1;
         }
         _ => retire_claimed(multi, rings),
     }
@@ -709,18 +720,20 @@ fn retire_claimed<P: Provider, M, B: Backoff + Clone>(
     multi: &mut MultiChannel<P, B>,
     rings: &mut Rings<M>,
 ) {
-    // Heads an earlier call left were retired then (and retiring twice changes nothing).
+    // Heads an earlier call left were retired then, on the channel that was there; the
+    // one there now may be another (swapped in since), so they are not retired again.
     for e in rings
         .heads
         .claimed
         .iter()
         .take(rings.heads.claimed_len)
-        .skip(rings.claimed_at)
+        .skip(rings.retired_to)
     {
         if let Some(c) = multi.by_index(e.p) {
             c.retire_claimed_recv(e.r);
         }
     }
+    rings.retired_to = rings.heads.claimed_len;
 }
 
 /// Delivers the claimed heads (at most `budget`), in order: the credit its immediate
@@ -774,6 +787,7 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
     }
     if rings.claimed_at == rings.heads.claimed_len {
         rings.claimed_at = 0;
+        rings.retired_to = 0;
         rings.heads.claimed_len = 0;
     }
     Ok(handed)
@@ -787,7 +801,12 @@ fn repost<P: Provider, M: Region, B: Backoff + Clone>(
     rings: &mut Rings<M>,
 ) -> Result<(), NodeError> {
     if let Some((p, i)) = rings.repost.take() {
-        if multi.by_index(p).map(|c| c.id()) == Some(rings.heads.peers[p].chan_id) {
+        // A channel broken since takes no receive again (its failure is the peer's news, its
+        // ring is done): the slot stays out, rather than fail every call for every peer.
+        if multi
+            .by_index(p)
+            .is_some_and(|c| c.id() == rings.heads.peers[p].chan_id && c.fault().is_none())
+        {
             if let Err(e) = post_slot(multi, rings, p, i) {
                 // Not lost: the next call tries again.
                 rings.repost = Some((p, i));
