@@ -20,7 +20,7 @@ use rverbs_core::node::{
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_testkit::clock;
-use rverbs_testkit::{net, nodes};
+use rverbs_testkit::{assert_messages_flow_in_order, net, nodes};
 
 /// How far the step clocks move at each reading.
 const STEP: Duration = Duration::from_micros(1);
@@ -693,30 +693,7 @@ fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
     assert_eq!(ch.outstanding_recvs(), SLOTS as u64);
     // Credits keep coming back: many more messages than credits go through.
     let credits = nodes[1].credits_per_peer();
-    let total = 4 * credits.max(1);
-    let (mut sent, mut delivered) = (0usize, 0usize);
-    for _ in 0..100_000 {
-        if sent < total {
-            match nodes[1].post_send_inline(0, &(sent as u32).to_le_bytes()) {
-                Ok(_) => sent += 1,
-                Err(NodeError::WouldBlock { .. }) => {}
-                Err(e) => panic!("send {sent}: {e}"),
-            }
-        }
-        nodes[1].progress(8, |_| {}).unwrap();
-        nodes[0]
-            .progress(8, |ev| {
-                if let Event::Message { data, .. } = ev {
-                    assert_eq!(data, (delivered as u32).to_le_bytes(), "in order");
-                    delivered += 1;
-                }
-            })
-            .unwrap();
-        if delivered == total {
-            break;
-        }
-    }
-    assert_eq!((sent, delivered), (total, total));
+    assert_messages_flow_in_order(&mut nodes, 1, 0, 4 * credits.max(1), 100_000);
 }
 
 /// A send whose completion a caller took by waiting on the node's channel directly (so no

@@ -37,8 +37,8 @@ pub use future::{block_on, poll_once};
 pub use link::{ip_link, netdev_of, port_state, set_link, wait_for};
 pub use region::{bytes, OnDrop};
 pub use soft::{
-    assert_barrier_fails_with, assert_built_without_messaging, barrier_answers, caps, fabric, net,
-    nodes, Build, CAPS, WINDOW,
+    assert_barrier_fails_with, assert_built_without_messaging, assert_messages_flow_in_order,
+    barrier_answers, caps, fabric, net, nodes, Build, CAPS, WINDOW,
 };
 
 use rverbs_core::sge::RemoteMemory;

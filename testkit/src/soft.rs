@@ -10,7 +10,7 @@ use rverbs_core::failure::Failure;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::node::{
-    soft_world_with, Component, Components, NodeError, Receive, SetupError, SoftNode,
+    soft_world_with, Component, Components, Event, NodeError, Receive, SetupError, SoftNode,
 };
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Spin, StaticClock};
@@ -284,4 +284,41 @@ macro_rules! forward_datagram {
             unsafe { $crate::__core::provider::datagram::DatagramProvider::$name(&mut self.$inner, $arg) }
         }
     };
+}
+
+/// Rank `from` sends `total` numbered messages (each its number as 4 little-endian bytes) to
+/// rank `to` as its credits allow, both progressing, and `to` hands them out once each and
+/// in order within `rounds` rounds: the ring between them goes on (slots re-posted, credits
+/// returned) after whatever the test did to it.
+pub fn assert_messages_flow_in_order(
+    nodes: &mut [SoftNode<'_, Spin>],
+    from: u32,
+    to: u32,
+    total: usize,
+    rounds: usize,
+) {
+    let (sender, receiver) = (from as usize, to as usize);
+    let (mut sent, mut delivered) = (0usize, 0usize);
+    for _ in 0..rounds {
+        if sent < total {
+            match nodes[sender].post_send_inline(to, &(sent as u32).to_le_bytes()) {
+                Ok(_) => sent += 1,
+                Err(NodeError::WouldBlock { .. }) => {}
+                Err(e) => panic!("send {sent}: {e}"),
+            }
+        }
+        nodes[sender].progress(8, |_| {}).unwrap();
+        nodes[receiver]
+            .progress(8, |ev| {
+                if let Event::Message { data, .. } = ev {
+                    assert_eq!(data, (delivered as u32).to_le_bytes(), "in order");
+                    delivered += 1;
+                }
+            })
+            .unwrap();
+        if delivered == total {
+            break;
+        }
+    }
+    assert_eq!((sent, delivered), (total, total));
 }
