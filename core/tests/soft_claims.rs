@@ -22,31 +22,11 @@ use rverbs_core::channel::ChannelError;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::node::{soft_world_bytes, Event, NodeError};
 use rverbs_testkit::clock;
-use rverbs_testkit::{assert_messages_flow_in_order, net, nodes};
+use rverbs_testkit::{assert_messages_flow_in_order, messaging_world, net, nodes};
 
 const STEP: Duration = Duration::from_micros(1);
 const SLOTS: usize = 4;
 const SLOT: usize = 32;
-
-/// `let net, nodes` of `world` ranks with messaging started (rings of [`SLOTS`] slots of
-/// [`SLOT`] bytes per peer).
-macro_rules! messaging_world {
-    (let $net:ident, $nodes:ident = $world:expr) => {
-        let world_size: u32 = $world;
-        let $net = net(world_size);
-        let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-        let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
-        let mut rings = vec![0u8; world_size as usize * mem_len];
-        #[allow(unused_mut)]
-        let mut $nodes = nodes(&$net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
-        for (n, mem) in $nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
-            let region = $net
-                .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
-                .unwrap();
-            n.start_messaging_in(region, SLOTS, SLOT).unwrap();
-        }
-    };
-}
 
 /// Everything `progress` hands out: (rank, payload) per message, (rank, error) per failure,
 /// and the count of events per call where [`progress`] made the calls.
@@ -86,7 +66,7 @@ fn progress<'n>(
 /// peers are reported replaced, once each, and no message is read from either ring.
 #[test]
 fn a_completion_for_a_swapped_channel_is_not_delivered() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     // The control: without a swap the message is claimed and delivered.
     nodes[1].post_send_inline(0, b"first").unwrap();
     let mut seen = Seen::default();
@@ -125,7 +105,7 @@ fn a_completion_for_a_swapped_channel_is_not_delivered() {
 #[test]
 fn a_callers_own_receive_never_makes_the_node_read_an_uncompleted_slot() {
     let mut mine = [0u8; SLOT];
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     let mut region = net
         .register(0, &mut mine, AccessFlags::LOCAL_WRITE)
         .unwrap();
@@ -174,7 +154,7 @@ fn a_callers_own_receive_never_makes_the_node_read_an_uncompleted_slot() {
 /// slot is re-posted, and the ring goes on.
 #[test]
 fn a_handler_panic_between_claimed_heads_loses_and_repeats_nothing() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     for m in [&b"boom"[..], b"two", b"three"] {
         nodes[1].post_send_inline(0, m).unwrap();
     }
@@ -207,7 +187,7 @@ fn a_handler_panic_between_claimed_heads_loses_and_repeats_nothing() {
 /// the rest follow in order on the next calls (before anything a later poll claims).
 #[test]
 fn claimed_heads_respect_the_budget_and_keep_their_order() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     for m in [&b"a"[..], b"b", b"c"] {
         nodes[1].post_send_inline(0, m).unwrap();
     }
@@ -229,7 +209,7 @@ fn claimed_heads_respect_the_budget_and_keep_their_order() {
 /// and the other peer's messages still flow.
 #[test]
 fn flushed_receives_after_a_peer_failure_report_failed_once() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     net.kill(1);
     let _ = nodes[0].post_send_inline(1, b"to the dead");
     let mut seen = Seen::default();
@@ -300,7 +280,7 @@ fn assert_left_over_heads_stay_off_rank_2s_channel(
 /// their first receives are still with the device.
 #[test]
 fn a_claimed_head_left_over_is_not_retired_on_a_channel_swapped_in() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     nodes[1].post_send_inline(0, b"a").unwrap();
     nodes[1].post_send_inline(0, b"b").unwrap();
     let mut seen = Seen::default();
@@ -317,7 +297,7 @@ fn a_claimed_head_left_over_is_not_retired_on_a_channel_swapped_in() {
 /// not retire it a second time on the channel swapped in.
 #[test]
 fn a_head_claimed_under_a_zero_budget_is_not_retired_on_a_channel_swapped_in() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     nodes[1].post_send_inline(0, b"a").unwrap();
     let mut seen = Seen::default();
     assert_eq!(nodes[0].progress(0, seen.handler()).unwrap(), 0);
@@ -380,7 +360,7 @@ fn a_completion_of_another_nodes_queues_is_never_claimed() {
 /// once, rank 2's message is delivered.
 #[test]
 fn a_slot_left_by_a_panic_on_a_channel_broken_since_does_not_stop_the_other_peers() {
-    messaging_world!(let net, nodes = 3);
+    messaging_world!(let net, nodes = 3, SLOTS, SLOT, clock!(STEP));
     nodes[1].post_send_inline(0, b"boom").unwrap();
     let r = catch_unwind(AssertUnwindSafe(|| {
         nodes[0].progress(8, |ev| {

@@ -20,10 +20,14 @@ use rverbs_core::node::{
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::Spin;
 use rverbs_testkit::clock;
-use rverbs_testkit::{assert_messages_flow_in_order, net, nodes};
+use rverbs_testkit::{assert_messages_flow_in_order, messaging_world, net, nodes};
 
 /// How far the step clocks move at each reading.
 const STEP: Duration = Duration::from_micros(1);
+
+/// The messaging tests' rings: slots per peer, and each slot's bytes.
+const SLOTS: usize = 4;
+const SLOT: usize = 32;
 
 const WORLD: u32 = if cfg!(miri) { 5 } else { 256 };
 const TIMEOUT: Duration = Duration::from_secs(3600);
@@ -187,8 +191,6 @@ struct SlowReceiver {
 /// message arrives once, in order per sender, and that no send found the receiver without a
 /// posted buffer.
 fn slow_receiver(world_size: u32, receive: Receive, per_peer: u32) -> SlowReceiver {
-    const SLOTS: usize = 4;
-    const SLOT: usize = 32;
     let mut cfg = SoftNetConfig::new(world_size, caps());
     // A pool's completions all go to the node's receive queue.
     cfg.cq_capacity = cfg.cq_capacity.max(POOL as u32);
@@ -533,20 +535,8 @@ fn a_stray_send_breaks_one_channel_and_not_the_other_barriers() {
 /// peer every 8 calls, round-robin, so within 8 x peers calls.
 #[test]
 fn a_message_taken_by_a_direct_channel_poll_is_still_delivered() {
-    const SLOTS: usize = 4;
-    const SLOT: usize = 32;
     let world_size = 4u32;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
-    let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
-    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
-        let region = net
-            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
-            .unwrap();
-        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
-    }
+    messaging_world!(let net, nodes = world_size, SLOTS, SLOT, clock!(STEP));
     nodes[1].post_send_inline(0, b"direct").unwrap();
     // Rank 0 polls its channel to rank 1 itself: the receive's completion is now the
     // channel's, and no later poll of the queues reports it.
@@ -633,20 +623,8 @@ fn components_that_cannot_work_together_are_refused_when_the_world_is_built_nami
 #[test]
 fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
     use std::panic::{catch_unwind, AssertUnwindSafe};
-    const SLOTS: usize = 4;
-    const SLOT: usize = 32;
     let world_size = 3u32;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
-    let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
-    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
-        let region = net
-            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
-            .unwrap();
-        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
-    }
+    messaging_world!(let net, nodes = world_size, SLOTS, SLOT, clock!(STEP));
     nodes[1].post_send_inline(0, b"boom").unwrap();
     nodes[1].post_send_inline(0, b"next").unwrap();
     // Both complete at rank 0's channel to rank 1 before any `progress` sees them.
@@ -701,20 +679,8 @@ fn a_message_behind_one_whose_handler_panicked_is_still_delivered_once() {
 /// channel's count of completed sends above what the handler was told.
 #[test]
 fn sends_completed_through_a_direct_channel_wait_are_still_reported() {
-    const SLOTS: usize = 4;
-    const SLOT: usize = 32;
     let world_size = 4u32;
-    let net = net(world_size);
-    let mut arena = vec![0u8; soft_world_bytes(world_size, 64)];
-    let mem_len = (world_size as usize - 1) * SLOTS * SLOT;
-    let mut rings = vec![0u8; world_size as usize * mem_len];
-    let mut nodes = nodes(&net, &mut arena, BarrierAlgorithm::default(), clock!(STEP));
-    for (n, mem) in nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
-        let region = net
-            .register(n.rank(), mem, AccessFlags::LOCAL_WRITE)
-            .unwrap();
-        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
-    }
+    messaging_world!(let net, nodes = world_size, SLOTS, SLOT, clock!(STEP));
     let t = nodes[0].post_send_inline(2, b"direct").unwrap();
     nodes[0].channel(2).unwrap().wait(t).unwrap();
     let done = nodes[0].channel(2).unwrap().sends_completed();

@@ -151,6 +151,26 @@ macro_rules! soft_nodes {
     };
 }
 
+/// [`soft_nodes!`] at the default build, with messaging started on every node in a ring
+/// region of its own: `$slots` slots of `$slot` bytes per peer. The rings' memory is a
+/// binding of the caller's scope too, declared before the nodes, which borrow it.
+#[macro_export]
+macro_rules! messaging_world {
+    (let $net:ident, $nodes:ident = $world:expr, $slots:expr, $slot:expr, $clock:expr) => {
+        let world_size: u32 = $world;
+        let mem_len = (world_size as usize - 1) * $slots * $slot;
+        let mut rings = ::std::vec![0u8; world_size as usize * mem_len];
+        $crate::soft_nodes!(let $net, $nodes = world_size,
+            $crate::__core::barrier::BarrierAlgorithm::default(), $clock);
+        for (n, mem) in $nodes.iter_mut().zip(rings.chunks_mut(mem_len)) {
+            let region = $net
+                .register(n.rank(), mem, $crate::__core::memory::AccessFlags::LOCAL_WRITE)
+                .unwrap();
+            n.start_messaging_in(region, $slots, $slot).unwrap();
+        }
+    };
+}
+
 /// Starts a barrier (of `timeout`) on each of `nodes`, then polls the open ones in turn until
 /// each has an answer; the answers by rank, in rank order.
 pub fn barrier_answers<'a, 'n: 'a>(
