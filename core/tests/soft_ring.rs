@@ -24,13 +24,14 @@ fn cfg() -> ChannelConfig {
     ChannelConfig::with_timeout(Duration::from_millis(50))
 }
 
-/// On `f`: a ring of 16-byte slots over `ring_mem` on end A, and on end B `peer_mem`
+/// On `f`: a ring of `slot`-byte slots over `ring_mem` on end A, and on end B `peer_mem`
 /// registered with `access` and the end itself; the ring's channel reads `clock`.
 fn ring_and_peer<'f, 'm>(
     f: &'f SoftFabric<'m>,
     ring_mem: &'m mut [u8],
     peer_mem: &'m mut [u8],
     access: AccessFlags,
+    slot: usize,
     clock: StaticClock,
 ) -> (
     RecvRing<SoftEnd<'f>, SoftRegion<'f>>,
@@ -40,7 +41,7 @@ fn ring_and_peer<'f, 'm>(
     let ring_mem = f.register(Side::A, ring_mem, LW).unwrap();
     let peer_mem = f.register(Side::B, peer_mem, access).unwrap();
     let (a, b) = f.ends().unwrap();
-    let ring = RecvRing::new(Channel::new(a, cfg(), clock), ring_mem, 16).unwrap();
+    let ring = RecvRing::new(Channel::new(a, cfg(), clock), ring_mem, slot).unwrap();
     (ring, peer_mem, b)
 }
 
@@ -48,10 +49,7 @@ fn ring_and_peer<'f, 'm>(
 fn a_ring_keeps_its_receives_posted_across_many_messages() {
     let (mut ma, mut mb) = ([0u8; 4 * 32], [0u8; 64]);
     let f = fabric();
-    let ra = f.register(Side::A, &mut ma, LW).unwrap();
-    let mb_region = f.register(Side::B, &mut mb, LW).unwrap();
-    let (a, b) = f.ends().unwrap();
-    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 32).unwrap();
+    let (mut ring, mb_region, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, 32, clock!());
     assert_eq!((ring.slots(), ring.slot_size()), (4, 32));
     let mut sender = Channel::new(b, cfg(), clock!());
     // More messages than slots, in bursts that fill the ring: every slot comes back.
@@ -78,10 +76,7 @@ fn a_ring_keeps_its_receives_posted_across_many_messages() {
 fn messages_polled_before_the_ring_asks_come_out_in_order_like_the_rest() {
     let (mut ma, mut mb) = ([0u8; 4 * 32], [0u8; 64]);
     let f = fabric();
-    let ra = f.register(Side::A, &mut ma, LW).unwrap();
-    let mb_region = f.register(Side::B, &mut mb, LW).unwrap();
-    let (a, b) = f.ends().unwrap();
-    let mut ring = RecvRing::new(Channel::new(a, cfg(), clock!()), ra, 32).unwrap();
+    let (mut ring, mb_region, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, 32, clock!());
     let mut sender = Channel::new(b, cfg(), clock!());
     let mut next = 0u32;
     for round in 0u8..12 {
@@ -177,7 +172,7 @@ fn the_ring_is_capped_by_the_receive_queue() {
 fn a_message_longer_than_a_slot_breaks_the_channel_with_a_length_error() {
     let (mut ma, mut mb) = ([0u8; 32], [0u8; 64]);
     let f = fabric();
-    let (mut ring, big, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, clock!());
+    let (mut ring, big, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, 16, clock!());
     let mut sender = Channel::new(b, cfg(), clock!());
     let _ = sender.send(&[big.sge(0..40).unwrap()]);
     match ring.recv() {
@@ -190,7 +185,7 @@ fn a_message_longer_than_a_slot_breaks_the_channel_with_a_length_error() {
 fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
     let (mut ma, mut mt) = ([0u8; 64], [0u8; 16]);
     let f = fabric();
-    let (mut ring, target, _b) = ring_and_peer(&f, &mut ma, &mut mt, RW, clock!());
+    let (mut ring, target, _b) = ring_and_peer(&f, &mut ma, &mut mt, RW, 16, clock!());
     let remote = target.remote();
     // The ring's four receives stay outstanding; the scope waits only for its own write.
     ring.channel()
@@ -205,7 +200,7 @@ fn sends_in_a_scope_do_not_wait_for_the_rings_receives() {
 fn a_swapped_channel_is_noticed_and_its_ring_memory_never_freed_under_it() {
     let (mut ma, mut mb) = ([0u8; 64], [0u8; 8]);
     let f = fabric();
-    let (mut ring, src, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, clock!());
+    let (mut ring, src, b) = ring_and_peer(&f, &mut ma, &mut mb, LW, 16, clock!());
     let f2 = fabric();
     let (other, _o) = f2.ends().unwrap();
     let mut other = Channel::new(other, cfg(), clock!());
