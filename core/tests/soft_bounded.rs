@@ -16,7 +16,7 @@ use rverbs_core::completion::{Completion, DatagramCompletion, WcStatus};
 use rverbs_core::datagram::{memory_needed, Datagram, DatagramConfig, DatagramError};
 use rverbs_core::gid::Gid;
 use rverbs_core::memory::AccessFlags;
-use rverbs_core::model::{NetAddress, NetDatagram, SoftFabric, SoftNet, SoftNetConfig};
+use rverbs_core::model::{NetAddress, NetDatagram, NetRegion, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::node::{soft_world_bytes, Event, NodeError, Receive};
 use rverbs_core::params::{Mtu, QpCaps, RetryCount, RnrRetry};
 use rverbs_core::poll::{Deadline, Spin, StaticClock, StepClock};
@@ -560,19 +560,23 @@ impl DatagramProvider for LateLookup<'_> {
     }
 }
 
-#[test]
-fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
-    let mut cfg = config((4, 2), Duration::from_millis(50));
-    cfg.signal_every = 4;
-    let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
-    let net = SoftNet::new(SoftNetConfig::new(2, caps()));
+/// Rank 0's datagram endpoint of `cfg` over a [`LateLookup`] queue pair (key 0x1234, MTU
+/// 256), its memory `mem`, and the address of a peer (queue pair 0x99, same key) to send to.
+fn late_lookup_endpoint<'n>(
+    net: &'n SoftNet<'n>,
+    mem: &'n mut [u8],
+    cfg: DatagramConfig,
+) -> (
+    Datagram<LateLookup<'n>, NetRegion<'n>>,
+    rverbs_core::wire::DatagramEndpoint,
+) {
     let qp = LateLookup {
         qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
         queued: VecDeque::new(),
         flushing: false,
     };
-    let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
+    let region = net.register(0, mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let a = Datagram::new(qp, region, cfg, clock()).unwrap();
     let them = rverbs_core::wire::DatagramEndpoint {
         gid: Gid::default(),
         global: false,
@@ -581,6 +585,16 @@ fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
         qkey: 0x1234,
         mtu: Mtu::B256,
     };
+    (a, them)
+}
+
+#[test]
+fn an_address_handle_lives_until_the_sends_that_name_it_have_run() {
+    let mut cfg = config((4, 2), Duration::from_millis(50));
+    cfg.signal_every = 4;
+    let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
+    let net = SoftNet::new(SoftNetConfig::new(2, caps()));
+    let (mut a, them) = late_lookup_endpoint(&net, &mut mem, cfg);
     // Ten peers, each dropped by the caller right after its one send, and one kept for
     // a run of sends: the endpoint holds what the device will look up.
     for i in 0..10u8 {
@@ -611,21 +625,7 @@ fn a_send_that_waits_for_its_slot_still_holds_its_address() {
     let cfg = config((4, 2), Duration::from_millis(50));
     let mut mem = vec![0u8; memory_needed(Mtu::B256.bytes(), &cfg)];
     let net = SoftNet::new(SoftNetConfig::new(2, caps()));
-    let qp = LateLookup {
-        qp: net.create_datagram(0, 0x1234, Mtu::B256).unwrap(),
-        queued: VecDeque::new(),
-        flushing: false,
-    };
-    let region = net.register(0, &mut mem, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut a = Datagram::new(qp, region, cfg, clock()).unwrap();
-    let them = rverbs_core::wire::DatagramEndpoint {
-        gid: Gid::default(),
-        global: false,
-        lid: 1,
-        qpn: 0x99,
-        qkey: 0x1234,
-        mtu: Mtu::B256,
-    };
+    let (mut a, them) = late_lookup_endpoint(&net, &mut mem, cfg);
     let to = a.peer(&them).unwrap();
     let big = [7u8; 200]; // over the inline limit of 64: through a send slot
     for _ in 0..3 {
