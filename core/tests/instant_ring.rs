@@ -8,10 +8,13 @@
 use core::time::Duration;
 
 use rverbs_core::channel::{Channel, ChannelConfig, ChannelError, RecvRing};
-use rverbs_core::instant::{InstantDevice, InstantProvider, InstantRegion};
+use rverbs_core::instant::{
+    Arrivals, InstantCq, InstantDevice, InstantProvider, InstantQp, InstantRegion,
+};
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::params::QpCaps;
 use rverbs_core::poll::StepClock;
+use rverbs_core::provider::shared::{RoutedQp, SharedCqs};
 
 static CLOCK: StepClock = StepClock::new(Duration::from_micros(1));
 
@@ -35,10 +38,7 @@ fn caps() -> QpCaps {
 fn ring(
     dev: &InstantDevice,
     mem: InstantRegion,
-) -> (
-    RecvRing<InstantProvider, InstantRegion>,
-    rverbs_core::instant::Arrivals,
-) {
+) -> (RecvRing<InstantProvider, InstantRegion>, Arrivals) {
     let p = dev.provider(caps());
     let arrivals = p.arrivals();
     let cfg = ChannelConfig::with_timeout(TIMEOUT);
@@ -133,30 +133,26 @@ fn a_peer_hand_cannot_write_a_ring_slot_while_its_message_is_borrowed() {
 #[test]
 fn a_peer_hand_writes_remotely_writable_memory() {
     let dev = InstantDevice::new();
-    let mem = dev.region(64, LW | AccessFlags::REMOTE_WRITE);
-    let hand = mem.peer_hand();
-    // The first 8-aligned offset (the allocator's alignment, which may be 1 under Miri).
-    let at = (0..8)
-        .find(|&at| hand.store_u64(at, 7))
-        .expect("a writable region");
-    assert_eq!(mem.load_u64(at), Some(7));
-    let atomics = dev.region(64, LW | AccessFlags::REMOTE_ATOMIC);
-    let hand = atomics.peer_hand();
-    let at = (0..8)
-        .find(|&at| hand.store_u64(at, 9))
-        .expect("an atomic region");
-    assert_eq!(atomics.load_u64(at), Some(9));
+    for (access, value, what) in [
+        (AccessFlags::REMOTE_WRITE, 7, "a writable region"),
+        (AccessFlags::REMOTE_ATOMIC, 9, "an atomic region"),
+    ] {
+        let mem = dev.region(64, LW | access);
+        let hand = mem.peer_hand();
+        // The first 8-aligned offset (the allocator's alignment, which may be 1 under Miri).
+        let at = (0..8).find(|&at| hand.store_u64(at, value)).expect(what);
+        assert_eq!(mem.load_u64(at), Some(value), "{what}");
+    }
 }
 
-/// Two rings on queue pairs that share one receive completion queue (routed,
-/// [`SharedCqs`](rverbs_core::provider::shared::SharedCqs)): each ring's one-completion poll
-/// may meet the other's messages first; none is lost, handed twice or to the wrong ring, and
-/// each ring's come out in order with their immediates. Then one ring waits while the other
-/// queue pair's messages keep arriving: its wait still ends at its timeout.
-#[test]
-fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
-    use rverbs_core::provider::shared::SharedCqs;
-    let dev = InstantDevice::new();
+/// Two queue pairs of `dev` (eight sends and eight receives each) routed through one pair of
+/// completion queues ([`SharedCqs`]), each with its arrivals, in the order they were added.
+fn two_on_shared_queues(
+    dev: &InstantDevice,
+) -> (
+    SharedCqs<InstantCq>,
+    [(RoutedQp<InstantQp, InstantCq>, Arrivals); 2],
+) {
     let (scq, rcq) = (dev.cq(64), dev.cq(64));
     let cq_caps = QpCaps {
         max_send_wr: 8,
@@ -166,8 +162,22 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
     let (qa, qb) = (dev.qp(&scq, &rcq, cq_caps), dev.qp(&scq, &rcq, cq_caps));
     let (arr_a, arr_b) = (qa.arrivals(), qb.arrivals());
     let shared = SharedCqs::new(scq, rcq, 2);
+    let a = shared.add(qa).map_err(|(_, e)| e).unwrap();
+    let b = shared.add(qb).map_err(|(_, e)| e).unwrap();
+    (shared, [(a, arr_a), (b, arr_b)])
+}
+
+/// Two rings on queue pairs that share one receive completion queue (routed,
+/// [`SharedCqs`](rverbs_core::provider::shared::SharedCqs)): each ring's one-completion poll
+/// may meet the other's messages first; none is lost, handed twice or to the wrong ring, and
+/// each ring's come out in order with their immediates. Then one ring waits while the other
+/// queue pair's messages keep arriving: its wait still ends at its timeout.
+#[test]
+fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
+    let dev = InstantDevice::new();
+    let (_shared, [(qa, arr_a), (qb, arr_b)]) = two_on_shared_queues(&dev);
     let cfg = ChannelConfig::with_timeout(TIMEOUT);
-    let chan = |qp| Channel::new(shared.add(qp).map_err(|(_, e)| e).unwrap(), cfg, &CLOCK);
+    let chan = |qp| Channel::new(qp, cfg, &CLOCK);
     let mut a = RecvRing::new(chan(qa), dev.region(4 * SLOT, LW), SLOT).unwrap();
     let mut b = RecvRing::new(chan(qb), dev.region(4 * SLOT, LW), SLOT).unwrap();
     let (mut next_a, mut next_b) = (0u32, 1000u32);
@@ -234,22 +244,11 @@ fn rings_on_a_shared_receive_queue_keep_their_own_messages_in_order() {
 #[test]
 fn a_panic_inside_the_shared_queues_lock_leaves_them_unlocked() {
     use core::panic::AssertUnwindSafe;
-    use rverbs_core::provider::shared::SharedCqs;
     use rverbs_core::provider::{Provider, QueuePair};
     use std::panic::catch_unwind;
     let dev = InstantDevice::new();
-    let (scq, rcq) = (dev.cq(64), dev.cq(64));
-    let cq_caps = QpCaps {
-        max_send_wr: 8,
-        max_recv_wr: 8,
-        ..caps()
-    };
-    let (qa, qb) = (dev.qp(&scq, &rcq, cq_caps), dev.qp(&scq, &rcq, cq_caps));
-    let (arr_a, arr_b) = (qa.arrivals(), qb.arrivals());
-    let shared = SharedCqs::new(scq, rcq, 2);
-    let mut a = shared.add(qa).map_err(|(_, e)| e).unwrap();
+    let (_shared, [(mut a, arr_a), (b, arr_b)]) = two_on_shared_queues(&dev);
     let cfg = ChannelConfig::with_timeout(TIMEOUT);
-    let b = shared.add(qb).map_err(|(_, e)| e).unwrap();
     let mut ring_b = RecvRing::new(Channel::new(b, cfg, &CLOCK), dev.region(64, LW), SLOT).unwrap();
     let wr = rverbs_core::wr::RecvRequest {
         wr_id: 1,
