@@ -145,14 +145,12 @@ fn a_peer_hand_writes_remotely_writable_memory() {
     }
 }
 
+/// An instant queue pair routed through shared completion queues.
+type Routed = RoutedQp<InstantQp, InstantCq>;
+
 /// Two queue pairs of `dev` (eight sends and eight receives each) routed through one pair of
 /// completion queues ([`SharedCqs`]), each with its arrivals, in the order they were added.
-fn two_on_shared_queues(
-    dev: &InstantDevice,
-) -> (
-    SharedCqs<InstantCq>,
-    [(RoutedQp<InstantQp, InstantCq>, Arrivals); 2],
-) {
+fn two_on_shared_queues(dev: &InstantDevice) -> (SharedCqs<InstantCq>, [(Routed, Arrivals); 2]) {
     let (scq, rcq) = (dev.cq(64), dev.cq(64));
     let cq_caps = QpCaps {
         max_send_wr: 8,
