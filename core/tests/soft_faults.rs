@@ -278,6 +278,14 @@ impl<P> Faulty<P> {
             post_prefix: None,
         }
     }
+
+    /// Over `inner`, posting only the first `n` requests of the next chain, then failing it.
+    fn posting_prefix(inner: P, n: usize) -> Self {
+        Self {
+            post_prefix: Some(n),
+            ..Self::new(inner)
+        }
+    }
 }
 
 impl<P: Provider> QueuePair for Faulty<P> {
@@ -343,8 +351,7 @@ fn failed_poll_drains_before_returning() {
 #[test]
 fn half_posted_chain_is_drained_before_the_error() {
     fabric_and_region!(let f, src -> dst = 64 bytes);
-    let mut faulty = Faulty::new(f.ends().unwrap().0);
-    faulty.post_prefix = Some(2);
+    let faulty = Faulty::posting_prefix(f.ends().unwrap().0, 2);
     let mut a = Channel::new(faulty, cfg(5), clock!());
     let g: Vec<[Sge<'_>; 1]> = (0..4)
         .map(|i| [src.sge(i * 16..i * 16 + 16).unwrap()])
@@ -370,8 +377,7 @@ fn half_posted_chain_is_drained_before_the_error() {
 #[test]
 fn a_single_post_taken_then_refused_is_counted_and_drained() {
     fabric_and_region!(let f, src -> _dst = 64 bytes);
-    let mut faulty = Faulty::new(f.ends().unwrap().0);
-    faulty.post_prefix = Some(1);
+    let faulty = Faulty::posting_prefix(f.ends().unwrap().0, 1);
     let mut a = Channel::new(faulty, cfg(5), clock!());
     let r = a.send(&[src.sge(0..16).unwrap()]);
     assert_eq!(r, Err(ChannelError::Post { errno: 22 }));
