@@ -378,7 +378,7 @@ mod batches {
     use rverbs_core::poll::StepClock;
     use rverbs_core::provider::{Provider, ProviderError, QueuePair, SendList};
     use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
-    use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+    use rverbs_core::wr::{PostFailure, WorkRequest};
 
     static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 
@@ -389,12 +389,8 @@ mod batches {
     }
 
     impl<P: Provider> QueuePair for Recording<P> {
-        fn caps(&self) -> QpCaps {
-            self.inner.caps()
-        }
-        fn qp_num(&self) -> u32 {
-            self.inner.qp_num()
-        }
+        rverbs_testkit::forward_queue_pair!(inner);
+
         unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
             // SAFETY: forwarded contract.
             unsafe { self.inner.post_send(wrs) }
@@ -403,10 +399,6 @@ mod batches {
             // SAFETY: forwarded contract: the list is the wrapped queue pair's, which this
             // provider posts to and reports the completions of.
             unsafe { self.inner.send_list() }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-            // SAFETY: forwarded contract.
-            unsafe { self.inner.post_recv(wrs) }
         }
         fn set_error(&mut self) -> Result<(), ProviderError> {
             self.inner.set_error()
@@ -596,12 +588,8 @@ mod batches {
     }
 
     impl QueuePair for Cramped {
-        fn caps(&self) -> QpCaps {
-            self.qp.caps()
-        }
-        fn qp_num(&self) -> u32 {
-            self.qp.qp_num()
-        }
+        rverbs_testkit::forward_queue_pair!(qp);
+
         unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
             // SAFETY: forwarded contract.
             unsafe { self.qp.post_send(wrs) }
@@ -610,10 +598,6 @@ mod batches {
             // SAFETY: forwarded contract: the list is the queue pair's this provider posts to
             // and reports the completions of.
             unsafe { self.qp.send_list() }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-            // SAFETY: forwarded contract.
-            unsafe { self.qp.post_recv(wrs) }
         }
         fn set_error(&mut self) -> Result<(), ProviderError> {
             self.qp.set_error()
@@ -784,7 +768,7 @@ mod routed_batch {
     use rverbs_core::poll::StepClock;
     use rverbs_core::provider::shared::SharedCqs;
     use rverbs_core::provider::{QueuePair, SendList};
-    use rverbs_core::wr::{PostFailure, RecvRequest, WorkRequest};
+    use rverbs_core::wr::{PostFailure, WorkRequest};
 
     static CLOCK: StepClock = StepClock::new(core::time::Duration::from_micros(1));
 
@@ -797,12 +781,8 @@ mod routed_batch {
     }
 
     impl QueuePair for Counting {
-        fn caps(&self) -> QpCaps {
-            self.qp.caps()
-        }
-        fn qp_num(&self) -> u32 {
-            self.qp.qp_num()
-        }
+        rverbs_testkit::forward_queue_pair!(qp);
+
         unsafe fn post_send(&mut self, wrs: &[WorkRequest<'_>]) -> Result<(), PostFailure> {
             self.posts.set(self.posts.get() + 1);
             // SAFETY: forwarded contract.
@@ -815,10 +795,6 @@ mod routed_batch {
             // SAFETY: forwarded contract: the list is the wrapped queue pair's, which this
             // provider posts to and whose completions the shared queues route to it.
             unsafe { self.qp.send_list() }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
-            // SAFETY: forwarded contract.
-            unsafe { self.qp.post_recv(wrs) }
         }
         fn set_error(&mut self) -> Result<(), rverbs_core::provider::ProviderError> {
             self.qp.set_error()
