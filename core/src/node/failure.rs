@@ -214,7 +214,8 @@ impl Failures {
 /// a dead or unreachable peer causes count: the transport gave up (no answer), or the peer's
 /// queue pair answered that it is broken. Our own mistakes do not (a bad key or address of
 /// ours comes back as a remote access or invalid request error, a local error flushes the
-/// rest), nor does a slow receiver (receiver-not-ready retries running out).
+/// rest), nor does a slow receiver (receiver-not-ready retries running out). A barrier also
+/// counts a refusal ([`refused`]): its own requests carry no key of the caller's.
 pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
     match error {
         ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
@@ -228,6 +229,27 @@ pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
     }
 }
 
+/// Whether the peer refused a barrier's request: a remote access or remote invalid request
+/// error. A barrier writes only 8 bytes into the flag array the peer registered for its
+/// node's whole life, with the key the peer gave, so a refusal means that registration is
+/// gone: the peer's process is exiting (a killed process's registrations are released
+/// before its queue pairs: rxe refuses writes in between, seen in CI), or another request
+/// on the channel broke it. Either way nothing more reaches the peer and no member's
+/// barrier can complete, so every member must hear of it, naming the peer, not wait for a
+/// timeout. Outside barriers a refusal stays what [`peer_cause`] says: possibly a bad key of
+/// the caller's.
+fn refused(error: &ChannelError) -> Option<FailureCause> {
+    match error {
+        ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
+            s @ (WcStatus::RemoteAccess | WcStatus::RemoteInvalidRequest) => {
+                Some(FailureCause::Completion(s))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A barrier error with a peer's failure in it made into the failure news it is.
 pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     e: BarrierError,
@@ -236,7 +258,10 @@ pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     peer_flags: &[RemoteMemory],
 ) -> BarrierError {
     match &e {
-        BarrierError::Transport { rank, error } => match failures.cause_of(*rank, error) {
+        BarrierError::Transport { rank, error } => match refused(error)
+            .map(|cause| (*rank, cause))
+            .or_else(|| failures.cause_of(*rank, error))
+        {
             Some((failed, cause)) => {
                 BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }

@@ -214,6 +214,21 @@ impl<'m> SoftNet<'m> {
         self.state.borrow_mut().kill(node as usize);
     }
 
+    /// Simulates the first step of a dying process's teardown, seen on rxe after `SIGKILL`:
+    /// the kernel releases `node`'s memory registrations while its queue pairs still answer,
+    /// so a peer's request that names one of its keys fails with [`WcStatus::RemoteAccess`]
+    /// (and breaks the peer's queue pair) instead of timing out. Nothing else of `node`
+    /// changes; dropping its regions later is harmless. No effect on a node that does not
+    /// exist.
+    pub fn release_regions(&self, node: u32) {
+        let mut st = self.state.borrow_mut();
+        if let Some(n) = st.world.nodes.get_mut(node as usize) {
+            for r in n.regions.iter_mut() {
+                r.release();
+            }
+        }
+    }
+
     /// Restarts `node` after [`SoftNet::kill`], as a process started again in its place:
     /// a new life with no queue pairs, no registered memory and fresh completion queues
     /// ([`SoftNet::send_cq`] and [`SoftNet::recv_cq`] hand them out again), to which every
