@@ -14,7 +14,7 @@ use rverbs_core::completion::WcStatus;
 use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{Side, SoftFabric};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
-use rverbs_core::poll::Spin;
+use rverbs_core::poll::{Busy, Spin};
 use rverbs_core::sge::{RemoteMemory, Sge, SgeMut};
 use rverbs_testkit::{bytes, clock};
 
@@ -453,6 +453,22 @@ fn a_send_to_a_dead_peer_fails_with_retries_exceeded() {
         Err(ChannelError::Failed(w)) => assert_eq!(w.status, WcStatus::RetryExceeded),
         other => panic!("expected a transport failure, got {other:?}"),
     }
+}
+
+/// [`Busy`] never pauses between polls, and a wait with it is still bounded: the deadline
+/// is checked on every empty poll, not by the back-off.
+#[test]
+fn a_busy_wait_still_ends_at_its_deadline() {
+    let mut rbuf = [0u8; 16];
+    let f = fabric(16);
+    let mut rm = f.register(Side::B, &mut rbuf, RW).unwrap();
+    let (_ea, eb) = f.ends().unwrap();
+    let mut b: Channel<_, Busy> =
+        Channel::with_backoff(eb, ChannelConfig::default(), Busy, clock!());
+    let r = b.recv_timeout(&mut [rm.sge_mut(0..16).unwrap()], Duration::from_millis(10));
+    assert_eq!(r, Err(ChannelError::TimedOut { rank: None }));
+    let t = b.clock().now().as_nanos();
+    assert!((10_000_000..100_000_000).contains(&t), "clock read {t} ns");
 }
 
 #[test]

@@ -205,7 +205,7 @@ fn post_now(
         '_,
         '_,
         rverbs_core::provider::verbs::VerbsProvider,
-        rverbs_core::poll::Spin,
+        rverbs_core::poll::Busy,
         { crate::session::MAX_RX },
     >,
     last: bool,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rverbs_core::channel::{Channel, ChannelConfig, RecvRing};
 use rverbs_core::memory::PageMemory;
 use rverbs_core::params::{Mtu, RnrRetry};
-use rverbs_core::poll::Spin;
+use rverbs_core::poll::Busy;
 use rverbs_core::provider::verbs::{PreparedVerbs, VerbsProvider};
 use rverbs_core::sge::RemoteMemory;
 use rverbs_core::verbs::{AccessFlags, DeviceList, Pd, QpConfig, Route, SharedRegion};
@@ -20,11 +20,12 @@ use crate::{Args, Plan, Res};
 /// Most receives a send test keeps posted (the channel's receive slot table).
 pub(crate) const MAX_RX: usize = 512;
 
-/// The channel type every test runs on: a device queue pair, spinning waits, room for
-/// [`MAX_RX`] receives.
-pub(crate) type Chan = Channel<VerbsProvider, Spin, MAX_RX>;
+/// The channel type every test runs on: a device queue pair, waits that poll again at once
+/// ([`Busy`]: no spin-wait hint between polls, as perftest's loops), room for [`MAX_RX`]
+/// receives.
+pub(crate) type Chan = Channel<VerbsProvider, Busy, MAX_RX>;
 /// A send test's receive side ([`Session::take_ring`]).
-pub(crate) type Ring = RecvRing<VerbsProvider, SharedRegion<'static>, Spin, MAX_RX>;
+pub(crate) type Ring = RecvRing<VerbsProvider, SharedRegion<'static>, Busy, MAX_RX>;
 
 /// How long any wait of a test may take before it fails (a dead peer, a lost message).
 pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
@@ -153,7 +154,7 @@ impl Session {
         let mut ccfg = ChannelConfig::with_timeout(PATIENCE);
         ccfg.signal_every = plan.cq_mod;
         ccfg.rank = Some(u32::from(server));
-        let chan: Chan = Channel::with_backoff(provider, ccfg, Spin, &MONOTONIC);
+        let chan: Chan = Channel::with_backoff(provider, ccfg, Busy, &MONOTONIC);
         if chan.caps().max_inline_data < plan.inline {
             return Err(format!(
                 "the device grants {} inline bytes, -I asked for {}",

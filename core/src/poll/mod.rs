@@ -5,7 +5,7 @@ pub mod clock;
 pub(crate) mod drain;
 pub mod patience;
 
-pub use backoff::{Backoff, Spin, SpinThen, Wakeup};
+pub use backoff::{Backoff, Busy, Spin, SpinThen, Wakeup};
 #[cfg(target_has_atomic = "64")]
 pub use clock::StepClock;
 pub use clock::{Clock, Deadline, Instant, StaticClock};
