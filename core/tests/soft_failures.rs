@@ -110,6 +110,42 @@ fn a_rank_whose_registrations_vanish_mid_barrier_is_named_by_every_survivor() {
     }
 }
 
+/// A refusal is a symptom: when the dying rank's goodbye already raised the cause on a
+/// survivor's alarm (it left because of an error), that survivor's refused write names the
+/// cause, not the refusal, and so does every rank it tells.
+#[test]
+fn a_refusal_after_news_names_the_news_cause() {
+    // Dissemination over 3 ranks: rank 1 notifies rank 2 in the first round; rank 0 waits
+    // for rank 2 in the first round and so never writes to it (it hears from rank 1).
+    let world = 3;
+    let dying = 2;
+    let clock = clock!(STEP);
+    quick_probed_nodes!(let net, nodes = world, BarrierAlgorithm::Dissemination, clock);
+    let all = barrier_answers(&mut nodes, Duration::from_secs(1));
+    assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
+    let left = Failure {
+        rank: dying,
+        cause: FailureCause::LeftOnError,
+        reporter: 0,
+    };
+    // Rank 1's write to rank 2 is refused; the news is on its alarm already.
+    assert!(nodes[1].failure_alarm().raise(left));
+    net.release_regions(dying);
+    let answers = barrier_answers(
+        nodes.iter_mut().filter(|n| n.rank() != dying),
+        Duration::from_millis(5),
+    );
+    for (r, a) in &answers {
+        match a {
+            Err(NodeError::Barrier(BarrierError::PeerFailed(f))) => {
+                assert_eq!(f.rank, dying, "rank {r}: {f}");
+                assert_eq!(f.cause, FailureCause::LeftOnError, "rank {r}: {f}");
+            }
+            other => panic!("rank {r}: expected news that rank {dying} left, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_rank_that_stalls_is_still_a_timeout_after_the_probe() {
     // Nobody died: the stalled rank answers the probe, so the leader reports a timeout that

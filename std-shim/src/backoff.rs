@@ -7,6 +7,7 @@
 //! | Situation | Policy |
 //! |---|---|
 //! | Thread pinned to a core nobody else uses (the production setup) | [`WaitPolicy::Spin`]: never give the core away; a yield or a sleep costs microseconds the wait does not have |
+//! | The same, and the core's second hardware thread (if any) idle or off | [`WaitPolicy::Busy`]: as `Spin` without the CPU's spin-wait hint, which on x86 delays seeing a completion by up to about 140 cycles per empty poll |
 //! | Ranks outnumber cores (a laptop, a CI VM, SoftRoCE tests) | [`WaitPolicy::Sleep`] `{ spins: 64, pause: 20 µs }`, the [default](WaitPolicy::default): spin briefly, then give the core to the peer that must make progress |
 //! | A core shared with other work, where a sleep's timer slack (Linux sleeps at least about 50 µs) costs too much | [`WaitPolicy::Yield`]: let other runnable threads go first without sleeping; the scheduler may hand the core straight back, so it does not reliably let an oversubscribed peer run |
 //! | Ranks outnumber cores and the queues have a completion channel (a node built with completion events, a channel whose back-off was [attached](rverbs_core::poll::Backoff::attach) to its queues' events) | [`WaitPolicy::Block`]: spin briefly, then sleep in the kernel until the NIC raises a completion event or the wait's deadline passes; the rank wakes when its peer's message lands, not at the next timer tick |
@@ -35,6 +36,10 @@ use rverbs_core::poll::{Backoff, Wakeup};
 pub enum WaitPolicy {
     /// Spin forever: a pinned thread with a core of its own.
     Spin,
+    /// Poll again at once, without the spin-wait hint (`pause`) [`Spin`](Self::Spin) gives
+    /// between polls (`rverbs_core::poll::Busy`): a pinned thread that owns a whole core, no
+    /// second hardware thread on it, and wants each completion seen the moment it lands.
+    Busy,
     /// Spin `spins` empty polls, then yield the CPU on each further one.
     Yield {
         /// Empty polls spent spinning first.
@@ -182,6 +187,7 @@ pub struct BlockedSleeps {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
     Spin,
+    Busy,
     Yield,
     Sleep(Duration),
     Block,
@@ -208,6 +214,7 @@ impl StdBackoff {
     fn next_step(&mut self) -> Step {
         match self.policy {
             WaitPolicy::Spin => Step::Spin,
+            WaitPolicy::Busy => Step::Busy,
             WaitPolicy::Yield { spins } => self.spin_then(spins, Step::Yield),
             WaitPolicy::Sleep { spins, pause } => self.spin_then(spins, Step::Sleep(pause)),
             WaitPolicy::Block { spins } => self.spin_then(spins, Step::Block),
@@ -325,6 +332,7 @@ impl Backoff for StdBackoff {
     fn snooze_within(&mut self, left: &mut dyn FnMut() -> Duration) {
         match self.next_step() {
             Step::Spin => core::hint::spin_loop(),
+            Step::Busy => {}
             Step::Yield => std::thread::yield_now(),
             Step::Sleep(pause) => std::thread::sleep(pause),
             Step::Block => self.block(left),
@@ -385,6 +393,12 @@ mod tests {
     }
 
     #[test]
+    fn busy_policy_never_relaxes_nor_hints() {
+        let mut b = WaitPolicy::Busy.backoff();
+        assert!(steps(&mut b, 100_000).iter().all(|s| *s == Step::Busy));
+    }
+
+    #[test]
     fn default_is_sleep_64_polls_then_20_us() {
         assert_eq!(
             WaitPolicy::default(),
@@ -418,6 +432,7 @@ mod tests {
     fn every_wait_policy_snoozes_and_resets_without_panicking() {
         for p in [
             WaitPolicy::Spin,
+            WaitPolicy::Busy,
             WaitPolicy::Yield { spins: 2 },
             WaitPolicy::Sleep {
                 spins: 2,

@@ -254,24 +254,33 @@ fn refused(error: &ChannelError) -> Option<FailureCause> {
 pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     e: BarrierError,
     failures: &mut Failures,
+    flags: &impl Region,
     multi: &mut MultiChannel<P, B>,
     peer_flags: &[RemoteMemory],
 ) -> BarrierError {
     match &e {
-        BarrierError::Transport { rank, error } => match refused(error)
-            .map(|cause| (*rank, cause))
-            .or_else(|| failures.cause_of(*rank, error))
-        {
-            Some((failed, cause)) => {
-                BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
+        BarrierError::Transport { rank, error } => {
+            if let Some((failed, cause)) = failures.cause_of(*rank, error) {
+                return BarrierError::PeerFailed(
+                    failures.declare(failed, cause, multi, peer_flags),
+                );
+            }
+            if let Some(cause) = refused(error) {
+                // A refusal is a symptom of the peer's leaving: news already here (its
+                // goodbye said it gave up, a peer saw it first) names the cause; else the
+                // refusal is the news.
+                return BarrierError::PeerFailed(match failures.news(flags, multi, peer_flags) {
+                    Some(f) => f,
+                    None => failures.declare(*rank, cause, multi, peer_flags),
+                });
             }
             // A local error with news already raised (the device watch read the port going
             // down a moment before the port's state said so): the news is the cause.
-            None => match failures.raised(multi, peer_flags) {
+            match failures.raised(multi, peer_flags) {
                 Some(f) => BarrierError::PeerFailed(f),
                 None => e,
-            },
-        },
+            }
+        }
         _ => e,
     }
 }

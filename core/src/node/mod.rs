@@ -738,7 +738,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
     #[cold]
     #[inline(never)]
     fn news(&mut self, e: BarrierError) -> BarrierError {
-        failure::barrier_news(e, self.failures, self.multi, self.peer_flags)
+        failure::barrier_news(e, self.failures, self.flags, self.multi, self.peer_flags)
     }
 }
 
@@ -1341,6 +1341,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         NodeError::Barrier(failure::barrier_news(
             e,
             &mut self.failures,
+            &self.flags,
             &mut self.multi,
             &self.peer_flags,
         ))

@@ -68,7 +68,8 @@ struct Args {
     /// Empty polls spent spinning before yielding or sleeping.
     #[arg(long, default_value_t = 64)]
     spins: u32,
-    /// What a waiting rank does after --spins empty polls: spin (dedicated cores), yield,
+    /// What a waiting rank does after --spins empty polls: spin (dedicated cores), busy
+    /// (spin without the CPU's spin-wait hint: a core of its own, no busy sibling), yield,
     /// sleep (ranks outnumber cores, as in the test VM), or block (sleep on completion events
     /// until the NIC wakes the rank; best where ranks outnumber cores). The defaults of
     /// --wait, --spins and --sleep-us are the library's default, WaitPolicy::default().
@@ -108,6 +109,7 @@ const REJOIN_WARM: u32 = 50;
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     Spin,
+    Busy,
     Yield,
     Sleep,
     Block,
@@ -118,6 +120,7 @@ impl Args {
     fn wait_policy(&self) -> WaitPolicy {
         match self.wait {
             Wait::Spin => WaitPolicy::Spin,
+            Wait::Busy => WaitPolicy::Busy,
             Wait::Yield => WaitPolicy::Yield { spins: self.spins },
             Wait::Sleep => WaitPolicy::Sleep {
                 spins: self.spins,
