@@ -7,7 +7,7 @@
 //! | Situation | Policy |
 //! |---|---|
 //! | Thread pinned to a core nobody else uses (the production setup) | [`WaitPolicy::Spin`]: never give the core away; a yield or a sleep costs microseconds the wait does not have |
-//! | The same, and the core's second hardware thread (if any) idle or off | [`WaitPolicy::Busy`]: as `Spin` without the CPU's spin-wait hint, which on x86 delays seeing a completion by up to about 140 cycles per empty poll |
+//! | The same, and the core's second hardware thread (if any) idle or off | [`WaitPolicy::Busy`]: as `Spin` without the CPU's spin-wait hint, which on x86 can delay seeing a completion by one `pause` (up to about 140 cycles since Skylake) |
 //! | Ranks outnumber cores (a laptop, a CI VM, SoftRoCE tests) | [`WaitPolicy::Sleep`] `{ spins: 64, pause: 20 µs }`, the [default](WaitPolicy::default): spin briefly, then give the core to the peer that must make progress |
 //! | A core shared with other work, where a sleep's timer slack (Linux sleeps at least about 50 µs) costs too much | [`WaitPolicy::Yield`]: let other runnable threads go first without sleeping; the scheduler may hand the core straight back, so it does not reliably let an oversubscribed peer run |
 //! | Ranks outnumber cores and the queues have a completion channel (a node built with completion events, a channel whose back-off was [attached](rverbs_core::poll::Backoff::attach) to its queues' events) | [`WaitPolicy::Block`]: spin briefly, then sleep in the kernel until the NIC raises a completion event or the wait's deadline passes; the rank wakes when its peer's message lands, not at the next timer tick |
@@ -33,6 +33,7 @@ use rverbs_core::poll::{Backoff, Wakeup};
 /// The [default](Self::default) is `Sleep { spins: 64, pause: 20 µs }`; the
 /// [module docs](self) say which policy fits which machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitPolicy {
     /// Spin forever: a pinned thread with a core of its own.
     Spin,

@@ -214,8 +214,7 @@ impl Failures {
 /// a dead or unreachable peer causes count: the transport gave up (no answer), or the peer's
 /// queue pair answered that it is broken. Our own mistakes do not (a bad key or address of
 /// ours comes back as a remote access or invalid request error, a local error flushes the
-/// rest), nor does a slow receiver (receiver-not-ready retries running out). A barrier also
-/// counts a refusal ([`refused`]): its own requests carry no key of the caller's.
+/// rest), nor does a slow receiver (receiver-not-ready retries running out).
 pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
     match error {
         ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
@@ -229,58 +228,35 @@ pub(crate) fn peer_cause(error: &ChannelError) -> Option<FailureCause> {
     }
 }
 
-/// Whether the peer refused a barrier's request: a remote access or remote invalid request
-/// error. A barrier writes only 8 bytes into the flag array the peer registered for its
-/// node's whole life, with the key the peer gave, so a refusal means that registration is
-/// gone: the peer's process is exiting (a killed process's registrations are released
-/// before its queue pairs: rxe refuses writes in between, seen in CI), or another request
-/// on the channel broke it. Either way nothing more reaches the peer and no member's
-/// barrier can complete, so every member must hear of it, naming the peer, not wait for a
-/// timeout. Outside barriers a refusal stays what [`peer_cause`] says: possibly a bad key of
-/// the caller's.
-fn refused(error: &ChannelError) -> Option<FailureCause> {
-    match error {
-        ChannelError::Failed(w) | ChannelError::Broken(w) => match w.status {
-            s @ (WcStatus::RemoteAccess | WcStatus::RemoteInvalidRequest) => {
-                Some(FailureCause::Completion(s))
-            }
-            _ => None,
-        },
-        _ => None,
-    }
+/// Whether a channel error is the peer's refusal of a request: a remote access or remote
+/// invalid request error (see `Node::after_refusal`).
+pub(crate) fn is_refusal(error: &ChannelError) -> bool {
+    matches!(
+        error,
+        ChannelError::Failed(w) | ChannelError::Broken(w)
+            if matches!(w.status, WcStatus::RemoteAccess | WcStatus::RemoteInvalidRequest)
+    )
 }
 
 /// A barrier error with a peer's failure in it made into the failure news it is.
 pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
     e: BarrierError,
     failures: &mut Failures,
-    flags: &impl Region,
     multi: &mut MultiChannel<P, B>,
     peer_flags: &[RemoteMemory],
 ) -> BarrierError {
     match &e {
-        BarrierError::Transport { rank, error } => {
-            if let Some((failed, cause)) = failures.cause_of(*rank, error) {
-                return BarrierError::PeerFailed(
-                    failures.declare(failed, cause, multi, peer_flags),
-                );
-            }
-            if let Some(cause) = refused(error) {
-                // A refusal is a symptom of the peer's leaving: news already here (its
-                // goodbye said it gave up, a peer saw it first) names the cause; else the
-                // refusal is the news.
-                return BarrierError::PeerFailed(match failures.news(flags, multi, peer_flags) {
-                    Some(f) => f,
-                    None => failures.declare(*rank, cause, multi, peer_flags),
-                });
+        BarrierError::Transport { rank, error } => match failures.cause_of(*rank, error) {
+            Some((failed, cause)) => {
+                BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }
             // A local error with news already raised (the device watch read the port going
             // down a moment before the port's state said so): the news is the cause.
-            match failures.raised(multi, peer_flags) {
+            None => match failures.raised(multi, peer_flags) {
                 Some(f) => BarrierError::PeerFailed(f),
                 None => e,
-            }
-        }
+            },
+        },
         _ => e,
     }
 }

@@ -738,7 +738,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Transport<'_, P, M, B> {
     #[cold]
     #[inline(never)]
     fn news(&mut self, e: BarrierError) -> BarrierError {
-        failure::barrier_news(e, self.failures, self.flags, self.multi, self.peer_flags)
+        failure::barrier_news(e, self.failures, self.multi, self.peer_flags)
     }
 }
 
@@ -1209,15 +1209,57 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     ) -> Result<(), NodeError> {
         let members = members.into().ranks();
         if members.is_none() && self.dissemination_world {
-            return self.dissemination_world(timeout);
+            return match self.dissemination_world(timeout) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.after_refusal(e, None)),
+            };
         }
         let (alg, clock) = (self.algorithm, self.clock);
-        self.with_barrier(members, |barrier, t, m, backoff| match members {
+        if let Err(e) = self.with_barrier(members, |barrier, t, m, backoff| match members {
             None => barrier.run_world(t, m, alg, &clock, timeout, backoff),
             Some(_) => barrier.run(t, m, alg, &clock, timeout, backoff),
-        })?;
+        }) {
+            return Err(self.after_refusal(e, members));
+        }
         self.barrier_completed(members);
         Ok(())
+    }
+
+    /// A blocking barrier's error `e`; if a member refused a notification (a remote access
+    /// or remote invalid request error), the news that explains it, if it comes within the
+    /// [probe grace](Node::set_probe_grace). A refusal is a symptom, not news: a dying
+    /// process's registrations go before its queue pairs (rxe refuses writes to a `SIGKILL`ed
+    /// process for a moment instead of staying silent), but the caller's own request with a
+    /// bad key, failing on the same channel, reads the same. So the node waits, as after a
+    /// missed deadline, for news of a member (a session watch's alarm, a peer's notice) and
+    /// passes it on; without any, `e` stands, and no live rank is called failed. At most the
+    /// probe grace, checking the news on every turn.
+    #[cold]
+    #[inline(never)]
+    fn after_refusal(&mut self, e: NodeError, members: Option<&[u32]>) -> NodeError {
+        let NodeError::Barrier(BarrierError::Transport { error, .. }) = &e else {
+            return e;
+        };
+        if !failure::is_refusal(error) {
+            return e;
+        }
+        let member = |r: u32| members.is_none_or(|m| m.contains(&r));
+        let clock = self.clock;
+        let until = Deadline::after(clock, self.probe_grace);
+        self.backoff.reset();
+        loop {
+            if let Some(f) = self
+                .failures
+                .news(&self.flags, &mut self.multi, &self.peer_flags)
+                .filter(|f| member(f.rank))
+            {
+                return NodeError::Barrier(BarrierError::PeerFailed(f));
+            }
+            if until.passed(clock) {
+                return e;
+            }
+            self.backoff.snooze_within(&mut || until.remaining(clock));
+        }
     }
 
     /// [`Node::barrier`], giving up at `deadline` (on the node's [clock](Node::clock)).
@@ -1341,7 +1383,6 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         NodeError::Barrier(failure::barrier_news(
             e,
             &mut self.failures,
-            &self.flags,
             &mut self.multi,
             &self.peer_flags,
         ))

@@ -121,8 +121,8 @@ impl Backoff for Spin {
 /// Polls again at once, without the CPU's spin-wait hint that [`Spin`] gives between polls:
 /// what perftest's loops do. For a thread that owns a whole core (no second hardware thread
 /// on it to hand cycles to), it shortens the time from a completion's arrival to its being
-/// seen by the hint's latency: on x86 `pause` takes up to about 140 cycles (Skylake and
-/// later), and under QEMU's emulation about 0.14 us. The price: a core that draws more power,
+/// seen by at most one hint's latency: on x86 a `pause` takes up to about 140 cycles
+/// (Skylake and later), and under QEMU's emulation about 0.14 us. The price: a core that draws more power,
 /// and a sibling hardware thread, if there is one, runs slower.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Busy;
