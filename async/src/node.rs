@@ -6,6 +6,7 @@ use core::task::Poll;
 use core::time::Duration;
 use rverbs_core::node::Members;
 
+use rverbs_core::barrier::BarrierError;
 use rverbs_core::memory::Region;
 use rverbs_core::node::{Event, Node, NodeError};
 use rverbs_core::poll::{Backoff, Deadline};
@@ -92,9 +93,35 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
         // after enabling them still uses plain writes, which wake nobody). Until then the
         // wait re-polls on every turn.
         let events_wake = self.node.barrier_wakeups_live();
+        let grace = self.node.probe_grace();
+        // A member's refusal of a notification, and until when news that explains it is
+        // awaited (as the node's blocking barrier does: see `NodeError::is_refusal`).
+        let mut refused: Option<(NodeError, Deadline)> = None;
         let r = poll_fn(|cx| loop {
+            if let Some((_, until)) = &refused {
+                // News of any rank is about a member: this barrier is over the whole world.
+                if let Some(f) = self.node.failure() {
+                    return Poll::Ready(Err(NodeError::Barrier(BarrierError::PeerFailed(f))));
+                }
+                if until.passed(clock) {
+                    if let Some((e, _)) = refused.take() {
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                // A peer's notice raises no completion: look again on the next turn.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             match self.node.barrier_poll() {
                 Ok(true) => return Poll::Ready(Ok(())),
+                Err(e) if e.is_refusal() => {
+                    // The barrier is over (failed, the node poisoned): a future dropped
+                    // while it waits for news must not leave it to be resumed, or the
+                    // resumed poll would find nothing pending and answer done.
+                    self.open_barrier = None;
+                    refused = Some((e, Deadline::after(clock, grace)));
+                    continue;
+                }
                 Err(e) => return Poll::Ready(Err(e)),
                 Ok(false) => {}
             }

@@ -100,3 +100,75 @@ fn barriers_and_messages_awaited_with_cancellation() {
     }
     assert_eq!(more, 0);
 }
+
+/// A member refuses the async barrier's notification (the model's "registrations gone,
+/// queue pairs alive" moment of a dying process): the barrier waits for news that explains
+/// it, as the node's blocking barrier does, and names it when another thread raises it;
+/// a future dropped during that wait leaves no barrier to resume, and the next barrier
+/// reports the poisoned state, never success.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "a second thread raises the alarm after a real-time pause"
+)]
+fn a_refused_notification_is_explained_by_news_and_a_dropped_wait_resumes_nothing() {
+    use rverbs_core::barrier::{BarrierAlgorithm, BarrierError};
+    use rverbs_core::failure::{Failure, FailureCause};
+    use rverbs_core::node::{Members, NodeError};
+
+    let clock: StaticClock = &CLOCK;
+    for drop_mid_wait in [false, true] {
+        let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+        let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+        let mut nodes =
+            rverbs_testkit::nodes(&net, &mut arena, BarrierAlgorithm::Dissemination, clock);
+        let all = rverbs_testkit::barrier_answers(&mut nodes, Duration::from_secs(1));
+        assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
+        // Dissemination over 3: rank 1 notifies rank 2 first; rank 0 never writes to it.
+        let dying = 2;
+        net.release_regions(dying);
+        let mut it = nodes.into_iter();
+        let mut n0 = it.next().unwrap();
+        let mut n1 = it.next().unwrap();
+        n0.barrier_start_timeout(Members::World, TIMEOUT).unwrap();
+        n1.set_probe_grace(Duration::from_secs(3600));
+        let news = Failure {
+            rank: dying,
+            cause: FailureCause::SessionClosed,
+            reporter: 1,
+        };
+        let mut a1 = AsyncNode::new(n1, YieldEvents);
+        if drop_mid_wait {
+            {
+                let mut fut = Box::pin(a1.barrier_timeout(TIMEOUT));
+                let mut cx = Context::from_waker(Waker::noop());
+                for _ in 0..1000 {
+                    assert!(fut.as_mut().poll(&mut cx).is_pending());
+                }
+            }
+            assert!(!a1.has_open_barrier());
+            match block_on(a1.barrier_timeout(TIMEOUT)) {
+                Err(NodeError::Barrier(BarrierError::Poisoned)) => {}
+                other => panic!("expected the poisoned state, got {other:?}"),
+            }
+            continue;
+        }
+        let alarm = a1.node().failure_alarm();
+        let watch = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(alarm.raise(news));
+        });
+        let e = block_on(a1.barrier_timeout(TIMEOUT));
+        watch.join().unwrap();
+        assert_eq!(e, Err(NodeError::Barrier(BarrierError::PeerFailed(news))));
+        // Rank 0 hears it from rank 1.
+        let e = (0..100_000)
+            .find_map(|_| match n0.barrier_poll() {
+                Ok(false) => None,
+                Ok(true) => panic!("rank 0 completed without rank {dying}"),
+                Err(e) => Some(e),
+            })
+            .expect("rank 0 heard nothing in 100000 polls");
+        assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
+    }
+}

@@ -124,13 +124,14 @@ fn a_refused_notification_waits_for_the_news_and_passes_it_on() {
         Err(NodeError::Barrier(BarrierError::PeerFailed(f))) => assert_eq!(f, news),
         other => panic!("rank 1: expected the news of rank {dying}, got {other:?}"),
     }
-    let e = loop {
-        match nodes[0].barrier_poll() {
-            Ok(false) => {}
+    // Bounded: its hour-long deadline is far, and the notice must land within these polls.
+    let e = (0..100_000)
+        .find_map(|_| match nodes[0].barrier_poll() {
+            Ok(false) => None,
             Ok(true) => panic!("rank 0 completed without rank {dying}"),
-            Err(e) => break e,
-        }
-    };
+            Err(e) => Some(e),
+        })
+        .expect("rank 0 heard nothing in 100000 polls");
     match e {
         NodeError::Barrier(BarrierError::PeerFailed(f)) => assert_eq!(f, news),
         other => panic!("rank 0: expected the news rank 1 passed on, got {other:?}"),

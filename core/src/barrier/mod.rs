@@ -33,12 +33,14 @@
 //! [`BarrierError::PeerFailed`], naming the failed rank.
 //!
 //! A member that *refuses* a notification (a remote access or remote invalid request error)
-//! is treated the same way by a node's blocking barrier (`Node::barrier_timeout`): a dying
-//! process's memory registrations go before its queue pairs, so for a moment they refuse
-//! writes, but the caller's own request with a bad key on the same channel reads the same.
-//! The node waits up to the probe grace for news of a member and reports it; without any it
-//! reports the refusal ([`BarrierError::Transport`]). The barrier's poll never waits and
-//! reports the refusal at once.
+//! is not blamed at once either: a dying process's memory registrations go before its queue
+//! pairs, so for a moment they refuse writes, but the caller's own request with a bad key on
+//! the same channel reads the same. A node's blocking barrier (`Node::barrier_timeout`) and
+//! `rverbs-async`'s `AsyncNode` barrier wait up to the probe grace (no probe: the channel is
+//! broken) for news of a member and report it; without any, the refusal
+//! ([`BarrierError::Transport`]). The node's `barrier_poll` never waits: it reports news
+//! already known, else the refusal (`NodeError::is_refusal`), and its caller may wait for
+//! news with `Node::failure`.
 //!
 //! A barrier reads the clock only when it first finds an awaited rank missing: its timeout runs
 //! from there (what comes before, the notifications it sends, does not wait), so a barrier whose

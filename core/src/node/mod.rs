@@ -385,6 +385,17 @@ impl fmt::Display for NodeError {
 
 impl core::error::Error for NodeError {}
 
+impl NodeError {
+    /// Whether this is a barrier's notification refused by a member (a remote access or
+    /// remote invalid request error): a symptom of a dying member or of the caller's own bad
+    /// key on that channel, not news by itself. A blocking barrier waits up to the probe
+    /// grace for news that explains it (see [`crate::barrier`], "After a failure"); a caller
+    /// of [`Node::barrier_poll`] can do the same with [`Node::failure`].
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Barrier(BarrierError::Transport { error, .. }) if failure::is_refusal(error))
+    }
+}
+
 impl From<BarrierError> for NodeError {
     fn from(e: BarrierError) -> Self {
         Self::Barrier(e)
@@ -1074,9 +1085,17 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
 
     /// Sets how long a barrier waits after its deadline for news of a failure before it reports
     /// a timeout ([`DEFAULT_PROBE_GRACE`]; see [`crate::barrier`]'s "After a failure"). Make it
-    /// at least the time your queue pairs take to give up on a dead peer.
+    /// at least the time your queue pairs take to give up on a dead peer. The same grace bounds
+    /// the wait for news after a member refused a notification ([`NodeError::is_refusal`]).
+    /// A grace too large for the clock to add (`Duration::MAX`) means those waits never end
+    /// without news.
     pub fn set_probe_grace(&mut self, grace: Duration) {
         self.probe_grace = grace;
+    }
+
+    /// The [probe grace](Node::set_probe_grace).
+    pub fn probe_grace(&self) -> Duration {
+        self.probe_grace
     }
 
     /// A handle another thread can raise a failure with (a session watcher that saw a rank's
@@ -1233,14 +1252,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
     /// bad key, failing on the same channel, reads the same. So the node waits, as after a
     /// missed deadline, for news of a member (a session watch's alarm, a peer's notice) and
     /// passes it on; without any, `e` stands, and no live rank is called failed. At most the
-    /// probe grace, checking the news on every turn.
+    /// probe grace, checking the news on every turn: a barrier whose refusal comes during
+    /// the probe after its deadline can so return up to twice the grace after the deadline.
     #[cold]
     #[inline(never)]
     fn after_refusal(&mut self, e: NodeError, members: Option<&[u32]>) -> NodeError {
-        let NodeError::Barrier(BarrierError::Transport { error, .. }) = &e else {
-            return e;
-        };
-        if !failure::is_refusal(error) {
+        if !e.is_refusal() {
             return e;
         }
         let member = |r: u32| members.is_none_or(|m| m.contains(&r));
@@ -1251,9 +1268,14 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
             if let Some(f) = self
                 .failures
                 .news(&self.flags, &mut self.multi, &self.peer_flags)
-                .filter(|f| member(f.rank))
             {
-                return NodeError::Barrier(BarrierError::PeerFailed(f));
+                // Only the first news is kept: one about a non-member means none about
+                // a member can come.
+                return if member(f.rank) {
+                    NodeError::Barrier(BarrierError::PeerFailed(f))
+                } else {
+                    e
+                };
             }
             if until.passed(clock) {
                 return e;
