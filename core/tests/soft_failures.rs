@@ -397,4 +397,49 @@ fn news_about_a_rank_outside_a_group_does_not_fail_the_group() {
     );
 }
 
+/// A member refuses a group's barrier notification while news about a rank outside the
+/// group is known (the only news a node keeps): the group's barrier fails with the refusal,
+/// naming the member, not with the stranger's news (which a group's barrier ignores, and
+/// would have gone on waiting with a broken channel), in the poll and in the blocking wait.
+#[test]
+fn a_members_refusal_is_not_taken_for_news_about_a_stranger() {
+    quick_probed_nodes!(let net, nodes = 4, BarrierAlgorithm::Dissemination, clock!(STEP));
+    net.kill(3);
+    let stranger = Failure {
+        rank: 3,
+        cause: FailureCause::SessionClosed,
+        reporter: 1,
+    };
+    assert!(nodes[1].failure_alarm().raise(stranger));
+    assert_eq!(nodes[1].failure(), Some(stranger));
+    // Dissemination over [0, 1, 2]: rank 1 notifies rank 2 first.
+    net.release_regions(2);
+    let group = [0, 1, 2];
+    let refused = |e: &NodeError| {
+        matches!(
+            e,
+            NodeError::Barrier(BarrierError::Transport { rank: 2, .. })
+        ) && e.is_refusal()
+    };
+    nodes[1].barrier_start_timeout(&group, TIMEOUT_OK).unwrap();
+    let e = (0..100_000)
+        .find_map(|_| match nodes[1].barrier_poll() {
+            Ok(false) => None,
+            Ok(true) => panic!("completed without rank 2"),
+            Err(e) => Some(e),
+        })
+        .expect("the refusal within 100000 polls");
+    assert!(refused(&e), "{e:?}");
+    // The blocking barrier (a fresh world): the stranger's news ends the refusal's wait at
+    // once, with the refusal.
+    quick_probed_nodes!(let net, nodes = 4, BarrierAlgorithm::Dissemination, clock!(STEP));
+    net.kill(3);
+    assert!(nodes[1].failure_alarm().raise(stranger));
+    assert_eq!(nodes[1].failure(), Some(stranger));
+    net.release_regions(2);
+    nodes[1].set_probe_grace(TIMEOUT_OK);
+    let e = nodes[1].barrier_timeout(&group, TIMEOUT_OK).unwrap_err();
+    assert!(refused(&e), "{e:?}");
+}
+
 const TIMEOUT_OK: Duration = Duration::from_secs(3600);

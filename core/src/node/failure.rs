@@ -73,6 +73,11 @@ impl Failures {
         }
     }
 
+    /// This node's rank.
+    pub(crate) fn me(&self) -> u32 {
+        self.me
+    }
+
     /// The failure already taken as news (without looking for new news).
     pub(crate) fn known(&self) -> Option<Failure> {
         self.known
@@ -251,10 +256,15 @@ pub(crate) fn barrier_news<P: Provider, B: Backoff + Clone>(
                 BarrierError::PeerFailed(failures.declare(failed, cause, multi, peer_flags))
             }
             // A local error with news already raised (the device watch read the port going
-            // down a moment before the port's state said so): the news is the cause.
+            // down a moment before the port's state said so): the news is the cause, if it
+            // is about this rank or the one the error names. News about a third rank
+            // explains nothing here (only the first news is kept), and taken as the cause it
+            // would read as news about a stranger, which a group's barrier ignores.
             None => match failures.raised(multi, peer_flags) {
-                Some(f) => BarrierError::PeerFailed(f),
-                None => e,
+                Some(f) if f.rank == *rank || f.rank == failures.me() => {
+                    BarrierError::PeerFailed(f)
+                }
+                _ => e,
             },
         },
         _ => e,
