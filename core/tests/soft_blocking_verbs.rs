@@ -9,7 +9,6 @@ use rverbs_core::memory::AccessFlags;
 use rverbs_core::model::{Side, SoftFabric, SoftNet, SoftNetConfig};
 use rverbs_core::params::{QpCaps, RetryCount, RnrRetry};
 use rverbs_core::provider::shared::SharedCqs;
-use rverbs_core::provider::Provider;
 
 use rverbs_testkit::clock;
 
@@ -137,6 +136,7 @@ fn shared_cq_neighbour_completions_survive_a_blocking_verb() {
 #[test]
 fn instant_blocking_write_behind_unpolled_signaled_requests() {
     use rverbs_core::instant::InstantDevice;
+    use rverbs_core::provider::Provider;
     let dev = InstantDevice::new();
     let src = dev.region(64, AccessFlags::LOCAL_WRITE);
     let peer = dev.region(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
