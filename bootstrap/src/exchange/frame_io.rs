@@ -238,25 +238,73 @@ pub(super) fn read_frame(
 }
 
 /// Writes a frame made by [`Seal::seal`] for `payload`, each write allowed
-/// `timeout` without progress.
+/// `stall` without progress and the whole frame done by `hard`: a peer that
+/// reads just fast enough never to stall a write cannot hold the writer past
+/// its deadline.
 pub(super) fn write_frame(
-    mut stream: &TcpStream,
+    stream: &TcpStream,
     sealed: &Sealed,
     payload: &[u8],
-    timeout: Duration,
+    stall: Duration,
+    hard: Instant,
 ) -> io::Result<()> {
-    stream.set_write_timeout(Some(timeout.max(MIN_TIMEOUT)))?;
     let mac: &[u8] = sealed.mac.as_ref().map_or(&[], |mac| mac.as_slice());
     if payload.len() <= COALESCE {
         let mut frame = Vec::with_capacity(HEADER_LEN + payload.len() + mac.len());
         frame.extend_from_slice(&sealed.header);
         frame.extend_from_slice(payload);
         frame.extend_from_slice(mac);
-        stream.write_all(&frame)?;
+        write_all_by(stream, &frame, stall, hard)?;
     } else {
-        stream.write_all(&sealed.header)?;
-        stream.write_all(payload)?;
-        stream.write_all(mac)?;
+        write_all_by(stream, &sealed.header, stall, hard)?;
+        write_all_by(stream, payload, stall, hard)?;
+        write_all_by(stream, mac, stall, hard)?;
     }
-    stream.flush()
+    Ok(())
+}
+
+/// Writes all of `buf`, each write allowed `stall` without progress, and fails
+/// once `hard` has passed with bytes still to go, progress or not. (The first
+/// write is tried even at `hard`: one the socket takes at once is no wait.)
+fn write_all_by(
+    mut stream: &TcpStream,
+    mut buf: &[u8],
+    stall: Duration,
+    hard: Instant,
+) -> io::Result<()> {
+    let mut first = true;
+    while !buf.is_empty() {
+        let left = hard.saturating_duration_since(Instant::now());
+        if left.is_zero() && !first {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the deadline passed with {} bytes of the frame unsent",
+                    buf.len()
+                ),
+            ));
+        }
+        first = false;
+        let slice = stall.min(left);
+        stream.set_write_timeout(Some(slice.max(MIN_TIMEOUT)))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // The peer took nothing for a whole `stall`; a shorter slice
+                // ended at the deadline, which the loop's top reports.
+                if slice == stall {
+                    return Err(error);
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }

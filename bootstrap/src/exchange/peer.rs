@@ -409,7 +409,14 @@ pub(super) fn peer_round(
         FrameKind::Readmit => "send readmission part",
         _ => "send all-gather contribution",
     };
-    write_frame(&link.stream, &sealed, own, options.io_timeout).map_err(|source| {
+    write_frame(
+        &link.stream,
+        &sealed,
+        own,
+        options.io_timeout,
+        clock.deadline,
+    )
+    .map_err(|source| {
         BootstrapError::Exchange(ExchangeError::Io {
             rank,
             peer: Some(0),
