@@ -137,6 +137,14 @@ pub(super) fn auth_reason(error: WireError, remote: &str, me: &str) -> String {
     )
 }
 
+/// `stall` from now, never past `hard` (a `stall` too long to add to now, such as
+/// `Duration::MAX`, is no limit of its own: `hard` decides).
+pub(super) fn stall_limit(stall: Duration, hard: Instant) -> Instant {
+    Instant::now()
+        .checked_add(stall)
+        .map_or(hard, |by| by.min(hard))
+}
+
 /// Fills `buf`. The first byte may take until `by`; after each read that makes
 /// progress the rest gets another `stall`, never past `hard`.
 fn read_exact_by(
@@ -162,7 +170,7 @@ fn read_exact_by(
             Ok(0) => return Err(ReadError::Eof),
             Ok(n) => {
                 filled += n;
-                by = (Instant::now() + stall).min(hard);
+                by = stall_limit(stall, hard);
             }
             Err(error)
                 if matches!(
@@ -202,7 +210,7 @@ pub(super) fn read_frame(
         let found = [magic[0], magic[1], magic[2], magic[3]];
         return Err(ReadError::Wire(WireError::BadMagic { found }));
     }
-    let by = (Instant::now() + stall).min(hard);
+    let by = stall_limit(stall, hard);
     read_exact_by(stream, rest, by, hard, stall, tick)?;
     let header = decode_header(&head).map_err(ReadError::Wire)?;
     seal.check_order(&header).map_err(ReadError::Wire)?;
@@ -214,12 +222,12 @@ pub(super) fn read_frame(
     while payload.len() < len {
         let start = payload.len();
         payload.resize(len.min(start + PAYLOAD_STEP), 0);
-        let by = (Instant::now() + stall).min(hard);
+        let by = stall_limit(stall, hard);
         read_exact_by(stream, &mut payload[start..], by, hard, stall, tick)?;
     }
     let mut mac = [0u8; MAC_LEN];
     if header.mac {
-        let by = (Instant::now() + stall).min(hard);
+        let by = stall_limit(stall, hard);
         read_exact_by(stream, &mut mac, by, hard, stall, tick)?;
     }
     let frame = Frame {
