@@ -246,29 +246,6 @@ fn an_allgather_times_out_naming_the_silent_rank() {
     );
 }
 
-/// Reads from `stream` in 64 KiB gulps, one every 100 ms, until it ends, `stop` is set, or
-/// for at most `for_at_most`: a peer that never lets a write stall for a whole `io_timeout`,
-/// but takes its time. Returns the bytes it read.
-fn drain_slowly(mut stream: TcpStream, stop: &AtomicBool, for_at_most: Duration) -> usize {
-    let start = Instant::now();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut total = 0;
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    while start.elapsed() < for_at_most && !stop.load(Ordering::Relaxed) {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => total += n,
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    total
-}
-
 #[test]
 fn a_peer_that_reads_the_table_slowly_cannot_hold_rank_0_past_its_deadline() {
     // Rank 0's table is 16 MiB (its own blob); rank 1 reads it at about 640 KB/s, so every
