@@ -143,9 +143,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
 
     /// Waits until the node delivered at least one event (messages, writes with immediate)
     /// to `handler`, at most the node's [timeout](Node::timeout), handling up to `budget` per
-    /// poll; returns how many it handled (0: the timeout passed with none). A dropped future
-    /// loses no message: what was not handed to `handler` stays in the node. Does not
-    /// allocate.
+    /// poll; returns how many it handled (0: the timeout passed with none). Failure news
+    /// ends it, as it ends [`Node::progress_wait`]: [`NodeError::PeerFailed`], naming the
+    /// rank, looked for on every turn (news a peer writes raises no completion, so with
+    /// events that sleep it is seen at the next wake-up, at the latest at the deadline). A
+    /// dropped future loses no message: what was not handed to `handler` stays in the node.
+    /// Does not allocate.
     pub async fn progress(
         &mut self,
         budget: usize,
@@ -165,6 +168,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
         let clock = self.node.clock();
         let deadline = Deadline::after(clock, timeout);
         poll_fn(|cx| loop {
+            // News first, every turn, as the blocking wait does: a dead peer must not turn
+            // into "no message" at the deadline, and a live one's traffic must not hide it.
+            if let Some(f) = self.node.failure() {
+                return Poll::Ready(Err(NodeError::PeerFailed(f)));
+            }
             match self.node.progress(budget, &mut handler) {
                 Ok(0) => {}
                 r => return Poll::Ready(r),

@@ -172,3 +172,41 @@ fn a_refused_notification_is_explained_by_news_and_a_dropped_wait_resumes_nothin
         assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
     }
 }
+
+/// A node that knows a peer failed (its alarm raised, as a session watch does) answers an
+/// awaited message wait with that failure, naming the rank, as the blocking
+/// `Node::progress_wait` does, instead of waiting out its timeout and reporting "no
+/// message" (`Ok(0)`), which names nobody.
+#[test]
+fn an_awaited_message_wait_ends_with_the_failure_news_the_node_has() {
+    use rverbs_core::failure::{Failure, FailureCause};
+    use rverbs_core::node::NodeError;
+    use rverbs_core::poll::Clock;
+
+    let clock: StaticClock = &CLOCK;
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+    let mut mem = vec![0u8; 3 * 2 * SLOTS * SLOT];
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, Receive::PerPeer, clock);
+    for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(2 * SLOTS * SLOT)) {
+        let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    let news = Failure {
+        rank: 2,
+        cause: FailureCause::SessionClosed,
+        reporter: 1,
+    };
+    let mut n1 = AsyncNode::new(nodes.swap_remove(1), YieldEvents);
+    assert!(n1.node().failure_alarm().raise(news));
+    // The blocking wait's answer, for comparison.
+    assert_eq!(
+        n1.node().progress_wait(|_| {}, || false),
+        Err(NodeError::PeerFailed(news))
+    );
+    let start = CLOCK.now();
+    let got = block_on(n1.progress_timeout(Duration::from_millis(50), 8, |_| {}));
+    let waited = CLOCK.now().saturating_duration_since(start);
+    assert_eq!(got, Err(NodeError::PeerFailed(news)), "after {waited:?}");
+    assert!(waited < Duration::from_millis(50), "waited {waited:?}");
+}
