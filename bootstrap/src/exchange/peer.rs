@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Instant;
 
 use crate::wire::{
-    decode_table, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
+    decode_table, printable, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
     REJECT_REASON_MAX,
 };
 
@@ -459,8 +459,8 @@ pub(super) fn peer_round(
         FrameKind::Reject => Err(BootstrapError::Exchange(ExchangeError::Rejected {
             rank,
             addr: link.addr.clone(),
-            reason: String::from_utf8_lossy(&payload[..payload.len().min(REJECT_REASON_MAX)])
-                .into_owned(),
+            // Rank 0's words, printed by whoever reads the error: cleaned as a goodbye's are.
+            reason: printable(&payload, REJECT_REASON_MAX),
         })),
         FrameKind::Table => {
             if header.sender != 0

@@ -169,3 +169,33 @@ fn a_root_that_reads_the_hello_slowly_cannot_hold_a_peer_past_its_deadline() {
         "{err:?}"
     );
 }
+
+#[test]
+fn a_reject_reason_is_made_safe_to_print() {
+    // Rank 0's reason reaches the peer's error message, and so its terminal or log: a rank 0
+    // (or whoever answers at its address, without a job secret) must not be able to send
+    // escape sequences or forge log lines through it. A goodbye's reason is cleaned the
+    // same way (`LastWord::GaveUp`).
+    let (err, _) = against_fake_root(
+        |stream, _| {
+            let reason = "bad\x1b]0;pwned\x07 news\r\nrank 3: all is well\u{9b}2J";
+            stream
+                .write_all(&frame(FrameKind::Reject, 0x5eed, 0, 2, reason.as_bytes()))
+                .unwrap();
+        },
+        peer_error,
+    );
+    let shown = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Rejected { rank: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    assert!(
+        shown.contains("bad") && shown.contains("all is well"),
+        "{shown:?}"
+    );
+}
