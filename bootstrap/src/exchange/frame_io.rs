@@ -287,7 +287,7 @@ fn write_all_by(
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "the deadline passed with {} bytes of the frame unsent",
+                    "the round's deadline passed with {} bytes still to write",
                     buf.len()
                 ),
             ));
