@@ -125,12 +125,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
                 Err(e) => return Poll::Ready(Err(e)),
                 Ok(false) => {}
             }
-            if !events_wake {
+            // Past the deadline the node probes for up to its grace before it reports the
+            // timeout. The events are for waits before the deadline (after it a timer-driven
+            // one answers `Ready` at once, every time): looping on them would spin through
+            // the whole grace inside this one `poll`, holding the executor's thread. So
+            // yield and look again on the next turn, as without wake-ups.
+            if !events_wake || deadline.passed(clock) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            // Past the deadline the events wake at once, and the node's poll reports the
-            // timeout once its probe grace passed: bounded.
             match self.events.poll_events(cx, deadline, clock) {
                 Poll::Ready(()) => continue,
                 Poll::Pending => return Poll::Pending,
