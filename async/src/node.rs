@@ -125,12 +125,15 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
                 Err(e) => return Poll::Ready(Err(e)),
                 Ok(false) => {}
             }
-            if !events_wake {
+            // Past the deadline the node probes for up to its grace before it reports the
+            // timeout. The events are for waits before the deadline (after it a timer-driven
+            // one answers `Ready` at once, every time): looping on them would spin through
+            // the whole grace inside this one `poll`, holding the executor's thread. So
+            // yield and look again on the next turn, as without wake-ups.
+            if !events_wake || deadline.passed(clock) {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            // Past the deadline the events wake at once, and the node's poll reports the
-            // timeout once its probe grace passed: bounded.
             match self.events.poll_events(cx, deadline, clock) {
                 Poll::Ready(()) => continue,
                 Poll::Pending => return Poll::Pending,
@@ -143,9 +146,12 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
 
     /// Waits until the node delivered at least one event (messages, writes with immediate)
     /// to `handler`, at most the node's [timeout](Node::timeout), handling up to `budget` per
-    /// poll; returns how many it handled (0: the timeout passed with none). A dropped future
-    /// loses no message: what was not handed to `handler` stays in the node. Does not
-    /// allocate.
+    /// poll; returns how many it handled (0: the timeout passed with none). Failure news
+    /// ends it, as it ends [`Node::progress_wait`]: [`NodeError::PeerFailed`], naming the
+    /// rank, looked for on every turn (news a peer writes raises no completion, so with
+    /// events that sleep it is seen at the next wake-up, at the latest at the deadline). A
+    /// dropped future loses no message: what was not handed to `handler` stays in the node.
+    /// Does not allocate.
     pub async fn progress(
         &mut self,
         budget: usize,
@@ -165,6 +171,11 @@ impl<P: Provider, M: Region, B: Backoff + Clone, E: Events> AsyncNode<P, M, B, E
         let clock = self.node.clock();
         let deadline = Deadline::after(clock, timeout);
         poll_fn(|cx| loop {
+            // News first, every turn, as the blocking wait does: a dead peer must not turn
+            // into "no message" at the deadline, and a live one's traffic must not hide it.
+            if let Some(f) = self.node.failure() {
+                return Poll::Ready(Err(NodeError::PeerFailed(f)));
+            }
             match self.node.progress(budget, &mut handler) {
                 Ok(0) => {}
                 r => return Poll::Ready(r),

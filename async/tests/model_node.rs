@@ -172,3 +172,128 @@ fn a_refused_notification_is_explained_by_news_and_a_dropped_wait_resumes_nothin
         assert_eq!(e, NodeError::Barrier(BarrierError::PeerFailed(news)));
     }
 }
+
+/// A node that knows a peer failed (its alarm raised, as a session watch does) answers an
+/// awaited message wait with that failure, naming the rank, as the blocking
+/// `Node::progress_wait` does, instead of waiting out its timeout and reporting "no
+/// message" (`Ok(0)`), which names nobody.
+#[test]
+fn an_awaited_message_wait_ends_with_the_failure_news_the_node_has() {
+    use rverbs_core::failure::{Failure, FailureCause};
+    use rverbs_core::node::NodeError;
+    use rverbs_core::poll::Clock;
+
+    // A clock of its own: the other tests' reads of theirs must not count as this wait's.
+    static OWN: StepClock = StepClock::new(Duration::from_micros(1));
+    let clock: StaticClock = &OWN;
+    let net = SoftNet::new(SoftNetConfig::new(3, CAPS));
+    let mut arena = vec![0u8; soft_world_bytes(3, 64)];
+    let mut mem = vec![0u8; 3 * 2 * SLOTS * SLOT];
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, Receive::PerPeer, clock);
+    for (n, m) in nodes.iter_mut().zip(mem.chunks_mut(2 * SLOTS * SLOT)) {
+        let region = net.register(n.rank(), m, AccessFlags::LOCAL_WRITE).unwrap();
+        n.start_messaging_in(region, SLOTS, SLOT).unwrap();
+    }
+    let news = Failure {
+        rank: 2,
+        cause: FailureCause::SessionClosed,
+        reporter: 1,
+    };
+    let mut n1 = AsyncNode::new(nodes.swap_remove(1), YieldEvents);
+    assert!(n1.node().failure_alarm().raise(news));
+    // The blocking wait's answer, for comparison.
+    assert_eq!(
+        n1.node().progress_wait(|_| {}, || false),
+        Err(NodeError::PeerFailed(news))
+    );
+    let start = OWN.now();
+    let got = block_on(n1.progress_timeout(Duration::from_millis(50), 8, |_| {}));
+    let waited = OWN.now().saturating_duration_since(start);
+    assert_eq!(got, Err(NodeError::PeerFailed(news)), "after {waited:?}");
+    assert!(waited < Duration::from_millis(50), "waited {waited:?}");
+}
+
+/// Events as the trait asks, with a timer at the deadline: until then the waker is
+/// registered (here: woken at once, so the test's loop polls again), and once the deadline
+/// passed the timer has fired, so `Ready` at once, as `TokioEvents` answers then.
+struct TimerEvents;
+
+impl Events for TimerEvents {
+    fn poll_events(
+        &mut self,
+        cx: &mut Context<'_>,
+        deadline: rverbs_core::poll::Deadline,
+        clock: &(dyn rverbs_core::poll::Clock + Sync),
+    ) -> std::task::Poll<()> {
+        if deadline.passed(clock) {
+            return std::task::Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// A barrier past its deadline waits out the node's probe grace before it reports the
+/// timeout. The events' contract is for waits before the deadline: after it a timer-driven
+/// `Events` answers `Ready` at once, every time. The future must still yield to the
+/// executor on every turn of the grace, not spin through all of it (2 s by default) inside
+/// one `poll`, blocking the executor's thread.
+#[test]
+fn an_awaited_barrier_yields_during_the_probe_grace_after_its_deadline() {
+    use rverbs_core::barrier::BarrierError;
+    use rverbs_core::node::{Components, NodeError};
+    use rverbs_core::poll::Clock;
+    use std::task::Poll;
+
+    // A clock of its own: the other tests' reads of theirs must not count as this poll's.
+    // Coarse, so the grace is a few dozen polls (the test runs under Miri too).
+    static OWN: StepClock = StepClock::new(Duration::from_micros(100));
+    let clock: StaticClock = &OWN;
+    let net = SoftNet::new(SoftNetConfig::new(2, CAPS));
+    let mut arena = vec![0u8; soft_world_bytes(2, 64)];
+    let mut nodes = rverbs_testkit::nodes(&net, &mut arena, Components::barrier_wakeups(), clock);
+    // One barrier over the whole world makes the wake-ups live (the barrier then sleeps on
+    // the events).
+    let all = rverbs_testkit::barrier_answers(&mut nodes, Duration::from_secs(1));
+    assert!(all.iter().all(|(_, a)| a.is_ok()), "{all:?}");
+    let mut n0 = AsyncNode::new(nodes.swap_remove(0), TimerEvents);
+    assert!(n0.node().barrier_wakeups_live());
+    let grace = Duration::from_millis(20);
+    n0.node().set_probe_grace(grace);
+    // Rank 1 never comes.
+    let timeout = Duration::from_millis(5);
+    let start = OWN.now();
+    let mut fut = Box::pin(n0.barrier_timeout(timeout));
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut polls_after_deadline = 0u32;
+    let answer = loop {
+        let before = OWN.now().saturating_duration_since(start);
+        let r = fut.as_mut().poll(&mut cx);
+        let after = OWN.now().saturating_duration_since(start);
+        if before >= timeout {
+            polls_after_deadline += 1;
+        }
+        // One poll may take a turn, never the grace.
+        assert!(
+            after.saturating_sub(before) < grace / 2,
+            "one poll took {:?} of the clock ({before:?} -> {after:?}): it spun through the \
+             probe grace",
+            after.saturating_sub(before)
+        );
+        if let Poll::Ready(r) = r {
+            break r;
+        }
+        assert!(after < Duration::from_secs(10), "no answer after {after:?}");
+    };
+    assert!(
+        matches!(
+            answer,
+            Err(NodeError::Barrier(BarrierError::Timeout { .. }))
+        ),
+        "expected the barrier's timeout, got {answer:?}"
+    );
+    assert!(
+        polls_after_deadline > 1,
+        "{polls_after_deadline} polls after the deadline"
+    );
+}

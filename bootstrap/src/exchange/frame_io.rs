@@ -137,6 +137,14 @@ pub(super) fn auth_reason(error: WireError, remote: &str, me: &str) -> String {
     )
 }
 
+/// `stall` from now, never past `hard` (a `stall` too long to add to now, such as
+/// `Duration::MAX`, is no limit of its own: `hard` decides).
+pub(super) fn stall_limit(stall: Duration, hard: Instant) -> Instant {
+    Instant::now()
+        .checked_add(stall)
+        .map_or(hard, |by| by.min(hard))
+}
+
 /// Fills `buf`. The first byte may take until `by`; after each read that makes
 /// progress the rest gets another `stall`, never past `hard`.
 fn read_exact_by(
@@ -162,7 +170,7 @@ fn read_exact_by(
             Ok(0) => return Err(ReadError::Eof),
             Ok(n) => {
                 filled += n;
-                by = (Instant::now() + stall).min(hard);
+                by = stall_limit(stall, hard);
             }
             Err(error)
                 if matches!(
@@ -202,7 +210,7 @@ pub(super) fn read_frame(
         let found = [magic[0], magic[1], magic[2], magic[3]];
         return Err(ReadError::Wire(WireError::BadMagic { found }));
     }
-    let by = (Instant::now() + stall).min(hard);
+    let by = stall_limit(stall, hard);
     read_exact_by(stream, rest, by, hard, stall, tick)?;
     let header = decode_header(&head).map_err(ReadError::Wire)?;
     seal.check_order(&header).map_err(ReadError::Wire)?;
@@ -214,12 +222,12 @@ pub(super) fn read_frame(
     while payload.len() < len {
         let start = payload.len();
         payload.resize(len.min(start + PAYLOAD_STEP), 0);
-        let by = (Instant::now() + stall).min(hard);
+        let by = stall_limit(stall, hard);
         read_exact_by(stream, &mut payload[start..], by, hard, stall, tick)?;
     }
     let mut mac = [0u8; MAC_LEN];
     if header.mac {
-        let by = (Instant::now() + stall).min(hard);
+        let by = stall_limit(stall, hard);
         read_exact_by(stream, &mut mac, by, hard, stall, tick)?;
     }
     let frame = Frame {
@@ -238,25 +246,73 @@ pub(super) fn read_frame(
 }
 
 /// Writes a frame made by [`Seal::seal`] for `payload`, each write allowed
-/// `timeout` without progress.
+/// `stall` without progress and the whole frame done by `hard`: a peer that
+/// reads just fast enough never to stall a write cannot hold the writer past
+/// its deadline.
 pub(super) fn write_frame(
-    mut stream: &TcpStream,
+    stream: &TcpStream,
     sealed: &Sealed,
     payload: &[u8],
-    timeout: Duration,
+    stall: Duration,
+    hard: Instant,
 ) -> io::Result<()> {
-    stream.set_write_timeout(Some(timeout.max(MIN_TIMEOUT)))?;
     let mac: &[u8] = sealed.mac.as_ref().map_or(&[], |mac| mac.as_slice());
     if payload.len() <= COALESCE {
         let mut frame = Vec::with_capacity(HEADER_LEN + payload.len() + mac.len());
         frame.extend_from_slice(&sealed.header);
         frame.extend_from_slice(payload);
         frame.extend_from_slice(mac);
-        stream.write_all(&frame)?;
+        write_all_by(stream, &frame, stall, hard)?;
     } else {
-        stream.write_all(&sealed.header)?;
-        stream.write_all(payload)?;
-        stream.write_all(mac)?;
+        write_all_by(stream, &sealed.header, stall, hard)?;
+        write_all_by(stream, payload, stall, hard)?;
+        write_all_by(stream, mac, stall, hard)?;
     }
-    stream.flush()
+    Ok(())
+}
+
+/// Writes all of `buf`, each write allowed `stall` without progress, and fails
+/// once `hard` has passed with bytes still to go, progress or not. (The first
+/// write is tried even at `hard`: one the socket takes at once is no wait.)
+fn write_all_by(
+    mut stream: &TcpStream,
+    mut buf: &[u8],
+    stall: Duration,
+    hard: Instant,
+) -> io::Result<()> {
+    let mut first = true;
+    while !buf.is_empty() {
+        let left = hard.saturating_duration_since(Instant::now());
+        if left.is_zero() && !first {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the round's deadline passed with {} bytes still to write",
+                    buf.len()
+                ),
+            ));
+        }
+        first = false;
+        let slice = stall.min(left);
+        stream.set_write_timeout(Some(slice.max(MIN_TIMEOUT)))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // The peer took nothing for a whole `stall`; a shorter slice
+                // ended at the deadline, which the loop's top reports.
+                if slice == stall {
+                    return Err(error);
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }

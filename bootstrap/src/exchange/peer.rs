@@ -11,11 +11,11 @@ use std::thread;
 use std::time::Instant;
 
 use crate::wire::{
-    decode_table, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
+    decode_table, printable, table_payload_limit, FrameKind, Seal, CHALLENGE_LEN, MAX_PAYLOAD,
     REJECT_REASON_MAX,
 };
 
-use super::frame_io::{auth_reason, read_frame, write_frame, ReadError, MIN_TIMEOUT};
+use super::frame_io::{auth_reason, read_frame, stall_limit, write_frame, ReadError, MIN_TIMEOUT};
 use super::personalize::Personalize;
 use super::progress::Progress;
 use super::round_timer::RoundTimer;
@@ -44,7 +44,10 @@ impl Backoff {
         let seed = getrandom::u64().unwrap_or(0x9e37_79b9_7f4a_7c15 ^ u64::from(rank));
         Self {
             next: base,
-            max: (base * MAX_PAUSE_FACTOR).min(MAX_PAUSE).max(base),
+            max: base
+                .saturating_mul(MAX_PAUSE_FACTOR)
+                .min(MAX_PAUSE)
+                .max(base),
             state: seed | 1,
         }
     }
@@ -58,7 +61,7 @@ impl Backoff {
         let quarter = self.next / 4;
         let cut = quarter.mul_f64((self.state >> 11) as f64 / (1u64 << 53) as f64);
         thread::sleep((self.next - cut).min(clock.remaining()));
-        self.next = (self.next * 2).min(self.max);
+        self.next = self.next.saturating_mul(2).min(self.max);
     }
 }
 
@@ -288,7 +291,7 @@ fn join_once(
     }
     // Rank 0 writes its challenge as soon as it accepts; one that does not come
     // within io_timeout is from a rank 0 too busy to accept.
-    let by = (Instant::now() + options.io_timeout).min(clock.deadline);
+    let by = stall_limit(options.io_timeout, clock.deadline);
     let challenge = read_frame(
         &link.stream,
         &mut link.seal,
@@ -409,7 +412,14 @@ pub(super) fn peer_round(
         FrameKind::Readmit => "send readmission part",
         _ => "send all-gather contribution",
     };
-    write_frame(&link.stream, &sealed, own, options.io_timeout).map_err(|source| {
+    write_frame(
+        &link.stream,
+        &sealed,
+        own,
+        options.io_timeout,
+        clock.deadline,
+    )
+    .map_err(|source| {
         BootstrapError::Exchange(ExchangeError::Io {
             rank,
             peer: Some(0),
@@ -449,8 +459,8 @@ pub(super) fn peer_round(
         FrameKind::Reject => Err(BootstrapError::Exchange(ExchangeError::Rejected {
             rank,
             addr: link.addr.clone(),
-            reason: String::from_utf8_lossy(&payload[..payload.len().min(REJECT_REASON_MAX)])
-                .into_owned(),
+            // Rank 0's words, printed by whoever reads the error: cleaned as a goodbye's are.
+            reason: printable(&payload, REJECT_REASON_MAX),
         })),
         FrameKind::Table => {
             if header.sender != 0

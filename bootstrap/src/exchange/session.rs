@@ -142,7 +142,13 @@ impl Session {
             // Sealed like every frame on the connection (a MAC when the job has a secret).
             let why = crate::wire::bye_reason(reason.unwrap_or("")).as_bytes();
             if let Ok(sealed) = link.seal.seal(FrameKind::Bye, job_id, rank, world, why) {
-                let _ = write_frame(&link.stream, &sealed, why, GOODBYE_TIMEOUT);
+                let _ = write_frame(
+                    &link.stream,
+                    &sealed,
+                    why,
+                    GOODBYE_TIMEOUT,
+                    Instant::now() + GOODBYE_TIMEOUT,
+                );
             }
         }
         if reason.is_some() {

@@ -408,10 +408,7 @@ pub fn bye_reason(reason: &str) -> &str {
 /// A peer's reason made safe to print: lossy UTF-8, at most [`MAX_REASON`] bytes, control
 /// characters (a terminal's escape sequences, line breaks) replaced.
 fn printable_reason(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_REASON)]);
-    text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    super::printable(bytes, MAX_REASON)
 }
 
 impl fmt::Debug for Seal {

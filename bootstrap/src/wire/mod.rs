@@ -637,5 +637,15 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Text a peer sent (a `Reject`'s or a `Bye`'s reason) made safe to print: lossy UTF-8, at
+/// most `max` bytes, control characters (a terminal's escape sequences, line breaks that
+/// would forge log lines) replaced. No reason rverbs writes has any.
+pub(crate) fn printable(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(max)]);
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,9 @@
 //! named, and the real ranks still join.
 
 use super::*;
+use core::sync::atomic::{AtomicBool, Ordering};
 use rverbs_bootstrap::ExchangeError;
+use std::sync::Arc;
 
 fn expect_refused(bytes: &[u8], needle: &str) {
     let options = quick_within(Duration::from_secs(1), Duration::from_millis(500));
@@ -242,4 +244,48 @@ fn an_allgather_times_out_naming_the_silent_rank() {
         ),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_peer_that_reads_the_table_slowly_cannot_hold_rank_0_past_its_deadline() {
+    // Rank 0's table is 16 MiB (its own blob); rank 1 reads it at about 640 KB/s, so every
+    // write makes progress within io_timeout and the whole would take about 25 s. Rank 0's
+    // exchange has a 2 s deadline: it must give up by then (plus one io_timeout of slack),
+    // not follow the reader for as long as it likes.
+    let options = ExchangeOptions {
+        max_blob_size: 32 << 20,
+        ..quick_within(Duration::from_secs(2), Duration::from_millis(500))
+    };
+    let (port, handle) = root_with(2, options, vec![0x5a; 16 << 20]);
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(&from_client(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"one")))
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let drained = thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || drain_slowly(slow, &stop, Duration::from_secs(40))
+    });
+    let (outcome, took) = handle.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let read = drained.join().unwrap();
+    assert!(
+        took < Duration::from_secs(4),
+        "rank 0 took {took:?} past its 2 s deadline (outcome {:?}; the slow reader drained {read} bytes)",
+        outcome.as_ref().map(|(_, blobs)| blobs.len())
+    );
+    let err = outcome.unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Io {
+                rank: 0,
+                peer: Some(1),
+                op: "send table",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(shown.contains("deadline"), "{shown}");
 }

@@ -125,3 +125,77 @@ fn no_rendezvous_at_the_address_is_a_connect_error_naming_it() {
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
 }
+
+#[test]
+fn a_root_that_reads_the_hello_slowly_cannot_hold_a_peer_past_its_deadline() {
+    // Rank 1's hello carries 16 MiB; the rank 0 it meets reads it at about 640 KB/s, so
+    // every write makes progress within io_timeout and the whole would take about 25 s.
+    // Rank 1's deadline is 2 s: it must give up by then (plus slack), naming rank 0.
+    let (listener, port) = listener();
+    let stop = Arc::new(AtomicBool::new(false));
+    let fake = thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(&plain_challenge()).unwrap();
+            drain_slowly(stream, &stop, Duration::from_secs(40))
+        }
+    });
+    let options = ExchangeOptions {
+        max_blob_size: 32 << 20,
+        ..quick_within(Duration::from_secs(2), Duration::from_millis(500))
+    };
+    let start = Instant::now();
+    let outcome = exchange_at(at(port), 1, 2, &vec![0x5a; 16 << 20], &options);
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let read = fake.join().unwrap();
+    assert!(
+        took < Duration::from_secs(4),
+        "rank 1 took {took:?} past its 2 s deadline (outcome {:?}; the slow rank 0 read {read} bytes)",
+        outcome.as_ref().map(|(_, blobs)| blobs.len())
+    );
+    let err = outcome.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Io {
+                rank: 1,
+                peer: Some(0),
+                op: "send hello",
+                ..
+            }) | BootstrapError::Exchange(ExchangeError::Timeout { rank: 1, .. })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_reject_reason_is_made_safe_to_print() {
+    // Rank 0's reason reaches the peer's error message, and so its terminal or log: a rank 0
+    // (or whoever answers at its address, without a job secret) must not be able to send
+    // escape sequences or forge log lines through it. A goodbye's reason is cleaned the
+    // same way (`LastWord::GaveUp`).
+    let (err, _) = against_fake_root(
+        |stream, _| {
+            let reason = "bad\x1b]0;pwned\x07 news\r\nrank 3: all is well\u{9b}2J";
+            stream
+                .write_all(&frame(FrameKind::Reject, 0x5eed, 0, 2, reason.as_bytes()))
+                .unwrap();
+        },
+        peer_error,
+    );
+    let shown = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            BootstrapError::Exchange(ExchangeError::Rejected { rank: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    assert!(
+        shown.contains("bad") && shown.contains("all is well"),
+        "{shown:?}"
+    );
+}

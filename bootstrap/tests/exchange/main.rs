@@ -4,10 +4,12 @@
 //! (ports, options, fake clients and roots, kept here), and one integration-test binary
 //! links and starts once, which keeps the host-test step of CI short.
 
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use rverbs_bootstrap::ExchangeError;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
@@ -385,4 +387,27 @@ fn raise_fd_limit() {
 
 fn secret(text: &str) -> JobSecret {
     JobSecret::new(text.as_bytes()).unwrap()
+}
+
+/// Reads from `stream` in 64 KiB gulps, one every 100 ms, until it ends, `stop` is set, or
+/// for at most `for_at_most`: a peer that never lets a write stall for a whole `io_timeout`,
+/// but takes its time. Returns the bytes it read.
+fn drain_slowly(mut stream: TcpStream, stop: &AtomicBool, for_at_most: Duration) -> usize {
+    let start = Instant::now();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    while start.elapsed() < for_at_most && !stop.load(Ordering::Relaxed) {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    total
 }

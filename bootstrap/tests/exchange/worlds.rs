@@ -135,3 +135,44 @@ fn a_rank_out_of_range_or_a_listener_on_rank_1_is_refused() {
         BootstrapError::Exchange(ExchangeError::InvalidArgument { rank: 1, .. })
     ));
 }
+
+#[test]
+fn the_longest_io_timeout_and_retry_interval_neither_panic_nor_outlast_the_deadline() {
+    // `Duration::MAX` is how a caller says "no limit of its own, the deadline decides":
+    // every deadline computed from them must saturate, not overflow.
+    let options = ExchangeOptions {
+        io_timeout: Duration::MAX,
+        retry_interval: Duration::MAX,
+        ..quick_long()
+    };
+    let outcomes = run_ranks(3, &[], &options, blob_of);
+    let expected: Vec<Vec<u8>> = (0..3).map(blob_of).collect();
+    let mut sessions: Vec<Session> = outcomes
+        .into_iter()
+        .map(|outcome| {
+            let (session, blobs) = outcome.unwrap().unwrap_or_else(|error| panic!("{error}"));
+            assert_eq!(blobs, expected);
+            session
+        })
+        .collect();
+    let handles: Vec<_> = sessions
+        .drain(..)
+        .map(|mut session| thread::spawn(move || session.allgather(b"again").map(|_| session)))
+        .collect();
+    for handle in handles {
+        handle.join().unwrap().unwrap();
+    }
+    // A rank 0 whose one peer stalls mid-frame still ends at its deadline.
+    let (port, handle) = root(
+        2,
+        ExchangeOptions {
+            io_timeout: Duration::MAX,
+            ..quick_within(Duration::from_secs(1), Duration::MAX)
+        },
+    );
+    let mut stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stalled
+        .write_all(&from_client(&frame(FrameKind::Hello, 0x5eed, 1, 2, b"x"))[..HEADER_LEN + 6])
+        .unwrap();
+    expect_root_timeout(handle, &[1]);
+}

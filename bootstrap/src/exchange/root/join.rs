@@ -68,7 +68,7 @@ pub(in crate::exchange) fn root_join(
     readers.close_all();
 
     let (mut peers, blobs) = lobby.into_table(blob);
-    let table = answer_join(&mut peers, world_size, blobs, options)?;
+    let table = answer_join(&mut peers, world_size, blobs, options, clock.deadline)?;
     Ok((peers, table))
 }
 

@@ -10,6 +10,7 @@ mod round;
 use crate::error::{BootstrapError, ExchangeError, Result};
 use core::time::Duration;
 use std::net::TcpStream;
+use std::time::Instant;
 
 use crate::exchange::frame_io::write_frame;
 use crate::exchange::personalize::Personalize;
@@ -31,16 +32,17 @@ fn answer_join(
     world_size: u32,
     blobs: Vec<Vec<u8>>,
     options: &ExchangeOptions,
+    by: Instant,
 ) -> Result<Vec<Vec<u8>>> {
     let Some(p) = options.personalize else {
-        send_table(peers, world_size, &blobs, options)?;
+        send_table(peers, world_size, &blobs, options, by)?;
         return Ok(blobs);
     };
     // One table at a time, so rank 0 holds the blobs and a single O(N) table,
     // never all N of them.
     for peer in peers.iter_mut() {
         let payload = table_payload(personal_table(p, peer.rank, world_size, &blobs))?;
-        send_table_frame(peer, &payload, world_size, options)?;
+        send_table_frame(peer, &payload, world_size, options, by)?;
     }
     let mut own = Vec::with_capacity(blobs.len());
     for (from, blob) in (0u32..).zip(&blobs) {
@@ -71,17 +73,18 @@ fn personal_table(
     })
 }
 
-/// Sends every peer the same table of `blobs`.
+/// Sends every peer the same table of `blobs`, all by `by`.
 fn send_table(
     peers: &mut [PeerLink],
     world_size: u32,
     blobs: &[Vec<u8>],
     options: &ExchangeOptions,
+    by: Instant,
 ) -> Result<()> {
     // One payload for all; each frame's header and MAC are the peer's own.
     let payload = table_payload(encode_table(blobs))?;
     for peer in peers {
-        send_table_frame(peer, &payload, world_size, options)?;
+        send_table_frame(peer, &payload, world_size, options, by)?;
     }
     Ok(())
 }
@@ -95,11 +98,14 @@ fn table_payload(payload: core::result::Result<Vec<u8>, WireError>) -> Result<Ve
     })
 }
 
+/// Sends `peer` its table frame, done by `by` (the round's deadline) however
+/// the peer paces its reads.
 fn send_table_frame(
     peer: &mut PeerLink,
     payload: &[u8],
     world_size: u32,
     options: &ExchangeOptions,
+    by: Instant,
 ) -> Result<()> {
     let sealed = peer
         .seal
@@ -110,7 +116,7 @@ fn send_table_frame(
                 reason: format!("cannot frame the table: {source}"),
             })
         })?;
-    write_frame(&peer.stream, &sealed, payload, options.io_timeout).map_err(|source| {
+    write_frame(&peer.stream, &sealed, payload, options.io_timeout, by).map_err(|source| {
         BootstrapError::Exchange(ExchangeError::Io {
             rank: 0,
             peer: Some(peer.rank),
@@ -141,12 +147,8 @@ fn send_reject(
 ) {
     let payload = reject_payload(reason);
     if let Ok(sealed) = seal.seal(FrameKind::Reject, options.job_id, 0, world_size, payload) {
-        let _ = write_frame(
-            stream,
-            &sealed,
-            payload,
-            options.io_timeout.min(Duration::from_secs(1)),
-        );
+        let stall = options.io_timeout.min(Duration::from_secs(1));
+        let _ = write_frame(stream, &sealed, payload, stall, Instant::now() + stall);
     }
 }
 

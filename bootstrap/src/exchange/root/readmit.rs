@@ -93,7 +93,7 @@ pub(in crate::exchange) fn root_readmit(
     };
     // The new process: every survivor's endpoint for it, its own entry empty.
     let payload = table_payload(encode_table(&parts))?;
-    send_table_frame(&mut link, &payload, world_size, options)?;
+    send_table_frame(&mut link, &payload, world_size, options, clock.deadline)?;
     // Every survivor: the new process's endpoint for it alone.
     let cut = |to: u32| {
         NodeBlob::cut_for(&full, to).map_err(|error| {
@@ -117,7 +117,7 @@ pub(in crate::exchange) fn root_readmit(
             })
             .collect::<Result<_>>()?;
         let payload = table_payload(encode_table(&blobs))?;
-        send_table_frame(peer, &payload, world_size, options)?;
+        send_table_frame(peer, &payload, world_size, options, clock.deadline)?;
     }
     peers[at] = link;
     Ok(mine)

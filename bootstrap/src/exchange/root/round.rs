@@ -29,7 +29,7 @@ pub(in crate::exchange) fn root_round(
     let outcomes = read_contributions(peers, options, clock, progress);
     match tally(peers, outcomes, world_size, bytes, options, clock) {
         Ok(blobs) => {
-            send_table(peers, world_size, &blobs, options)?;
+            send_table(peers, world_size, &blobs, options, clock.deadline)?;
             Ok(blobs)
         }
         Err(error) => {
