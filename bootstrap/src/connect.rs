@@ -268,8 +268,14 @@ impl Connected {
             let (prepared, blob) = node.readmit_prepare(rank, qp).map_err(rdma)?;
             let theirs = session.readmit(rank, &blob, timeout)?;
             node.readmit_connect(prepared, &theirs).map_err(rdma)?;
-            // Nobody starts a barrier before every rank has reset its counters.
-            session.allgather(b"readmitted")?;
+            // Nobody starts a barrier before every rank has reset its counters. The round
+            // waits `timeout` like every other step here, not the session's own timeout
+            // (which was set for the start and may be much longer).
+            let kept = session.options().timeout;
+            session.set_timeout(timeout);
+            let gathered = session.allgather(b"readmitted");
+            session.set_timeout(kept);
+            gathered?;
             // A list of every rank, not `Members::World`: the same barrier every rank runs
             // after readmission, whatever its node's own algorithm setting.
             let members: Vec<u32> = (0..node.world_size()).collect();

@@ -131,8 +131,8 @@ impl PmixSession {
         &self.launcher
     }
 
-    /// Sets the deadline of each later round (rounded up to whole seconds: `PMIX_TIMEOUT`
-    /// counts seconds).
+    /// Sets the deadline of each later round: the fence and the gets after it share it
+    /// (each call rounded up to whole seconds: `PMIX_TIMEOUT` counts seconds).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.options.timeout = timeout;
     }
@@ -243,9 +243,17 @@ impl PmixSession {
                 out.push(bytes.to_vec());
                 continue;
             }
+            // The gets share the round's deadline with the fence: each waits what is left
+            // (PMIx counts whole seconds, so the round may run up to a second over), and
+            // none starts once it is gone, so a slow server cannot make a round take the
+            // timeout once per peer.
+            let left = self.options.timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(self.pmix_error(Some(peer), "PMIx_Get", Status::TIMEOUT));
+            }
             let value = self
                 .client
-                .get_bytes(peer, &key, secs)
+                .get_bytes(peer, &key, timeout_secs(left))
                 .map_err(|s| self.pmix_error(Some(peer), "PMIx_Get", s))?
                 .ok_or_else(|| self.version_error(peer, EnvelopeError::NotOurs))?;
             let payload = value::unwrap(&value).map_err(|e| self.version_error(peer, e))?;

@@ -108,7 +108,9 @@ impl fmt::Display for NodeBlobError {
             }
             Self::SelfSlotNotEmpty => f.write_str("the sender's own endpoint slot is not empty"),
             Self::Endpoint { slot, error } => write!(f, "endpoint for rank {slot}: {error}"),
-            Self::FlagsTooSmall => f.write_str("flag array smaller than 8 bytes per rank"),
+            Self::FlagsTooSmall => {
+                f.write_str("flag array smaller than the flag layout needs for this world")
+            }
             Self::BadAddressee(r) => {
                 write!(f, "addressee {r} is not a peer of the sender in its world")
             }
