@@ -915,6 +915,25 @@ impl CompletionQueue for InstantCq {
         unsafe { cq_ex::poll(self.raw_ex(), &self.ops, out, &mut self.last_timestamp) }
     }
 
+    // Each completion handed over while the queue is positioned on it: no scratch array.
+    #[inline(always)]
+    fn poll_each(
+        &mut self,
+        scratch: &mut [Completion],
+        each: impl FnMut(&Completion),
+    ) -> Result<usize, ProviderError> {
+        // SAFETY: as in `poll`; `each` does not poll this queue (the trait's contract).
+        unsafe {
+            cq_ex::poll_each(
+                self.raw_ex(),
+                &self.ops,
+                scratch.len(),
+                &mut self.last_timestamp,
+                each,
+            )
+        }
+    }
+
     fn capacity(&self) -> u32 {
         self.inner.capacity
     }

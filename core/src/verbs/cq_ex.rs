@@ -304,6 +304,81 @@ pub(crate) unsafe fn poll(
     }
 }
 
+/// Polls up to `max` completions of `cq`, calling `each` on every one while the queue is
+/// positioned on it (read into a [`Completion`] on the stack, as [`poll`] reads them into
+/// `out`): for a caller that routes each completion somewhere (the shared queues), no array
+/// is written and read back. Timestamps and `last` as for [`poll`]; returns how many.
+/// Should `each` panic, the open batch is closed on the way out ([`EndOnUnwind`]: the
+/// provider's lock released, that completion consumed), so later polls still work. Does
+/// not allocate.
+///
+/// # Safety
+/// As for [`poll`]; `each` must not poll `cq` (a batch is open while it runs).
+#[inline(always)]
+pub(crate) unsafe fn poll_each(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    last: &mut Option<NonZeroU64>,
+    mut each: impl FnMut(&Completion),
+) -> Result<usize, ProviderError> {
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
+        return Ok(0);
+    }
+    if ops.timestamps() {
+        // SAFETY: forwarded, positioned on a completion; the closure reads the current
+        // completion only; the queue has the timestamp reader.
+        unsafe {
+            rest(
+                cq,
+                ops,
+                max,
+                #[inline(always)]
+                move |_| {
+                    let mut c = Completion::EMPTY;
+                    read::<true>(cq, ops, &mut c);
+                    *last = c.timestamp;
+                    let open = EndOnUnwind(cq, ops.end);
+                    each(&c);
+                    core::mem::forget(open);
+                },
+            )
+        }
+    } else {
+        // SAFETY: as above, without timestamps.
+        unsafe {
+            rest(
+                cq,
+                ops,
+                max,
+                #[inline(always)]
+                move |_| {
+                    let mut c = Completion::EMPTY;
+                    read::<false>(cq, ops, &mut c);
+                    let open = EndOnUnwind(cq, ops.end);
+                    each(&c);
+                    core::mem::forget(open);
+                },
+            )
+        }
+    }
+}
+
+/// Closes the poll batch of its queue when dropped: armed around a caller's code that runs
+/// inside a batch ([`poll_each`]) and forgotten when that code returns, so only a panic
+/// drops it (no instruction on the way that returns).
+struct EndOnUnwind(*mut sys::ibv_cq_ex, End);
+
+impl Drop for EndOnUnwind {
+    fn drop(&mut self) {
+        // SAFETY: made only inside a batch a successful start_poll opened on this live
+        // queue, and dropped only when the code it guards unwound before that batch's
+        // end_poll: this is that end_poll.
+        unsafe { (self.1)(self.0) };
+    }
+}
+
 /// Polls up to `out.len()` completions of a datagram queue pair's queue, with what each
 /// successful receive says about its sender (zeros otherwise, as [`super::Cq::poll_datagrams`]
 /// documents). Does not allocate.
@@ -439,30 +514,54 @@ mod tests {
     use super::*;
 
     /// An extended queue played by Rust functions: `ready` successful receive completions
-    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever.
+    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever. A
+    /// batch is `open` from a successful `start_poll` to its `end_poll`; a `start_poll` while
+    /// one is open fails with `EDEADLK` (rxe would spin on the lock the batch holds).
     #[repr(C)]
     struct Fake {
         cq: sys::ibv_cq_ex,
         ready: u64,
         next: u64,
+        open: bool,
+    }
+
+    impl Fake {
+        fn new(ready: u64) -> Self {
+            Fake {
+                // SAFETY: plain C data (integers, pointers, optional function pointers, a
+                // mutex and a condition variable as bytes): all zeroes is a valid value.
+                cq: unsafe { core::mem::zeroed() },
+                ready,
+                next: 0,
+                open: false,
+            }
+        }
     }
 
     const EIO: c_int = 5;
+    const EDEADLK: c_int = 35;
 
     unsafe extern "C" fn start(cq: *mut sys::ibv_cq_ex, _: *mut sys::ibv_poll_cq_attr) -> c_int {
         // SAFETY: every queue these functions are given is the first field of a `Fake`
         // (`repr(C)`), reached through a pointer to the whole `Fake`.
         let f = unsafe { &mut *cq.cast::<Fake>() };
+        if f.open {
+            return EDEADLK;
+        }
         if f.next < f.ready {
             f.cq.wr_id = f.next;
             f.cq.status = sys::ibv_wc_status::IBV_WC_SUCCESS;
             f.next += 1;
+            f.open = true;
             0
         } else {
             EIO
         }
     }
-    unsafe extern "C" fn end(_: *mut sys::ibv_cq_ex) {}
+    unsafe extern "C" fn end(cq: *mut sys::ibv_cq_ex) {
+        // SAFETY: as in `start`.
+        unsafe { (*cq.cast::<Fake>()).open = false };
+    }
     unsafe extern "C" fn opcode(_: *mut sys::ibv_cq_ex) -> u32 {
         sys::ibv_wc_opcode::IBV_WC_RECV
     }
@@ -504,13 +603,7 @@ mod tests {
     #[test]
     fn completions_taken_before_a_failed_start_poll_are_returned_not_lost() {
         for ready in [1u64, 2, 3] {
-            let mut f = Fake {
-                // SAFETY: plain C data (integers, pointers, optional function pointers, a
-                // mutex and a condition variable as bytes): all zeroes is a valid value.
-                cq: unsafe { core::mem::zeroed() },
-                ready,
-                next: 0,
-            };
+            let mut f = Fake::new(ready);
             let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
             let mut out = [Completion::EMPTY; 4];
             let mut last = None;
@@ -528,5 +621,65 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    /// `poll_each` hands every completion over in order while the queue is positioned on it
+    /// (each batch ended), as `poll` would have written them, and keeps `poll`'s count when a
+    /// later `start_poll` of the batch fails.
+    #[test]
+    fn poll_each_hands_over_every_completion_in_order() {
+        let mut f = Fake::new(3);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let (mut seen, mut last) = ([u64::MAX; 4], None);
+        let mut k = 0;
+        // SAFETY: `cq` is a live queue (the `Fake` outlives the calls) whose functions are
+        // `ops()`, polled by nobody else; the closure does not poll it.
+        let r = unsafe {
+            poll_each(cq, &ops(), 4, &mut last, |c| {
+                seen[k] = c.wr_id;
+                assert_eq!((c.byte_len, c.kind), (8, CompletionKind::Recv));
+                k += 1;
+            })
+        };
+        assert_eq!(r.ok(), Some(3));
+        assert_eq!(seen, [0, 1, 2, u64::MAX]);
+        // SAFETY: as above.
+        let open = unsafe { (*cq.cast::<Fake>()).open };
+        assert!(!open, "every batch ended");
+    }
+
+    /// A caller's code that panics inside `poll_each`'s batch does not leave the batch open
+    /// (on rxe the provider's lock would stay taken and the next poll spin for ever): the
+    /// next poll works and hands over the next completion.
+    #[test]
+    fn a_panic_inside_poll_each_closes_the_batch() {
+        extern crate std;
+        use core::panic::AssertUnwindSafe;
+        use std::panic::catch_unwind;
+        let mut f = Fake::new(3);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let mut last = None;
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: as in the test above.
+            unsafe {
+                poll_each(cq, &ops(), 4, &mut last, |c| {
+                    assert!(c.wr_id != 1, "the caller's code fails");
+                })
+            }
+        }));
+        assert!(r.is_err(), "the closure panicked on the second completion");
+        // SAFETY: as above.
+        let open = unsafe { (*cq.cast::<Fake>()).open };
+        assert!(!open, "the batch the panic left was ended");
+        let mut ids = [u64::MAX; 2];
+        let mut k = 0;
+        // SAFETY: as above.
+        let r = unsafe {
+            poll_each(cq, &ops(), 2, &mut last, |c| {
+                ids[k] = c.wr_id;
+                k += 1;
+            })
+        };
+        assert_eq!((r.ok(), ids), (Some(1), [2, u64::MAX]));
     }
 }
