@@ -1079,7 +1079,7 @@ impl QueuePair for InstantQp {
         Some([id(&self._cqs[0]), id(&self._cqs[1])])
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: as above.
         unsafe { post_recv_chain(self.raw(), wrs) }

@@ -791,7 +791,7 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
         // number, exactly as those of a request posted through `post_send`).
         unsafe { self.qp.send_list() }
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_recv(wrs) }
