@@ -28,6 +28,7 @@
 //! `k` costs `k - 1` calls more.
 
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use core::num::NonZeroU64;
 
 use super::ffi::sys;
@@ -336,11 +337,13 @@ pub(crate) unsafe fn poll_each(
                 max,
                 #[inline(always)]
                 move |_| {
-                    let mut c = Completion::EMPTY;
-                    read::<true>(cq, ops, &mut c);
+                    let mut c = MaybeUninit::<Completion>::uninit();
+                    read::<true>(cq, ops, c.as_mut_ptr());
+                    // SAFETY: `read` wrote the whole completion.
+                    let c = c.assume_init_ref();
                     *last = c.timestamp;
                     let open = EndOnUnwind(cq, ops.end);
-                    each(&c);
+                    each(c);
                     core::mem::forget(open);
                 },
             )
@@ -354,10 +357,12 @@ pub(crate) unsafe fn poll_each(
                 max,
                 #[inline(always)]
                 move |_| {
-                    let mut c = Completion::EMPTY;
-                    read::<false>(cq, ops, &mut c);
+                    let mut c = MaybeUninit::<Completion>::uninit();
+                    read::<false>(cq, ops, c.as_mut_ptr());
+                    // SAFETY: `read` wrote the whole completion.
+                    let c = c.assume_init_ref();
                     let open = EndOnUnwind(cq, ops.end);
-                    each(&c);
+                    each(c);
                     core::mem::forget(open);
                 },
             )
@@ -417,16 +422,17 @@ pub(crate) unsafe fn poll_datagrams<const TS: bool>(
 }
 
 /// Reads the completion the queue is positioned on into `slot` (written in place: a value
-/// returned through both this and the error path would be built on the stack and copied),
+/// returned through both this and the error path would be built on the stack and copied;
+/// written whole, so `slot` may be uninitialised),
 /// the way `ibv_poll_cq(3)` defines its
 /// fields (as the legacy conversion does): an error completion only by `wr_id`, `status`,
 /// `vendor_err` and `qp_num`; a successful one also by its opcode, its length only for
 /// receives, reads and atomics, its immediate only where it has one.
 ///
 /// # Safety
-/// Inside a poll batch of `cq`, whose functions are `ops`.
+/// Inside a poll batch of `cq`, whose functions are `ops`; `slot` is valid for writes.
 #[inline(always)]
-unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut Completion) {
+unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: *mut Completion) {
     // SAFETY: the caller's contract: the queue is positioned on a completion, whose wr_id
     // and status the provider stored in the queue, and whose other fields its readers give.
     unsafe {
@@ -469,7 +475,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
         } else {
             None
         };
-        *slot = Completion {
+        slot.write(Completion {
             wr_id,
             status: WcStatus::Success,
             vendor_err: 0,
@@ -478,7 +484,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
             imm,
             qp_num,
             timestamp,
-        };
+        });
     }
 }
 
@@ -491,12 +497,12 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
 unsafe fn error(
     cq: *mut sys::ibv_cq_ex,
     ops: &ExOps,
-    slot: &mut Completion,
+    slot: *mut Completion,
     wr_id: u64,
     status: u32,
     qp_num: u32,
 ) {
-    *slot = Completion {
+    let c = Completion {
         wr_id,
         status: WcStatus::from_code(status),
         // SAFETY: forwarded.
@@ -507,6 +513,8 @@ unsafe fn error(
         qp_num,
         timestamp: None,
     };
+    // SAFETY: the caller's contract ([`read`]'s): `slot` is valid for writes.
+    unsafe { slot.write(c) };
 }
 
 #[cfg(test)]
