@@ -863,12 +863,23 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// The posting contract for the scatter buffer.
     #[inline(always)]
     pub(super) unsafe fn post_recv_one(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
+        if self.broken.is_some() || self.caps.max_recv_sge == 0 {
+            return Err(self.recv_refused());
+        }
+        // SAFETY: forwarded contract; the state and the entry count were just checked.
+        unsafe { self.post_recv_counted(sge) }
+    }
+
+    /// [`Channel::post_recv_one`] after its checks of the channel's state and entry count:
+    /// checks what the receive accounting needs (room in the queue, a result nobody took
+    /// still in the slot the receive would use), then posts.
+    ///
+    /// # Safety
+    /// The posting contract for the scatter buffer.
+    #[inline(always)]
+    pub(super) unsafe fn post_recv_counted(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
         let r = self.recv_next;
-        if self.broken.is_some()
-            || self.caps.max_recv_sge == 0
-            || r - self.recv_done >= self.recv_cap
-            || !self.slots[(r % R as u64) as usize].taken
-        {
+        if r - self.recv_done >= self.recv_cap || !self.slots[(r % R as u64) as usize].taken {
             return Err(self.recv_refused());
         }
         let sges = [sge];

@@ -815,7 +815,10 @@ fn deliver_one<P: Provider, M: Region, B: Backoff>(
     rings.repost = Some((p, e.i));
     let k = p * rings.slots + e.i;
     hand_slot(&*rings.region, rings.slot_size, (rank, k), e.info, handler);
-    post_ring_slot(chan, rings, k).map_err(|error| NodeError::Channel { rank, error })?;
+    // The channel was found unbroken above and nothing since could break it (the handler
+    // cannot reach it): the re-post checks only the channel's receive accounting.
+    post_ring_slot::<_, _, _, true>(chan, rings, k)
+        .map_err(|error| NodeError::Channel { rank, error })?;
     rings.repost = None;
     if credit_due {
         // A credit return due: the serving writes it.
@@ -1125,15 +1128,18 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     let Some(chan) = multi.by_index(p) else {
         return Err(NodeError::UnknownRank(rank));
     };
-    post_ring_slot(chan, rings, p * rings.slots + i)
+    post_ring_slot::<_, _, _, false>(chan, rings, p * rings.slots + i)
         .map_err(|error| NodeError::Channel { rank, error })
 }
 
 /// Posts ring slot `k` (numbered across all the rings, peer by peer) on `chan`, its peer's
 /// channel, and keeps its receive number. The entry is cut from the ring's own, with no
-/// bounds check but `recv_seqs`' (one number per slot). Does not allocate.
+/// bounds check but `recv_seqs`' (one number per slot). `CHECKED`: the caller found the
+/// channel unbroken and it is the one the ring was posted on (the same shape of receive
+/// went in before), so only the receive accounting is checked
+/// ([`Channel::repost_recv_numbered`](crate::channel::Channel)). Does not allocate.
 #[inline(always)]
-fn post_ring_slot<P: Provider, M, B: Backoff>(
+fn post_ring_slot<P: Provider, M, B: Backoff, const CHECKED: bool>(
     chan: &mut crate::channel::Channel<P, B>,
     rings: &mut Rings<M>,
     k: usize,
@@ -1152,7 +1158,13 @@ fn post_ring_slot<P: Provider, M, B: Backoff>(
     // slot is read only after its receive completed, then re-posted.
     let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
     // SAFETY: as above (the posting contract for the slot).
-    *seq = unsafe { chan.post_recv_numbered(sge) }?;
+    *seq = if CHECKED {
+        // SAFETY: as above.
+        unsafe { chan.repost_recv_numbered(sge) }?
+    } else {
+        // SAFETY: as above.
+        unsafe { chan.post_recv_numbered(sge) }?
+    };
     Ok(())
 }
 
