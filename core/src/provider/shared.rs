@@ -230,13 +230,14 @@ impl Routes {
     /// the order they were polled) and the mailbox never overflowed. Out of line: inlined
     /// into the loop over a poll's completions, the loads it hoists out of the loop cost
     /// more than the call for the one or two completions a poll usually takes.
+    /// One instance per queue (`RECV`), so neither tests which it serves.
     #[inline(never)]
-    fn route<T: FnMut(usize, bool, &Completion) -> bool>(
+    fn route<const RECV: bool, T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         c: &Completion,
-        recv: bool,
         take: &mut T,
     ) {
+        let recv = RECV;
         if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
             if self.table.get(c.qp_num).is_some() && pool.push(*c).is_err() {
                 *overflowed = true;
@@ -254,7 +255,7 @@ impl Routes {
         self.put_in_mailbox(i as usize, recv, c);
     }
 
-    /// [`State::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
+    /// [`Routes::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
     /// onto the ready list. Out of line, so the hand-over path keeps its registers.
     #[inline(never)]
     fn put_in_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
@@ -304,7 +305,7 @@ impl<C: CompletionQueue> State<C> {
     }
 
     /// [`State::poll_into_mailboxes`], offering each completion to `take` first (see
-    /// [`State::route`]).
+    /// [`Routes::route`]).
     #[inline(always)]
     fn poll_routed<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
@@ -336,9 +337,15 @@ impl<C: CompletionQueue> State<C> {
             (&mut self.send_cq, &mut self.routes)
         };
         // Passed by value, so an empty poll builds nothing of it.
-        let n = cq.poll_each(&mut self.scratch, move |c: &Completion| {
-            routes.route(c, recv, take)
-        })?;
+        let n = if recv {
+            cq.poll_each(&mut self.scratch, move |c: &Completion| {
+                routes.route::<true, T>(c, take)
+            })?
+        } else {
+            cq.poll_each(&mut self.scratch, move |c: &Completion| {
+                routes.route::<false, T>(c, take)
+            })?
+        };
         Ok(n.min(POLL_BATCH))
     }
 
