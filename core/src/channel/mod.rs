@@ -729,9 +729,17 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     ///
     /// # Safety
     /// The posting contract for every buffer the request names.
+    ///
+    /// `ROOM_SEEN`: the caller has just seen room for the request (`send_room(1)`, nothing
+    /// in between changed the channel), so the room is not looked for again; a broken
+    /// channel is still refused.
     #[inline(always)]
-    unsafe fn post_send_one(&mut self, mut wr: WorkRequest<'_>) -> Result<u64, ChannelError> {
-        if self.broken.is_some() || !self.fits(1) {
+    unsafe fn post_send_one<const ROOM_SEEN: bool>(
+        &mut self,
+        mut wr: WorkRequest<'_>,
+    ) -> Result<u64, ChannelError> {
+        debug_assert!(!ROOM_SEEN || self.fits(1), "room seen by the caller");
+        if self.broken.is_some() || (!ROOM_SEEN && !self.fits(1)) {
             self.make_room(1)?;
         }
         let id = self.next_seq;
