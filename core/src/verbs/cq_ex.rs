@@ -690,4 +690,32 @@ mod tests {
         };
         assert_eq!((r.ok(), ids), (Some(1), [2, u64::MAX]));
     }
+
+    /// On a queue created with timestamps, `poll_each` hands each completion over with its
+    /// timestamp and keeps the last one taken, as `poll` does.
+    #[test]
+    fn poll_each_on_a_timestamped_queue_carries_the_timestamps() {
+        unsafe extern "C" fn wallclock(cq: *mut sys::ibv_cq_ex) -> u64 {
+            // SAFETY: as in `start`.
+            1000 + unsafe { (*cq).wr_id }
+        }
+        let mut f = Fake::new(2);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let ops = ExOps {
+            wallclock: Some(wallclock),
+            ..ops()
+        };
+        let (mut stamps, mut last) = ([None; 2], None);
+        let mut k = 0;
+        // SAFETY: as in the tests above; `ops` has the timestamp reader.
+        let r = unsafe {
+            poll_each(cq, &ops, 4, &mut last, |c| {
+                stamps[k] = c.timestamp.map(NonZeroU64::get);
+                k += 1;
+            })
+        };
+        assert_eq!(r.ok(), Some(2));
+        assert_eq!(stamps, [Some(1000), Some(1001)]);
+        assert_eq!(last.map(NonZeroU64::get), Some(1001));
+    }
 }
