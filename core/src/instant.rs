@@ -915,6 +915,25 @@ impl CompletionQueue for InstantCq {
         unsafe { cq_ex::poll(self.raw_ex(), &self.ops, out, &mut self.last_timestamp) }
     }
 
+    // Each completion handed over while the queue is positioned on it: no scratch array.
+    #[inline(always)]
+    fn poll_each(
+        &mut self,
+        scratch: &mut [Completion],
+        each: impl FnMut(&Completion),
+    ) -> Result<usize, ProviderError> {
+        // SAFETY: as in `poll`; `each` does not poll this queue (the trait's contract).
+        unsafe {
+            cq_ex::poll_each(
+                self.raw_ex(),
+                &self.ops,
+                scratch.len(),
+                &mut self.last_timestamp,
+                each,
+            )
+        }
+    }
+
     fn capacity(&self) -> u32 {
         self.inner.capacity
     }
@@ -1060,7 +1079,7 @@ impl QueuePair for InstantQp {
         Some([id(&self._cqs[0]), id(&self._cqs[1])])
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: as above.
         unsafe { post_recv_chain(self.raw(), wrs) }

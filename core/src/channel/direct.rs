@@ -61,6 +61,25 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         unsafe { self.post_recv_one(sge) }
     }
 
+    /// Re-posts a receive of the shape this channel took before (one scatter entry: a node's
+    /// ring slot, on the channel its ring was posted on) for a caller that found the channel
+    /// unbroken since (nothing in between could break it): only what the channel's receive
+    /// accounting needs is checked, room in the queue and a result nobody took in the slot
+    /// table, as [`Channel::post_recv_numbered`] checks them. Should the channel have broken
+    /// after all, the device flushes the receive (a completion the slower path reports); a
+    /// queue pair with no receive entries refuses the post. Does not allocate.
+    ///
+    /// # Safety
+    /// The posting contract for the scatter buffer.
+    #[inline(always)]
+    pub(crate) unsafe fn repost_recv_numbered(
+        &mut self,
+        sge: Sge<'_>,
+    ) -> Result<u64, ChannelError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_recv_counted(sge) }
+    }
+
     /// Retires this channel's receive `r`, whose successful completion a caller took from a
     /// shared poll for itself (a node's ring head, [`Channel::recv_number`]), without
     /// storing its result in the receive slot table: the caller keeps it, so nobody can take

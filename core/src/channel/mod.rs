@@ -729,9 +729,17 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     ///
     /// # Safety
     /// The posting contract for every buffer the request names.
+    ///
+    /// `ROOM_SEEN`: the caller has just seen room for the request (`send_room(1)`, nothing
+    /// in between changed the channel), so the room is not looked for again; a broken
+    /// channel is still refused.
     #[inline(always)]
-    unsafe fn post_send_one(&mut self, mut wr: WorkRequest<'_>) -> Result<u64, ChannelError> {
-        if self.broken.is_some() || !self.fits(1) {
+    unsafe fn post_send_one<const ROOM_SEEN: bool>(
+        &mut self,
+        mut wr: WorkRequest<'_>,
+    ) -> Result<u64, ChannelError> {
+        debug_assert!(!ROOM_SEEN || self.fits(1), "room seen by the caller");
+        if self.broken.is_some() || (!ROOM_SEEN && !self.fits(1)) {
             self.make_room(1)?;
         }
         let id = self.next_seq;
@@ -863,12 +871,23 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     /// The posting contract for the scatter buffer.
     #[inline(always)]
     pub(super) unsafe fn post_recv_one(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
+        if self.broken.is_some() || self.caps.max_recv_sge == 0 {
+            return Err(self.recv_refused());
+        }
+        // SAFETY: forwarded contract; the state and the entry count were just checked.
+        unsafe { self.post_recv_counted(sge) }
+    }
+
+    /// [`Channel::post_recv_one`] after its checks of the channel's state and entry count:
+    /// checks what the receive accounting needs (room in the queue, a result nobody took
+    /// still in the slot the receive would use), then posts.
+    ///
+    /// # Safety
+    /// The posting contract for the scatter buffer.
+    #[inline(always)]
+    pub(super) unsafe fn post_recv_counted(&mut self, sge: Sge<'_>) -> Result<u64, ChannelError> {
         let r = self.recv_next;
-        if self.broken.is_some()
-            || self.caps.max_recv_sge == 0
-            || r - self.recv_done >= self.recv_cap
-            || !self.slots[(r % R as u64) as usize].taken
-        {
+        if r - self.recv_done >= self.recv_cap || !self.slots[(r % R as u64) as usize].taken {
             return Err(self.recv_refused());
         }
         let sges = [sge];

@@ -30,7 +30,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
         self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
         // SAFETY: the buffers are borrowed for this call, and we wait for the completion (or
         // the flush) before returning; the guard settles the channel if the wait unwinds.
-        let seq = unsafe { self.post_send_one(wr) }?;
+        let seq = unsafe { self.post_send_one::<false>(wr) }?;
         let guard = SettleOnDrop(self);
         // The request is this channel's and signaled: no ticket to check, nothing to cover.
         let r = guard.0.wait_send_seq(seq, seq, None);
@@ -63,7 +63,7 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     pub(super) unsafe fn post_wr(&mut self, wr: WorkRequest<'_>) -> Result<Ticket, ChannelError> {
         self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
         // SAFETY: forwarded to the caller.
-        let seq = unsafe { self.post_send_one(wr) }?;
+        let seq = unsafe { self.post_send_one::<false>(wr) }?;
         Ok(self.ticket(Work::Sends {
             first: seq,
             last: seq,
@@ -83,22 +83,33 @@ impl<P: Provider, B: Backoff, const R: usize> Channel<P, B, R> {
     }
 
     /// [`Channel::post_inline`] with more flags (`SIGNALED` for a request waited for at
-    /// once, or whose completion must show without a wait). Left to the compiler to inline
-    /// or not: the node's engine calls it from paths (credit returns) whose callers grow
-    /// slower with the whole post inside them.
+    /// once, or whose completion must show without a wait), for a caller that has just
+    /// seen room for it ([`Channel::send_room`]`(1)` true, nothing in between changed the
+    /// channel): the post does not look for room again (a broken channel is still
+    /// refused). Inlined: its callers in the node's engine are the send path and two out
+    /// of line functions (a send before messaging started, a credit return).
     #[cfg(feature = "alloc")]
-    #[inline]
-    pub(crate) fn post_inline_flags(
+    #[inline(always)]
+    pub(crate) fn post_inline_in_room(
         &mut self,
         opcode: Opcode,
         data: &[u8],
         remote: RemoteMemory,
         flags: SendFlags,
     ) -> Result<Ticket, ChannelError> {
-        self.inline_one(opcode, data, remote, flags)
+        let sge = [self.inline_sge(data)?];
+        let wr = WorkRequest::new(opcode, flags | SendFlags::INLINE, &sge, remote);
+        self.check_sges(wr.sges.len(), self.caps.max_send_sge)?;
+        // SAFETY: inline payloads are copied during the post; remote memory is the peer's;
+        // the caller saw room for the request.
+        let seq = unsafe { self.post_send_one::<true>(wr) }?;
+        Ok(self.ticket(Work::Sends {
+            first: seq,
+            last: seq,
+        }))
     }
 
-    /// [`Channel::post_inline_flags`], inlined into the channel's own operations (whose
+    /// One inline request with `flags`, inlined into the channel's own operations (whose
     /// opcode is then a constant in the post).
     #[inline(always)]
     fn inline_one(

@@ -90,7 +90,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         // it against what it had, `credit_in`).
         let consumed = st.consumed;
         let t = chan
-            .post_inline_flags(
+            .post_inline_in_room(
                 Opcode::SendImm(consumed as u32),
                 data,
                 RemoteMemory::default(),
@@ -109,7 +109,7 @@ impl<P: Provider, M: Region, B: Backoff + Clone> Node<P, M, B> {
         if !chan.send_room(1) {
             return Err(send_queue_full(rank, chan.fault()));
         }
-        chan.post_inline_flags(
+        chan.post_inline_in_room(
             Opcode::Send,
             data,
             RemoteMemory::default(),
@@ -212,7 +212,7 @@ fn write_credit<P: Provider, M: Region, B: Backoff + Clone>(
     // and a failure shows up as the channel's `Failed` event.
     if chan.send_room(1)
         && chan
-            .post_inline_flags(
+            .post_inline_in_room(
                 Opcode::Write,
                 &FlagLayout::bytes(consumed),
                 slot,

@@ -679,21 +679,33 @@ fn claimed_after_poll<P: Provider, M: Region, B: Backoff + Clone>(
     (handed, budget): (usize, usize),
     handler: &mut impl FnMut(Event<'_>),
 ) -> Result<usize, NodeError> {
-    // One head, claimed now: the common case (one peer's message per call), retired
-    // without the loop.
-    match (
+    // One head, claimed now: the common case (one peer's message per call), retired and
+    // delivered without the loops, on the channel taken once.
+    if let (0, 1, Some(&e)) = (
         rings.retired_to,
         rings.heads.claimed_len,
         rings.heads.claimed.first(),
     ) {
-        (0, 1, Some(e)) => {
-            if let Some(c) = multi.by_index(e.p) {
-                c.retire_claimed_recv(e.r);
+        rings.retired_to = 1;
+        let mut handed = handed;
+        if let Some(chan) = multi.by_index(e.p) {
+            chan.retire_claimed_recv(e.r);
+            if handed >= budget {
+                // Delivered by a later call (the head waits in the list, retired).
+                sweep_turn(multi, rings);
+                return Ok(handed);
             }
-            rings.retired_to = 1;
+            rings.claimed_at = 1;
+            let half = rings.credits.div_ceil(2) as u64;
+            handed += usize::from(deliver_one(chan, rings, e, half, handler)?);
         }
-        _ => retire_claimed(multi, rings),
+        rings.claimed_at = 0;
+        rings.retired_to = 0;
+        rings.heads.claimed_len = 0;
+        sweep_turn(multi, rings);
+        return Ok(handed);
     }
+    retire_claimed(multi, rings);
     let handed = handed + deliver_claimed(multi, rings, budget.saturating_sub(handed), handler)?;
     sweep_turn(multi, rings);
     Ok(handed)
@@ -755,35 +767,10 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
             break;
         };
         rings.claimed_at += 1;
-        let p = e.p;
-        let (Some(chan), Some(st)) = (multi.by_index(p), rings.heads.peers.get_mut(p)) else {
+        let Some(chan) = multi.by_index(e.p) else {
             continue;
         };
-        if chan.id() != st.chan_id || chan.fault().is_some() || st.failure_reported {
-            rings.todo.push(p);
-            continue;
-        }
-        st.consumed += 1;
-        let rank = st.rank;
-        if !e.info.written {
-            if let Some(imm) = e.info.imm {
-                let since_start = chan.remote_recvs_used().saturating_sub(st.base);
-                super::credits::credit_in(&mut st.returned, imm, since_start);
-            }
-        }
-        let credit_due = st.consumed - st.reported >= half;
-        // The slot leaves the list before the handler runs; on a panic, or a failed
-        // re-post, `repost` brings it back.
-        rings.repost = Some((p, e.i));
-        let k = p * rings.slots + e.i;
-        hand_slot(&*rings.region, rings.slot_size, (rank, k), e.info, handler);
-        handed += 1;
-        post_ring_slot(chan, rings, k).map_err(|error| NodeError::Channel { rank, error })?;
-        rings.repost = None;
-        if credit_due {
-            // A credit return due: the serving writes it.
-            rings.todo.push(p);
-        }
+        handed += usize::from(deliver_one(chan, rings, e, half, handler)?);
     }
     if rings.claimed_at == rings.heads.claimed_len {
         rings.claimed_at = 0;
@@ -791,6 +778,53 @@ fn deliver_claimed<P: Provider, M: Region, B: Backoff + Clone>(
         rings.heads.claimed_len = 0;
     }
     Ok(handed)
+}
+
+/// Delivers claimed head `e` on `chan`, its peer's channel at its position (taken off the
+/// list already): the credit its immediate returns, the handler, the slot re-posted.
+/// Whether it reached the handler: a head whose channel broke or was swapped since is not
+/// read (the slower path reports the failure). The slot is kept in `repost` while the
+/// handler runs, so a panicking handler neither sees it twice nor loses it.
+#[inline(always)]
+fn deliver_one<P: Provider, M: Region, B: Backoff>(
+    chan: &mut crate::channel::Channel<P, B>,
+    rings: &mut Rings<M>,
+    e: Claimed,
+    half: u64,
+    handler: &mut impl FnMut(Event<'_>),
+) -> Result<bool, NodeError> {
+    let p = e.p;
+    let Some(st) = rings.heads.peers.get_mut(p) else {
+        return Ok(false);
+    };
+    if chan.id() != st.chan_id || chan.fault().is_some() || st.failure_reported {
+        rings.todo.push(p);
+        return Ok(false);
+    }
+    st.consumed += 1;
+    let rank = st.rank;
+    if !e.info.written {
+        if let Some(imm) = e.info.imm {
+            let since_start = chan.remote_recvs_used().saturating_sub(st.base);
+            super::credits::credit_in(&mut st.returned, imm, since_start);
+        }
+    }
+    let credit_due = st.consumed - st.reported >= half;
+    // The slot leaves the list before the handler runs; on a panic, or a failed re-post,
+    // `repost` brings it back.
+    rings.repost = Some((p, e.i));
+    let k = p * rings.slots + e.i;
+    hand_slot(&*rings.region, rings.slot_size, (rank, k), e.info, handler);
+    // The channel was found unbroken above and nothing since could break it (the handler
+    // cannot reach it): the re-post checks only the channel's receive accounting.
+    post_ring_slot::<_, _, _, true>(chan, rings, k)
+        .map_err(|error| NodeError::Channel { rank, error })?;
+    rings.repost = None;
+    if credit_due {
+        // A credit return due: the serving writes it.
+        rings.todo.push(p);
+    }
+    Ok(true)
 }
 
 /// Re-posts the slot a handler was lent when it panicked (the rare case: out of line).
@@ -1094,15 +1128,18 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
     let Some(chan) = multi.by_index(p) else {
         return Err(NodeError::UnknownRank(rank));
     };
-    post_ring_slot(chan, rings, p * rings.slots + i)
+    post_ring_slot::<_, _, _, false>(chan, rings, p * rings.slots + i)
         .map_err(|error| NodeError::Channel { rank, error })
 }
 
 /// Posts ring slot `k` (numbered across all the rings, peer by peer) on `chan`, its peer's
 /// channel, and keeps its receive number. The entry is cut from the ring's own, with no
-/// bounds check but `recv_seqs`' (one number per slot). Does not allocate.
+/// bounds check but `recv_seqs`' (one number per slot). `CHECKED`: the caller found the
+/// channel unbroken and it is the one the ring was posted on (the same shape of receive
+/// went in before), so only the receive accounting is checked
+/// ([`Channel::repost_recv_numbered`](crate::channel::Channel)). Does not allocate.
 #[inline(always)]
-fn post_ring_slot<P: Provider, M, B: Backoff>(
+fn post_ring_slot<P: Provider, M, B: Backoff, const CHECKED: bool>(
     chan: &mut crate::channel::Channel<P, B>,
     rings: &mut Rings<M>,
     k: usize,
@@ -1121,7 +1158,13 @@ fn post_ring_slot<P: Provider, M, B: Backoff>(
     // slot is read only after its receive completed, then re-posted.
     let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
     // SAFETY: as above (the posting contract for the slot).
-    *seq = unsafe { chan.post_recv_numbered(sge) }?;
+    *seq = if CHECKED {
+        // SAFETY: as above.
+        unsafe { chan.repost_recv_numbered(sge) }?
+    } else {
+        // SAFETY: as above.
+        unsafe { chan.post_recv_numbered(sge) }?
+    };
     Ok(())
 }
 

@@ -176,6 +176,29 @@ pub trait CompletionQueue {
     /// Polls completions into `out`; returns how many.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
 
+    /// Polls up to `scratch.len()` completions and calls `each` on every one, in order;
+    /// returns how many. `scratch` is where the default ([`CompletionQueue::poll`], then
+    /// `each` on each) puts them; a queue that can read a completion where it lies (a
+    /// device's extended queue, positioned on it) hands each over as it reads it and
+    /// leaves `scratch` alone. `each` runs while the queue may hold its poll open, so it
+    /// must neither poll this queue nor run a user's code (a panic would leave the batch
+    /// open). Does not allocate.
+    #[inline(always)]
+    fn poll_each(
+        &mut self,
+        scratch: &mut [Completion],
+        mut each: impl FnMut(&Completion),
+    ) -> Result<usize, ProviderError>
+    where
+        Self: Sized,
+    {
+        let n = self.poll(scratch)?;
+        for c in scratch.iter().take(n) {
+            each(c);
+        }
+        Ok(n)
+    }
+
     /// Most completions the queue holds.
     fn capacity(&self) -> u32;
 
@@ -232,8 +255,10 @@ pub trait Provider: QueuePair {
     /// took it (it hands it to that queue pair's channel itself, after this call and before
     /// it polls any queue pair `ready` named), `false` that it is kept for its queue pair as
     /// `poll_shared` keeps it. A completion of a queue pair the caller does not own must be
-    /// refused: it waits for its owner's poll. The default ignores `take` (nothing is handed
-    /// over).
+    /// refused: it waits for its owner's poll. `take` may run while a device queue holds a
+    /// poll batch open ([`CompletionQueue::poll_each`]): keep it to a decision and a copy
+    /// (should it panic, the batch is ended and that completion is gone with the panic).
+    /// The default ignores `take` (nothing is handed over).
     fn poll_shared_with<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         take: &mut T,

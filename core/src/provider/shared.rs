@@ -203,6 +203,17 @@ struct Slot {
 struct State<C> {
     send_cq: C,
     recv_cq: C,
+    /// Where a poll of a shared queue lands when its queue cannot hand each completion over
+    /// as it reads it ([`CompletionQueue::poll_each`]'s default), kept across polls (an
+    /// empty poll then writes nothing).
+    scratch: [Completion; POLL_BATCH],
+    /// Where completions go: apart from the queues, so a queue can be polled while each
+    /// completion it reads is routed.
+    routes: Routes,
+}
+
+/// The routing: which queue pair a number names, their mailboxes, the ready list.
+struct Routes {
     table: QpTable,
     slots: Vec<Slot>,
     /// Slots with completions in their mailboxes, oldest first (each at most once).
@@ -210,34 +221,23 @@ struct State<C> {
     /// With a shared receive queue: every receive completion, in arrival order (the queue
     /// pairs have no receives of their own), and whether one found it full.
     pool: Option<(Mailbox, bool)>,
-    /// Where a poll of a shared queue lands, kept across polls (an empty poll then writes
-    /// nothing).
-    scratch: [Completion; POLL_BATCH],
 }
 
-impl<C: CompletionQueue> State<C> {
-    /// Whether `qp` completes into these queues, as far as the providers can tell (a
-    /// provider that cannot name its queues is taken at its word).
-    fn completes_here<Q: QueuePair>(&self, qp: &Q) -> bool {
-        match (qp.completion_queues(), self.send_cq.id(), self.recv_cq.id()) {
-            (Some(q), Some(s), Some(r)) => q == [s, r],
-            _ => true,
-        }
-    }
-
+impl Routes {
     /// Moves a completion into its queue pair's mailbox (unknown numbers are not ours:
     /// dropped), unless `take` takes it: it is offered only when nothing of that queue pair's
     /// kind waits in the mailbox (so a queue pair's completions of one kind still come out in
     /// the order they were polled) and the mailbox never overflowed. Out of line: inlined
     /// into the loop over a poll's completions, the loads it hoists out of the loop cost
     /// more than the call for the one or two completions a poll usually takes.
+    /// One instance per queue (`RECV`), so neither tests which it serves.
     #[inline(never)]
-    fn route<T: FnMut(usize, bool, &Completion) -> bool>(
+    fn route<const RECV: bool, T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         c: &Completion,
-        recv: bool,
         take: &mut T,
     ) {
+        let recv = RECV;
         if let (true, Some((pool, overflowed))) = (recv, &mut self.pool) {
             if self.table.get(c.qp_num).is_some() && pool.push(*c).is_err() {
                 *overflowed = true;
@@ -255,7 +255,7 @@ impl<C: CompletionQueue> State<C> {
         self.put_in_mailbox(i as usize, recv, c);
     }
 
-    /// [`State::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
+    /// [`Routes::route`] for a completion not taken: into slot `i`'s mailbox, and the slot
     /// onto the ready list. Out of line, so the hand-over path keeps its registers.
     #[inline(never)]
     fn put_in_mailbox(&mut self, i: usize, recv: bool, c: &Completion) {
@@ -278,6 +278,17 @@ impl<C: CompletionQueue> State<C> {
             let _ = self.ready.push(i as u32);
         }
     }
+}
+
+impl<C: CompletionQueue> State<C> {
+    /// Whether `qp` completes into these queues, as far as the providers can tell (a
+    /// provider that cannot name its queues is taken at its word).
+    fn completes_here<Q: QueuePair>(&self, qp: &Q) -> bool {
+        match (qp.completion_queues(), self.send_cq.id(), self.recv_cq.id()) {
+            (Some(q), Some(s), Some(r)) => q == [s, r],
+            _ => true,
+        }
+    }
 
     /// Polls one shared queue until a poll comes back short of a full batch (the queue was
     /// seen empty), routing everything into mailboxes; returns how many it took.
@@ -294,7 +305,7 @@ impl<C: CompletionQueue> State<C> {
     }
 
     /// [`State::poll_into_mailboxes`], offering each completion to `take` first (see
-    /// [`State::route`]).
+    /// [`Routes::route`]).
     #[inline(always)]
     fn poll_routed<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
@@ -308,38 +319,34 @@ impl<C: CompletionQueue> State<C> {
         self.poll_rest(recv, n, take)
     }
 
-    /// One poll of a shared queue, routed: how many it took.
+    /// One poll of a shared queue, routed: how many it took. Each completion is routed as
+    /// the queue reads it ([`CompletionQueue::poll_each`]: on a device, while the queue is
+    /// positioned on it, with no array written and read back). `take` runs inside the
+    /// device's poll batch: it cannot poll these queues (their state is held), and should it
+    /// panic the batch is ended on the way out; rverbs' own `take`s (the multi-channel's
+    /// hand-over, the node's claim) run no user code.
     #[inline(always)]
     fn poll_batch<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,
         recv: bool,
         take: &mut T,
     ) -> Result<usize, ProviderError> {
-        let n = if recv {
-            self.recv_cq.poll(&mut self.scratch)?
+        let (cq, routes) = if recv {
+            (&mut self.recv_cq, &mut self.routes)
         } else {
-            self.send_cq.poll(&mut self.scratch)?
-        }
-        .min(POLL_BATCH);
-        if n > 0 {
-            self.route_scratch(n, recv, take);
-        }
-        Ok(n)
-    }
-
-    /// Routes the first `n` completions of the scratch array (each routed out of line, so
-    /// an empty poll, an idle `progress`, pays for none of it).
-    #[inline(always)]
-    fn route_scratch<T: FnMut(usize, bool, &Completion) -> bool>(
-        &mut self,
-        n: usize,
-        recv: bool,
-        take: &mut T,
-    ) {
-        for i in 0..n.min(POLL_BATCH) {
-            let c = self.scratch[i];
-            self.route(&c, recv, take);
-        }
+            (&mut self.send_cq, &mut self.routes)
+        };
+        // Passed by value, so an empty poll builds nothing of it.
+        let n = if recv {
+            cq.poll_each(&mut self.scratch, move |c: &Completion| {
+                routes.route::<true, T>(c, take)
+            })?
+        } else {
+            cq.poll_each(&mut self.scratch, move |c: &Completion| {
+                routes.route::<false, T>(c, take)
+            })?
+        };
+        Ok(n.min(POLL_BATCH))
     }
 
     /// [`State::poll_routed`] after a first poll took a full batch (`total`): the rare
@@ -373,8 +380,8 @@ impl<C: CompletionQueue> State<C> {
     /// poll pays only for the list's length test.
     #[inline(never)]
     fn name_ready(&mut self, ready: &mut dyn FnMut(u32) -> bool) {
-        while let Some(i) = self.ready.pop() {
-            let s = &mut self.slots[i as usize];
+        while let Some(i) = self.routes.ready.pop() {
+            let s = &mut self.routes.slots[i as usize];
             s.queued = false;
             s.fresh = [ready(s.qp_num); 2];
         }
@@ -395,22 +402,22 @@ impl<C: CompletionQueue> State<C> {
                 s.send.is_empty()
             }
         };
-        let fresh = core::mem::take(&mut self.slots[slot].fresh[usize::from(recv)]);
-        if empty(&self.slots[slot]) && !fresh {
+        let fresh = core::mem::take(&mut self.routes.slots[slot].fresh[usize::from(recv)]);
+        if empty(&self.routes.slots[slot]) && !fresh {
             self.poll_into_mailboxes(recv)?;
         }
-        if self.slots[slot].overflowed {
+        if self.routes.slots[slot].overflowed {
             return Err(ProviderError {
                 verb: Verb::PollCq,
                 errno: EOVERFLOW,
             });
         }
-        let s = &mut self.slots[slot];
+        let s = &mut self.routes.slots[slot];
         let mbox = if recv { &mut s.recv } else { &mut s.send };
         let n = mbox.pop_into(out);
         if !(s.send.is_empty() && s.recv.is_empty()) {
             // More than `out` held: whoever serves the ready list comes back for the rest.
-            self.enqueue(slot);
+            self.routes.enqueue(slot);
         }
         Ok(n)
     }
@@ -418,10 +425,10 @@ impl<C: CompletionQueue> State<C> {
     /// Takes receive completions of the shared receive queue into `out`; polls the receive
     /// queue first when none is waiting.
     fn take_pool(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError> {
-        if self.pool.as_ref().is_some_and(|(p, _)| p.is_empty()) {
+        if self.routes.pool.as_ref().is_some_and(|(p, _)| p.is_empty()) {
             self.poll_into_mailboxes(true)?;
         }
-        let Some((pool, overflowed)) = &mut self.pool else {
+        let Some((pool, overflowed)) = &mut self.routes.pool else {
             return Ok(0);
         };
         if *overflowed {
@@ -576,11 +583,13 @@ impl<C: CompletionQueue> SharedCqs<C> {
                 state: UnsafeCell::new(State {
                     send_cq,
                     recv_cq,
-                    table: QpTable::new(max_qps),
-                    slots: Vec::with_capacity(max_qps),
-                    ready: Fifo::new(max_qps, 0),
-                    pool,
                     scratch: [Completion::EMPTY; POLL_BATCH],
+                    routes: Routes {
+                        table: QpTable::new(max_qps),
+                        slots: Vec::with_capacity(max_qps),
+                        ready: Fifo::new(max_qps, 0),
+                        pool,
+                    },
                 }),
             }),
         }
@@ -600,12 +609,12 @@ impl<C: CompletionQueue> SharedCqs<C> {
             }
             // A send queue keeps one entry for the drain request a flush posts, which also
             // completes here: a share of `cap` entries allows `cap - 1` requests.
-            let share = |cap: u32| cap / (st.slots.capacity().max(1) as u32);
+            let share = |cap: u32| cap / (st.routes.slots.capacity().max(1) as u32);
             caps.max_send_wr = caps
                 .max_send_wr
                 .min(share(st.send_cq.capacity()).saturating_sub(1));
-            let pooled = st.pool.is_some();
-            if let Some((pool, _)) = &st.pool {
+            let pooled = st.routes.pool.is_some();
+            if let Some((pool, _)) = &st.routes.pool {
                 // Receives come from the shared queue only; its completions fit the CQ.
                 caps.max_recv_wr = 0;
                 let (needed, capacity) = (pool.capacity() as u64, st.recv_cq.capacity());
@@ -620,15 +629,15 @@ impl<C: CompletionQueue> SharedCqs<C> {
             }
             if caps.max_send_wr < 2 || (caps.max_recv_wr < 1 && !pooled) {
                 return Err(SharedCqError::TooSmall {
-                    needed: 3 * st.slots.capacity() as u64,
+                    needed: 3 * st.routes.slots.capacity() as u64,
                     capacity: st.send_cq.capacity().min(st.recv_cq.capacity()),
                 });
             }
-            if st.slots.len() == st.slots.capacity() {
+            if st.routes.slots.len() == st.routes.slots.capacity() {
                 return Err(SharedCqError::Full);
             }
             let (mut send, mut recv) = (u64::from(caps.max_send_wr), u64::from(caps.max_recv_wr));
-            for s in &st.slots {
+            for s in &st.routes.slots {
                 send += s.send.capacity() as u64;
                 recv += s.recv.capacity() as u64;
             }
@@ -638,11 +647,11 @@ impl<C: CompletionQueue> SharedCqs<C> {
                     return Err(SharedCqError::TooSmall { needed, capacity });
                 }
             }
-            let i = st.slots.len() as u32;
-            if !st.table.insert(qpn, i) {
+            let i = st.routes.slots.len() as u32;
+            if !st.routes.table.insert(qpn, i) {
                 return Err(SharedCqError::DuplicateQpNum(qpn));
             }
-            st.slots.push(Slot {
+            st.routes.slots.push(Slot {
                 // The drain request's completion on top of the queue's depth.
                 send: mailbox(caps.max_send_wr + 1),
                 recv: mailbox(caps.max_recv_wr),
@@ -715,19 +724,20 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
             if !st.completes_here(&qp) {
                 return Err(SharedCqError::ForeignQueues);
             }
-            let pooled = st.pool.is_some();
+            let pooled = st.routes.pool.is_some();
             let srq = qp.srq_capacity() as usize;
             if st
+                .routes
                 .pool
                 .as_ref()
                 .is_some_and(|(p, _)| srq == 0 || srq > p.capacity())
             {
                 return Err(SharedCqError::NotOnTheSrq);
             }
-            if st.table.get(new).is_some() {
+            if st.routes.table.get(new).is_some() {
                 return Err(SharedCqError::DuplicateQpNum(new));
             }
-            let s = &st.slots[slot];
+            let s = &st.routes.slots[slot];
             // The mailboxes were sized for the old queue pair's share: the new one gets no
             // more (one send entry stays for a flush's drain request).
             caps.max_send_wr = caps
@@ -745,10 +755,10 @@ impl<Q: QueuePair, C: CompletionQueue> RoutedQp<Q, C> {
                 });
             }
             let old = s.qp_num;
-            st.table.remove(old);
+            st.routes.table.remove(old);
             // The old number is gone and the new one was not there: there is room.
-            st.table.insert(new, slot as u32);
-            let s = &mut st.slots[slot];
+            st.routes.table.insert(new, slot as u32);
+            let s = &mut st.routes.slots[slot];
             s.qp_num = new;
             s.send.clear();
             s.recv.clear();
@@ -788,7 +798,7 @@ impl<Q: QueuePair, C: CompletionQueue> QueuePair for RoutedQp<Q, C> {
         // number, exactly as those of a request posted through `post_send`).
         unsafe { self.qp.send_list() }
     }
-    #[inline]
+    #[inline(always)]
     unsafe fn post_recv(&mut self, wrs: &[RecvRequest<'_>]) -> Result<(), PostFailure> {
         // SAFETY: forwarded contract.
         unsafe { self.qp.post_recv(wrs) }
@@ -874,7 +884,7 @@ impl<Q: QueuePair, C: CompletionQueue> Provider for RoutedQp<Q, C> {
             return Ok(Some(0));
         };
         let n = st.poll_routed(false, take)? + st.poll_routed(true, take)?;
-        if !st.ready.is_empty() {
+        if !st.routes.ready.is_empty() {
             st.name_ready(ready);
         }
         Ok(Some(n))

@@ -268,6 +268,15 @@ impl crate::provider::CompletionQueue for Cq {
     }
 
     #[inline]
+    fn poll_each(
+        &mut self,
+        scratch: &mut [Completion],
+        each: impl FnMut(&Completion),
+    ) -> Result<usize, ProviderError> {
+        Cq::poll_each(self, scratch, each)
+    }
+
+    #[inline]
     fn capacity(&self) -> u32 {
         Cq::capacity(self)
     }

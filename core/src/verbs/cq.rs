@@ -387,6 +387,44 @@ impl Cq {
         }
     }
 
+    /// [`Cq::poll`] for a caller that routes each completion somewhere
+    /// ([`crate::provider::CompletionQueue::poll_each`]): up to `scratch.len()` (at most
+    /// [`POLL_BATCH`]) completions, each handed to `each` as it is read (on the extended path
+    /// while the queue is positioned on it, with `scratch` untouched; the legacy path polls
+    /// into `scratch` first). `each` must not poll this queue. Does not allocate.
+    #[inline]
+    pub(crate) fn poll_each(
+        &mut self,
+        scratch: &mut [Completion],
+        mut each: impl FnMut(&Completion),
+    ) -> core::result::Result<usize, crate::verb::ProviderError> {
+        let want = scratch.len().min(POLL_BATCH);
+        match &self.ex {
+            Some(ex) => {
+                // SAFETY: as in `poll`; `each` does not poll this queue (the contract).
+                unsafe {
+                    cq_ex::poll_each(
+                        ex.cq.as_ptr(),
+                        &ex.ops,
+                        want,
+                        &mut self.last_timestamp,
+                        each,
+                    )
+                }
+            }
+            None => {
+                let out = &mut scratch[..want];
+                // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+                let n = unsafe { poll_completions(self.as_raw(), &mut self.wc, out) }
+                    .map_err(|e| e.provider_error(crate::verb::Verb::PollCq))?;
+                for c in out.iter().take(n) {
+                    each(c);
+                }
+                Ok(n)
+            }
+        }
+    }
+
     /// How this queue takes completions from the device, and why (the extended verbs, or
     /// the legacy ones where the provider lacks the extended ones): a program that wants to
     /// say which path it runs on asks here (core prints nothing).

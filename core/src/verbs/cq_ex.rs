@@ -28,6 +28,7 @@
 //! `k` costs `k - 1` calls more.
 
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use core::num::NonZeroU64;
 
 use super::ffi::sys;
@@ -304,6 +305,85 @@ pub(crate) unsafe fn poll(
     }
 }
 
+/// Polls up to `max` completions of `cq`, calling `each` on every one while the queue is
+/// positioned on it (read into a [`Completion`] on the stack, as [`poll`] reads them into
+/// `out`): for a caller that routes each completion somewhere (the shared queues), no array
+/// is written and read back. Timestamps and `last` as for [`poll`]; returns how many.
+/// Should `each` panic, the open batch is closed on the way out ([`EndOnUnwind`]: the
+/// provider's lock released, that completion consumed), so later polls still work. Does
+/// not allocate.
+///
+/// # Safety
+/// As for [`poll`]; `each` must not poll `cq` (a batch is open while it runs).
+#[inline(always)]
+pub(crate) unsafe fn poll_each(
+    cq: *mut sys::ibv_cq_ex,
+    ops: &ExOps,
+    max: usize,
+    last: &mut Option<NonZeroU64>,
+    mut each: impl FnMut(&Completion),
+) -> Result<usize, ProviderError> {
+    // SAFETY: forwarded.
+    if !unsafe { start(cq, ops, max) }? {
+        return Ok(0);
+    }
+    if ops.timestamps() {
+        // SAFETY: forwarded, positioned on a completion; the closure reads the current
+        // completion only; the queue has the timestamp reader.
+        unsafe {
+            rest(
+                cq,
+                ops,
+                max,
+                #[inline(always)]
+                move |_| {
+                    let mut c = MaybeUninit::<Completion>::uninit();
+                    read::<true>(cq, ops, c.as_mut_ptr());
+                    // SAFETY: `read` wrote the whole completion.
+                    let c = c.assume_init_ref();
+                    *last = c.timestamp;
+                    let open = EndOnUnwind(cq, ops.end);
+                    each(c);
+                    core::mem::forget(open);
+                },
+            )
+        }
+    } else {
+        // SAFETY: as above, without timestamps.
+        unsafe {
+            rest(
+                cq,
+                ops,
+                max,
+                #[inline(always)]
+                move |_| {
+                    let mut c = MaybeUninit::<Completion>::uninit();
+                    read::<false>(cq, ops, c.as_mut_ptr());
+                    // SAFETY: `read` wrote the whole completion.
+                    let c = c.assume_init_ref();
+                    let open = EndOnUnwind(cq, ops.end);
+                    each(c);
+                    core::mem::forget(open);
+                },
+            )
+        }
+    }
+}
+
+/// Closes the poll batch of its queue when dropped: armed around a caller's code that runs
+/// inside a batch ([`poll_each`]) and forgotten when that code returns, so only a panic
+/// drops it (no instruction on the way that returns).
+struct EndOnUnwind(*mut sys::ibv_cq_ex, End);
+
+impl Drop for EndOnUnwind {
+    fn drop(&mut self) {
+        // SAFETY: made only inside a batch a successful start_poll opened on this live
+        // queue, and dropped only when the code it guards unwound before that batch's
+        // end_poll: this is that end_poll.
+        unsafe { (self.1)(self.0) };
+    }
+}
+
 /// Polls up to `out.len()` completions of a datagram queue pair's queue, with what each
 /// successful receive says about its sender (zeros otherwise, as [`super::Cq::poll_datagrams`]
 /// documents). Does not allocate.
@@ -342,16 +422,17 @@ pub(crate) unsafe fn poll_datagrams<const TS: bool>(
 }
 
 /// Reads the completion the queue is positioned on into `slot` (written in place: a value
-/// returned through both this and the error path would be built on the stack and copied),
+/// returned through both this and the error path would be built on the stack and copied;
+/// written whole, so `slot` may be uninitialised),
 /// the way `ibv_poll_cq(3)` defines its
 /// fields (as the legacy conversion does): an error completion only by `wr_id`, `status`,
 /// `vendor_err` and `qp_num`; a successful one also by its opcode, its length only for
 /// receives, reads and atomics, its immediate only where it has one.
 ///
 /// # Safety
-/// Inside a poll batch of `cq`, whose functions are `ops`.
+/// Inside a poll batch of `cq`, whose functions are `ops`; `slot` is valid for writes.
 #[inline(always)]
-unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut Completion) {
+unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: *mut Completion) {
     // SAFETY: the caller's contract: the queue is positioned on a completion, whose wr_id
     // and status the provider stored in the queue, and whose other fields its readers give.
     unsafe {
@@ -394,7 +475,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
         } else {
             None
         };
-        *slot = Completion {
+        slot.write(Completion {
             wr_id,
             status: WcStatus::Success,
             vendor_err: 0,
@@ -403,7 +484,7 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
             imm,
             qp_num,
             timestamp,
-        };
+        });
     }
 }
 
@@ -416,12 +497,12 @@ unsafe fn read<const TS: bool>(cq: *mut sys::ibv_cq_ex, ops: &ExOps, slot: &mut 
 unsafe fn error(
     cq: *mut sys::ibv_cq_ex,
     ops: &ExOps,
-    slot: &mut Completion,
+    slot: *mut Completion,
     wr_id: u64,
     status: u32,
     qp_num: u32,
 ) {
-    *slot = Completion {
+    let c = Completion {
         wr_id,
         status: WcStatus::from_code(status),
         // SAFETY: forwarded.
@@ -432,6 +513,8 @@ unsafe fn error(
         qp_num,
         timestamp: None,
     };
+    // SAFETY: the caller's contract ([`read`]'s): `slot` is valid for writes.
+    unsafe { slot.write(c) };
 }
 
 #[cfg(test)]
@@ -439,30 +522,54 @@ mod tests {
     use super::*;
 
     /// An extended queue played by Rust functions: `ready` successful receive completions
-    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever.
+    /// (ids 0, 1, ...), then `start_poll` fails with `EIO` (a device error), for ever. A
+    /// batch is `open` from a successful `start_poll` to its `end_poll`; a `start_poll` while
+    /// one is open fails with `EDEADLK` (rxe would spin on the lock the batch holds).
     #[repr(C)]
     struct Fake {
         cq: sys::ibv_cq_ex,
         ready: u64,
         next: u64,
+        open: bool,
+    }
+
+    impl Fake {
+        fn new(ready: u64) -> Self {
+            Fake {
+                // SAFETY: plain C data (integers, pointers, optional function pointers, a
+                // mutex and a condition variable as bytes): all zeroes is a valid value.
+                cq: unsafe { core::mem::zeroed() },
+                ready,
+                next: 0,
+                open: false,
+            }
+        }
     }
 
     const EIO: c_int = 5;
+    const EDEADLK: c_int = 35;
 
     unsafe extern "C" fn start(cq: *mut sys::ibv_cq_ex, _: *mut sys::ibv_poll_cq_attr) -> c_int {
         // SAFETY: every queue these functions are given is the first field of a `Fake`
         // (`repr(C)`), reached through a pointer to the whole `Fake`.
         let f = unsafe { &mut *cq.cast::<Fake>() };
+        if f.open {
+            return EDEADLK;
+        }
         if f.next < f.ready {
             f.cq.wr_id = f.next;
             f.cq.status = sys::ibv_wc_status::IBV_WC_SUCCESS;
             f.next += 1;
+            f.open = true;
             0
         } else {
             EIO
         }
     }
-    unsafe extern "C" fn end(_: *mut sys::ibv_cq_ex) {}
+    unsafe extern "C" fn end(cq: *mut sys::ibv_cq_ex) {
+        // SAFETY: as in `start`.
+        unsafe { (*cq.cast::<Fake>()).open = false };
+    }
     unsafe extern "C" fn opcode(_: *mut sys::ibv_cq_ex) -> u32 {
         sys::ibv_wc_opcode::IBV_WC_RECV
     }
@@ -504,13 +611,7 @@ mod tests {
     #[test]
     fn completions_taken_before_a_failed_start_poll_are_returned_not_lost() {
         for ready in [1u64, 2, 3] {
-            let mut f = Fake {
-                // SAFETY: plain C data (integers, pointers, optional function pointers, a
-                // mutex and a condition variable as bytes): all zeroes is a valid value.
-                cq: unsafe { core::mem::zeroed() },
-                ready,
-                next: 0,
-            };
+            let mut f = Fake::new(ready);
             let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
             let mut out = [Completion::EMPTY; 4];
             let mut last = None;
@@ -528,5 +629,93 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    /// `poll_each` hands every completion over in order while the queue is positioned on it
+    /// (each batch ended), as `poll` would have written them, and keeps `poll`'s count when a
+    /// later `start_poll` of the batch fails.
+    #[test]
+    fn poll_each_hands_over_every_completion_in_order() {
+        let mut f = Fake::new(3);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let (mut seen, mut last) = ([u64::MAX; 4], None);
+        let mut k = 0;
+        // SAFETY: `cq` is a live queue (the `Fake` outlives the calls) whose functions are
+        // `ops()`, polled by nobody else; the closure does not poll it.
+        let r = unsafe {
+            poll_each(cq, &ops(), 4, &mut last, |c| {
+                seen[k] = c.wr_id;
+                assert_eq!((c.byte_len, c.kind), (8, CompletionKind::Recv));
+                k += 1;
+            })
+        };
+        assert_eq!(r.ok(), Some(3));
+        assert_eq!(seen, [0, 1, 2, u64::MAX]);
+        // SAFETY: as above.
+        let open = unsafe { (*cq.cast::<Fake>()).open };
+        assert!(!open, "every batch ended");
+    }
+
+    /// A caller's code that panics inside `poll_each`'s batch does not leave the batch open
+    /// (on rxe the provider's lock would stay taken and the next poll spin for ever): the
+    /// next poll works and hands over the next completion.
+    #[test]
+    fn a_panic_inside_poll_each_closes_the_batch() {
+        extern crate std;
+        use core::panic::AssertUnwindSafe;
+        use std::panic::catch_unwind;
+        let mut f = Fake::new(3);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let mut last = None;
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: as in the test above.
+            unsafe {
+                poll_each(cq, &ops(), 4, &mut last, |c| {
+                    assert!(c.wr_id != 1, "the caller's code fails");
+                })
+            }
+        }));
+        assert!(r.is_err(), "the closure panicked on the second completion");
+        // SAFETY: as above.
+        let open = unsafe { (*cq.cast::<Fake>()).open };
+        assert!(!open, "the batch the panic left was ended");
+        let mut ids = [u64::MAX; 2];
+        let mut k = 0;
+        // SAFETY: as above.
+        let r = unsafe {
+            poll_each(cq, &ops(), 2, &mut last, |c| {
+                ids[k] = c.wr_id;
+                k += 1;
+            })
+        };
+        assert_eq!((r.ok(), ids), (Some(1), [2, u64::MAX]));
+    }
+
+    /// On a queue created with timestamps, `poll_each` hands each completion over with its
+    /// timestamp and keeps the last one taken, as `poll` does.
+    #[test]
+    fn poll_each_on_a_timestamped_queue_carries_the_timestamps() {
+        unsafe extern "C" fn wallclock(cq: *mut sys::ibv_cq_ex) -> u64 {
+            // SAFETY: as in `start`.
+            1000 + unsafe { (*cq).wr_id }
+        }
+        let mut f = Fake::new(2);
+        let cq = core::ptr::addr_of_mut!(f).cast::<sys::ibv_cq_ex>();
+        let ops = ExOps {
+            wallclock: Some(wallclock),
+            ..ops()
+        };
+        let (mut stamps, mut last) = ([None; 2], None);
+        let mut k = 0;
+        // SAFETY: as in the tests above; `ops` has the timestamp reader.
+        let r = unsafe {
+            poll_each(cq, &ops, 4, &mut last, |c| {
+                stamps[k] = c.timestamp.map(NonZeroU64::get);
+                k += 1;
+            })
+        };
+        assert_eq!(r.ok(), Some(2));
+        assert_eq!(stamps, [Some(1000), Some(1001)]);
+        assert_eq!(last.map(NonZeroU64::get), Some(1001));
     }
 }

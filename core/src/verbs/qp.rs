@@ -815,6 +815,7 @@ impl Qp {
 ///
 /// # Safety
 /// `qp` is live; the posting contract for the buffers.
+#[inline(always)]
 pub(crate) unsafe fn post_recv_chain(
     qp: *mut sys::ibv_qp,
     wrs: &[RecvRequest<'_>],

@@ -17,8 +17,39 @@ use crate::wr::{PostFailure, RecvRequest, MAX_BATCH};
 /// # Safety
 /// `queue` is live and of the kind `post` takes; the [posting
 /// contract](crate#the-posting-contract) for the buffers the requests name.
-#[inline]
+#[inline(always)]
 pub(super) unsafe fn post_recv_wrs<Q>(
+    queue: *mut Q,
+    post: unsafe fn(*mut Q, *mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+    wrs: &[RecvRequest<'_>],
+) -> Result<(), PostFailure> {
+    if let [w] = wrs {
+        // One request (a ring slot's re-post, the common case): one entry on the stack, not
+        // the chain's array, so this stays small enough to inline into the poster.
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: w.wr_id,
+            next: ptr::null_mut(),
+            sg_list: w.sges.as_ptr().cast_mut().cast(),
+            num_sge: w.sges.len() as core::ffi::c_int,
+        };
+        let base = ptr::addr_of_mut!(wr);
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the entry is initialised and ends the chain; the caller upholds the posting
+        // contract and that queue is live and what post takes.
+        let rc = unsafe { post(queue, base, &mut bad) };
+        return ffi::post_result(rc, bad, base, 1, 0);
+    }
+    // SAFETY: forwarded.
+    unsafe { post_chain(queue, post, wrs) }
+}
+
+/// [`post_recv_wrs`] for any number of requests but one: the chain built in an array on
+/// the stack.
+///
+/// # Safety
+/// As for [`post_recv_wrs`].
+#[inline]
+unsafe fn post_chain<Q>(
     queue: *mut Q,
     post: unsafe fn(*mut Q, *mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
     wrs: &[RecvRequest<'_>],
