@@ -420,3 +420,82 @@ fn random_interleavings_hand_every_message_once_in_order() {
         }
     }
 }
+
+/// Error completions routed as the device's queue reads them (the read's error branch, into
+/// uninitialised memory, on queues with and without timestamps): a flushed receive and a
+/// flushed send of one queue pair, offered to a caller's `take` and refused, then taken
+/// from the mailboxes with every field the flush defines, and no timestamp; the other queue
+/// pair on the queues sees none of them.
+#[test]
+fn flushed_completions_routed_in_place_carry_what_the_flush_says() {
+    use rverbs_core::completion::{Completion, CompletionKind, WcStatus};
+    use rverbs_core::provider::{Provider, QueuePair};
+    use rverbs_core::sge::Sge;
+    use rverbs_core::wr::{Opcode, RecvRequest, SendFlags, WorkRequest};
+    for timestamps in [false, true] {
+        let dev = InstantDevice::new();
+        let (scq, rcq) = if timestamps {
+            (dev.cq_with_timestamps(16), dev.cq_with_timestamps(16))
+        } else {
+            (dev.cq(16), dev.cq(16))
+        };
+        let (qa, qb) = (dev.qp(&scq, &rcq, caps(8)), dev.qp(&scq, &rcq, caps(8)));
+        let shared = SharedCqs::new(scq, rcq, 2);
+        let mut a = shared.add(qa).map_err(|(_, e)| e).unwrap();
+        let mut b = shared.add(qb).map_err(|(_, e)| e).unwrap();
+        let wr = RecvRequest {
+            wr_id: 41,
+            sges: &[],
+        };
+        // SAFETY: names no memory.
+        unsafe { a.post_recv(core::slice::from_ref(&wr)) }.unwrap();
+        a.set_error().unwrap();
+        let data = [1u8; 4];
+        // SAFETY: inline data, copied during the post.
+        let sge = [unsafe { Sge::from_raw(data.as_ptr() as u64, 4, 0) }];
+        let send = WorkRequest::new(
+            Opcode::Send,
+            SendFlags::INLINE | SendFlags::SIGNALED,
+            &sge,
+            RemoteMemory::default(),
+        );
+        let send = WorkRequest { wr_id: 42, ..send };
+        // SAFETY: as above.
+        unsafe { a.post_send(core::slice::from_ref(&send)) }.unwrap();
+        let mut offered = Vec::new();
+        b.poll_shared_with(
+            &mut |_, recv, c: &Completion| {
+                offered.push((recv, c.wr_id, c.status, c.timestamp));
+                false
+            },
+            &mut |_| false,
+        )
+        .unwrap();
+        assert_eq!(offered.len(), 2, "timestamps {timestamps}: {offered:?}");
+        for &(_, wr_id, status, ts) in &offered {
+            assert!(wr_id == 41 || wr_id == 42);
+            assert_eq!((status, ts), (WcStatus::Flushed, None));
+        }
+        let mut wc = [Completion::EMPTY; 2];
+        assert_eq!(b.poll_recv(&mut wc).unwrap(), 0, "none of them is b's");
+        assert_eq!(b.poll_send(&mut wc).unwrap(), 0);
+        for (recv, id) in [(true, 41u64), (false, 42)] {
+            let n = if recv {
+                a.poll_recv(&mut wc)
+            } else {
+                a.poll_send(&mut wc)
+            }
+            .unwrap();
+            assert_eq!(n, 1);
+            let c = wc[0];
+            assert_eq!(
+                (c.wr_id, c.status, c.qp_num, c.vendor_err, c.timestamp),
+                (id, WcStatus::Flushed, a.qp_num(), 0, None)
+            );
+            assert_eq!(
+                (c.kind, c.byte_len, c.imm),
+                (CompletionKind::Other, 0, None)
+            );
+        }
+    }
+}
