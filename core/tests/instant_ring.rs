@@ -269,3 +269,35 @@ fn a_panic_inside_the_shared_queues_lock_leaves_them_unlocked() {
     assert_eq!(a.poll_recv(&mut wc).unwrap(), 1);
     assert_eq!(wc[0].wr_id, 1);
 }
+
+/// A caller's own `take` ([`Provider::poll_shared_with`](rverbs_core::provider::Provider)
+/// is public) that panics must not lose a completion that was not its own: the take is
+/// offered every queue pair's completions (it must refuse those of queue pairs it does not
+/// own), so the one it panics on may be a neighbour's. Lost, the neighbour's receive never
+/// completes: its wait times out, and dropping its channel waits for a flush the device
+/// can no longer give, then aborts the process (fatal: "the device did not flush"). Here
+/// the lost receive's channel is forgotten instead, so a failure fails this test only.
+#[test]
+fn a_callers_take_that_panics_on_a_neighbours_completion_does_not_lose_it() {
+    use core::panic::AssertUnwindSafe;
+    use rverbs_core::provider::Provider;
+    use std::panic::catch_unwind;
+    let dev = InstantDevice::new();
+    let (_shared, [(mut a, _arr_a), (b, arr_b)]) = two_on_shared_queues(&dev);
+    let cfg = ChannelConfig::with_timeout(TIMEOUT);
+    let mut ring_b = RecvRing::new(Channel::new(b, cfg, &CLOCK), dev.region(64, LW), SLOT).unwrap();
+    assert!(arr_b.deliver(3, Some(11)));
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _ = a.poll_shared_with(
+            &mut |_, _, _| panic!("the caller's take fails"),
+            &mut |_| false,
+        );
+    }));
+    assert!(r.is_err(), "the take was offered B's completion");
+    let got = ring_b.recv().map(|m| m.done.imm);
+    if got.is_err() {
+        // Its receive is gone: a drop would wait for its flush and then abort.
+        core::mem::forget(ring_b);
+    }
+    assert_eq!(got.ok(), Some(Some(11)), "B's message survives A's take");
+}

@@ -249,3 +249,70 @@ fn a_report_that_panics_leaves_nothing_to_deliver_twice() {
     assert_eq!(x.wait(t_x.remove(0)).unwrap().byte_len, 4);
     assert_eq!(multi.channel(2).unwrap().wait(t_y).unwrap().byte_len, 5);
 }
+
+/// A caller's own `take` ([`Provider::poll_shared_with`] is public) that panics on its own
+/// completion loses that one (documented), but no other queue pair's: a neighbour's
+/// message polled in the same batch, behind it, must still reach the neighbour. On a
+/// device's extended queue (`poll_each` in place) the neighbour's stays in the queue; on a
+/// queue polled into the scratch array first (`poll_each`'s default: the model, the verbs
+/// legacy path) the whole batch left the queue, and the panic leaves the loop over the
+/// array with the rest routed nowhere. Lost, the neighbour's receive never completes: its
+/// wait times out, and dropping its channel waits for a flush the device can no longer
+/// give, then aborts the process. Here that channel is forgotten instead (its memory
+/// leaked with it), so a failure fails this test only.
+#[test]
+fn a_callers_take_that_panics_loses_no_neighbours_completion() {
+    use core::panic::AssertUnwindSafe;
+    use rverbs_core::provider::{Provider, QueuePair};
+    use rverbs_core::wr::RecvRequest;
+    use std::panic::catch_unwind;
+
+    let net = SoftNet::new(SoftNetConfig::new(4, caps()));
+    // Leaked: a receive lost below would keep naming it.
+    let buf: &'static mut Words<64> = Box::leak(Box::new(Words([0u8; 64])));
+    let mut mem = net
+        .register(0, &mut buf.0, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let cqs0 = SharedCqs::new(net.send_cq(0).unwrap(), net.recv_cq(0).unwrap(), 2);
+    let cqs1 = SharedCqs::new(net.send_cq(1).unwrap(), net.recv_cq(1).unwrap(), 1);
+    let cqs3 = SharedCqs::new(net.send_cq(3).unwrap(), net.recv_cq(3).unwrap(), 1);
+    let (x, a) = net.connect(0, 1).unwrap();
+    let (z, c) = net.connect(0, 3).unwrap();
+    // The caller's own queue pair, polled by hand; the neighbour is a channel.
+    let mut mine = cqs0.add(x).map_err(|(_, e)| e).expect("route");
+    let mut neighbour = chan(&cqs0, z, 3);
+    let (mut a, mut c) = (chan(&cqs1, a, 0), chan(&cqs3, c, 0));
+    let wr = RecvRequest {
+        wr_id: 1,
+        sges: &[],
+    };
+    // SAFETY: names no memory.
+    unsafe { mine.post_recv(core::slice::from_ref(&wr)) }.expect("post");
+    let t = post_recv(&mut neighbour, &mut mem, 0);
+    // Ours first, the neighbour's behind it, in the one receive queue.
+    a.send_inline(&[]).expect("send to mine");
+    c.send_inline(&[5; 5]).expect("send to the neighbour");
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _ = mine.poll_shared_with(
+            &mut |_, _, _| panic!("the caller's take fails"),
+            &mut |_| false,
+        );
+    }));
+    assert!(r.is_err(), "the take ran (a completion was there)");
+    // Not a wait: a wait that times out flushes the channel and, the receive never
+    // completing, aborts the process. A few polls find the message if it is anywhere.
+    for _ in 0..4 {
+        neighbour.poll().expect("the neighbour's poll");
+    }
+    let arrived = neighbour.outstanding_recvs() == 0;
+    if arrived {
+        assert_eq!(neighbour.wait(t).expect("complete").byte_len, 5);
+    } else {
+        // Its receive is gone: a drop would wait for its flush and then abort.
+        core::mem::forget(neighbour);
+    }
+    assert!(
+        arrived,
+        "the neighbour's message survives the caller's take"
+    );
+}
