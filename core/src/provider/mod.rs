@@ -177,8 +177,9 @@ pub trait CompletionQueue {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize, ProviderError>;
 
     /// Polls up to `scratch.len()` completions and calls `each` on every one, in order;
-    /// returns how many. `scratch` is where the default ([`CompletionQueue::poll`], then
-    /// `each` on each) puts them; a queue that can read a completion where it lies (a
+    /// returns how many. `scratch` is where the default ([`CompletionQueue::poll`] of one
+    /// completion, then `each` on it, until the queue is empty or `scratch` is full) puts
+    /// them; a queue that can read a completion where it lies (a
     /// device's extended queue, positioned on it) hands each over as it reads it and
     /// leaves `scratch` alone. `each` runs while the queue may hold its poll open, so it
     /// must neither poll this queue nor run a user's code (a panic would leave the batch
@@ -192,9 +193,20 @@ pub trait CompletionQueue {
     where
         Self: Sized,
     {
-        let n = self.poll(scratch)?;
-        for c in scratch.iter().take(n) {
-            each(c);
+        // One completion per poll: should `each` panic, the completions behind the one it
+        // was given are still in the queue, not in `scratch` with nobody to route them.
+        let mut n = 0;
+        for one in scratch.chunks_mut(1) {
+            match self.poll(one) {
+                Ok(0) => break,
+                Ok(_) => {}
+                // A later poll's failure ends the batch: what was routed stays routed, and
+                // the next poll, meeting the same failure first, reports it.
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            }
+            each(&one[0]);
+            n += 1;
         }
         Ok(n)
     }
@@ -257,7 +269,9 @@ pub trait Provider: QueuePair {
     /// `poll_shared` keeps it. A completion of a queue pair the caller does not own must be
     /// refused: it waits for its owner's poll. `take` may run while a device queue holds a
     /// poll batch open ([`CompletionQueue::poll_each`]): keep it to a decision and a copy
-    /// (should it panic, the batch is ended and that completion is gone with the panic).
+    /// (should it panic, the batch is ended and the completion it was offered is kept for
+    /// its queue pair, as if refused: a `take` that panics has not taken it; the ones
+    /// behind it stay in the queue).
     /// The default ignores `take` (nothing is handed over).
     fn poll_shared_with<T: FnMut(usize, bool, &Completion) -> bool>(
         &mut self,

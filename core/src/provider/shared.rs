@@ -249,8 +249,15 @@ impl Routes {
         };
         let slot = &mut self.slots[i as usize];
         let mbox = if recv { &mut slot.recv } else { &mut slot.send };
-        if mbox.is_empty() && !slot.overflowed && take(i as usize, recv, c) {
-            return;
+        if mbox.is_empty() && !slot.overflowed {
+            // A caller's `take` that panics must not lose the completion (it may be another
+            // queue pair's): it goes to its mailbox on the way out, as if refused.
+            let keep = MailOnUnwind(self, i as usize, recv, c);
+            let taken = take(i as usize, recv, c);
+            core::mem::forget(keep);
+            if taken {
+                return;
+            }
         }
         self.put_in_mailbox(i as usize, recv, c);
     }
@@ -277,6 +284,16 @@ impl Routes {
             // The list holds every slot at most once and has room for all of them.
             let _ = self.ready.push(i as u32);
         }
+    }
+}
+
+/// Puts a completion offered to a `take` into its mailbox when dropped: armed around the
+/// `take` and forgotten when it returns, so only a panic drops it.
+struct MailOnUnwind<'a>(&'a mut Routes, usize, bool, &'a Completion);
+
+impl Drop for MailOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.put_in_mailbox(self.1, self.2, self.3);
     }
 }
 

@@ -391,7 +391,8 @@ impl Cq {
     /// ([`crate::provider::CompletionQueue::poll_each`]): up to `scratch.len()` (at most
     /// [`POLL_BATCH`]) completions, each handed to `each` as it is read (on the extended path
     /// while the queue is positioned on it, with `scratch` untouched; the legacy path polls
-    /// into `scratch` first). `each` must not poll this queue. Does not allocate.
+    /// one completion at a time into `scratch`, so a panicking `each` strands none behind
+    /// it). `each` must not poll this queue. Does not allocate.
     #[inline]
     pub(crate) fn poll_each(
         &mut self,
@@ -413,12 +414,22 @@ impl Cq {
                 }
             }
             None => {
-                let out = &mut scratch[..want];
-                // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
-                let n = unsafe { poll_completions(self.as_raw(), &mut self.wc, out) }
-                    .map_err(|e| e.provider_error(crate::verb::Verb::PollCq))?;
-                for c in out.iter().take(n) {
-                    each(c);
+                // One completion per `ibv_poll_cq`, as the extended path takes them: should
+                // `each` panic, the completions behind the one it was given are still in
+                // the queue, not in `scratch` with nobody to route them.
+                let mut n = 0;
+                for one in scratch[..want].chunks_mut(1) {
+                    // SAFETY: the CQ is live, and `&mut self` makes this the only poller.
+                    match unsafe { poll_completions(self.as_raw(), &mut self.wc, one) } {
+                        Ok(0) => break,
+                        Ok(_) => {}
+                        // A later poll's failure ends the batch: what was handed over stays
+                        // handed over, and the next poll, meeting the failure first, reports it.
+                        Err(_) if n > 0 => break,
+                        Err(e) => return Err(e.provider_error(crate::verb::Verb::PollCq)),
+                    }
+                    each(&one[0]);
+                    n += 1;
                 }
                 Ok(n)
             }
