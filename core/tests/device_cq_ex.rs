@@ -224,3 +224,74 @@ fn timestamps_are_refused_at_setup_where_the_device_has_no_clock() {
         .unwrap_err();
     assert!(matches!(both, VerbsError::InvalidArgument { .. }), "{both}");
 }
+
+/// The legacy path hands completions to a router one `ibv_poll_cq` at a time: a router
+/// (`CompletionQueue::poll_each`'s `each`, a caller's `take` behind it) that panics on the
+/// second of three completions strands none behind it; the third is the next poll's.
+#[test]
+fn a_panicking_router_strands_no_completion_on_the_legacy_path() {
+    use rverbs_core::provider::CompletionQueue;
+    let Some(ctx) = support::open("a_panicking_router_strands_no_completion_on_the_legacy_path")
+    else {
+        return;
+    };
+    let mut cq = ctx
+        .create_cq_with_options(64, None, CqOptions::new().legacy(true))
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cfg = QpConfig::default();
+    let a = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let b = pd.create_rc_qp(&cq, &cq, &cfg).unwrap();
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let mut a = a.handshake(&eb).unwrap();
+    let _b = b.handshake(&ea).unwrap();
+    let src = *b"abc";
+    let mut src = src;
+    let src_mr = pd.register(&mut src, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd
+        .register_shared(
+            vec![0u8; 64].into_boxed_slice(),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let entries: Vec<[Sge<'_>; 1]> = (0..3).map(|i| [src_mr.sge(i..i + 1).unwrap()]).collect();
+    let wrs: Vec<WorkRequest<'_>> = (0..3)
+        .map(|i| WorkRequest {
+            wr_id: i as u64 + 1,
+            opcode: Opcode::Write,
+            flags: SendFlags::SIGNALED,
+            sges: &entries[i][..],
+            remote: dst.remote().slice(i as u64, 1).unwrap(),
+        })
+        .collect();
+    // SAFETY: `src` outlives the writes, whose completions are polled below.
+    unsafe { a.post_send(&wrs) }.unwrap();
+    // All three in the queue before the poll: the last byte written, then time for the
+    // requester's completions to follow the acknowledgement.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = [0u8; 3];
+    while seen != *b"abc" {
+        assert!(
+            std::time::Instant::now() < until,
+            "the writes did not land: {seen:?}"
+        );
+        assert!(dst.read_into(0, &mut seen));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut scratch = [Completion::EMPTY; 16];
+    let mut handed = Vec::new();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        CompletionQueue::poll_each(&mut cq, &mut scratch, |c| {
+            handed.push(c.wr_id);
+            assert_ne!(c.wr_id, 2, "the router panics on the second");
+        })
+    }));
+    assert!(r.is_err(), "the router panicked: {r:?}");
+    assert_eq!(handed, [1, 2]);
+    let rest = support::poll_n(&mut cq, 1, Duration::from_secs(20));
+    assert_eq!(rest[0].wr_id, 3, "{rest:?}");
+    assert_eq!(rest[0].status, WcStatus::Success);
+    let mut out = [Completion::EMPTY; 4];
+    assert_eq!(cq.poll(&mut out).unwrap(), 0);
+}
