@@ -1134,12 +1134,12 @@ fn post_slot<P: Provider, M: Region, B: Backoff + Clone>(
 
 /// Posts ring slot `k` (numbered across all the rings, peer by peer) on `chan`, its peer's
 /// channel, and keeps its receive number. The entry is cut from the ring's own, with no
-/// bounds check but `recv_seqs`' (one number per slot). `CHECKED`: the caller found the
+/// bounds check but `recv_seqs`' (one number per slot). `CHANNEL_SEEN`: the caller found the
 /// channel unbroken and it is the one the ring was posted on (the same shape of receive
 /// went in before), so only the receive accounting is checked
 /// ([`Channel::repost_recv_numbered`](crate::channel::Channel)). Does not allocate.
 #[inline(always)]
-fn post_ring_slot<P: Provider, M, B: Backoff, const CHECKED: bool>(
+fn post_ring_slot<P: Provider, M, B: Backoff, const CHANNEL_SEEN: bool>(
     chan: &mut crate::channel::Channel<P, B>,
     rings: &mut Rings<M>,
     k: usize,
@@ -1158,7 +1158,7 @@ fn post_ring_slot<P: Provider, M, B: Backoff, const CHECKED: bool>(
     // slot is read only after its receive completed, then re-posted.
     let sge = unsafe { Sge::from_raw(addr + at, rings.slot_size as u32, lkey) };
     // SAFETY: as above (the posting contract for the slot).
-    *seq = if CHECKED {
+    *seq = if CHANNEL_SEEN {
         // SAFETY: as above.
         unsafe { chan.repost_recv_numbered(sge) }?
     } else {
