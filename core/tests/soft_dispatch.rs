@@ -268,8 +268,11 @@ fn a_callers_take_that_panics_loses_no_neighbours_completion() {
     use std::panic::catch_unwind;
 
     let net = SoftNet::new(SoftNetConfig::new(4, caps()));
-    // Leaked: a receive lost below would keep naming it.
-    let buf: &'static mut Words<64> = Box::leak(Box::new(Words([0u8; 64])));
+    // Freed at the end only if nothing names it any more; leaked if a receive naming it
+    // was lost (its channel is forgotten then).
+    let raw: *mut Words<64> = Box::into_raw(Box::new(Words([0u8; 64])));
+    // SAFETY: from `Box::into_raw` just above; freed at most once, below, after every use.
+    let buf: &'static mut Words<64> = unsafe { &mut *raw };
     let mut mem = net
         .register(0, &mut buf.0, AccessFlags::LOCAL_WRITE)
         .unwrap();
@@ -307,6 +310,11 @@ fn a_callers_take_that_panics_loses_no_neighbours_completion() {
     let arrived = neighbour.outstanding_recvs() == 0;
     if arrived {
         assert_eq!(neighbour.wait(t).expect("complete").byte_len, 5);
+        // Nothing names the buffer once its channels and registration are gone.
+        drop((neighbour, mine, a, c, mem));
+        // SAFETY: from `Box::into_raw` above, freed once; every receive that named it has
+        // completed, and the region registered on it is dropped.
+        drop(unsafe { Box::from_raw(raw) });
     } else {
         // Its receive is gone: a drop would wait for its flush and then abort.
         core::mem::forget(neighbour);
